@@ -1,0 +1,59 @@
+// DaemonConfig: the settings of spdld itself (socket, threads, memory budget, which directories
+// jobs may read, limits). Parsed from /etc/spdld/spdld.yaml or the file given on the command line
+// (see config/spdld.yaml for every key, commented).
+//
+// Plain values with defaults; safe to copy and hand between threads. ParseDaemonConfig and
+// ParseByteSize are pure functions; LoadDaemonConfig reads one file. None of them throws.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "config/config_error.h"
+#include "config/override.h"
+
+namespace spdl::config {
+
+struct DaemonConfig {
+  std::string socket_path = "/run/spdld/spdld.sock";  // control socket; absolute, < 108 bytes
+  int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
+                                             // "0660" — a leading 0 means octal — or decimal 432)
+  int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
+  uint64_t memory_budget_bytes = 4ull << 30; // all jobs' shared slots together, >= 1MiB (YAML:
+                                             // 4GiB, 512MiB, 1G or plain bytes)
+  std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
+                                             // (empty = refuse every job)
+  std::string log_level = "info";            // trace|debug|info|warn|error|critical|off
+  uint32_t max_frame_bytes = 1u << 20;       // largest control message accepted, 1KiB..64MiB
+                                             // (YAML: a byte size like memory_budget_bytes)
+  int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
+  int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
+
+  bool operator==(const DaemonConfig&) const = default;
+};
+
+// The outcome of parsing a daemon config: `config` is set iff `errors` is empty.
+struct DaemonConfigResult {
+  std::optional<DaemonConfig> config;  // the validated config
+  std::vector<ConfigError> errors;     // every problem found, sorted by line (no-line ones last)
+};
+
+// Parses and validates a daemon config; `overrides` as for ParseJobConfig.
+DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text,
+                                     const std::vector<Override>& overrides = {});
+
+// Reads the file at `path` and parses it; a file that cannot be read gives one error (line 0,
+// empty path, a message naming the file and the reason).
+DaemonConfigResult LoadDaemonConfig(const std::string& path,
+                                    const std::vector<Override>& overrides = {});
+
+// Parses a byte size: plain bytes ("1048576", "1048576B"), or an integer with a binary unit
+// K/Ki/KiB, M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (all powers of 1024; "1G" == "1GiB"), optionally with
+// spaces between. KB/MB/GB/TB are refused as ambiguous. kInvalidArgument on bad text or overflow.
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+}  // namespace spdl::config

@@ -1,0 +1,725 @@
+// Tests for daemon/config: job and daemon configs, overrides, byte sizes, error reporting, and the
+// example files shipped under config/.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "config/config_error.h"
+#include "config/daemon_config.h"
+#include "config/job_config.h"
+#include "config/override.h"
+
+namespace spdl::config {
+namespace {
+
+// A minimal valid job, used as the base of many tests.
+constexpr const char* kMinimalJob = R"(source:
+  root: /data/x
+transforms:
+  - center_crop: {size: 224}
+)";
+
+// Every error, formatted, for failure messages.
+std::string Dump(const std::vector<ConfigError>& errors) {
+  return FormatConfigErrors(errors, "test.yaml");
+}
+
+// The one error whose path is `path`; fails the test when there is not exactly one.
+ConfigError ErrorAt(const std::vector<ConfigError>& errors, const std::string& path) {
+  std::vector<ConfigError> found;
+  for (const ConfigError& e : errors) {
+    if (e.path == path) found.push_back(e);
+  }
+  INFO(Dump(errors));
+  REQUIRE(found.size() == 1);
+  return found.front();
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+JobConfig ParseGoodJob(const std::string& yaml, const std::vector<Override>& overrides = {}) {
+  JobConfigResult r = ParseJobConfig(yaml, overrides);
+  INFO(Dump(r.errors));
+  REQUIRE(r.errors.empty());
+  REQUIRE(r.config.has_value());
+  return *r.config;
+}
+
+std::vector<ConfigError> ParseBadJob(const std::string& yaml,
+                                     const std::vector<Override>& overrides = {}) {
+  JobConfigResult r = ParseJobConfig(yaml, overrides);
+  REQUIRE_FALSE(r.errors.empty());
+  REQUIRE_FALSE(r.config.has_value());
+  return r.errors;
+}
+
+std::string ReadFile(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---------------- job config: good ----------------
+
+TEST_CASE("job config: a minimal config takes every default") {
+  JobConfig c = ParseGoodJob(kMinimalJob);
+  JobConfig expected;
+  expected.source.root = "/data/x";
+  expected.transforms = {CenterCropOp{224, 224}};
+  expected.out_height = 224;
+  expected.out_width = 224;
+  CHECK(c == expected);
+  CHECK(c.source.type == "image_folder");
+  CHECK(c.source.extensions == std::vector<std::string>{".jpg", ".jpeg"});
+  CHECK(c.sampler.shuffle);
+  CHECK(c.sampler.seed == 0);
+  CHECK(c.sampler.uneven == Uneven::kPad);
+  CHECK(c.batch.size == 32);
+  CHECK_FALSE(c.batch.drop_last);
+  CHECK(c.output.dtype == "uint8");
+  CHECK(c.output.layout == "NHWC");
+  CHECK(c.output.device == "cpu");
+  CHECK(c.prefetch == 4);
+  CHECK(c.on_error == OnError::kSkip);
+}
+
+TEST_CASE("job config: every field set") {
+  JobConfig c = ParseGoodJob(R"(
+source:
+  type: image_folder
+  root: /data/imagenet/train
+  extensions: [.JPG, .png]
+sampler:
+  shuffle: false
+  seed: 18446744073709551615
+  uneven: drop
+batch:
+  size: 256
+  drop_last: true
+transforms:
+  - resize: {height: 300, width: 400, interpolation: area}
+  - center_crop: {size: [200, 100]}
+  - resize: {shorter: 64, interpolation: bicubic}
+  - center_crop: {size: 64}
+output:
+  dtype: uint8
+  layout: NHWC
+  device: cpu
+prefetch: 64
+on_error: fail
+)");
+  CHECK(c.source.root == "/data/imagenet/train");
+  CHECK(c.source.extensions == std::vector<std::string>{".jpg", ".png"});  // stored lower-case
+  CHECK_FALSE(c.sampler.shuffle);
+  CHECK(c.sampler.seed == 18446744073709551615ull);
+  CHECK(c.sampler.uneven == Uneven::kDrop);
+  CHECK(c.batch.size == 256);
+  CHECK(c.batch.drop_last);
+  REQUIRE(c.transforms.size() == 4);
+  CHECK(std::get<ResizeOp>(c.transforms[0]) == ResizeOp{0, 300, 400, Interpolation::kArea});
+  CHECK(std::get<CenterCropOp>(c.transforms[1]) == CenterCropOp{200, 100});
+  CHECK(std::get<ResizeOp>(c.transforms[2]) == ResizeOp{64, 0, 0, Interpolation::kBicubic});
+  CHECK(std::get<CenterCropOp>(c.transforms[3]) == CenterCropOp{64, 64});
+  CHECK(c.out_height == 64);
+  CHECK(c.out_width == 64);
+  CHECK(c.prefetch == 64);
+  CHECK(c.on_error == OnError::kFail);
+}
+
+TEST_CASE("job config: output size of transform chains") {
+  SECTION("resize to a fixed size alone") {
+    JobConfig c = ParseGoodJob("source: {root: /d}\ntransforms:\n  - resize: {height: 120, width: 160}\n");
+    CHECK(c.out_height == 120);
+    CHECK(c.out_width == 160);
+    CHECK(std::get<ResizeOp>(c.transforms[0]).interpolation == Interpolation::kBilinear);
+  }
+  SECTION("a crop first fixes the size") {
+    JobConfig c = ParseGoodJob("source: {root: /d}\ntransforms: [{center_crop: {size: [10, 20]}}]\n");
+    CHECK(c.out_height == 10);
+    CHECK(c.out_width == 20);
+  }
+  SECTION("a crop as large as the shorter side is fine") {
+    JobConfig c = ParseGoodJob(
+        "source: {root: /d}\ntransforms: [{resize: {shorter: 224}}, {center_crop: {size: 224}}]\n");
+    CHECK(c.out_height == 224);
+  }
+  SECTION("a null section takes its defaults") {
+    JobConfig c = ParseGoodJob(std::string(kMinimalJob) + "batch:\noutput:\n");
+    CHECK(c.batch.size == 32);
+    CHECK(c.output.device == "cpu");
+  }
+}
+
+// ---------------- job config: bad ----------------
+
+TEST_CASE("job config: an unknown key is reported at its line, with a suggestion") {
+  std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  root: /data
+batch:
+  sise: 4
+transforms:
+  - center_crop: {size: 224}
+colour: red
+)");
+  REQUIRE(errors.size() == 2);
+  ConfigError e = ErrorAt(errors, "batch.sise");
+  CHECK(e.line == 4);
+  CHECK(e.column == 3);
+  CHECK(e.message == "unknown key 'sise' (did you mean 'size'?)");
+  ConfigError top = ErrorAt(errors, "colour");
+  CHECK(top.line == 7);
+  CHECK(top.message == "unknown key 'colour'");
+}
+
+TEST_CASE("job config: wrong types") {
+  std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  root: [a, b]
+  extensions: .jpg
+sampler:
+  shuffle: maybe
+  seed: -3
+batch:
+  size: 3.5
+transforms:
+  - center_crop: {size: 224}
+prefetch: {a: 1}
+output: cpu
+)");
+  INFO(Dump(errors));
+  CHECK(errors.size() == 7);
+  CHECK(ErrorAt(errors, "source.root").line == 2);
+  CHECK(ErrorAt(errors, "source.root").message == "expected a string, got a list");
+  CHECK(ErrorAt(errors, "source.extensions").message == "expected a list, got '.jpg'");
+  CHECK(ErrorAt(errors, "sampler.shuffle").message == "expected true or false, got 'maybe'");
+  CHECK(ErrorAt(errors, "sampler.seed").line == 6);
+  CHECK(ErrorAt(errors, "batch.size").message == "expected an integer, got '3.5'");
+  CHECK(ErrorAt(errors, "batch.size").line == 8);
+  CHECK(ErrorAt(errors, "prefetch").line == 11);
+  CHECK(ErrorAt(errors, "output").message == "expected a map of settings, got 'cpu'");
+}
+
+TEST_CASE("job config: values out of range") {
+  std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  root: /data
+batch:
+  size: 0
+transforms:
+  - resize: {shorter: 20000}
+  - center_crop: {size: 224}
+prefetch: 65
+)");
+  INFO(Dump(errors));
+  REQUIRE(errors.size() == 3);
+  ConfigError size = ErrorAt(errors, "batch.size");
+  CHECK(size.line == 4);
+  CHECK(size.column == 9);
+  CHECK(size.message == "must be at least 1 (got 0)");
+  CHECK(ErrorAt(errors, "transforms.0.resize.shorter").message == "must be at most 16384 (got 20000)");
+  CHECK(ErrorAt(errors, "transforms.0.resize.shorter").line == 6);
+  CHECK(ErrorAt(errors, "prefetch").message == "must be at most 64 (got 65)");
+}
+
+TEST_CASE("job config: missing or empty root") {
+  SECTION("no source at all: reported at the top of the document") {
+    std::vector<ConfigError> errors = ParseBadJob("# a job\ntransforms: [{center_crop: {size: 8}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "source.root");
+    CHECK(errors[0].line == 2);
+    CHECK(errors[0].message == "required key is missing");
+  }
+  SECTION("a source without root: reported at the source key") {
+    std::vector<ConfigError> errors =
+        ParseBadJob("batch: {size: 2}\nsource:\n  type: image_folder\ntransforms: [{center_crop: {size: 8}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "source.root");
+    CHECK(errors[0].line == 2);
+  }
+  SECTION("an empty root") {
+    std::vector<ConfigError> errors =
+        ParseBadJob("source:\n  root: ''\ntransforms: [{center_crop: {size: 8}}]\n");
+    CHECK(ErrorAt(errors, "source.root").message == "must not be empty");
+  }
+  SECTION("another source type") {
+    std::vector<ConfigError> errors =
+        ParseBadJob("source:\n  root: /d\n  type: tar\ntransforms: [{center_crop: {size: 8}}]\n");
+    CHECK(ErrorAt(errors, "source.type").line == 3);
+    CHECK(Contains(ErrorAt(errors, "source.type").message, "only image_folder"));
+  }
+}
+
+TEST_CASE("job config: bad transforms") {
+  auto bad = [](const std::string& transforms) {
+    return ParseBadJob("source: {root: /d}\ntransforms:\n" + transforms);
+  };
+  SECTION("no transforms") {
+    std::vector<ConfigError> errors = ParseBadJob("source: {root: /d}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "transforms");
+    CHECK(errors[0].message ==
+          "transforms must produce a fixed image size (end with center_crop or resize {height, width})");
+    errors = ParseBadJob("source: {root: /d}\ntransforms: []\n");
+    CHECK(ErrorAt(errors, "transforms").line == 2);
+  }
+  SECTION("resize shorter alone does not fix the size") {
+    std::vector<ConfigError> errors = bad("  - resize: {shorter: 256}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "transforms");
+    CHECK(errors[0].line == 2);
+    CHECK(Contains(errors[0].message, "fixed image size"));
+  }
+  SECTION("a crop larger than the shorter side after resize") {
+    std::vector<ConfigError> errors =
+        bad("  - resize: {shorter: 200}\n  - center_crop: {size: [224, 100]}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "transforms.1.center_crop.size");
+    CHECK(errors[0].line == 4);
+    CHECK(errors[0].message ==
+          "center_crop 224x100 is larger than the shorter side (200) after the resize before it");
+  }
+  SECTION("a crop larger than a fixed resize") {
+    std::vector<ConfigError> errors =
+        bad("  - resize: {height: 100, width: 300}\n  - center_crop: {size: 200}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(Contains(errors[0].message, "larger than the image (100x300)"));
+  }
+  SECTION("resize with both forms, with neither, with half a size") {
+    std::vector<ConfigError> errors = bad(
+        "  - resize: {shorter: 256, height: 10, width: 10}\n"
+        "  - resize: {interpolation: area}\n"
+        "  - resize: {height: 10}\n"
+        "  - center_crop: {size: 8}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 3);
+    CHECK(errors[0].path == "transforms.0.resize");
+    CHECK(errors[0].line == 3);
+    CHECK(Contains(errors[0].message, "not both"));
+    CHECK(errors[1].line == 4);
+    CHECK(Contains(errors[1].message, "needs 'shorter' or both"));
+    CHECK(errors[2].line == 5);
+    CHECK(Contains(errors[2].message, "both 'height' and 'width'"));
+  }
+  SECTION("an unknown transform, a bad entry, two keys in one entry") {
+    std::vector<ConfigError> errors = bad(
+        "  - rezise: {shorter: 10}\n"
+        "  - flip\n"
+        "  - {resize: {shorter: 10}, center_crop: {size: 8}}\n"
+        "  - center_crop: {size: [1, 2, 3]}\n"
+        "  - resize: {shorter: 10, interpolaton: area}\n"
+        "  - center_crop: {}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 6);
+    CHECK(ErrorAt(errors, "transforms.0.rezise").message ==
+          "unknown transform 'rezise' (did you mean 'resize'?); expected resize or center_crop");
+    CHECK(ErrorAt(errors, "transforms.1").line == 4);
+    CHECK(Contains(ErrorAt(errors, "transforms.1").message, "got 'flip'"));
+    CHECK(Contains(ErrorAt(errors, "transforms.2").message, "exactly one key"));
+    CHECK(Contains(ErrorAt(errors, "transforms.3.center_crop.size").message, "list of 3 item(s)"));
+    CHECK(ErrorAt(errors, "transforms.4.resize.interpolaton").message ==
+          "unknown key 'interpolaton' (did you mean 'interpolation'?)");
+    CHECK(ErrorAt(errors, "transforms.5.center_crop.size").message == "required key is missing");
+  }
+  SECTION("a bad interpolation and an out-of-range crop") {
+    std::vector<ConfigError> errors =
+        bad("  - resize: {shorter: 10, interpolation: cubic}\n  - center_crop: {size: [0, 8]}\n");
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0].message == "must be one of bilinear | bicubic | area (got 'cubic'); did you mean 'bicubic'?");
+    CHECK(errors[1].path == "transforms.1.center_crop.size.0");
+    CHECK(errors[1].message == "must be at least 1 (got 0)");
+  }
+}
+
+TEST_CASE("job config: output options not supported yet") {
+  std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) +
+                                                "output:\n  dtype: float32\n  layout: NCHW\n  device: cuda:1\n");
+  INFO(Dump(errors));
+  REQUIRE(errors.size() == 3);
+  CHECK(ErrorAt(errors, "output.dtype").message ==
+        "dtype 'float32' is not supported yet in this version (only uint8)");
+  CHECK(ErrorAt(errors, "output.dtype").line == 6);
+  CHECK(ErrorAt(errors, "output.layout").message ==
+        "layout 'NCHW' is not supported yet in this version (only NHWC)");
+  CHECK(Contains(ErrorAt(errors, "output.device").message,
+                 "device 'cuda:1' is not supported yet in this version"));
+  errors = ParseBadJob(std::string(kMinimalJob) + "output: {device: gpu}\n");
+  CHECK(ErrorAt(errors, "output.device").message == "device must be cpu or cuda:N (got 'gpu')");
+}
+
+TEST_CASE("job config: several errors at once, all with lines, sorted") {
+  std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  type: image_folder
+sampler:
+  uneven: sometimes
+batch:
+  size: 100000
+  drop_last: 3
+transforms:
+  - resize: {shorter: 256}
+  - center_crop: {size: 300}
+prefetch: 0
+on_error: ignore
+extra: 1
+)");
+  INFO(Dump(errors));
+  REQUIRE(errors.size() == 8);
+  const std::vector<std::pair<std::string, int>> expected = {
+      {"source.root", 1},       {"sampler.uneven", 4}, {"batch.size", 6},
+      {"batch.drop_last", 7},   {"transforms.1.center_crop.size", 10},
+      {"prefetch", 11},         {"on_error", 12},      {"extra", 13}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CHECK(errors[i].path == expected[i].first);
+    CHECK(errors[i].line == expected[i].second);
+    CHECK(errors[i].column > 0);
+  }
+}
+
+TEST_CASE("job config: documents that are not a config") {
+  SECTION("a YAML syntax error is one error with its line") {
+    std::vector<ConfigError> errors = ParseBadJob("source:\n  root: [/d\nbatch: {size: 2}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path.empty());
+    CHECK(errors[0].line == 3);
+    CHECK_FALSE(errors[0].message.empty());
+    CHECK(FormatConfigErrors(errors, "job.yaml").rfind("job.yaml:3:", 0) == 0);
+  }
+  SECTION("a list instead of a map") {
+    std::vector<ConfigError> errors = ParseBadJob("- a\n- b\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].message == "expected a map of settings, got a list");
+    CHECK(errors[0].line == 1);
+  }
+  SECTION("an empty document: the required keys are missing") {
+    std::vector<ConfigError> errors = ParseBadJob("");
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0].path == "source.root");
+    CHECK(errors[0].line == 1);
+    CHECK(errors[1].path == "transforms");
+  }
+  SECTION("two documents") {
+    std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) + "---\na: 1\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(Contains(errors[0].message, "expected one YAML document"));
+  }
+  SECTION("a duplicate key") {
+    std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) + "prefetch: 2\nprefetch: 3\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "prefetch");
+    CHECK(errors[0].line == 6);
+    CHECK(errors[0].message == "duplicate key (first at line 5)");
+  }
+}
+
+// ---------------- overrides ----------------
+
+TEST_CASE("overrides: scalars, lists, maps and sequence indexes") {
+  SECTION("a scalar replaces a value, and fills a required key") {
+    JobConfig c = ParseGoodJob("transforms: [{center_crop: {size: 8}}]\nbatch: {size: 2}\n",
+                               {{"source.root", "/mnt/data"}, {"batch.size", "128"}});
+    CHECK(c.source.root == "/mnt/data");
+    CHECK(c.batch.size == 128);
+  }
+  SECTION("a list value") {
+    JobConfig c = ParseGoodJob(kMinimalJob, {{"source.extensions", "[.png, .WebP]"}});
+    CHECK(c.source.extensions == std::vector<std::string>{".png", ".webp"});
+  }
+  SECTION("a sequence index reaches into the transforms") {
+    JobConfig c = ParseGoodJob(
+        "source: {root: /d}\ntransforms:\n  - resize: {shorter: 256}\n  - center_crop: {size: 224}\n",
+        {{"transforms.0.resize.shorter", "300"}, {"transforms.1.center_crop.size", "[256, 128]"}});
+    CHECK(std::get<ResizeOp>(c.transforms[0]).shorter == 300);
+    CHECK(c.out_height == 256);
+    CHECK(c.out_width == 128);
+  }
+  SECTION("a whole map, and a key inside an empty document") {
+    JobConfig c = ParseGoodJob("", {{"source", "{root: /x}"}, {"transforms", "[{resize: {height: 2, width: 3}}]"}});
+    CHECK(c.source.root == "/x");
+    CHECK(c.out_width == 3);
+  }
+  SECTION("later overrides win") {
+    JobConfig c = ParseGoodJob(kMinimalJob, {{"prefetch", "2"}, {"prefetch", "9"}});
+    CHECK(c.prefetch == 9);
+  }
+}
+
+TEST_CASE("overrides: errors") {
+  SECTION("a bad value is reported as --set with no line") {
+    std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"batch.size", "0"}});
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0] == ConfigError{0, 0, "--set batch.size", "must be at least 1 (got 0)"});
+    CHECK(FormatConfigErrors(errors, "imagenet.yaml") ==
+          "imagenet.yaml: --set batch.size: must be at least 1 (got 0)");
+  }
+  SECTION("an unknown key set by an override") {
+    std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"batch.sise", "3"}});
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "--set batch.sise");
+    CHECK(errors[0].line == 0);
+    CHECK(Contains(errors[0].message, "did you mean 'size'?"));
+  }
+  SECTION("errors inside a map set by an override") {
+    std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"batch", "{size: -1}"}});
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "--set batch.size");
+  }
+  SECTION("indexing a scalar") {
+    std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"source.root.x", "1"}});
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "--set source.root.x");
+    CHECK(errors[0].line == 0);
+    CHECK(Contains(errors[0].message, "'source.root' is a single value"));
+  }
+  SECTION("an index out of range, and a key into a list") {
+    std::vector<ConfigError> errors =
+        ParseBadJob(kMinimalJob, {{"transforms.5.resize", "{shorter: 1}"}, {"transforms.first", "1"}});
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0].path == "--set transforms.5.resize");
+    CHECK(Contains(errors[0].message, "index 5 is out of range: 'transforms' has 1 item(s)"));
+    CHECK(errors[1].path == "--set transforms.first");
+    CHECK(Contains(errors[1].message, "is a list"));
+  }
+  SECTION("a value that is not YAML") {
+    std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"source.extensions", "[.jpg"}});
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "--set source.extensions");
+    CHECK(Contains(errors[0].message, "is not valid YAML"));
+  }
+  SECTION("file errors keep their lines beside override errors") {
+    std::vector<ConfigError> errors =
+        ParseBadJob(std::string(kMinimalJob) + "prefetch: 100\n", {{"batch.size", "x"}});
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0] == ConfigError{5, 11, "prefetch", "must be at most 64 (got 100)"});
+    CHECK(errors[1].path == "--set batch.size");
+  }
+}
+
+TEST_CASE("ParseOverride") {
+  Result<Override> o = ParseOverride("source.root=/data/x=y");
+  REQUIRE(o.ok());
+  CHECK(o->path == "source.root");
+  CHECK(o->value == "/data/x=y");
+  o = ParseOverride("transforms.0.resize.shorter=256");
+  REQUIRE(o.ok());
+  CHECK(*o == Override{"transforms.0.resize.shorter", "256"});
+  o = ParseOverride("source.root=");
+  REQUIRE(o.ok());
+  CHECK(o->value.empty());
+  for (const char* bad : {"source.root", "=3", " =3", "a..b=1", ".a=1", "a.=1", ""}) {
+    INFO(bad);
+    Result<Override> r = ParseOverride(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  }
+}
+
+// ---------------- byte sizes ----------------
+
+TEST_CASE("ParseByteSize") {
+  struct Case {
+    const char* text;
+    uint64_t bytes;
+  };
+  for (const Case& c : {Case{"1048576", 1048576}, Case{"0", 0}, Case{"12B", 12},
+                        Case{"4GiB", 4ull << 30}, Case{"512MiB", 512ull << 20},
+                        Case{"1G", 1ull << 30}, Case{"8Ki", 8192}, Case{"3 KiB", 3072},
+                        Case{"2T", 2ull << 40}, Case{"16777215TiB", 16777215ull << 40}}) {
+    INFO(c.text);
+    Result<uint64_t> r = ParseByteSize(c.text);
+    REQUIRE(r.ok());
+    CHECK(*r == c.bytes);
+  }
+  for (const char* bad : {"", "GiB", "-1", "1.5GiB", "4GB", "4 gigs", "4gib", "16777216TiB",
+                          "99999999999999999999"}) {
+    INFO(bad);
+    Result<uint64_t> r = ParseByteSize(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(Contains(ParseByteSize("4GB").status().message(), "ambiguous"));
+}
+
+// ---------------- daemon config ----------------
+
+TEST_CASE("daemon config: defaults and every field") {
+  DaemonConfigResult r = ParseDaemonConfig("");
+  REQUIRE(r.errors.empty());
+  CHECK(*r.config == DaemonConfig{});
+  CHECK(r.config->socket_mode == 0660);
+  CHECK(r.config->memory_budget_bytes == (4ull << 30));
+
+  r = ParseDaemonConfig(R"(
+socket_path: /tmp/s.sock
+socket_mode: "0600"
+worker_threads: 12
+memory_budget_bytes: 512MiB
+allowed_roots: [/data, /mnt/x/]
+log_level: debug
+max_frame_bytes: 65536
+max_jobs_per_client: 2
+max_slots_per_job: 16
+)");
+  INFO(Dump(r.errors));
+  REQUIRE(r.errors.empty());
+  const DaemonConfig& c = *r.config;
+  CHECK(c.socket_path == "/tmp/s.sock");
+  CHECK(c.socket_mode == 0600);
+  CHECK(c.worker_threads == 12);
+  CHECK(c.memory_budget_bytes == (512ull << 20));
+  CHECK(c.allowed_roots == std::vector<std::string>{"/data", "/mnt/x/"});
+  CHECK(c.log_level == "debug");
+  CHECK(c.max_frame_bytes == 65536);
+  CHECK(c.max_jobs_per_client == 2);
+  CHECK(c.max_slots_per_job == 16);
+}
+
+TEST_CASE("daemon config: socket_mode forms") {
+  auto mode = [](const std::string& v) {
+    DaemonConfigResult r = ParseDaemonConfig("socket_mode: " + v + "\n");
+    INFO(Dump(r.errors));
+    REQUIRE(r.config.has_value());
+    return r.config->socket_mode;
+  };
+  CHECK(mode("0660") == 0660);   // plain, leading zero: octal
+  CHECK(mode("\"0640\"") == 0640);
+  CHECK(mode("0o600") == 0600);
+  CHECK(mode("432") == 0660);    // decimal
+  CHECK(mode("0") == 0);
+  for (const char* bad : {"0888", "01000", "rw-rw----", "-1", "[1]"}) {
+    INFO(bad);
+    DaemonConfigResult r = ParseDaemonConfig(std::string("socket_mode: ") + bad + "\n");
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].path == "socket_mode");
+  }
+}
+
+TEST_CASE("daemon config: every error at once, with lines") {
+  DaemonConfigResult r = ParseDaemonConfig(R"(socket_path: relative.sock
+worker_threads: -1
+memory_budget_bytes: 4GB
+allowed_roots:
+  - /data
+  - data
+  - /data/../etc
+log_level: verbose
+max_frame_bytes: 1GiB
+max_jobs_per_client: 0
+max_slots: 3
+)");
+  INFO(Dump(r.errors));
+  REQUIRE_FALSE(r.config.has_value());
+  REQUIRE(r.errors.size() == 9);
+  CHECK(r.errors[0] == ConfigError{1, 14, "socket_path", "must be an absolute path (got 'relative.sock')"});
+  CHECK(r.errors[1].path == "worker_threads");
+  CHECK(r.errors[2].path == "memory_budget_bytes");
+  CHECK(Contains(r.errors[2].message, "ambiguous"));
+  CHECK(r.errors[3].path == "allowed_roots.1");
+  CHECK(r.errors[3].line == 6);
+  CHECK(r.errors[4].path == "allowed_roots.2");
+  CHECK(r.errors[5].path == "log_level");
+  CHECK(r.errors[5].message ==
+        "must be one of trace | debug | info | warn | error | critical | off (got 'verbose')");
+  CHECK(r.errors[6].message == "must be at most 64MiB (got 1GiB)");
+  CHECK(r.errors[7].path == "max_jobs_per_client");
+  CHECK(r.errors[8].message == "unknown key 'max_slots' (did you mean 'max_slots_per_job'?)" );
+}
+
+TEST_CASE("daemon config: long socket path, small budget, overrides") {
+  DaemonConfigResult r =
+      ParseDaemonConfig("socket_path: /" + std::string(120, 's') + "\nmemory_budget_bytes: 1024\n");
+  REQUIRE(r.errors.size() == 2);
+  CHECK(Contains(r.errors[0].message, "limit of a Unix socket address"));
+  CHECK(r.errors[1].message == "must be at least 1MiB (got 1KiB)");
+
+  r = ParseDaemonConfig("log_level: info\n", {{"log_level", "trace"}, {"allowed_roots", "[/a]"}});
+  REQUIRE(r.errors.empty());
+  CHECK(r.config->log_level == "trace");
+  CHECK(r.config->allowed_roots == std::vector<std::string>{"/a"});
+}
+
+TEST_CASE("daemon config: loading a file") {
+  DaemonConfigResult r = LoadDaemonConfig("/nonexistent/spdld.yaml");
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].line == 0);
+  CHECK(Contains(r.errors[0].message, "cannot read config file '/nonexistent/spdld.yaml'"));
+  CHECK(Contains(r.errors[0].message, "No such file"));
+
+  r = LoadDaemonConfig(std::string(SPDL_SOURCE_DIR) + "/config");  // a directory
+  CHECK(r.errors.size() == 1);
+}
+
+// ---------------- formatting ----------------
+
+TEST_CASE("FormatConfigErrors") {
+  std::vector<ConfigError> errors = {
+      {12, 5, "batch.size", "must be at least 1"},
+      {3, 0, "prefetch", "no column"},
+      {0, 0, "--set batch.size", "must be at least 1"},
+      {7, 2, "", "mapping values are not allowed here"},
+      {0, 0, "", "cannot read config file 'x'"},
+  };
+  CHECK(FormatConfigErrors(errors, "imagenet.yaml") ==
+        "imagenet.yaml:12:5: batch.size: must be at least 1\n"
+        "imagenet.yaml:3: prefetch: no column\n"
+        "imagenet.yaml: --set batch.size: must be at least 1\n"
+        "imagenet.yaml:7:2: mapping values are not allowed here\n"
+        "imagenet.yaml: cannot read config file 'x'");
+  CHECK(FormatConfigErrors({}, "x.yaml").empty());
+}
+
+// ---------------- the shipped configs ----------------
+
+TEST_CASE("every config shipped under config/ parses with no error") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(SPDL_SOURCE_DIR) / "config";
+  auto yaml_files = [](const fs::path& d) {
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& e : fs::directory_iterator(d)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".yaml" || ext == ".yml")) files.push_back(e.path());
+    }
+    return files;
+  };
+
+  const std::vector<fs::path> daemon_files = yaml_files(dir);
+  CHECK(std::find(daemon_files.begin(), daemon_files.end(), dir / "spdld.yaml") != daemon_files.end());
+  for (const fs::path& p : daemon_files) {
+    DaemonConfigResult r = LoadDaemonConfig(p.string());
+    INFO(FormatConfigErrors(r.errors, p.string()));
+    CHECK(r.errors.empty());
+  }
+
+  const std::vector<fs::path> job_files = yaml_files(dir / "examples");
+  CHECK_FALSE(job_files.empty());
+  for (const fs::path& p : job_files) {
+    JobConfigResult r = ParseJobConfig(ReadFile(p));
+    INFO(FormatConfigErrors(r.errors, p.string()));
+    CHECK(r.errors.empty());
+  }
+}
+
+TEST_CASE("the shipped configs say what the docs say") {
+  const std::string dir = std::string(SPDL_SOURCE_DIR) + "/config";
+  DaemonConfigResult d = LoadDaemonConfig(dir + "/spdld.yaml");
+  REQUIRE(d.config.has_value());
+  CHECK(d.config->socket_path == "/run/spdld/spdld.sock");
+  CHECK(d.config->allowed_roots == std::vector<std::string>{"/var/lib/spdld", "/data"});
+  CHECK(d.config->memory_budget_bytes == (4ull << 30));
+
+  JobConfig j = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"));
+  CHECK(j.source.root == "/var/lib/spdld/sample");
+  CHECK(j.sampler.seed == 42);
+  CHECK(j.out_height == 224);
+  CHECK(j.out_width == 224);
+  CHECK(j.transforms.size() == 2);
+  JobConfig moved = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"),
+                                 {{"source.root", "/data/imagenet"}});
+  CHECK(moved.source.root == "/data/imagenet");
+}
+
+}  // namespace
+}  // namespace spdl::config
