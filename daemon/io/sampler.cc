@@ -1,0 +1,93 @@
+#include "io/sampler.h"
+
+#include <numeric>
+#include <utility>
+
+namespace spdl::io {
+namespace {
+
+// splitmix64 (Steele, Lea, Flood; public domain reference by Vigna): one step of the sequence.
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// xoshiro256** 1.0 (Blackman, Vigna; public domain reference), seeded with four splitmix64 draws.
+class Xoshiro256StarStar {
+ public:
+  explicit Xoshiro256StarStar(uint64_t seed) {
+    for (uint64_t& w : s_) w = SplitMix64(&seed);
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in [0, bound) with no modulo bias: draws below 2^64 mod bound are rejected.
+  // REQUIRES: bound > 0.
+  uint64_t Below(uint64_t bound) {
+    const uint64_t threshold = (0 - bound) % bound;  // == 2^64 mod bound
+    for (;;) {
+      const uint64_t r = Next();
+      if (r >= threshold) return r % bound;
+    }
+  }
+
+ private:
+  uint64_t s_[4];
+};
+
+// The generator's seed for (seed, epoch): two splitmix64 steps, so nearby seeds and epochs give
+// unrelated streams.
+uint64_t EpochSeed(uint64_t seed, uint64_t epoch) {
+  uint64_t s = seed;
+  uint64_t t = SplitMix64(&s) ^ epoch;
+  return SplitMix64(&t);
+}
+
+}  // namespace
+
+uint64_t SamplesPerRank(uint64_t n, const SamplerOptions& options) {
+  const uint64_t world = options.world_size;
+  if (world == 0) return 0;
+  if (options.uneven == Uneven::kDrop) return n / world;
+  return n / world + (n % world != 0 ? 1 : 0);
+}
+
+uint64_t BatchesPerEpoch(uint64_t samples_per_rank, uint32_t batch_size, bool drop_last) {
+  if (batch_size == 0) return 0;
+  const uint64_t full = samples_per_rank / batch_size;
+  return drop_last ? full : full + (samples_per_rank % batch_size != 0 ? 1 : 0);
+}
+
+std::vector<uint64_t> EpochOrder(uint64_t n, const SamplerOptions& options, uint64_t epoch) {
+  const uint64_t world = options.world_size;
+  if (world == 0 || options.rank >= world || n == 0) return {};
+
+  std::vector<uint64_t> global(n);
+  std::iota(global.begin(), global.end(), uint64_t{0});
+  if (options.shuffle) {
+    Xoshiro256StarStar rng(EpochSeed(options.seed, epoch));
+    for (uint64_t i = n - 1; i > 0; --i) std::swap(global[i], global[rng.Below(i + 1)]);
+  }
+
+  const uint64_t per_rank = SamplesPerRank(n, options);
+  std::vector<uint64_t> mine;
+  mine.reserve(per_rank);
+  // Position p of the padded (or truncated) global order is global[p % n]: padding repeats the
+  // order's own beginning, as many times as needed when n < world.
+  for (uint64_t k = 0; k < per_rank; ++k) mine.push_back(global[(options.rank + k * world) % n]);
+  return mine;
+}
+
+}  // namespace spdl::io

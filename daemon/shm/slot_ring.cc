@@ -1,0 +1,158 @@
+#include "shm/slot_ring.h"
+
+#include <cassert>
+#include <string>
+
+namespace spdl::shm {
+
+const char* SlotStateName(SlotState state) {
+  switch (state) {
+    case SlotState::kFree: return "free";
+    case SlotState::kFilling: return "filling";
+    case SlotState::kReady: return "ready";
+    case SlotState::kLeased: return "leased";
+  }
+  return "unknown";
+}
+
+SlotRing::SlotRing(uint32_t num_slots) : num_slots_(num_slots), slots_(num_slots) {
+  assert(num_slots > 0);
+  for (uint32_t i = 0; i < num_slots; ++i) free_.push_back(i);
+}
+
+Status SlotRing::CheckRange(uint32_t slot, const char* op) const {
+  if (slot < num_slots_) return Status::Ok();
+  return InvalidArgument(std::string(op) + " of slot " + std::to_string(slot) +
+                         ": out of range (the ring has " + std::to_string(num_slots_) + " slots)");
+}
+
+void SlotRing::FreeLocked(uint32_t slot) {
+  slots_[slot] = Slot{};
+  free_.push_back(slot);
+  free_cv_.notify_one();
+}
+
+void SlotRing::SkipAbandonedLocked() {
+  while (!abandoned_.empty() && *abandoned_.begin() == next_deliver_) {
+    abandoned_.erase(abandoned_.begin());
+    ++next_deliver_;
+  }
+}
+
+std::optional<SlotRing::Acquired> SlotRing::TryAcquire() {
+  std::lock_guard lock(mu_);
+  if (free_.empty()) return std::nullopt;
+  const uint32_t slot = free_.front();
+  free_.pop_front();
+  const uint64_t seq = next_seq_++;
+  slots_[slot] = Slot{SlotState::kFilling, seq, 0};
+  return Acquired{slot, seq};
+}
+
+Status SlotRing::MarkReady(uint32_t slot) {
+  SPDL_RETURN_IF_ERROR(CheckRange(slot, "MarkReady"));
+  std::lock_guard lock(mu_);
+  Slot& s = slots_[slot];
+  if (s.state != SlotState::kFilling) {
+    return FailedPrecondition("MarkReady of slot " + std::to_string(slot) + ": the slot is " +
+                              SlotStateName(s.state) + ", not filling");
+  }
+  s.state = SlotState::kReady;
+  ready_.emplace(s.seq, slot);
+  return Status::Ok();
+}
+
+Status SlotRing::Abandon(uint32_t slot) {
+  SPDL_RETURN_IF_ERROR(CheckRange(slot, "Abandon"));
+  std::lock_guard lock(mu_);
+  Slot& s = slots_[slot];
+  if (s.state != SlotState::kFilling) {
+    return FailedPrecondition("Abandon of slot " + std::to_string(slot) + ": the slot is " +
+                              SlotStateName(s.state) + ", not filling");
+  }
+  abandoned_.insert(s.seq);
+  SkipAbandonedLocked();
+  FreeLocked(slot);
+  return Status::Ok();
+}
+
+std::optional<SlotRing::Lease> SlotRing::TakeNextReady() {
+  std::lock_guard lock(mu_);
+  SkipAbandonedLocked();
+  auto it = ready_.find(next_deliver_);
+  if (it == ready_.end()) return std::nullopt;
+  const uint32_t slot = it->second;
+  ready_.erase(it);
+  Slot& s = slots_[slot];
+  s.state = SlotState::kLeased;
+  s.generation = next_generation_++;
+  ++next_deliver_;
+  SkipAbandonedLocked();
+  return Lease{slot, s.seq, s.generation};
+}
+
+Status SlotRing::Release(uint32_t slot, uint64_t generation) {
+  SPDL_RETURN_IF_ERROR(CheckRange(slot, "release"));
+  std::lock_guard lock(mu_);
+  const Slot& s = slots_[slot];
+  const std::string what =
+      "release of slot " + std::to_string(slot) + " generation " + std::to_string(generation);
+  if (s.state != SlotState::kLeased) {
+    return InvalidArgument(what + ": the slot is " + SlotStateName(s.state) +
+                           ", not leased (a duplicate or stale release?)");
+  }
+  if (s.generation != generation) {
+    return InvalidArgument(what + ": the slot's current lease has generation " +
+                           std::to_string(s.generation) + " (a stale release?)");
+  }
+  FreeLocked(slot);
+  return Status::Ok();
+}
+
+uint32_t SlotRing::ReleaseAll() {
+  std::lock_guard lock(mu_);
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < num_slots_; ++i) {
+    if (slots_[i].state == SlotState::kLeased) {
+      FreeLocked(i);
+      ++n;
+    }
+  }
+  return n;
+}
+
+SlotRing::Counts SlotRing::counts() const {
+  std::lock_guard lock(mu_);
+  Counts c{0, 0, 0, 0};
+  for (const Slot& s : slots_) {
+    switch (s.state) {
+      case SlotState::kFree: ++c.free; break;
+      case SlotState::kFilling: ++c.filling; break;
+      case SlotState::kReady: ++c.ready; break;
+      case SlotState::kLeased: ++c.leased; break;
+    }
+  }
+  return c;
+}
+
+SlotState SlotRing::state(uint32_t slot) const {
+  assert(slot < num_slots_);
+  std::lock_guard lock(mu_);
+  return slots_[slot].state;
+}
+
+bool SlotRing::WaitForFree(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  free_cv_.wait_for(lock, timeout, [&] { return closed_ || !free_.empty(); });
+  return !closed_ && !free_.empty();
+}
+
+void SlotRing::Close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  free_cv_.notify_all();
+}
+
+}  // namespace spdl::shm

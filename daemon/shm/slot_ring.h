@@ -1,0 +1,132 @@
+// SlotRing: the state machine of a job's N batch slots (bookkeeping only; the memory is a
+// SharedRegion laid out by proto/shm_layout.h).
+//
+// The contract between the pipeline (producers) and the control thread (consumer):
+//
+//   free    -> filling  TryAcquire: a producer takes a free slot; the ring assigns it the next batch
+//                       sequence number (0, 1, 2, ...).
+//   filling -> ready    MarkReady: every row of the slot is written.
+//   filling -> free     Abandon: the batch was cancelled or failed. Its sequence number is skipped:
+//                       it is never delivered, and later batches are not held back by it.
+//   ready   -> leased   TakeNextReady: strictly in sequence order. A later batch that is ready
+//                       first waits until every earlier one was delivered or abandoned.
+//   leased  -> free     Release(slot, generation): the generation handed out with the lease must
+//                       match, so a stale or duplicated release is refused and changes nothing.
+//                       ReleaseAll frees every leased slot (the client went away).
+//
+// No free slot is the pipeline's backpressure: TryAcquire returns nullopt, WaitForFree blocks.
+// Generations are unique across the whole ring (a ring-wide counter bumped on every lease), so a
+// release naming the right generation but the wrong slot is refused too.
+//
+// Thread safety: safe to share between threads (one internal mutex; no call blocks except
+// WaitForFree). Neither copyable nor movable.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spdl::shm {
+
+enum class SlotState { kFree, kFilling, kReady, kLeased };
+
+// "free", "filling", "ready" or "leased".
+const char* SlotStateName(SlotState state);
+
+class SlotRing {
+ public:
+  // All slots start free. REQUIRES: num_slots > 0.
+  explicit SlotRing(uint32_t num_slots);
+  SlotRing(const SlotRing&) = delete;
+  SlotRing& operator=(const SlotRing&) = delete;
+
+  struct Acquired {
+    uint32_t slot;
+    uint64_t seq;
+  };
+  // free -> filling: a free slot (the one freed longest ago) for the next sequence number, or
+  // nullopt when none is free (backpressure). Not affected by Close().
+  std::optional<Acquired> TryAcquire();
+
+  // filling -> ready. Out of range -> kInvalidArgument; not filling -> kFailedPrecondition.
+  Status MarkReady(uint32_t slot);
+
+  // filling -> free; the slot's sequence number is never delivered (TakeNextReady skips it).
+  // Out of range -> kInvalidArgument; not filling -> kFailedPrecondition.
+  Status Abandon(uint32_t slot);
+
+  struct Lease {
+    uint32_t slot;
+    uint64_t seq;
+    uint64_t generation;  // pass back to Release
+  };
+  // ready -> leased for the slot holding the lowest undelivered (and not abandoned) sequence
+  // number, if that slot is ready; nullopt otherwise (even when later batches are ready).
+  std::optional<Lease> TakeNextReady();
+
+  // leased -> free. Out of range, not leased, or a generation other than the current lease's ->
+  // kInvalidArgument saying which, and nothing changes.
+  Status Release(uint32_t slot, uint64_t generation);
+
+  // Every leased slot -> free (the client is gone); returns how many were freed.
+  uint32_t ReleaseAll();
+
+  struct Counts {
+    uint32_t free, filling, ready, leased;
+  };
+  // A consistent snapshot of how many slots are in each state.
+  Counts counts() const;
+
+  // The state of one slot (for tests and stats). REQUIRES: slot < num_slots().
+  SlotState state(uint32_t slot) const;
+
+  uint32_t num_slots() const { return num_slots_; }
+
+  // Blocks until a slot is free, `timeout` passes, or Close() is called. Returns true if a slot was
+  // free when it returned (another thread may still take it first: TryAcquire can return nullopt);
+  // false on timeout or once closed.
+  bool WaitForFree(std::chrono::milliseconds timeout);
+
+  // Wakes every WaitForFree; from now on WaitForFree returns false at once. Idempotent.
+  void Close();
+
+ private:
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    uint64_t seq = 0;         // meaningful while filling, ready or leased
+    uint64_t generation = 0;  // meaningful while leased
+  };
+
+  // Checks slot < num_slots_ for operation `op`.
+  Status CheckRange(uint32_t slot, const char* op) const;
+  // Moves a slot to free and wakes one waiter. REQUIRES: mu_ held.
+  void FreeLocked(uint32_t slot);
+  // Advances next_deliver_ past abandoned sequence numbers. REQUIRES: mu_ held.
+  void SkipAbandonedLocked();
+
+  // Constant after construction.
+  const uint32_t num_slots_;
+
+  mutable std::mutex mu_;
+  std::condition_variable free_cv_;  // a slot became free, or closed_ was set (paired with mu_)
+
+  // Guarded by mu_.
+  std::vector<Slot> slots_;
+  std::deque<uint32_t> free_;            // free slots, the longest-free first
+  std::map<uint64_t, uint32_t> ready_;   // seq -> slot, for ready slots
+  std::set<uint64_t> abandoned_;         // abandoned seqs, all >= next_deliver_
+  uint64_t next_seq_ = 0;                // handed out by the next TryAcquire
+  uint64_t next_deliver_ = 0;            // the lowest seq not yet delivered or skipped
+  uint64_t next_generation_ = 1;         // handed out by the next lease
+  bool closed_ = false;
+};
+
+}  // namespace spdl::shm

@@ -1,0 +1,444 @@
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "proto/shm_layout.h"
+#include "shm/shared_region.h"
+#include "shm/slot_ring.h"
+
+namespace spdl::shm {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+std::set<std::string> ListDir(const char* dir) {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir(dir)) {
+    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+std::string FdTarget(int fd) {
+  char buf[512] = {};
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+long MinorFaultsOfThisThread() {
+  rusage ru{};
+  ::getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_minflt;
+}
+
+// ---------------------------------------------------------------- SharedRegion
+
+TEST_CASE("SharedRegion: create, map a dup'd fd, see the same bytes") {
+  const auto layout = proto::ComputeSlotLayout({224 * 224 * 3 * 4, 4 * 8}, 3);
+  auto created = SharedRegion::Create("roundtrip", layout.region_bytes);
+  REQUIRE(created.ok());
+  SharedRegion& a = *created;
+  REQUIRE(a.data() != nullptr);
+  CHECK(a.size() == layout.region_bytes);
+  CHECK(FdTarget(a.fd()).find("memfd:spdl:roundtrip") != std::string::npos);
+
+  auto* header = reinterpret_cast<proto::RegionHeader*>(a.data());
+  header->magic = proto::kRegionMagic;
+  header->num_slots = layout.num_slots;
+  uint8_t* slot2 = a.data() + layout.SlotOffset(2) + layout.tensor_offsets[1];
+  std::memset(slot2, 0xAB, 32);
+
+  auto mapped = SharedRegion::Map(UniqueFd(::dup(a.fd())), layout.region_bytes);
+  REQUIRE(mapped.ok());
+  SharedRegion& b = *mapped;
+  CHECK(b.data() != a.data());
+  const auto* h2 = reinterpret_cast<const proto::RegionHeader*>(b.data());
+  CHECK(h2->magic == proto::kRegionMagic);
+  CHECK(h2->num_slots == 3);
+  CHECK(b.data()[layout.SlotOffset(2) + layout.tensor_offsets[1] + 31] == 0xAB);
+
+  // And back the other way.
+  b.data()[layout.region_bytes - 1] = 7;
+  CHECK(a.data()[layout.region_bytes - 1] == 7);
+
+  // Moving keeps the mapping; the moved-from handle is empty.
+  SharedRegion moved = std::move(b);
+  CHECK(moved.data()[layout.region_bytes - 1] == 7);
+  CHECK(b.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+  CHECK(b.fd() == -1);
+}
+
+TEST_CASE("SharedRegion: Map checks the size") {
+  auto created = SharedRegion::Create("small", 8192);
+  REQUIRE(created.ok());
+  auto too_big = SharedRegion::Map(UniqueFd(::dup(created->fd())), 8193);
+  REQUIRE_FALSE(too_big.ok());
+  CHECK(too_big.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(too_big.status().message(), Catch::Contains("8192") && Catch::Contains("8193"));
+
+  auto prefix = SharedRegion::Map(UniqueFd(::dup(created->fd())), 4096);
+  CHECK(prefix.ok());
+  CHECK(SharedRegion::Map(UniqueFd(), 4096).status().code() == StatusCode::kInvalidArgument);
+  CHECK(SharedRegion::Create("zero", 0).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("SharedRegion: seals refuse shrink, grow and new seals") {
+  auto created = SharedRegion::Create("sealed", 3 * 4096);
+  REQUIRE(created.ok());
+  const int fd = created->fd();
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  CHECK((seals & F_SEAL_SHRINK) != 0);
+  CHECK((seals & F_SEAL_GROW) != 0);
+  CHECK((seals & F_SEAL_SEAL) != 0);
+  CHECK((seals & F_SEAL_WRITE) == 0);  // the daemon writes batches
+
+  errno = 0;
+  CHECK(::ftruncate(fd, 4096) == -1);
+  CHECK(errno == EPERM);
+  errno = 0;
+  CHECK(::ftruncate(fd, 0) == -1);
+  CHECK(errno == EPERM);
+  errno = 0;
+  CHECK(::ftruncate(fd, 16 * 4096) == -1);
+  CHECK(errno == EPERM);
+  errno = 0;
+  CHECK(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) == -1);
+  CHECK(errno == EPERM);
+  // A client's dup of the descriptor is bound by the same seals.
+  UniqueFd dup(::dup(fd));
+  errno = 0;
+  CHECK(::ftruncate(dup.get(), 0) == -1);
+  CHECK(errno == EPERM);
+  created->data()[3 * 4096 - 1] = 1;  // still mapped and writable
+}
+
+TEST_CASE("SharedRegion: nothing appears in /dev/shm, even while it is alive") {
+  const std::string label = "devshm-probe-" + std::to_string(::getpid());
+  const auto before = ListDir("/dev/shm");
+  {
+    auto r = SharedRegion::Create(label, 1 << 20);
+    REQUIRE(r.ok());
+    for (const std::string& name : ListDir("/dev/shm")) {
+      if (before.count(name) == 0) CHECK(name.find(label) == std::string::npos);
+      CHECK(name.find("spdl") == std::string::npos);
+    }
+    // The descriptor points at an unlinked memfd.
+    CHECK_THAT(FdTarget(r->fd()), Catch::StartsWith("/memfd:spdl:" + label) &&
+                                      Catch::EndsWith("(deleted)"));
+  }
+  for (const std::string& name : ListDir("/dev/shm")) CHECK(name.find(label) == std::string::npos);
+}
+
+TEST_CASE("SharedRegion: the pages are pre-faulted") {
+  if (kSanitized) {
+    WARN("skipped: a sanitizer's shadow memory page-faults on every new page it watches");
+    return;
+  }
+  constexpr size_t kBytes = 16 << 20;  // 4096 pages
+  auto r = SharedRegion::Create("prefault", kBytes);
+  REQUIRE(r.ok());
+  const long before = MinorFaultsOfThisThread();
+  for (size_t off = 0; off < kBytes; off += 4096) r->data()[off] = 1;
+  const long faults = MinorFaultsOfThisThread() - before;
+  INFO("minor faults while writing 4096 fresh pages: " << faults);
+  CHECK(faults < 64);
+}
+
+// ---------------------------------------------------------------- SlotRing
+
+void CheckCounts(const SlotRing& ring, uint32_t free, uint32_t filling, uint32_t ready, uint32_t leased) {
+  const auto c = ring.counts();
+  CHECK(c.free == free);
+  CHECK(c.filling == filling);
+  CHECK(c.ready == ready);
+  CHECK(c.leased == leased);
+}
+
+TEST_CASE("SlotRing: one slot through its whole life") {
+  SlotRing ring(2);
+  CHECK(ring.num_slots() == 2);
+  CheckCounts(ring, 2, 0, 0, 0);
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+
+  auto a = ring.TryAcquire();
+  REQUIRE(a.has_value());
+  CHECK(a->seq == 0);
+  CHECK(ring.state(a->slot) == SlotState::kFilling);
+  CheckCounts(ring, 1, 1, 0, 0);
+  CHECK_FALSE(ring.TakeNextReady().has_value());  // not ready yet
+
+  REQUIRE(ring.MarkReady(a->slot).ok());
+  CHECK(ring.MarkReady(a->slot).code() == StatusCode::kFailedPrecondition);
+  CheckCounts(ring, 1, 0, 1, 0);
+
+  auto lease = ring.TakeNextReady();
+  REQUIRE(lease.has_value());
+  CHECK(lease->slot == a->slot);
+  CHECK(lease->seq == 0);
+  CHECK(ring.state(a->slot) == SlotState::kLeased);
+  CheckCounts(ring, 1, 0, 0, 1);
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+
+  REQUIRE(ring.Release(lease->slot, lease->generation).ok());
+  CheckCounts(ring, 2, 0, 0, 0);
+
+  // Sequence numbers keep counting; each lease has a new generation.
+  auto b = ring.TryAcquire();
+  REQUIRE(b.has_value());
+  CHECK(b->seq == 1);
+  REQUIRE(ring.MarkReady(b->slot).ok());
+  auto lease2 = ring.TakeNextReady();
+  REQUIRE(lease2.has_value());
+  CHECK(lease2->seq == 1);
+  CHECK(lease2->generation != lease->generation);
+  CHECK(ring.Release(lease2->slot, lease2->generation).ok());
+}
+
+TEST_CASE("SlotRing: no free slot is backpressure") {
+  SlotRing ring(3);
+  std::vector<SlotRing::Acquired> got;
+  for (int i = 0; i < 3; ++i) {
+    auto a = ring.TryAcquire();
+    REQUIRE(a.has_value());
+    got.push_back(*a);
+  }
+  CHECK_FALSE(ring.TryAcquire().has_value());
+  CHECK_FALSE(ring.WaitForFree(std::chrono::milliseconds(5)));
+  CheckCounts(ring, 0, 3, 0, 0);
+
+  // A slot freed on another thread wakes a blocked producer.
+  Status abandoned;  // Catch2 assertions belong on the test's own thread
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    abandoned = ring.Abandon(got[1].slot);
+  });
+  CHECK(ring.WaitForFree(std::chrono::seconds(5)));
+  t.join();
+  REQUIRE(abandoned.ok());
+  auto again = ring.TryAcquire();
+  REQUIRE(again.has_value());
+  CHECK(again->slot == got[1].slot);
+  CHECK(again->seq == 3);
+}
+
+TEST_CASE("SlotRing: Close wakes waiters and ends WaitForFree") {
+  SlotRing ring(1);
+  REQUIRE(ring.TryAcquire().has_value());
+  std::atomic<bool> result{true};
+  std::thread t([&] { result = ring.WaitForFree(std::chrono::seconds(10)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  ring.Close();
+  t.join();
+  CHECK_FALSE(result.load());
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  REQUIRE(ring.Abandon(0).ok());
+  CHECK_FALSE(ring.WaitForFree(std::chrono::milliseconds(0)));  // closed, even with a free slot
+}
+
+TEST_CASE("SlotRing: delivery is in sequence order when slots finish out of order") {
+  SlotRing ring(4);
+  std::vector<SlotRing::Acquired> a;
+  for (int i = 0; i < 4; ++i) a.push_back(*ring.TryAcquire());
+  for (int i = 0; i < 4; ++i) CHECK(a[i].seq == static_cast<uint64_t>(i));
+
+  REQUIRE(ring.MarkReady(a[2].slot).ok());
+  REQUIRE(ring.MarkReady(a[1].slot).ok());
+  CHECK_FALSE(ring.TakeNextReady().has_value());  // seq 0 still filling
+  REQUIRE(ring.MarkReady(a[3].slot).ok());
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+  REQUIRE(ring.MarkReady(a[0].slot).ok());
+
+  for (uint64_t want = 0; want < 4; ++want) {
+    auto l = ring.TakeNextReady();
+    REQUIRE(l.has_value());
+    CHECK(l->seq == want);
+    CHECK(l->slot == a[want].slot);
+  }
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+  CheckCounts(ring, 0, 0, 0, 4);
+}
+
+TEST_CASE("SlotRing: an abandoned batch is skipped, not waited for") {
+  SlotRing ring(4);
+  std::vector<SlotRing::Acquired> a;
+  for (int i = 0; i < 4; ++i) a.push_back(*ring.TryAcquire());
+
+  CHECK(ring.Abandon(a[3].slot).ok());  // the last one: nothing to skip yet
+  REQUIRE(ring.MarkReady(a[1].slot).ok());
+  REQUIRE(ring.MarkReady(a[2].slot).ok());
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+  REQUIRE(ring.Abandon(a[0].slot).ok());  // the head: 1 and 2 may go now
+  CHECK(ring.Abandon(a[0].slot).code() == StatusCode::kFailedPrecondition);
+  CHECK(ring.Abandon(99).code() == StatusCode::kInvalidArgument);
+  CheckCounts(ring, 2, 0, 2, 0);
+
+  auto l1 = ring.TakeNextReady();
+  auto l2 = ring.TakeNextReady();
+  REQUIRE(l1.has_value());
+  REQUIRE(l2.has_value());
+  CHECK(l1->seq == 1);
+  CHECK(l2->seq == 2);
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+
+  // Seq 3 was abandoned too, so the next batch (seq 4) is delivered without waiting for it.
+  auto b = ring.TryAcquire();
+  REQUIRE(b.has_value());
+  CHECK(b->seq == 4);
+  REQUIRE(ring.MarkReady(b->slot).ok());
+  auto l4 = ring.TakeNextReady();
+  REQUIRE(l4.has_value());
+  CHECK(l4->seq == 4);
+}
+
+TEST_CASE("SlotRing: stale, duplicate and out-of-range releases are refused") {
+  SlotRing ring(2);
+  auto a0 = *ring.TryAcquire();
+  auto a1 = *ring.TryAcquire();
+  REQUIRE(ring.MarkReady(a0.slot).ok());
+  REQUIRE(ring.MarkReady(a1.slot).ok());
+  auto l0 = *ring.TakeNextReady();
+  auto l1 = *ring.TakeNextReady();
+
+  // Out of range.
+  Status s = ring.Release(2, l0.generation);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("out of range"));
+  CheckCounts(ring, 0, 0, 0, 2);
+
+  // The right generation on the wrong slot (generations are unique across the ring).
+  s = ring.Release(l1.slot, l0.generation);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("generation"));
+  CheckCounts(ring, 0, 0, 0, 2);
+
+  // Release, then a duplicate.
+  REQUIRE(ring.Release(l0.slot, l0.generation).ok());
+  s = ring.Release(l0.slot, l0.generation);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("free, not leased"));
+  CheckCounts(ring, 1, 0, 0, 1);
+
+  // The slot is reused and leased again: the old generation is now stale.
+  auto a2 = *ring.TryAcquire();
+  CHECK(a2.slot == l0.slot);
+  s = ring.Release(a2.slot, l0.generation);  // filling, not leased
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("filling"));
+  REQUIRE(ring.MarkReady(a2.slot).ok());
+  auto l2 = *ring.TakeNextReady();
+  s = ring.Release(l2.slot, l0.generation);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("stale"));
+  CHECK(ring.state(l2.slot) == SlotState::kLeased);
+  CheckCounts(ring, 0, 0, 0, 2);
+
+  CHECK(ring.Release(l2.slot, l2.generation).ok());
+  CHECK(ring.Release(l1.slot, l1.generation).ok());
+  CheckCounts(ring, 2, 0, 0, 0);
+}
+
+TEST_CASE("SlotRing: ReleaseAll frees only leased slots") {
+  SlotRing ring(4);
+  std::vector<SlotRing::Acquired> a;
+  for (int i = 0; i < 4; ++i) a.push_back(*ring.TryAcquire());
+  for (int i = 0; i < 3; ++i) REQUIRE(ring.MarkReady(a[i].slot).ok());
+  auto l0 = *ring.TakeNextReady();
+  REQUIRE(ring.TakeNextReady().has_value());
+  CheckCounts(ring, 0, 1, 1, 2);
+
+  CHECK(ring.ReleaseAll() == 2);
+  CheckCounts(ring, 2, 1, 1, 0);
+  CHECK(ring.Release(l0.slot, l0.generation).code() == StatusCode::kInvalidArgument);
+  CHECK(ring.ReleaseAll() == 0);
+  // Delivery order carries on where it was.
+  auto l2 = ring.TakeNextReady();
+  REQUIRE(l2.has_value());
+  CHECK(l2->seq == 2);
+}
+
+TEST_CASE("SlotRing: many producers, one consumer, every batch once and in order") {
+  constexpr uint64_t kBatches = 20000;
+  constexpr int kProducers = 4;
+  SlotRing ring(8);
+  std::atomic<uint64_t> acquired{0};
+  std::atomic<uint64_t> abandoned{0};
+  std::atomic<bool> failed{false};
+
+  auto producer = [&](unsigned seed) {
+    std::minstd_rand rng(seed);
+    for (;;) {
+      if (acquired.load() >= kBatches) return;
+      auto a = ring.TryAcquire();
+      if (!a) {
+        ring.WaitForFree(std::chrono::milliseconds(10));
+        continue;
+      }
+      if (a->seq >= kBatches) {  // over the quota: give it back
+        abandoned.fetch_add(1);
+        if (!ring.Abandon(a->slot).ok()) failed = true;
+        return;
+      }
+      acquired.fetch_add(1);
+      const auto us = rng() % 51;
+      if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+      if (!ring.MarkReady(a->slot).ok()) failed = true;
+    }
+  };
+
+  std::vector<uint64_t> delivered;
+  delivered.reserve(kBatches);
+  std::thread consumer([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (delivered.size() < kBatches && std::chrono::steady_clock::now() < deadline) {
+      auto l = ring.TakeNextReady();
+      if (!l) {
+        std::this_thread::yield();
+        continue;
+      }
+      delivered.push_back(l->seq);
+      if (!ring.Release(l->slot, l->generation).ok()) failed = true;
+    }
+  });
+  std::vector<std::thread> producers;
+  for (int i = 0; i < kProducers; ++i) producers.emplace_back(producer, 1234u + i);
+  for (auto& t : producers) t.join();
+  consumer.join();
+
+  CHECK_FALSE(failed.load());
+  REQUIRE(delivered.size() == kBatches);
+  for (uint64_t i = 0; i < kBatches; ++i) {
+    if (delivered[i] != i) FAIL("delivery " << i << " was seq " << delivered[i]);
+  }
+  CHECK_FALSE(ring.TakeNextReady().has_value());
+  CheckCounts(ring, 8, 0, 0, 0);
+}
+
+}  // namespace
+}  // namespace spdl::shm
