@@ -1,0 +1,201 @@
+#include "pipeline/batch_pipeline.h"
+
+#include <algorithm>
+
+namespace spdl::pipeline {
+
+BatchPipeline::BatchPipeline(Executor* executor, shm::SlotRing* ring, RowProcessor* processor,
+                             EpochOrderFn order, PipelineOptions options, std::function<void()> notify,
+                             std::weak_ptr<void> owner)
+    : executor_(executor),
+      ring_(ring),
+      processor_(processor),
+      order_fn_(std::move(order)),
+      options_(options),
+      notify_(std::move(notify)),
+      owner_(std::move(owner)) {
+  for (auto& name : processor_->StageNames()) stages_.emplace_back(name);
+}
+
+BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
+  auto it = epochs_.find(epoch);
+  if (it != epochs_.end()) return it->second;
+  EpochState st;
+  st.order = order_fn_(epoch);
+  const uint64_t n = st.order.size();
+  const uint64_t b = options_.batch_size;
+  st.batches = options_.drop_last ? n / b : (n + b - 1) / b;
+  return epochs_.emplace(epoch, std::move(st)).first->second;
+}
+
+std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch) {
+  EpochState& st = EpochLocked(epoch);
+  // A spare is the next sample not yet dispatched: later batches of the epoch shift by one, and
+  // every good sample is still delivered exactly once.
+  if (st.next >= st.order.size()) return std::nullopt;
+  const uint64_t spare = st.order[st.next++];
+  if (st.next == st.order.size() && st.dispatched < st.batches) {
+    // Spares used up the samples of batches not yet dispatched: the epoch ends with the batch
+    // dispatched last. It cannot have been delivered yet (delivery is in order and the batch
+    // taking this spare is still being filled), so its end-of-epoch mark is still seen.
+    st.batches = st.dispatched;
+    SlotMeta& last = slots_.at(st.last_slot).meta;
+    last.last_in_epoch = true;
+    last.last_in_job = options_.epochs != 0 && epoch + 1 == options_.epochs;
+  }
+  return spare;
+}
+
+void BatchPipeline::Pump() {
+  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> posts;
+  {
+    std::lock_guard lock(mu_);
+    while (!done_dispatching_ && !cancelled_.load() && failure_.ok()) {
+      EpochState& st = EpochLocked(dispatch_epoch_);
+      if (st.dispatched >= st.batches || st.next >= st.order.size()) {
+        // This epoch is fully dispatched: move on (or stop after the last epoch).
+        if (options_.epochs != 0 && dispatch_epoch_ + 1 >= options_.epochs) {
+          done_dispatching_ = true;
+          break;
+        }
+        ++dispatch_epoch_;
+        // Forget epochs that no in-flight batch still draws spares from.
+        uint32_t oldest = dispatch_epoch_;
+        for (auto& [slot, f] : slots_) oldest = std::min(oldest, f.meta.epoch);
+        for (auto it = epochs_.begin(); it != epochs_.end() && it->first < oldest;) it = epochs_.erase(it);
+        continue;
+      }
+      auto acquired = ring_->TryAcquire();
+      if (!acquired) break;  // backpressure: no free slot
+      InFlight f;
+      f.meta.seq = acquired->seq;
+      f.meta.epoch = dispatch_epoch_;
+      f.meta.batch_in_epoch = st.dispatched++;
+      st.last_slot = acquired->slot;
+      const size_t take = std::min<size_t>(options_.batch_size, st.order.size() - st.next);
+      f.meta.indices.assign(st.order.begin() + static_cast<ptrdiff_t>(st.next),
+                            st.order.begin() + static_cast<ptrdiff_t>(st.next + take));
+      st.next += take;
+      f.meta.rows = static_cast<uint32_t>(take);
+      f.meta.last_in_epoch = st.dispatched == st.batches || st.next >= st.order.size();
+      f.meta.last_in_job = f.meta.last_in_epoch && options_.epochs != 0 && dispatch_epoch_ + 1 == options_.epochs;
+      f.ok.assign(take, 0);
+      f.remaining = static_cast<uint32_t>(take);
+      posts.emplace_back(acquired->slot, f.meta.indices);
+      slots_[acquired->slot] = std::move(f);
+    }
+  }
+  // Post outside the lock: an inline executor runs the row at once.
+  std::shared_ptr<void> owner = owner_.lock();
+  for (auto& [slot, indices] : posts) {
+    for (uint32_t row = 0; row < indices.size(); ++row) {
+      in_flight_.fetch_add(1);
+      executor_->Post([owner, this, slot, row, index = indices[row]] { RunRow(slot, row, index); });
+    }
+  }
+}
+
+void BatchPipeline::RunRow(uint32_t slot, uint32_t row, uint64_t index) {
+  bool good = false;
+  uint64_t current = index;
+  while (!cancelled_.load()) {
+    Status s = processor_->Process(current, slot, row, stages_);
+    if (s.ok()) {
+      good = true;
+      break;
+    }
+    if (options_.fail_on_error) {
+      Fail(s);
+      break;
+    }
+    std::lock_guard lock(mu_);
+    InFlight& f = slots_.at(slot);
+    ++epochs_.at(f.meta.epoch).skipped;
+    skipped_total_.fetch_add(1);
+    auto spare = TakeSpareLocked(f.meta.epoch);
+    if (!spare) break;
+    current = *spare;
+    f.meta.indices[row] = current;
+  }
+  bool finished = false;
+  {
+    std::lock_guard lock(mu_);
+    InFlight& f = slots_.at(slot);
+    f.ok[row] = good ? 1 : 0;
+    finished = --f.remaining == 0;
+  }
+  if (finished) FinishBatch(slot);
+  in_flight_.fetch_sub(1);
+}
+
+void BatchPipeline::FinishBatch(uint32_t slot) {
+  if (cancelled_.load()) {
+    {
+      std::lock_guard lock(mu_);
+      slots_.erase(slot);
+    }
+    (void)ring_->Abandon(slot);
+    notify_();
+    return;
+  }
+  std::vector<std::pair<uint32_t, uint32_t>> moves;
+  {
+    std::lock_guard lock(mu_);
+    InFlight& f = slots_.at(slot);
+    // Pack good rows to the front (only when some row had no spare to replace it).
+    uint32_t write = 0;
+    std::vector<uint64_t> packed;
+    for (uint32_t r = 0; r < f.ok.size(); ++r) {
+      if (!f.ok[r]) continue;
+      if (r != write) moves.emplace_back(r, write);
+      packed.push_back(f.meta.indices[r]);
+      ++write;
+    }
+    f.meta.indices = std::move(packed);
+    f.meta.rows = write;
+  }
+  for (auto [from, to] : moves) processor_->MoveRow(slot, from, to);
+  Status s = ring_->MarkReady(slot);
+  (void)s;  // the slot was acquired by Pump() and is filling: cannot fail
+  notify_();
+}
+
+void BatchPipeline::Cancel() { cancelled_.store(true); }
+
+void BatchPipeline::Fail(Status status) {
+  {
+    std::lock_guard lock(mu_);
+    if (failure_.ok()) failure_ = std::move(status);
+  }
+  cancelled_.store(true);
+  notify_();
+}
+
+Status BatchPipeline::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+bool BatchPipeline::all_dispatched() const {
+  std::lock_guard lock(mu_);
+  return done_dispatching_;
+}
+
+SlotMeta BatchPipeline::meta(uint32_t slot) const {
+  std::lock_guard lock(mu_);
+  return slots_.at(slot).meta;
+}
+
+uint64_t BatchPipeline::EpochSkipped(uint32_t epoch) const {
+  std::lock_guard lock(mu_);
+  auto it = epochs_.find(epoch);
+  return it == epochs_.end() ? 0 : it->second.skipped;
+}
+
+std::vector<StageSnapshot> BatchPipeline::StageSnapshots() const {
+  std::vector<StageSnapshot> out;
+  for (auto& s : stages_) out.push_back(s.Snapshot());
+  return out;
+}
+
+}  // namespace spdl::pipeline
