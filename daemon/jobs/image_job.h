@@ -1,0 +1,94 @@
+// ImageJob: one running image job — its manifest, shared region, slot ring, row processor and
+// pipeline — as a JobHandle for the session that submitted it.
+//
+// Threading: JobHandle methods run on the control thread; the pipeline's row tasks run on the
+// shared worker pool and keep the job alive (shared_ptr) until they end, so the region is unmapped
+// only after the last row is written. The destructor may therefore run on a worker thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/job_config.h"
+#include "io/manifest.h"
+#include "jobs/job_service.h"
+#include "media/image_decoder.h"
+#include "pipeline/batch_pipeline.h"
+#include "pipeline/executor.h"
+#include "proto/shm_layout.h"
+#include "shm/shared_region.h"
+#include "shm/slot_ring.h"
+
+namespace spdl::jobs {
+
+// Everything a job needs, resolved and validated by the registry.
+struct ImageJobSpec {
+  uint64_t job_id = 0;
+  config::JobConfig config;
+  io::Manifest manifest;
+  media::ImageOps ops;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t epochs = 1;  // 0 = endless
+  PeerInfo owner;
+};
+
+// Returned by the registry's admission; releases the job's share of the memory budget when
+// destroyed (whichever thread destroys the job).
+class BudgetLease {
+ public:
+  virtual ~BudgetLease() = default;
+};
+
+class ImageJob final : public JobHandle, public pipeline::RowProcessor {
+ public:
+  // Creates the region and ring and starts filling slots. `notify` as in JobService::Submit.
+  static Result<std::shared_ptr<ImageJob>> Start(ImageJobSpec spec, pipeline::Executor* executor,
+                                                 std::unique_ptr<BudgetLease> budget,
+                                                 std::function<void()> notify);
+  // The region size a job with this spec needs (for admission before anything is allocated).
+  static proto::SlotLayout LayoutFor(const ImageJobSpec& spec);
+  ~ImageJob() override;
+
+  // JobHandle.
+  const proto::JobAccepted& accepted() const override { return accepted_; }
+  int region_fd() const override { return region_.fd(); }
+  std::optional<Delivery> TakeNext() override;
+  Status Release(uint32_t slot, uint64_t generation) override;
+  Status failure() const override { return pipeline_->failure(); }
+  void Cancel() override;
+  proto::JobStats Stats() const override;
+
+  // RowProcessor (worker threads).
+  std::vector<std::string> StageNames() const override { return {"read", "decode"}; }
+  Status Process(uint64_t index, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) override;
+  void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
+
+  ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,
+           std::unique_ptr<BudgetLease> budget);
+
+ private:
+
+  // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
+  // but one, the budget lease last (so the budget is freed only once the memory is).
+  std::unique_ptr<BudgetLease> budget_;
+  const ImageJobSpec spec_;
+  shm::SharedRegion region_;
+  const proto::SlotLayout layout_;
+  const uint64_t image_row_bytes_;
+  const std::chrono::steady_clock::time_point started_;
+  proto::JobAccepted accepted_;
+  shm::SlotRing ring_;
+  std::unique_ptr<pipeline::BatchPipeline> pipeline_;
+
+  // Control thread only.
+  uint64_t delivered_samples_ = 0;
+  uint64_t delivered_batches_ = 0;
+  uint64_t epoch_samples_ = 0;
+  double first_batch_seconds_ = -1;
+  std::chrono::steady_clock::time_point epoch_started_;
+};
+
+}  // namespace spdl::jobs

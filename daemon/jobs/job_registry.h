@@ -1,0 +1,49 @@
+// JobRegistry: the daemon's JobService. Turns a SubmitJob request into a running job: validates
+// the config (every problem listed), checks the data root against the allowed roots, scans the
+// source, admits the job against the limits and the node's shared-memory budget (a refused job is
+// never half-started), and starts it on the shared worker pool.
+//
+// Thread-safe: Submit runs on the control thread; budget leases are returned from whichever thread
+// destroys a job (guarded by mu_).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "config/daemon_config.h"
+#include "jobs/job_service.h"
+#include "pipeline/executor.h"
+
+namespace spdl::jobs {
+
+class JobRegistry final : public JobService {
+ public:
+  // *executor must outlive every job (the daemon joins the pool before destroying the registry).
+  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor);
+  ~JobRegistry() override;
+
+  SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) override;
+
+  // Shared-memory bytes held by live jobs.
+  uint64_t bytes_in_use() const;
+  // Jobs alive (including ones whose last tasks are still finishing).
+  int live_jobs() const;
+
+ private:
+  class Lease;
+  void Return(uid_t uid, uint64_t bytes);
+
+  // Constant after construction.
+  const config::DaemonConfig config_;
+  pipeline::Executor* const executor_;
+
+  std::atomic<uint64_t> next_job_id_{1};
+  mutable std::mutex mu_;
+  // Guarded by mu_.
+  uint64_t bytes_in_use_ = 0;
+  std::map<uid_t, int> jobs_per_uid_;
+  int live_jobs_ = 0;
+};
+
+}  // namespace spdl::jobs

@@ -1,0 +1,68 @@
+// The jobs layer as the control server sees it: submit a job, then drive it. Interfaces only, so
+// the server's session logic can be tested with a fake job and no threads or files.
+//
+// Threading: every method is called from the control (io) thread, except that `notify` (given at
+// Submit) is called by the job from worker threads; it must only schedule work on the io thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "common/status.h"
+#include "proto/control.pb.h"
+
+namespace spdl::jobs {
+
+// Who is on the other end of a session (from SO_PEERCRED).
+struct PeerInfo {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// What the session sends after taking one ready slot: the batch, then possibly the end of its
+// epoch, then possibly the end of the job.
+struct Delivery {
+  proto::BatchReady batch;
+  std::optional<proto::EpochEnd> epoch_end;
+  std::optional<proto::JobEnd> job_end;
+};
+
+class JobHandle {
+ public:
+  virtual ~JobHandle() = default;
+  // The answer to SubmitJob (layout, counts). Constant.
+  virtual const proto::JobAccepted& accepted() const = 0;
+  // The descriptor of the job's shared region, to pass to the client. Owned by the job.
+  virtual int region_fd() const = 0;
+  // The next ready batch in sampler order, if it is ready; leases its slot to the client.
+  virtual std::optional<Delivery> TakeNext() = 0;
+  // The client is done with `slot`; frees it and lets the pipeline fill it again.
+  virtual Status Release(uint32_t slot, uint64_t generation) = 0;
+  // Non-OK once the job has failed (on_error: fail): the message names the sample and the reason.
+  virtual Status failure() const = 0;
+  // Stops the job: no more batches; in-flight work is dropped. Idempotent.
+  virtual void Cancel() = 0;
+  // The job's figures so far.
+  virtual proto::JobStats Stats() const = 0;
+};
+
+struct SubmitResult {
+  std::shared_ptr<JobHandle> job;  // set on success
+  proto::Error error;              // set (code != UNKNOWN or message non-empty) on failure
+  bool ok() const { return job != nullptr; }
+};
+
+class JobService {
+ public:
+  virtual ~JobService() = default;
+  // Validates and starts a job for `peer`. On failure the Error lists every problem found.
+  virtual SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer,
+                              std::function<void()> notify) = 0;
+};
+
+}  // namespace spdl::jobs

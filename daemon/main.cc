@@ -1,0 +1,54 @@
+// spdld: the per-node data-loading daemon. Parses the command line, loads the config, sets up
+// logging (before any thread starts), builds the Daemon and runs it until SIGTERM/SIGINT.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "config/daemon_config.h"
+#include "daemon.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"spdld: the per-node data-loading daemon"};
+  std::string config_path;
+  std::optional<std::string> socket_path;
+  std::vector<std::string> allow_roots;
+  std::optional<int> threads;
+  std::optional<std::string> log_level;
+  app.add_option("--config", config_path, "daemon config (YAML), e.g. config/spdld.yaml")->check(CLI::ExistingFile);
+  app.add_option("--socket", socket_path, "control socket path (overrides the config)");
+  app.add_option("--allow-root", allow_roots, "a directory jobs may read below (repeatable; added to the config's)");
+  app.add_option("--threads", threads, "worker threads, 0 = one per core (overrides the config)")->check(CLI::NonNegativeNumber);
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off (overrides the config)");
+  CLI11_PARSE(app, argc, argv);
+
+  spdl::config::DaemonConfig config;
+  if (!config_path.empty()) {
+    auto r = spdl::config::LoadDaemonConfig(config_path);
+    if (!r.config) {
+      std::cerr << "spdld: invalid config:\n" << spdl::config::FormatConfigErrors(r.errors, config_path) << "\n";
+      return 2;
+    }
+    config = *r.config;
+  }
+  if (socket_path) config.socket_path = *socket_path;
+  for (auto& r : allow_roots) config.allowed_roots.push_back(r);
+  if (threads) config.worker_threads = *threads;
+  if (log_level) config.log_level = *log_level;
+
+  auto level = spdlog::level::from_str(config.log_level);
+  if (level == spdlog::level::off && config.log_level != "off") {
+    std::cerr << "spdld: unknown log level '" << config.log_level << "'\n";
+    return 2;
+  }
+  spdlog::set_level(level);
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ spdld: %v");
+
+  spdl::Daemon daemon(config);
+  if (auto s = daemon.Start(); !s.ok()) {
+    spdlog::critical("{}", s.message());
+    return 1;
+  }
+  daemon.Run();
+  return 0;
+}

@@ -1,0 +1,58 @@
+// ControlServer: the Unix-socket control channel. Accepts connections with Boost.Asio, runs one
+// session per connection (framing + SessionLogic + writes that can carry a descriptor), and tears
+// every session down on Stop().
+//
+// Threading: everything runs on the one io_context thread given at construction, so sessions need
+// no locks; jobs reach their session by posting to that io_context. Handlers never throw; an
+// `operation_aborted` error is a normal shutdown.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "common/status.h"
+#include "jobs/job_service.h"
+
+namespace spdl::server {
+
+struct ServerOptions {
+  std::string socket_path;
+  int socket_mode = 0660;
+  uint32_t max_frame_bytes = 1u << 20;
+};
+
+class Session;
+
+class ControlServer {
+ public:
+  // *io and *jobs must outlive this object.
+  ControlServer(boost::asio::io_context* io, jobs::JobService* jobs, ServerOptions options);
+  ~ControlServer();
+
+  // Binds the socket (replacing a stale socket file, refusing when another daemon answers on it),
+  // sets its mode, and starts accepting.
+  Status Start();
+  // Stops accepting, closes every session (their jobs are cancelled) and removes the socket file.
+  void Stop();
+  size_t session_count() const { return sessions_.size(); }
+
+ private:
+  friend class Session;
+  void Accept();
+  void Remove(Session* s);
+
+  boost::asio::io_context* const io_;
+  jobs::JobService* const jobs_;
+  const ServerOptions options_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::set<std::shared_ptr<Session>> sessions_;
+  bool stopped_ = false;
+  bool bound_ = false;
+};
+
+}  // namespace spdl::server

@@ -1,0 +1,129 @@
+#include "server/session_logic.h"
+
+#include <spdlog/spdlog.h>
+
+#include "proto/framing.h"
+
+namespace spdl::server {
+
+SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify)
+    : jobs_(jobs), peer_(peer), notify_(std::move(notify)) {}
+
+SessionLogic::~SessionLogic() { DropJob(); }
+
+void SessionLogic::DropJob() {
+  if (job_) {
+    job_->Cancel();
+    job_.reset();
+  }
+}
+
+Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
+  spdlog::warn("session pid {} uid {}: closing: {}", peer_.pid, peer_.uid, message);
+  Output out;
+  auto* e = out.messages.emplace_back().message.mutable_error();
+  e->set_code(code);
+  e->set_message(std::move(message));
+  out.close = true;
+  DropJob();
+  state_ = State::kClosed;
+  return out;
+}
+
+Output SessionLogic::OnOversizedFrame(uint32_t length, uint32_t max) {
+  return Fatal(proto::Error::BAD_REQUEST, "a control message of " + std::to_string(length) +
+                                              " bytes exceeds the limit of " + std::to_string(max) + " bytes");
+}
+
+Output SessionLogic::OnFrame(std::string_view payload) {
+  if (state_ == State::kClosed) return {};
+  proto::ClientMessage msg;
+  if (!proto::ParseClientMessage(payload, &msg)) {
+    return Fatal(proto::Error::BAD_REQUEST, "not a valid spdld control message (" + std::to_string(payload.size()) + " bytes)");
+  }
+  if (state_ == State::kAwaitHello) {
+    if (!msg.has_hello()) return Fatal(proto::Error::BAD_REQUEST, "the first message must be Hello");
+    if (msg.hello().protocol_version() != proto::kProtocolVersion) {
+      return Fatal(proto::Error::VERSION_MISMATCH,
+                   "the client speaks control protocol version " + std::to_string(msg.hello().protocol_version()) +
+                       " but this spdld speaks version " + std::to_string(proto::kProtocolVersion) +
+                       "; use a client library of the same spdld release");
+    }
+    Output out;
+    auto* h = out.messages.emplace_back().message.mutable_hello();
+    h->set_protocol_version(proto::kProtocolVersion);
+    h->set_daemon_version(SPDLD_VERSION);
+    state_ = State::kIdle;
+    return out;
+  }
+  switch (msg.msg_case()) {
+    case proto::ClientMessage::kHello:
+      return Fatal(proto::Error::BAD_REQUEST, "Hello sent twice");
+    case proto::ClientMessage::kSubmit: {
+      if (state_ == State::kRunning) return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
+      jobs::SubmitResult r = jobs_->Submit(msg.submit(), peer_, notify_);
+      Output out;
+      if (!r.ok()) {
+        spdlog::info("session pid {} uid {}: job refused: {}", peer_.pid, peer_.uid, r.error.message());
+        *out.messages.emplace_back().message.mutable_error() = r.error;
+        return out;  // the client may fix its config and submit again
+      }
+      job_ = std::move(r.job);
+      state_ = State::kRunning;
+      Outgoing& o = out.messages.emplace_back();
+      *o.message.mutable_accepted() = job_->accepted();
+      o.pass_fd = job_->region_fd();
+      return out;
+    }
+    case proto::ClientMessage::kRelease: {
+      if (state_ != State::kRunning) return {};  // late releases after the job ended are harmless
+      Status s = job_->Release(msg.release().slot(), msg.release().generation());
+      if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad Release: " + s.message());
+      return {};
+    }
+    case proto::ClientMessage::kEndJob: {
+      // Answered with the job's figures so far, so the client knows the job is over.
+      Output out;
+      if (state_ != State::kRunning) return out;
+      *out.messages.emplace_back().message.mutable_job_end()->mutable_stats() = job_->Stats();
+      DropJob();
+      state_ = State::kIdle;
+      return out;
+    }
+    case proto::ClientMessage::MSG_NOT_SET:
+      break;
+  }
+  return Fatal(proto::Error::BAD_REQUEST, "unknown control message");
+}
+
+Output SessionLogic::OnJobEvent() {
+  Output out;
+  if (state_ != State::kRunning || !job_) return out;
+  while (auto d = job_->TakeNext()) {
+    *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
+    if (d->epoch_end) *out.messages.emplace_back().message.mutable_epoch_end() = std::move(*d->epoch_end);
+    if (d->job_end) {
+      *out.messages.emplace_back().message.mutable_job_end() = std::move(*d->job_end);
+      // The client keeps its mapping; its late Releases are ignored.
+      job_.reset();
+      state_ = State::kIdle;
+      return out;
+    }
+  }
+  if (Status f = job_->failure(); !f.ok()) {
+    auto* e = out.messages.emplace_back().message.mutable_error();
+    e->set_code(proto::Error::JOB_FAILED);
+    e->set_message("job failed (on_error: fail): " + f.message());
+    spdlog::warn("session pid {} uid {}: {}", peer_.pid, peer_.uid, e->message());
+    DropJob();
+    state_ = State::kIdle;
+  }
+  return out;
+}
+
+void SessionLogic::OnDisconnect() {
+  DropJob();
+  state_ = State::kClosed;
+}
+
+}  // namespace spdl::server

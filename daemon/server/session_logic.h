@@ -1,0 +1,60 @@
+// SessionLogic: the control protocol of one client session as a pure state machine — frames in,
+// messages out — with no sockets, so every rule is tested without I/O (tests/unit/server_test.cc).
+//
+//   awaiting hello --Hello(version ok)--> idle --SubmitJob(ok)--> running --JobEnd/EndJob--> idle
+//   any state --bad frame, garbage, wrong version, protocol violation--> closed
+//
+// Not thread-safe: a session's logic runs on the control thread only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "jobs/job_service.h"
+#include "proto/control.pb.h"
+
+namespace spdl::server {
+
+struct Outgoing {
+  proto::DaemonMessage message;
+  int pass_fd = -1;  // a descriptor to pass with this message (SCM_RIGHTS); owned by the job
+};
+
+struct Output {
+  std::vector<Outgoing> messages;
+  bool close = false;  // close the session after sending `messages`
+};
+
+class SessionLogic {
+ public:
+  // *jobs must outlive this object. `notify` is handed to each job (see JobService::Submit).
+  SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify);
+  ~SessionLogic();
+
+  // One whole frame's payload from the client.
+  Output OnFrame(std::string_view payload);
+  // The framing layer saw a frame announcing `length` bytes, over the limit `max`.
+  Output OnOversizedFrame(uint32_t length, uint32_t max);
+  // The job signalled progress: sends every batch that is ready, in order, and the job's end.
+  Output OnJobEvent();
+  // The client went away: the job (if any) is cancelled and dropped.
+  void OnDisconnect();
+
+  bool has_job() const { return job_ != nullptr; }
+  bool closed() const { return state_ == State::kClosed; }
+
+ private:
+  enum class State { kAwaitHello, kIdle, kRunning, kClosed };
+  Output Fatal(proto::Error::Code code, std::string message);
+  void DropJob();
+
+  jobs::JobService* const jobs_;
+  const jobs::PeerInfo peer_;
+  const std::function<void()> notify_;
+  State state_ = State::kAwaitHello;
+  std::shared_ptr<jobs::JobHandle> job_;
+};
+
+}  // namespace spdl::server

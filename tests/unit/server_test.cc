@@ -1,0 +1,233 @@
+// The session protocol, without sockets: SessionLogic against a fake job service.
+#include <catch2/catch.hpp>
+
+#include "proto/framing.h"
+#include "server/session_logic.h"
+
+namespace spdl::server {
+namespace {
+
+std::string Frame(const proto::ClientMessage& m) { return m.SerializeAsString(); }
+
+proto::ClientMessage Hello(uint32_t v = proto::kProtocolVersion) {
+  proto::ClientMessage m;
+  m.mutable_hello()->set_protocol_version(v);
+  return m;
+}
+
+proto::ClientMessage Submit() {
+  proto::ClientMessage m;
+  m.mutable_submit()->set_config_yaml("source: {root: /x}");
+  return m;
+}
+
+proto::ClientMessage Release(uint32_t slot, uint64_t gen) {
+  proto::ClientMessage m;
+  m.mutable_release()->set_slot(slot);
+  m.mutable_release()->set_generation(gen);
+  return m;
+}
+
+// A job with two batches in one epoch; slot 0 then slot 1.
+class FakeJob : public jobs::JobHandle {
+ public:
+  FakeJob() { accepted_.set_job_id(7); }
+  const proto::JobAccepted& accepted() const override { return accepted_; }
+  int region_fd() const override { return 42; }
+  std::optional<jobs::Delivery> TakeNext() override {
+    if (ready == 0) return std::nullopt;
+    --ready;
+    jobs::Delivery d;
+    d.batch.set_slot(static_cast<uint32_t>(taken));
+    d.batch.set_generation(100 + taken);
+    d.batch.set_seq(taken);
+    if (++taken == 2) {
+      d.epoch_end.emplace().set_epoch(0);
+      d.job_end.emplace().mutable_stats()->set_batches(2);
+    }
+    return d;
+  }
+  Status Release(uint32_t slot, uint64_t generation) override {
+    if (generation != 100 + slot) return InvalidArgument("stale generation");
+    releases.push_back(slot);
+    return Status::Ok();
+  }
+  Status failure() const override { return fail; }
+  void Cancel() override { cancelled = true; }
+  proto::JobStats Stats() const override {
+    proto::JobStats s;
+    s.set_batches(taken);
+    return s;
+  }
+
+  proto::JobAccepted accepted_;
+  int ready = 0;
+  uint64_t taken = 0;
+  std::vector<uint32_t> releases;
+  Status fail;
+  bool cancelled = false;
+};
+
+class FakeService : public jobs::JobService {
+ public:
+  jobs::SubmitResult Submit(const proto::SubmitJob&, const jobs::PeerInfo& peer, std::function<void()>) override {
+    jobs::SubmitResult r;
+    last_uid = peer.uid;
+    if (refuse) {
+      r.error.set_code(proto::Error::INVALID_CONFIG);
+      r.error.set_message("bad config");
+      r.error.add_config_errors()->set_line(3);
+      return r;
+    }
+    job = std::make_shared<FakeJob>();
+    r.job = job;
+    return r;
+  }
+  std::shared_ptr<FakeJob> job;
+  bool refuse = false;
+  uid_t last_uid = 0;
+};
+
+jobs::PeerInfo Peer() { return {123, 1000, 1000}; }
+
+TEST_CASE("hello, submit, batches in order, end of job") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  Output o = s.OnFrame(Frame(Hello()));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.hello().protocol_version() == proto::kProtocolVersion);
+  CHECK_FALSE(o.close);
+
+  o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.accepted().job_id() == 7);
+  CHECK(o.messages[0].pass_fd == 42);
+  CHECK(svc.last_uid == 1000);
+
+  svc.job->ready = 1;
+  o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.batch().seq() == 0);
+  CHECK(s.OnFrame(Frame(Release(0, 100))).messages.empty());
+  CHECK(svc.job->releases == std::vector<uint32_t>{0});
+
+  svc.job->ready = 1;
+  o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 3);
+  CHECK(o.messages[0].message.has_batch());
+  CHECK(o.messages[1].message.has_epoch_end());
+  CHECK(o.messages[2].message.job_end().stats().batches() == 2);
+  CHECK_FALSE(s.has_job());
+  // A release after the end is harmless.
+  o = s.OnFrame(Frame(Release(1, 101)));
+  CHECK(o.messages.empty());
+  CHECK_FALSE(o.close);
+}
+
+TEST_CASE("a version mismatch is refused with a clear message and closes") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  Output o = s.OnFrame(Frame(Hello(99)));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::VERSION_MISMATCH);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("version 99") && Catch::Contains("version 1"));
+  CHECK(o.close);
+  CHECK(s.closed());
+}
+
+TEST_CASE("anything but Hello first closes the session") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  Output o = s.OnFrame(Frame(Submit()));
+  CHECK(o.close);
+  CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
+}
+
+TEST_CASE("garbage and oversized frames close the session and cancel its job") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  (void)s.OnFrame(Frame(Submit()));
+  auto job = svc.job;
+  SECTION("garbage") {
+    Output o = s.OnFrame("\xff\xff\xff garbage");
+    CHECK(o.close);
+    CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
+  }
+  SECTION("oversized") {
+    Output o = s.OnOversizedFrame(1 << 30, 1 << 20);
+    CHECK(o.close);
+    CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("1073741824"));
+  }
+  CHECK(job->cancelled);
+  CHECK_FALSE(s.has_job());
+}
+
+TEST_CASE("a stale release closes the session") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  (void)s.OnFrame(Frame(Submit()));
+  Output o = s.OnFrame(Frame(Release(0, 5)));
+  CHECK(o.close);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("stale generation"));
+}
+
+TEST_CASE("a refused job reports its errors and the session stays usable") {
+  FakeService svc;
+  svc.refuse = true;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::INVALID_CONFIG);
+  CHECK(o.messages[0].message.error().config_errors(0).line() == 3);
+  CHECK_FALSE(o.close);
+  svc.refuse = false;
+  o = s.OnFrame(Frame(Submit()));
+  CHECK(o.messages[0].message.has_accepted());
+}
+
+TEST_CASE("a failed job tells the client why, after the batches that were ready") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  (void)s.OnFrame(Frame(Submit()));
+  svc.job->ready = 1;
+  svc.job->fail = DataLoss("cat/1.jpg: not a JPEG");
+  Output o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 2);
+  CHECK(o.messages[0].message.has_batch());
+  CHECK(o.messages[1].message.error().code() == proto::Error::JOB_FAILED);
+  CHECK_THAT(o.messages[1].message.error().message(), Catch::Contains("cat/1.jpg: not a JPEG"));
+  CHECK(svc.job->cancelled);
+}
+
+TEST_CASE("EndJob stops the job and answers with its figures") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  (void)s.OnFrame(Frame(Submit()));
+  svc.job->ready = 1;
+  (void)s.OnJobEvent();
+  proto::ClientMessage end;
+  end.mutable_end_job();
+  Output o = s.OnFrame(Frame(end));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.job_end().stats().batches() == 1);
+  CHECK(svc.job->cancelled);
+  CHECK_FALSE(s.has_job());
+  CHECK_FALSE(o.close);
+}
+
+TEST_CASE("a disconnect cancels the job") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  (void)s.OnFrame(Frame(Submit()));
+  s.OnDisconnect();
+  CHECK(svc.job->cancelled);
+}
+
+}  // namespace
+}  // namespace spdl::server
