@@ -1,0 +1,606 @@
+#include "spdl/client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+
+#include "common/unique_fd.h"
+#include "proto/control.pb.h"
+#include "proto/framing.h"
+#include "proto/shm_layout.h"
+
+namespace spdl::client {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kUInt8: return 1;
+    case DType::kInt16: return 2;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kUInt8: return "uint8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// The daemon is trusted more than a client is: accept frames well above the daemon's own limit
+// (a BatchReady carries one path per row).
+constexpr uint32_t kMaxDaemonFrameBytes = 64u << 20;
+// Descriptors one recvmsg can take; more are discarded by the kernel (MSG_CTRUNC).
+constexpr int kMaxFdsPerRead = 8;
+constexpr size_t kReadChunk = 64 * 1024;
+// A live daemon answers Hello at once; one that accepted but says nothing is hung.
+constexpr int kHelloTimeoutMs = 30'000;
+
+Result<DType> FromProtoDType(int d) {
+  switch (d) {
+    case proto::UINT8: return DType::kUInt8;
+    case proto::INT16: return DType::kInt16;
+    case proto::INT32: return DType::kInt32;
+    case proto::INT64: return DType::kInt64;
+    case proto::FLOAT16: return DType::kFloat16;
+    case proto::BFLOAT16: return DType::kBFloat16;
+    case proto::FLOAT32: return DType::kFloat32;
+    default: return Internal("protocol error: unknown dtype " + std::to_string(d));
+  }
+}
+
+std::string FormatConfigError(const proto::ConfigError& e, const std::string& name) {
+  std::string s = name;
+  if (e.line() > 0) {
+    s += ":" + std::to_string(e.line());
+    if (e.column() > 0) s += ":" + std::to_string(e.column());
+  }
+  s += ": ";
+  if (!e.path().empty()) s += e.path() + ": ";
+  s += e.message();
+  return s;
+}
+
+// Turns the daemon's Error into a Status carrying its message.
+Status FromDaemonError(const proto::Error& e, const std::string& config_name) {
+  std::string msg = e.message();
+  if (e.config_errors_size() > 0) {
+    // The summary line, then one line per problem. Only the message's first line is kept, in case
+    // the daemon listed the problems in it too.
+    msg = msg.substr(0, msg.find('\n'));
+    if (msg.empty()) {
+      msg = "invalid job config " + config_name + " (" + std::to_string(e.config_errors_size()) +
+            (e.config_errors_size() == 1 ? " error)" : " errors)");
+    }
+    for (const auto& ce : e.config_errors()) msg += "\n" + FormatConfigError(ce, config_name);
+  }
+  if (msg.empty()) msg = "spdld refused the request (" + proto::Error::Code_Name(e.code()) + ")";
+  switch (e.code()) {
+    case proto::Error::VERSION_MISMATCH: return FailedPrecondition(msg);
+    case proto::Error::BAD_REQUEST: return InvalidArgument(msg);
+    case proto::Error::INVALID_CONFIG: return InvalidArgument(msg);
+    case proto::Error::PERMISSION_DENIED: return PermissionDenied(msg);
+    case proto::Error::RESOURCE_EXHAUSTED: return ResourceExhausted(msg);
+    case proto::Error::NOT_FOUND: return NotFound(msg);
+    case proto::Error::JOB_FAILED: return DataLoss(msg);
+    case proto::Error::SHUTTING_DOWN: return Unavailable(msg);
+    default: return Internal(msg);
+  }
+}
+
+Status ProtocolError(const std::string& what) { return Internal("protocol error from spdld: " + what); }
+
+Result<UniqueFd> Connect(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty()) return InvalidArgument("no spdld socket path given");
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return InvalidArgument("spdld socket path is too long (" + std::to_string(path.size()) +
+                           " bytes, at most " + std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoStatus("socket(AF_UNIX)", errno);
+  for (;;) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    const int err = errno;
+    if (err == EINTR) continue;  // the connect did not happen (AF_UNIX connects synchronously)
+    if (err == EISCONN) break;
+    const std::string what = "cannot connect to spdld at " + path + ": " + std::strerror(err);
+    switch (err) {
+      case ENOENT: case ECONNREFUSED: case ENOTSOCK: case ENOTDIR: case EAGAIN:
+        return Unavailable(what + " (is the daemon running?)");
+      case EACCES: case EPERM:
+        return PermissionDenied(what + " (is this user allowed to use the socket?)");
+      default:
+        return Status(ErrnoStatus("", err).code(), what);
+    }
+  }
+  return fd;
+}
+
+}  // namespace
+
+namespace detail {
+
+// The control connection and the job's mapping, shared by the Loader and every Batch it handed
+// out; it dies with the last of them.
+//
+// Threads: the read side (Read(), the parser, the fd queue) is used only by the Loader's thread.
+// Writes come from any thread (Batch releases) and go through mu_. The socket descriptor is closed
+// only by Close(), which the Loader's thread calls under mu_; writers check closed_ under mu_.
+class Connection {
+ public:
+  explicit Connection(UniqueFd sock) : sock_(std::move(sock)), read_fd_(sock_.get()) {}
+  ~Connection() {
+    if (map_data_ != nullptr) ::munmap(map_data_, map_size_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Sends one message. kUnavailable once the connection is closed or broken.
+  Status Send(const proto::ClientMessage& msg) {
+    std::string frame;
+    if (!proto::EncodeFrame(msg, &frame)) return Internal("cannot serialize a control message");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return Unavailable("the connection to spdld is closed");
+    if (!write_error_.ok()) return write_error_;
+    size_t done = 0;
+    while (done < frame.size()) {
+      const ssize_t n = ::send(sock_.get(), frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        write_error_ = (err == EPIPE || err == ECONNRESET)
+                           ? Unavailable(std::string("spdld closed the connection: ") + std::strerror(err))
+                           : ErrnoStatus("sending to spdld", err);
+        return write_error_;
+      }
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  // Best effort: a failure is seen by the reader as EOF soon after.
+  void SendRelease(uint32_t slot, uint64_t generation) {
+    proto::ClientMessage m;
+    m.mutable_release()->set_slot(slot);
+    m.mutable_release()->set_generation(generation);
+    (void)Send(m);
+  }
+
+  // Closes the socket: the daemon sees EOF and ends the job. Later sends are no-ops.
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    sock_.reset();
+    read_fd_ = -1;
+  }
+
+  // Reads the next whole message. `context` ends the "spdld closed the connection" message.
+  // timeout_ms < 0 waits for ever (the daemon's death still ends the wait: EOF).
+  Status Read(proto::DaemonMessage* msg, int timeout_ms, const char* context) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string payload;
+    for (;;) {
+      switch (parser_.Next(&payload)) {
+        case proto::FrameParser::Result::kFrame:
+          if (!proto::ParseDaemonMessage(payload, msg)) return ProtocolError("a malformed message");
+          return Status::Ok();
+        case proto::FrameParser::Result::kBad:
+          return ProtocolError("a frame of " + std::to_string(parser_.bad_length()) +
+                               " bytes, over the limit of " + std::to_string(kMaxDaemonFrameBytes));
+        case proto::FrameParser::Result::kNeedMore:
+          break;
+      }
+      if (read_fd_ < 0) return Unavailable("the connection to spdld is closed");
+      if (timeout_ms >= 0) SPDL_RETURN_IF_ERROR(WaitReadable(deadline));
+      SPDL_RETURN_IF_ERROR(ReadSome(context));
+    }
+  }
+
+  // Descriptors received before the job was accepted, oldest first. After TakeFd() stops being
+  // wanted (StopTakingFds()), any further descriptor is closed on arrival.
+  UniqueFd TakeFd() {
+    if (fds_.empty()) return UniqueFd();
+    UniqueFd fd = std::move(fds_.front());
+    fds_.pop_front();
+    return fd;
+  }
+  void StopTakingFds() {
+    take_fds_ = false;
+    fds_.clear();
+  }
+
+  // Maps the job's region. REQUIRES: called once, before any Batch exists.
+  Status MapRegion(UniqueFd fd, size_t bytes) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the job's shared region", errno);
+    if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+      return ProtocolError("the shared region is " + std::to_string(st.st_size) + " bytes, smaller than the " +
+                           std::to_string(bytes) + " bytes announced");
+    }
+    // Read-write so a trainer may modify its leased batch in place (the slot is its own until
+    // released); read-only when the descriptor does not allow writing. Pre-faulted, so the hot path
+    // takes no page faults.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    if (p == MAP_FAILED && errno == EACCES) {
+      p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    }
+    if (p == MAP_FAILED) {
+      return ErrnoStatus("mapping the job's shared region (" + std::to_string(bytes) + " bytes)", errno);
+    }
+    map_data_ = p;
+    map_size_ = bytes;
+    return Status::Ok();  // the mapping outlives the descriptor, closed here
+  }
+
+  uint8_t* map_data() const { return static_cast<uint8_t*>(map_data_); }
+  size_t map_size() const { return map_size_; }
+
+ private:
+  Status WaitReadable(std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return Unavailable("spdld accepted the connection but did not answer within " +
+                           std::to_string(kHelloTimeoutMs / 1000) + " s (is the daemon hung?)");
+      }
+      pollfd pfd{read_fd_, POLLIN, 0};
+      const int n = ::poll(&pfd, 1, static_cast<int>(left.count()));
+      if (n > 0) return Status::Ok();  // readable, hung up or in error: recvmsg tells which
+      if (n < 0 && errno != EINTR) return ErrnoStatus("poll on the spdld connection", errno);
+    }
+  }
+
+  Status ReadSome(const char* context) {
+    if (buf_.empty()) buf_.resize(kReadChunk);
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
+    iovec iov{buf_.data(), buf_.size()};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    ssize_t n;
+    for (;;) {
+      mh.msg_control = cbuf;
+      mh.msg_controllen = sizeof(cbuf);
+      n = ::recvmsg(read_fd_, &mh, MSG_CMSG_CLOEXEC);
+      if (n >= 0 || errno != EINTR) break;
+    }
+    if (n < 0) {
+      const int err = errno;
+      if (err == ECONNRESET || err == EPIPE) {
+        return Unavailable(std::string("spdld closed the connection ") + context + " (" + std::strerror(err) + ")");
+      }
+      return ErrnoStatus("reading from spdld", err);
+    }
+    // Take every descriptor that came along, even on EOF, so none leaks.
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int raw;
+        std::memcpy(&raw, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        UniqueFd fd(raw);
+        if (take_fds_) fds_.push_back(std::move(fd));  // else closed here: nobody asked for it
+      }
+    }
+    if (n == 0) return Unavailable(std::string("spdld closed the connection ") + context);
+    parser_.Feed(buf_.data(), static_cast<size_t>(n));
+    return Status::Ok();
+  }
+
+  // Guarded by mu_ (writes; the Loader's thread also reads sock_ through read_fd_ without it: only
+  // that thread ever changes it).
+  std::mutex mu_;
+  UniqueFd sock_;
+  bool closed_ = false;
+  Status write_error_;
+
+  // Reader side: the Loader's thread only.
+  int read_fd_;
+  proto::FrameParser parser_{kMaxDaemonFrameBytes};
+  std::string buf_;
+  std::deque<UniqueFd> fds_;
+  bool take_fds_ = true;
+
+  // Constant after MapRegion(); unmapped when the last owner is gone.
+  void* map_data_ = nullptr;
+  size_t map_size_ = 0;
+};
+
+}  // namespace detail
+
+// ---- Batch ----
+
+Batch::~Batch() { Release(); }
+
+Batch::Batch(Batch&& other) noexcept
+    : conn_(std::move(other.conn_)),
+      slot_(other.slot_),
+      generation_(other.generation_),
+      seq_(other.seq_),
+      epoch_(other.epoch_),
+      batch_in_epoch_(other.batch_in_epoch_),
+      rows_(other.rows_),
+      paths_(std::move(other.paths_)),
+      labels_(std::move(other.labels_)),
+      tensors_(std::move(other.tensors_)),
+      released_(other.released_.exchange(true)) {}
+
+Batch& Batch::operator=(Batch&& other) noexcept {
+  if (this != &other) {
+    Release();
+    conn_ = std::move(other.conn_);
+    slot_ = other.slot_;
+    generation_ = other.generation_;
+    seq_ = other.seq_;
+    epoch_ = other.epoch_;
+    batch_in_epoch_ = other.batch_in_epoch_;
+    rows_ = other.rows_;
+    paths_ = std::move(other.paths_);
+    labels_ = std::move(other.labels_);
+    tensors_ = std::move(other.tensors_);
+    released_.store(other.released_.exchange(true));
+  }
+  return *this;
+}
+
+const TensorView* Batch::tensor(std::string_view name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+void Batch::Release() {
+  if (released_.exchange(true)) return;
+  if (conn_) conn_->SendRelease(slot_, generation_);
+}
+
+bool Batch::released() const { return released_.load(); }
+
+// ---- Loader ----
+
+Loader::Loader(std::shared_ptr<detail::Connection> conn) : conn_(std::move(conn)) {}
+
+Loader::~Loader() { conn_->Close(); }
+
+const void* Loader::region_data() const { return conn_->map_data(); }
+size_t Loader::region_size() const { return conn_->map_size(); }
+
+Result<std::unique_ptr<Loader>> Loader::Open(const Options& options) {
+  const uint32_t world = options.world_size == 0 ? 1 : options.world_size;
+  if (options.rank >= world) {
+    return InvalidArgument("rank " + std::to_string(options.rank) + " is not below world size " +
+                           std::to_string(world));
+  }
+  SPDL_ASSIGN_OR_RETURN(UniqueFd sock, Connect(options.socket_path));
+  std::unique_ptr<Loader> loader(new Loader(std::make_shared<detail::Connection>(std::move(sock))));
+  SPDL_RETURN_IF_ERROR(loader->Handshake(options));
+  SPDL_RETURN_IF_ERROR(loader->SubmitAndMap(options));
+  return loader;
+}
+
+Status Loader::Handshake(const Options& options) {
+  proto::ClientMessage hello;
+  hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
+  hello.mutable_hello()->set_client_name(
+      options.client_name.empty() ? "spdl-client pid=" + std::to_string(::getpid()) : options.client_name);
+  SPDL_RETURN_IF_ERROR(conn_->Send(hello));
+
+  proto::DaemonMessage reply;
+  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, kHelloTimeoutMs, "during the handshake"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), options.config_name);
+  if (!reply.has_hello()) return ProtocolError("expected HelloReply, got message #" + std::to_string(reply.msg_case()));
+  if (reply.hello().protocol_version() != proto::kProtocolVersion) {
+    return FailedPrecondition("protocol version mismatch: this client speaks spdld protocol " +
+                              std::to_string(proto::kProtocolVersion) + ", the daemon (spdld " +
+                              reply.hello().daemon_version() + ") speaks " +
+                              std::to_string(reply.hello().protocol_version()) +
+                              "; use a client from the daemon's release");
+  }
+  return Status::Ok();
+}
+
+Status Loader::SubmitAndMap(const Options& options) {
+  proto::ClientMessage submit;
+  auto* s = submit.mutable_submit();
+  s->set_config_yaml(options.config_yaml);
+  s->set_config_name(options.config_name);
+  for (const auto& [path, value] : options.overrides) {
+    auto* o = s->add_overrides();
+    o->set_path(path);
+    o->set_value(value);
+  }
+  s->set_rank(options.rank);
+  s->set_world_size(options.world_size == 0 ? 1 : options.world_size);
+  s->set_epochs(options.epochs);
+  SPDL_RETURN_IF_ERROR(conn_->Send(submit));
+  config_name_ = options.config_name;
+
+  proto::DaemonMessage reply;
+  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "before answering the job submission"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), options.config_name);
+  if (!reply.has_accepted()) return ProtocolError("expected JobAccepted, got message #" + std::to_string(reply.msg_case()));
+  const proto::JobAccepted& a = reply.accepted();
+  UniqueFd region_fd = conn_->TakeFd();
+  conn_->StopTakingFds();  // closes any extra descriptor
+  if (!region_fd) return ProtocolError("JobAccepted came without the shared-memory descriptor");
+
+  // Check the announced geometry before trusting any offset.
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  if (a.batch_size() == 0) return ProtocolError("batch_size 0");
+  if (a.num_slots() == 0) return ProtocolError("num_slots 0");
+  if (a.slot_stride() == 0) return ProtocolError("slot_stride 0");
+  if (a.slots_offset() < sizeof(proto::RegionHeader)) return ProtocolError("slots_offset overlaps the header");
+  if (a.slot_stride() > (kMax - a.slots_offset()) / a.num_slots() ||
+      a.slots_offset() + a.slot_stride() * a.num_slots() > a.region_bytes()) {
+    return ProtocolError("the slots do not fit in the region of " + std::to_string(a.region_bytes()) + " bytes");
+  }
+
+  info_ = JobInfo{};
+  info_.job_id = a.job_id();
+  info_.batch_size = a.batch_size();
+  info_.batches_per_epoch = a.batches_per_epoch();
+  info_.samples_per_epoch = a.samples_per_epoch();
+  info_.dataset_size = a.dataset_size();
+  info_.num_slots = a.num_slots();
+  for (const auto& t : a.tensors()) {
+    SPDL_ASSIGN_OR_RETURN(DType dtype, FromProtoDType(t.dtype()));
+    const std::string what = "tensor '" + t.name() + "'";
+    if (t.shape_size() == 0 || t.shape(0) != static_cast<int64_t>(a.batch_size())) {
+      return ProtocolError(what + ": the first dimension is not the batch size");
+    }
+    uint64_t elems = 1;
+    for (int64_t d : t.shape()) {
+      if (d < 0 || (d > 0 && elems > kMax / static_cast<uint64_t>(d))) return ProtocolError(what + ": bad shape");
+      elems *= static_cast<uint64_t>(d);
+    }
+    if (elems > kMax / DTypeSize(dtype) || elems * DTypeSize(dtype) != t.bytes()) {
+      return ProtocolError(what + ": " + std::to_string(t.bytes()) + " bytes do not match its shape");
+    }
+    if (t.offset() > a.slot_stride() || t.bytes() > a.slot_stride() - t.offset()) {
+      return ProtocolError(what + ": does not fit in a slot");
+    }
+    TensorView v;
+    v.name = t.name();
+    v.dtype = dtype;
+    v.shape.assign(t.shape().begin(), t.shape().end());
+    v.bytes = t.bytes();
+    info_.layout.push_back(std::move(v));
+    tensor_offsets_.push_back(t.offset());
+    row_bytes_.push_back(t.bytes() / a.batch_size());
+  }
+  slots_offset_ = a.slots_offset();
+  slot_stride_ = a.slot_stride();
+
+  SPDL_RETURN_IF_ERROR(conn_->MapRegion(std::move(region_fd), a.region_bytes()));
+  proto::RegionHeader h;
+  std::memcpy(&h, conn_->map_data(), sizeof(h));
+  if (h.magic != proto::kRegionMagic) return ProtocolError("the shared region's header has a bad magic number");
+  if (h.protocol_version != proto::kProtocolVersion) {
+    return ProtocolError("the shared region's layout version is " + std::to_string(h.protocol_version) +
+                         ", expected " + std::to_string(proto::kProtocolVersion));
+  }
+  if (h.num_slots != a.num_slots() || h.slots_offset != a.slots_offset() || h.slot_stride != a.slot_stride() ||
+      h.region_bytes != a.region_bytes()) {
+    return ProtocolError("the shared region's header does not match JobAccepted");
+  }
+  return Status::Ok();
+}
+
+Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {
+  if (m.slot() >= info_.num_slots) return ProtocolError("BatchReady for slot " + std::to_string(m.slot()));
+  if (m.rows() > info_.batch_size) return ProtocolError("BatchReady with " + std::to_string(m.rows()) + " rows");
+  if ((m.paths_size() != 0 && m.paths_size() != static_cast<int>(m.rows())) ||
+      (m.labels_size() != 0 && m.labels_size() != static_cast<int>(m.rows()))) {
+    return ProtocolError("BatchReady whose paths or labels do not match its rows");
+  }
+  Batch b;
+  b.conn_ = conn_;
+  b.slot_ = m.slot();
+  b.generation_ = m.generation();
+  b.seq_ = m.seq();
+  b.epoch_ = m.epoch();
+  b.batch_in_epoch_ = m.batch_in_epoch();
+  b.rows_ = m.rows();
+  b.paths_.assign(m.paths().begin(), m.paths().end());
+  b.labels_.assign(m.labels().begin(), m.labels().end());
+  uint8_t* slot_base = conn_->map_data() + slots_offset_ + uint64_t{m.slot()} * slot_stride_;
+  b.tensors_.reserve(info_.layout.size());
+  for (size_t i = 0; i < info_.layout.size(); ++i) {
+    TensorView v = info_.layout[i];
+    v.shape[0] = m.rows();
+    v.data = slot_base + tensor_offsets_[i];
+    v.bytes = row_bytes_[i] * m.rows();
+    b.tensors_.push_back(std::move(v));
+  }
+  b.released_.store(false);
+  return b;
+}
+
+Result<Event> Loader::Next() {
+  if (!sticky_.ok()) return sticky_;
+  if (finished_) return FailedPrecondition("the job has finished (Next() after its JobStats)");
+  // Any error is final: close the connection so the daemon stops the job and frees its slots.
+  auto fail = [this](Status s) -> Status {
+    sticky_ = std::move(s);
+    conn_->Close();
+    return sticky_;
+  };
+  for (;;) {
+    proto::DaemonMessage m;
+    Status s = conn_->Read(&m, -1, "in the middle of the job (did the daemon exit?)");
+    if (!s.ok()) {
+      if (ended_ && s.code() == StatusCode::kUnavailable) {
+        s = Cancelled("the job was ended by End() (spdld closed the connection without final stats)");
+      }
+      return fail(std::move(s));
+    }
+    switch (m.msg_case()) {
+      case proto::DaemonMessage::kBatch: {
+        if (ended_) {  // in flight when EndJob went out: nobody wants it
+          conn_->SendRelease(m.batch().slot(), m.batch().generation());
+          continue;
+        }
+        Result<Batch> b = MakeBatch(m.batch());
+        if (!b.ok()) return fail(b.status());
+        return Event(std::move(b).value());
+      }
+      case proto::DaemonMessage::kEpochEnd: {
+        if (ended_) continue;
+        const auto& e = m.epoch_end();
+        return Event(EpochEnd{e.epoch(), e.samples(), e.batches(), e.skipped(), e.seconds()});
+      }
+      case proto::DaemonMessage::kJobEnd: {
+        const auto& js = m.job_end().stats();
+        JobStats stats{js.samples(), js.batches(), js.skipped(), js.seconds(), js.first_batch_seconds(), {}};
+        for (const auto& st : js.stages()) {
+          stats.stages.push_back(StageStats{st.name(), st.tasks(), st.failures(), st.busy_seconds()});
+        }
+        finished_ = true;
+        return Event(std::move(stats));
+      }
+      case proto::DaemonMessage::kError:
+        return fail(FromDaemonError(m.error(), config_name_));
+      default:
+        return fail(ProtocolError("unexpected message #" + std::to_string(m.msg_case()) + " during the job"));
+    }
+  }
+}
+
+Status Loader::End() {
+  if (finished_ || ended_ || !sticky_.ok()) return Status::Ok();
+  ended_ = true;
+  proto::ClientMessage m;
+  m.mutable_end_job();
+  return conn_->Send(m);
+}
+
+}  // namespace spdl::client

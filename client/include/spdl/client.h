@@ -1,0 +1,248 @@
+// The spdld client library: what a training process links to receive batches from the node's
+// spdld daemon.
+//
+// A Loader opens one job on the daemon (one control connection, one job), maps the job's shared
+// slot ring, and hands out events in order: a Batch per filled slot, an EpochEnd after each epoch
+// and, last, the job's JobStats. A Batch is a zero-copy view of one slot: its tensors point into the
+// shared mapping. Dropping the Batch (or calling Release()) gives the slot back to the daemon; until
+// then the daemon cannot refill it, so hold on to batches only as long as you need their memory.
+//
+//   spdl::client::Options opt;
+//   opt.socket_path = "/run/spdld/spdld.sock";
+//   opt.config_yaml = <text of job.yaml>;
+//   auto loader = spdl::client::Loader::Open(opt);          // Result<std::unique_ptr<Loader>>
+//   if (!loader.ok()) { print loader.status(); ... }
+//   for (;;) {
+//     auto ev = (*loader)->Next();                           // blocks
+//     if (!ev.ok()) { error ... }
+//     if (auto* b = std::get_if<spdl::client::Batch>(&*ev)) { use b->tensor("image")->data; }
+//     else if (std::holds_alternative<spdl::client::JobStats>(*ev)) break;   // job done
+//   }
+//
+// Thread safety: a Loader is used from one thread at a time (it is not internally locked), except
+// that Batches may be released or destroyed from any thread, concurrently with Next(). A Batch may
+// outlive its Loader: its memory stays mapped until the last Batch is gone (reading it never
+// faults), and its release becomes a no-op (the connection is closed, so the daemon takes every
+// slot back and stops the job). The bytes of such a Batch are no longer protected: copy what you
+// need before destroying the Loader.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spdl::proto {
+class BatchReady;  // proto/control.proto; the public header needs no protobuf headers
+}
+
+namespace spdl::client {
+
+enum class DType { kUInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32 };
+
+// Bytes per element: 1, 2, 4, 8, 2, 2, 4.
+size_t DTypeSize(DType dtype);
+// "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32".
+const char* DTypeName(DType dtype);
+
+// One tensor of a batch, C-contiguous (row-major), batch dimension first.
+struct TensorView {
+  std::string name;            // "image", "label", ...
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;  // shape[0] = rows of THIS batch (fewer than batch_size only for a
+                               // last, partial batch); in JobInfo::layout, the full batch size
+  void* data = nullptr;        // into the shared mapping (zero copy); nullptr in JobInfo::layout.
+                               // Lives as long as the Batch it came from (or any moved-to Batch).
+  size_t bytes = 0;            // bytes of valid data at `data`: rows * bytes per row
+};
+
+// What the daemon said about the job when it accepted it. Constant for the job's life.
+struct JobInfo {
+  uint64_t job_id = 0;
+  uint32_t batch_size = 0;
+  uint64_t batches_per_epoch = 0;  // for this rank
+  uint64_t samples_per_epoch = 0;  // for this rank
+  uint64_t dataset_size = 0;       // samples in the whole source
+  uint32_t num_slots = 0;          // prefetch depth: batches the daemon can have ready at once
+  std::vector<TensorView> layout;  // full-batch shapes and bytes; data == nullptr
+};
+
+// Sent by the daemon after the last batch of each epoch (figures for this rank).
+struct EpochEnd {
+  uint32_t epoch = 0;
+  uint64_t samples = 0;
+  uint64_t batches = 0;
+  uint64_t skipped = 0;  // bad samples skipped (by the job's error policy)
+  double seconds = 0;    // the epoch's wall time on the daemon
+};
+
+struct StageStats {
+  std::string name;
+  uint64_t tasks = 0;
+  uint64_t failures = 0;
+  double busy_seconds = 0;
+};
+
+// The job's totals, sent once when the job is done. As an Event it means "no more events".
+struct JobStats {
+  uint64_t samples = 0;
+  uint64_t batches = 0;
+  uint64_t skipped = 0;
+  double seconds = 0;              // since the daemon accepted the job
+  double first_batch_seconds = 0;  // from acceptance to the first batch being ready (daemon side)
+  std::vector<StageStats> stages;
+};
+
+namespace detail {
+struct Connection;  // the socket + the mapping, shared by a Loader and its Batches
+}
+
+// One ready batch: a lease on one slot of the job's ring. Move-only. Releasing it (Release(), or
+// destroying it) tells the daemon the slot is free again, exactly once. Accessors are safe from any
+// thread as long as nobody moves or destroys the Batch meanwhile; Release() may race with other
+// Release() calls on the same Batch (exactly one sends).
+class Batch {
+ public:
+  Batch() = default;  // empty: released() == true, no tensors
+  ~Batch();           // Release()
+  Batch(Batch&& other) noexcept;
+  Batch& operator=(Batch&& other) noexcept;  // releases what *this held first
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  uint64_t seq() const { return seq_; }                     // batch number since the job started
+  uint32_t epoch() const { return epoch_; }
+  uint64_t batch_in_epoch() const { return batch_in_epoch_; }
+  uint32_t rows() const { return rows_; }                   // valid rows
+  uint32_t slot() const { return slot_; }                   // the ring slot it occupies
+  uint64_t generation() const { return generation_; }
+  // Per row: the sample's path relative to the source root, and its label (as the daemon sent
+  // them: each either empty or `rows()` long).
+  const std::vector<std::string>& paths() const { return paths_; }
+  const std::vector<int64_t>& labels() const { return labels_; }
+  // The batch's tensors, in the job's layout order. The data stays valid after Release() only as
+  // long as this object lives AND the daemon does not refill the slot, i.e. do not read it after
+  // Release(); the pointers are never dangling while the Batch exists, though.
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  // The tensor called `name`, or nullptr.
+  const TensorView* tensor(std::string_view name) const;
+
+  // Gives the slot back to the daemon (sends Release{slot, generation}) unless already done.
+  // A no-op once the Loader is gone or its connection is broken. Never blocks for long: it takes
+  // the connection's write lock and sends a few bytes.
+  void Release();
+  bool released() const;
+
+ private:
+  friend class Loader;
+
+  // Holds the connection (and so the mapping) for as long as the batch lives.
+  std::shared_ptr<detail::Connection> conn_;
+  uint32_t slot_ = 0;
+  uint64_t generation_ = 0;
+  uint64_t seq_ = 0;
+  uint32_t epoch_ = 0;
+  uint64_t batch_in_epoch_ = 0;
+  uint32_t rows_ = 0;
+  std::vector<std::string> paths_;
+  std::vector<int64_t> labels_;
+  std::vector<TensorView> tensors_;
+  std::atomic<bool> released_{true};  // exchanged by Release(), so exactly one caller sends
+};
+
+struct Options {
+  std::string socket_path;                // required: the daemon's control socket
+  std::string config_yaml;                // the job config's TEXT
+  std::string config_name = "<config>";   // where the text came from, for error messages
+  // `--set key.path=value` overrides, applied by the daemon before validation.
+  std::vector<std::pair<std::string, std::string>> overrides;
+  uint32_t rank = 0;        // 0 <= rank < world_size
+  uint32_t world_size = 1;  // 0 is taken as 1
+  uint32_t epochs = 1;      // 0 = until End()
+  std::string client_name;  // free text for the daemon's logs; empty = "spdl-client pid=N"
+};
+
+// JobStats means the job is done: it is the last event.
+using Event = std::variant<Batch, EpochEnd, JobStats>;
+
+// One job on the daemon. Not thread-safe (use from one thread at a time), except that Batches it
+// handed out may be released from any thread. Destroying the Loader closes the connection, which
+// ends the job on the daemon; Batches still alive stay readable.
+class Loader {
+ public:
+  // Connects, says Hello (a protocol version mismatch returns the daemon's message), submits the
+  // job, receives JobAccepted with the region's descriptor, maps it and checks its header (magic,
+  // version, sizes) against JobAccepted.
+  // Errors:
+  //  - no daemon at socket_path -> kUnavailable "cannot connect to spdld at PATH: REASON (is the
+  //    daemon running?)"; not allowed to connect -> kPermissionDenied.
+  //  - version mismatch -> kFailedPrecondition with the daemon's message.
+  //  - a bad config -> kInvalidArgument: the daemon's summary line, then every config error, one
+  //    per line, "NAME:LINE:COL: PATH: MESSAGE" (NAME = options.config_name; "NAME: PATH: MESSAGE"
+  //    for an error with no YAML position, e.g. from an override).
+  //  - other daemon refusals map their code (PERMISSION_DENIED, RESOURCE_EXHAUSTED, NOT_FOUND,
+  //    SHUTTING_DOWN -> kUnavailable, ...) and carry the daemon's message.
+  //  - a daemon that accepts the connection but does not answer Hello within 30 s -> kUnavailable.
+  static Result<std::unique_ptr<Loader>> Open(const Options& options);
+
+  ~Loader();  // closes the connection (the daemon ends the job and takes every slot back)
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  const JobInfo& info() const { return info_; }
+
+  // Blocks until the next event: a Batch, an EpochEnd, or the final JobStats.
+  //  - the daemon went away (EOF, ECONNRESET) -> kUnavailable "spdld closed the connection ...",
+  //    as soon as the socket says so (never a hang on a dead daemon).
+  //  - the job failed on the daemon (Error JOB_FAILED) -> kDataLoss with the daemon's message;
+  //    other Errors map their code as in Open().
+  //  - a protocol violation by the daemon -> kInternal.
+  // Errors are sticky: once Next() has failed, every later call returns the same Status.
+  // After the JobStats event every later call returns kFailedPrecondition "the job has finished".
+  // After End(): batches still in flight are released at once without being returned, EpochEnds
+  // are skipped, and Next() returns the JobStats if the daemon sends them, or kCancelled "the job
+  // was ended by End()" if the daemon just closes the connection.
+  Result<Event> Next();
+
+  // Asks the daemon to stop the job early (sends EndJob). OK and nothing sent when the job has
+  // already finished, failed, or been ended. Returns kUnavailable if the connection is broken.
+  Status End();
+
+  // Whether the JobStats event has been returned.
+  bool finished() const { return finished_; }
+
+  // The shared mapping, so tests can check that a tensor's pointer lies inside it.
+  const void* region_data() const;
+  size_t region_size() const;
+
+ private:
+  explicit Loader(std::shared_ptr<detail::Connection> conn);
+
+  Status Handshake(const Options& options);
+  Status SubmitAndMap(const Options& options);
+  Result<Batch> MakeBatch(const proto::BatchReady& msg);
+
+  // Constant after Open().
+  std::shared_ptr<detail::Connection> conn_;
+  std::string config_name_;  // for error messages
+  JobInfo info_;
+  // Per tensor of info_.layout: offset from a slot's start, and bytes per row.
+  std::vector<uint64_t> tensor_offsets_;
+  std::vector<uint64_t> row_bytes_;
+  uint64_t slots_offset_ = 0;
+  uint64_t slot_stride_ = 0;
+
+  // Read state: touched only by the thread calling Open()/Next()/End().
+  Status sticky_;          // the first error Next() returned
+  bool finished_ = false;  // JobStats was returned
+  bool ended_ = false;     // End() sent EndJob
+};
+
+}  // namespace spdl::client
