@@ -1,0 +1,108 @@
+// DaemonProcess: a real spdld process for end-to-end tests: started with fork/exec on a private
+// socket, stopped with a signal, its exit status checked. Not thread-safe.
+#pragma once
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace spdl::testing {
+
+// Runs `argv` and returns its exit code (-signal when killed) and its stdout.
+inline int RunCommand(const std::vector<std::string>& argv, std::string* out = nullptr) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1000;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipefd[1], 1);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    _exit(127);
+  }
+  ::close(pipefd[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof(buf))) > 0) {
+    if (out) out->append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+class DaemonProcess {
+ public:
+  // Starts build/bin/spdld with `args` and waits until its socket accepts connections.
+  DaemonProcess(std::string socket_path, std::vector<std::string> args) : socket_(std::move(socket_path)) {
+    std::vector<std::string> argv = {std::string(SPDL_BIN_DIR) + "/spdld", "--socket", socket_, "--log-level", "warn"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> a;
+      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      _exit(127);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline && !Connectable()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0 && !exit_code_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool Connectable() const {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    return ok;
+  }
+
+  // Sends `sig` and waits (up to `timeout`) for the exit; returns the exit code (-signal when killed
+  // by one), or nullopt on timeout.
+  std::optional<int> Stop(int sig = SIGTERM, std::chrono::seconds timeout = std::chrono::seconds(10)) {
+    ::kill(pid_, sig);
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        return exit_code_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string socket_;
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+}  // namespace spdl::testing
