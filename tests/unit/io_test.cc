@@ -76,6 +76,10 @@ TEST_CASE("ScanImageFolder: sorted classes, labels, nested files, extension case
   t.Write("loose.jpg");                 // not in any class
   t.MkDir("empty");                     // a class with no files keeps its label
   std::filesystem::create_directory_symlink(t / "dog", t / "dog/puppies/loop");  // a loop
+  TempDir elsewhere;
+  elsewhere.Write("real.jpg");
+  std::filesystem::create_symlink(elsewhere / "real.jpg", t / "cat/linked.jpg");  // followed
+  std::filesystem::create_symlink(t / "gone.jpg", t / "cat/dangling.jpg");        // ignored
 
   auto m = ScanImageFolder(t.path(), {".jpg", "JPEG", ".png"});
   REQUIRE(m.ok());
@@ -85,6 +89,7 @@ TEST_CASE("ScanImageFolder: sorted classes, labels, nested files, extension case
   for (const SampleRef& s : m->samples) got.emplace_back(s.path, s.label);
   const std::vector<std::pair<std::string, int64_t>> want = {
       {"ant-b/q.jpg", 0},
+      {"cat/linked.jpg", 1},
       {"cat/y.Jpeg", 1},
       {"cat/z.png", 1},
       {"dog/a.JPG", 2},
