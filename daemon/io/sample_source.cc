@@ -1,0 +1,37 @@
+#include "io/sample_source.h"
+
+#include <utility>
+
+#include "io/allowed_roots.h"
+#include "io/read_file.h"
+
+namespace spdl::io {
+
+Result<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Open(const std::string& root,
+                                                                   const std::vector<std::string>& extensions,
+                                                                   const std::vector<std::string>& allowed_roots,
+                                                                   uint64_t max_sample_bytes) {
+  SPDL_ASSIGN_OR_RETURN(std::string real_root, ResolveUnderRoots(root, allowed_roots));
+  SPDL_ASSIGN_OR_RETURN(Manifest manifest, ScanImageFolder(real_root, extensions));
+  return std::make_unique<ImageFolderSource>(std::move(manifest), max_sample_bytes);
+}
+
+ImageFolderSource::ImageFolderSource(Manifest manifest, uint64_t max_sample_bytes)
+    : manifest_(std::move(manifest)), max_sample_bytes_(max_sample_bytes) {}
+
+Status ImageFolderSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
+  if (index >= size()) {
+    out->clear();
+    return InvalidArgument("image folder " + manifest_.root + ": sample " + std::to_string(index) +
+                           " is out of range (" + std::to_string(size()) + " samples)");
+  }
+  // ReadFile's errors name the whole path, which ends with the key.
+  return ReadFile(manifest_.root + "/" + manifest_.samples[index].path, out, max_sample_bytes_);
+}
+
+std::string ImageFolderSource::Describe() const {
+  return "image folder " + manifest_.root + " (" + std::to_string(size()) + " samples, " +
+         std::to_string(manifest_.classes.size()) + " classes)";
+}
+
+}  // namespace spdl::io

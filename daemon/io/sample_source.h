@@ -1,0 +1,81 @@
+// SampleSource: a dataset as N samples addressable by index, each with a key (a path or a URL, for
+// logs and --record), a label, and bytes. The sampler's global order indexes into it; the job reads
+// sample i from worker threads.
+//
+// Thread safety: every implementation is immutable after its factory returns, except for internal,
+// locked caches (HttpSource's connection pool). size(), sample() and Describe() may be called from
+// any thread; Read() is called concurrently from many worker threads, each with its own buffer.
+//
+// Implementations (one header each):
+//   ImageFolderSource  root/<class>/<file>, torchvision's ImageFolder        (this header)
+//   FileListSource     a text/CSV file of "path[,label]" lines below a root  (file_list_source.h)
+//   TarShardSource     WebDataset tar shards, read in place                   (tar_shard_source.h)
+//   HttpSource         URLs, or a base URL + relative paths                   (http_source.h)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "io/manifest.h"
+
+namespace spdl::io {
+
+// The label of a sample that has none (a file list line without a label, a tar sample without a
+// .cls member).
+inline constexpr int64_t kNoLabel = -1;
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+
+  // The number of samples. Fixed for the source's lifetime.
+  virtual uint64_t size() const = 0;
+
+  // Sample `index`'s key (in .path: a path or URL, as the source's documentation says) and label
+  // (kNoLabel when it has none). The reference lives as long as the source.
+  // REQUIRES: index < size().
+  virtual const SampleRef& sample(uint64_t index) const = 0;
+
+  // Replaces *out with sample `index`'s bytes, reusing out's capacity. On error *out is left empty
+  // and the message names the sample's key (and, for tar shards, the shard and offset).
+  // An index >= size() -> kInvalidArgument. REQUIRES: out != nullptr.
+  virtual Status Read(uint64_t index, std::vector<uint8_t>* out) const = 0;
+
+  // One line for logs and spdlctl, e.g. "image folder /data (1000 samples, 10 classes)".
+  virtual std::string Describe() const = 0;
+};
+
+// The largest sample any source reads by default (the limit io::ReadFile has).
+inline constexpr uint64_t kDefaultMaxSampleBytes = uint64_t{1} << 30;
+
+// An image folder (see ScanImageFolder in manifest.h) read with io::ReadFile. Keys are paths
+// relative to the root; labels are class indices.
+class ImageFolderSource final : public SampleSource {
+ public:
+  // Resolves `root` under `allowed_roots` (ResolveUnderRoots), then scans it (ScanImageFolder).
+  // Errors: those of ResolveUnderRoots and ScanImageFolder, prefixed with nothing more.
+  static Result<std::unique_ptr<ImageFolderSource>> Open(const std::string& root,
+                                                         const std::vector<std::string>& extensions,
+                                                         const std::vector<std::string>& allowed_roots,
+                                                         uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
+
+  // Wraps a manifest already scanned (and its root already checked) by the caller.
+  explicit ImageFolderSource(Manifest manifest, uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
+
+  uint64_t size() const override { return manifest_.samples.size(); }
+  const SampleRef& sample(uint64_t index) const override { return manifest_.samples[index]; }
+  Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  std::string Describe() const override;
+
+  const Manifest& manifest() const { return manifest_; }
+
+ private:
+  // Constant after construction.
+  const Manifest manifest_;
+  const uint64_t max_sample_bytes_;
+};
+
+}  // namespace spdl::io

@@ -1,0 +1,250 @@
+#include "io/tar_shard_source.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "common/unique_fd.h"
+#include "io/allowed_roots.h"
+#include "io/brace_expand.h"
+#include "io/tar_reader.h"
+
+namespace spdl::io {
+namespace {
+
+constexpr uint64_t kMaxLabelBytes = 4096;
+
+std::string Lower(std::string s) {
+  for (char& c : s) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return s;
+}
+
+std::string Normalize(const std::string& ext) { return Lower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext); }
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+Status PreadAll(int fd, uint64_t offset, uint64_t n, std::vector<uint8_t>* out) {
+  out->resize(n);
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, out->data() + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("pread", errno);
+    }
+    if (r == 0) return DataLoss("short read: the file ends " + std::to_string(done) + " bytes into the member");
+    done += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+// Parses a label member's text: blanks around a decimal integer >= 0.
+bool ParseLabel(const std::vector<uint8_t>& bytes, int64_t* label) {
+  std::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\0'; };
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *label);
+  return ec == std::errc() && p == s.data() + s.size() && *label >= 0;
+}
+
+std::string Shown(std::vector<uint8_t> bytes) {
+  if (bytes.size() > 40) bytes.resize(40);
+  std::string s(bytes.begin(), bytes.end());
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20) c = '?';
+  }
+  return "'" + s + "'";
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.shards.empty()) return InvalidArgument("tar shards: no shard given");
+  if (options.image_extensions.empty()) return InvalidArgument("tar shards: no image extension given");
+  std::vector<std::string> image_exts;
+  for (const std::string& e : options.image_extensions) image_exts.push_back(Normalize(e));
+  const std::string label_ext = Normalize(options.label_extension);
+
+  std::unique_ptr<TarShardSource> src(new TarShardSource());
+  src->max_sample_bytes_ = options.max_sample_bytes;
+  std::vector<std::string> paths;
+  for (const std::string& pattern : options.shards) {
+    src->description_ += (src->description_.empty() ? "" : " ") + pattern;
+    SPDL_ASSIGN_OR_RETURN(std::vector<std::string> expanded, ExpandBraces(pattern));
+    for (std::string& p : expanded) paths.push_back(std::move(p));
+  }
+
+  std::vector<Status> problems;
+  std::vector<TarMember> members;
+  std::vector<uint8_t> label_bytes;
+  struct Pending {
+    int image_rank = -1;  // index into image_exts of the chosen image member; -1 = none yet
+    TarMember image;
+    std::optional<TarMember> label;
+  };
+  for (const std::string& path : paths) {
+    auto real = ResolveUnderRoots(path, options.allowed_roots);
+    if (!real.ok()) {
+      problems.push_back(real.status());
+      continue;
+    }
+    UniqueFd fd(::open(real->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0) {
+      problems.push_back(ErrnoStatus("tar shard " + *real, errno));
+      continue;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      problems.push_back(InvalidArgument("tar shard " + *real + ": not a regular file"));
+      continue;
+    }
+    members.clear();
+    Status s = ListTarMembers(fd.get(), static_cast<uint64_t>(st.st_size), *real, &members);
+    if (!s.ok()) {
+      problems.push_back(std::move(s));
+      continue;
+    }
+
+    // Group by key, in order of first appearance.
+    std::vector<std::string> keys;
+    std::unordered_map<std::string, Pending> groups;
+    for (TarMember& m : members) {
+      const size_t slash = m.name.rfind('/');
+      const size_t base = slash == std::string::npos ? 0 : slash + 1;
+      if (base >= m.name.size() || m.name[base] == '.') continue;
+      const size_t dot = m.name.find('.', base);
+      if (dot == std::string::npos) continue;
+      const std::string ext = Lower(m.name.substr(dot + 1));
+      std::string key = m.name.substr(0, dot);
+      int rank = -1;
+      for (size_t i = 0; i < image_exts.size(); ++i) {
+        if (ext == image_exts[i]) {
+          rank = static_cast<int>(i);
+          break;
+        }
+      }
+      const bool is_label = !label_ext.empty() && ext == label_ext;
+      if (rank < 0 && !is_label) {
+        if (!groups.count(key)) {
+          keys.push_back(key);
+          groups.emplace(std::move(key), Pending{});
+        }
+        continue;
+      }
+      auto [it, inserted] = groups.try_emplace(key);
+      if (inserted) keys.push_back(std::move(key));
+      Pending& g = it->second;
+      if (is_label) {
+        g.label = std::move(m);
+      } else if (g.image_rank < 0 || rank <= g.image_rank) {
+        g.image_rank = rank;
+        g.image = std::move(m);
+      }
+    }
+
+    const auto shard_index = static_cast<uint32_t>(src->shards_.size());
+    for (std::string& key : keys) {
+      Pending& g = groups[key];
+      if (g.image_rank < 0) {
+        ++src->skipped_keys_;
+        continue;
+      }
+      int64_t label = kNoLabel;
+      if (g.label) {
+        const TarMember& l = *g.label;
+        const std::string where =
+            "tar shard " + *real + ": label member " + l.name + " at offset " + std::to_string(l.data_offset);
+        if (l.size > kMaxLabelBytes) {
+          problems.push_back(DataLoss(where + ": " + std::to_string(l.size) + " bytes, not a label"));
+          continue;
+        }
+        Status ls = PreadAll(fd.get(), l.data_offset, l.size, &label_bytes);
+        if (!ls.ok()) {
+          problems.push_back(ls.WithPrefix(where));
+          continue;
+        }
+        if (!ParseLabel(label_bytes, &label)) {
+          problems.push_back(DataLoss(where + ": " + Shown(label_bytes) + " is not an integer >= 0"));
+          continue;
+        }
+      } else {
+        ++src->unlabelled_;
+      }
+      src->samples_.push_back(SampleRef{std::move(key), label});
+      src->locations_.push_back(Location{shard_index, g.image.data_offset, g.image.size});
+    }
+    src->shards_.push_back(Shard{*real, st.st_dev, st.st_ino, static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+  }
+
+  if (!problems.empty()) {
+    std::string m = "tar shards " + src->description_ + ": " + std::to_string(problems.size()) +
+                    (problems.size() == 1 ? " problem:" : " problems:");
+    const size_t shown = std::min(problems.size(), options.max_reported_errors);
+    for (size_t i = 0; i < shown; ++i) m += "\n  " + problems[i].message();
+    if (shown < problems.size()) m += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
+    return Status(problems.front().code(), std::move(m));
+  }
+  if (src->samples_.empty()) {
+    std::string exts;
+    for (const std::string& e : image_exts) exts += (exts.empty() ? "" : ", ") + e;
+    return NotFound("tar shards " + src->description_ + ": no sample with an image member (" + exts + ") in " +
+                    std::to_string(src->shards_.size()) + " shards");
+  }
+  src->scan_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return src;
+}
+
+Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
+  out->clear();
+  if (index >= size()) {
+    return InvalidArgument("tar shards " + description_ + ": sample " + std::to_string(index) + " is out of range (" +
+                           std::to_string(size()) + " samples)");
+  }
+  const Location& loc = locations_[index];
+  const Shard& shard = shards_[loc.shard];
+  auto where = [&] {
+    return "sample " + samples_[index].path + " (tar shard " + shard.path + ", offset " + std::to_string(loc.offset) +
+           ", " + std::to_string(loc.size) + " bytes)";
+  };
+  if (loc.size > max_sample_bytes_) {
+    return ResourceExhausted(where() + ": more than the limit of " + std::to_string(max_sample_bytes_) + " bytes");
+  }
+  UniqueFd fd(::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return ErrnoStatus(where(), errno);
+  if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
+      MtimeNs(st) != shard.mtime_ns) {
+    return FailedPrecondition(where() + ": the shard changed since it was indexed");
+  }
+  Status s = PreadAll(fd.get(), loc.offset, loc.size, out);
+  if (!s.ok()) {
+    out->clear();
+    return s.WithPrefix(where());
+  }
+  return Status::Ok();
+}
+
+std::string TarShardSource::Describe() const {
+  std::string d = "tar shards " + description_ + " (" + std::to_string(shards_.size()) + " shards, " +
+                  std::to_string(size()) + " samples, " + std::to_string(unlabelled_) + " without a label";
+  if (skipped_keys_ > 0) d += ", " + std::to_string(skipped_keys_) + " keys without an image skipped";
+  return d + ")";
+}
+
+}  // namespace spdl::io

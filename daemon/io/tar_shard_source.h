@@ -1,0 +1,97 @@
+// TarShardSource: a WebDataset — samples stored as tar shards — read in place, without unpacking.
+// Immutable after Open: safe to share between threads (see sample_source.h).
+//
+// Layout (WebDataset's): a sample is the group of members sharing a key, the member name up to the
+// first dot of its basename; the rest is the member's extension:
+//   train/000123.jpg + train/000123.cls  ->  sample "train/000123" with a "jpg" and a "cls" member.
+// The sample's bytes are its image member (the first of options.image_extensions it has; compared
+// case-insensitively, so "x.seg.png" has extension "seg.png", not "png"); its label is the decimal
+// integer in its label member ("cls"; surrounding blanks allowed), kNoLabel when it has none. Keys
+// with no image member (only .json, say) are skipped and counted. Members whose basename starts with
+// '.' are ignored. When a shard holds the same member twice, the later one wins (as tar extracts).
+//
+// Open scans the headers of every shard once (tar_reader.h) and keeps an index: per sample its
+// shard, offset and size, so Read is one pread. The index is global and in shard order (each shard's
+// samples in the order their keys first appear), so the sampler's global permutation — shuffle,
+// per-rank sharding, resume — applies unchanged, exactly as for a folder: every rank reads a
+// random sample from any shard. The price: a header scan of all shards at job start, and random
+// reads across shards instead of WebDataset's sequential shard streaming (which assigns whole shards
+// to ranks and shuffles within a buffer, giving only approximate shuffling and uneven ranks).
+//
+// Keys (sample(i).path) are WebDataset keys; two shards may hold the same key.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "io/sample_source.h"
+
+namespace spdl::io {
+
+struct TarShardOptions {
+  // The shards: paths, or brace patterns such as "/data/shard-{000000..000099}.tar" (see
+  // brace_expand.h), expanded and taken in order. Each must resolve below allowed_roots.
+  std::vector<std::string> shards;
+  std::vector<std::string> image_extensions = {"jpg", "jpeg", "png", "webp"};  // in order of preference
+  std::string label_extension = "cls";                                         // "" = no labels
+  std::vector<std::string> allowed_roots;              // the daemon's allowed data roots (empty refuses all)
+  uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger member fails its Read
+  size_t max_reported_errors = 100;                    // problems listed in Open's error; the rest are counted
+};
+
+class TarShardSource final : public SampleSource {
+ public:
+  // Expands, resolves, opens and scans every shard, and reads every label member.
+  // Errors: no shard given, a bad pattern -> kInvalidArgument; then every shard's problem at once
+  // (outside the allowed roots, missing, not a regular file, a corrupt or truncated tar (kDataLoss
+  // naming the shard and offset), a label member that is not an integer >= 0), with the code of the
+  // first; no sample in any shard -> kNotFound.
+  static Result<std::unique_ptr<TarShardSource>> Open(const TarShardOptions& options);
+
+  uint64_t size() const override { return samples_.size(); }
+  const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
+  // Opens the shard, checks it is the file that was scanned (same inode, size and mtime; else
+  // kFailedPrecondition "changed since it was indexed"), preads the member. Errors name the key, the
+  // shard and the offset. Opening per read keeps no descriptor per shard (a dataset may have
+  // 100,000 shards) at the cost of an open/fstat/close (a few microseconds) per sample.
+  Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  std::string Describe() const override;
+
+  size_t num_shards() const { return shards_.size(); }
+  uint64_t skipped_keys() const { return skipped_keys_; }  // keys without an image member
+  uint64_t unlabelled() const { return unlabelled_; }      // samples without a label member
+  double scan_seconds() const { return scan_seconds_; }    // how long Open's header scan took
+
+ private:
+  struct Shard {
+    std::string path;  // resolved
+    dev_t dev = 0;
+    ino_t ino = 0;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+  };
+  struct Location {
+    uint32_t shard = 0;
+    uint64_t offset = 0;  // of the image member's bytes
+    uint64_t size = 0;
+  };
+
+  TarShardSource() = default;
+
+  // Constant after Open.
+  std::string description_;  // the patterns as given, for Describe
+  std::vector<Shard> shards_;
+  std::vector<SampleRef> samples_;
+  std::vector<Location> locations_;  // parallel to samples_
+  uint64_t skipped_keys_ = 0;
+  uint64_t unlabelled_ = 0;
+  double scan_seconds_ = 0;
+  uint64_t max_sample_bytes_ = kDefaultMaxSampleBytes;
+};
+
+}  // namespace spdl::io
