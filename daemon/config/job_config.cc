@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <exception>
+#include <sstream>
 #include <utility>
 
 #include "config/yaml_reader.h"
@@ -16,8 +19,11 @@ using internal::MapReader;
 using internal::Present;
 
 constexpr int64_t kMaxImageSide = 16384;
+constexpr int64_t kMaxPixelsLimit = int64_t{1} << 40;
 constexpr const char* kNeedFixedSize =
     "transforms must produce a fixed image size (end with center_crop or resize {height, width})";
+constexpr const char* kTransformNames =
+    "resize, center_crop, random_resized_crop, horizontal_flip or normalize";
 
 // "cuda" or "cuda:N".
 bool IsCudaDevice(const std::string& device) {
@@ -29,6 +35,80 @@ bool IsCudaDevice(const std::string& device) {
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
+}
+
+// A number written as an integer or a decimal; nullopt (with an error) when it is anything else,
+// or not finite.
+std::optional<double> ReadNumber(Diagnostics& diag, const Field& f) {
+  if (!Present(f)) return std::nullopt;
+  if (f.node.IsScalar()) {
+    const std::string& s = f.node.Scalar();
+    double value = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec == std::errc() && ptr == s.data() + s.size() && !s.empty()) {
+      if (std::isfinite(value)) return value;
+      diag.Error(f, "expected a finite number, got " + internal::Describe(f.node));
+      return std::nullopt;
+    }
+  }
+  diag.Error(f, "expected a number, got " + internal::Describe(f.node));
+  return std::nullopt;
+}
+
+// A list of exactly n numbers.
+std::optional<std::vector<double>> ReadNumbers(Diagnostics& diag, const Field& f, size_t n) {
+  if (!Present(f)) return std::nullopt;
+  if (!f.node.IsSequence() || f.node.size() != n) {
+    diag.Error(f, "expected a list of " + std::to_string(n) + " numbers, got " +
+                      (f.node.IsSequence() ? "a list of " + std::to_string(f.node.size()) + " item(s)"
+                                           : internal::Describe(f.node)));
+    return std::nullopt;
+  }
+  std::optional<std::vector<Field>> items = internal::ReadList(diag, f);
+  if (!items) return std::nullopt;
+  std::vector<double> out;
+  for (const Field& item : *items) {
+    std::optional<double> v = ReadNumber(diag, item);
+    if (!v) return std::nullopt;
+    out.push_back(*v);
+  }
+  return out;
+}
+
+std::string FormatNumber(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// A size: an integer S (S x S) or [height, width], each 1..kMaxImageSide.
+std::optional<std::pair<int, int>> ReadSize(Diagnostics& diag, const Field& size) {
+  if (!Present(size)) return std::nullopt;
+  if (size.node.IsSequence()) {
+    std::optional<std::vector<Field>> items = internal::ReadList(diag, size);
+    if (items && items->size() == 2) {
+      auto h = internal::ReadInt(diag, (*items)[0], 1, kMaxImageSide);
+      auto w = internal::ReadInt(diag, (*items)[1], 1, kMaxImageSide);
+      if (h && w) return std::pair{static_cast<int>(*h), static_cast<int>(*w)};
+    } else {
+      diag.Error(size, "expected an integer or [height, width], got a list of " +
+                           std::to_string(size.node.size()) + " item(s)");
+    }
+  } else if (size.node.IsScalar()) {
+    if (auto s = internal::ReadInt(diag, size, 1, kMaxImageSide)) {
+      return std::pair{static_cast<int>(*s), static_cast<int>(*s)};
+    }
+  } else {
+    diag.Error(size, "expected an integer or [height, width], got " + internal::Describe(size.node));
+  }
+  return std::nullopt;
+}
+
+std::optional<Interpolation> ReadInterpolation(Diagnostics& diag, const Field& f) {
+  return internal::ReadChoice<Interpolation>(diag, f,
+                                             {{"bilinear", Interpolation::kBilinear},
+                                              {"bicubic", Interpolation::kBicubic},
+                                              {"area", Interpolation::kArea}});
 }
 
 void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
@@ -84,15 +164,16 @@ void ReadBatch(Diagnostics& diag, const Field& field, BatchConfig* out) {
 
 void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
   MapReader m(diag, field);
-  const Field dtype = m.Get("dtype");
-  if (auto v = internal::ReadString(diag, dtype)) {
-    if (*v == "uint8") out->dtype = *v;
-    else diag.Error(dtype, "dtype '" + *v + "' is not supported yet in this version (only uint8)");
+  if (auto v = internal::ReadChoice<DType>(diag, m.Get("dtype"),
+                                            {{"uint8", DType::kUInt8},
+                                             {"float32", DType::kFloat32},
+                                             {"float16", DType::kFloat16},
+                                             {"bfloat16", DType::kBFloat16}})) {
+    out->dtype = *v;
   }
-  const Field layout = m.Get("layout");
-  if (auto v = internal::ReadString(diag, layout)) {
-    if (*v == "NHWC") out->layout = *v;
-    else diag.Error(layout, "layout '" + *v + "' is not supported yet in this version (only NHWC)");
+  if (auto v = internal::ReadChoice<Layout>(diag, m.Get("layout"),
+                                             {{"NHWC", Layout::kNHWC}, {"NCHW", Layout::kNCHW}})) {
+    out->layout = *v;
   }
   const Field device = m.Get("device");
   if (auto v = internal::ReadString(diag, device)) {
@@ -106,6 +187,34 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
       diag.Error(device, "device must be cpu or cuda:N (got '" + *v + "')");
     }
   }
+  m.ReportUnknownKeys();
+}
+
+void ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
+  MapReader m(diag, field);
+  if (auto v = internal::ReadBool(diag, m.Get("exif_orientation"))) out->exif_orientation = *v;
+  if (auto v = internal::ReadChoice<AlphaMode>(
+          diag, m.Get("alpha"), {{"drop", AlphaMode::kDrop}, {"composite", AlphaMode::kComposite}})) {
+    out->alpha = *v;
+  }
+  const Field background = m.Get("background");
+  if (Present(background)) {
+    std::optional<std::vector<Field>> items = internal::ReadList(diag, background);
+    if (items && items->size() != 3) {
+      diag.Error(background, "expected [red, green, blue], got a list of " +
+                                 std::to_string(items->size()) + " item(s)");
+    } else if (items) {
+      std::array<int, 3> rgb{};
+      bool ok = true;
+      for (size_t c = 0; c < 3; ++c) {
+        auto v = internal::ReadInt(diag, (*items)[c], 0, 255);
+        if (v) rgb[c] = static_cast<int>(*v);
+        else ok = false;
+      }
+      if (ok) out->background = rgb;
+    }
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("max_pixels"), 1, kMaxPixelsLimit)) out->max_pixels = *v;
   m.ReportUnknownKeys();
 }
 
@@ -125,12 +234,7 @@ std::optional<ParsedOp> ReadResize(Diagnostics& diag, const Field& field) {
   if (auto v = internal::ReadInt(diag, shorter, 1, kMaxImageSide)) op.shorter = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, height, 1, kMaxImageSide)) op.height = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, width, 1, kMaxImageSide)) op.width = static_cast<int>(*v);
-  if (auto v = internal::ReadChoice<Interpolation>(diag, m.Get("interpolation"),
-                                                   {{"bilinear", Interpolation::kBilinear},
-                                                    {"bicubic", Interpolation::kBicubic},
-                                                    {"area", Interpolation::kArea}})) {
-    op.interpolation = *v;
-  }
+  if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) op.interpolation = *v;
   if (m.ok()) {
     if (Present(shorter) && (Present(height) || Present(width))) {
       diag.ErrorAtKey(field, "resize takes either 'shorter' or 'height' and 'width', not both");
@@ -150,79 +254,161 @@ std::optional<ParsedOp> ReadCenterCrop(Diagnostics& diag, const Field& field) {
   MapReader m(diag, field);
   const Field size = m.Require("size");
   CenterCropOp op;
-  if (Present(size)) {
-    if (size.node.IsSequence()) {
-      std::optional<std::vector<Field>> items = internal::ReadList(diag, size);
-      if (items && items->size() == 2) {
-        auto h = internal::ReadInt(diag, (*items)[0], 1, kMaxImageSide);
-        auto w = internal::ReadInt(diag, (*items)[1], 1, kMaxImageSide);
-        if (h && w) op = {static_cast<int>(*h), static_cast<int>(*w)};
-      } else {
-        diag.Error(size, "expected an integer or [height, width], got a list of " +
-                             std::to_string(size.node.size()) + " item(s)");
-      }
-    } else if (size.node.IsScalar()) {
-      if (auto s = internal::ReadInt(diag, size, 1, kMaxImageSide)) {
-        op = {static_cast<int>(*s), static_cast<int>(*s)};
-      }
-    } else {
-      diag.Error(size, "expected an integer or [height, width], got " + internal::Describe(size.node));
-    }
-  }
+  if (auto hw = ReadSize(diag, size)) op = {hw->first, hw->second};
   m.ReportUnknownKeys();
   if (diag.count() != errors_before) return std::nullopt;
   return ParsedOp{op, size};
 }
 
+// [min, max] with lo < min (or lo <= min when lo_inclusive) <= max (<= hi when hi > 0).
+bool ReadRange(Diagnostics& diag, const Field& f, const char* what, double hi, double* min,
+               double* max) {
+  if (!Present(f)) return true;
+  std::optional<std::vector<double>> v = ReadNumbers(diag, f, 2);
+  if (!v) return false;
+  const double a = (*v)[0], b = (*v)[1];
+  if (!(a > 0 && a <= b && (hi <= 0 || b <= hi))) {
+    diag.Error(f, std::string(what) + " must be [min, max] with 0 < min <= max" +
+                      (hi > 0 ? " <= " + FormatNumber(hi) : std::string()) + " (got [" +
+                      FormatNumber(a) + ", " + FormatNumber(b) + "])");
+    return false;
+  }
+  *min = a;
+  *max = b;
+  return true;
+}
+
+std::optional<ParsedOp> ReadRandomResizedCrop(Diagnostics& diag, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  const Field size = m.Require("size");
+  RandomResizedCropOp op;
+  if (auto hw = ReadSize(diag, size)) {
+    op.height = hw->first;
+    op.width = hw->second;
+  }
+  ReadRange(diag, m.Get("scale"), "scale", 1.0, &op.scale_min, &op.scale_max);
+  ReadRange(diag, m.Get("ratio"), "ratio", 0, &op.ratio_min, &op.ratio_max);
+  if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) op.interpolation = *v;
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{op, size};
+}
+
+std::optional<ParsedOp> ReadHorizontalFlip(Diagnostics& diag, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  const Field p = m.Get("p");
+  HorizontalFlipOp op;
+  if (auto v = ReadNumber(diag, p)) {
+    if (*v < 0 || *v > 1) diag.Error(p, "must be a probability in [0, 1] (got " + FormatNumber(*v) + ")");
+    else op.p = *v;
+  }
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{op, field};
+}
+
+std::optional<ParsedOp> ReadNormalize(Diagnostics& diag, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  const Field mean = m.Require("mean");
+  const Field stddev = m.Require("std");
+  NormalizeOp op;
+  if (auto v = ReadNumbers(diag, mean, 3)) std::copy(v->begin(), v->end(), op.mean.begin());
+  if (auto v = ReadNumbers(diag, stddev, 3)) {
+    if (std::any_of(v->begin(), v->end(), [](double x) { return x <= 0; })) {
+      diag.Error(stddev, "every std must be > 0");
+    } else {
+      std::copy(v->begin(), v->end(), op.stddev.begin());
+    }
+  }
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{op, field};
+}
+
 // One list entry: a map with exactly one key naming the transform.
 std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item) {
   if (!item.node.IsMap()) {
-    diag.Error(item, "a transform is a map with one key (resize or center_crop), got " +
-                         internal::Describe(item.node));
+    diag.Error(item, std::string("a transform is a map with one key (") + kTransformNames +
+                         "), got " + internal::Describe(item.node));
     return std::nullopt;
   }
   MapReader m(diag, item);
   if (m.entries().size() != 1) {
     std::string keys;
     for (const auto& e : m.entries()) keys += (keys.empty() ? "" : ", ") + e.key;
-    diag.Error(item, "a transform is a map with exactly one key (resize or center_crop), got " +
-                         std::to_string(m.entries().size()) + ": " + keys);
+    diag.Error(item, std::string("a transform is a map with exactly one key (") + kTransformNames +
+                         "), got " + std::to_string(m.entries().size()) + ": " + keys);
     return std::nullopt;
   }
   const std::string name = m.entries().front().key;
   if (name == "resize") return ReadResize(diag, m.Get("resize"));
   if (name == "center_crop") return ReadCenterCrop(diag, m.Get("center_crop"));
+  if (name == "random_resized_crop") return ReadRandomResizedCrop(diag, m.Get("random_resized_crop"));
+  if (name == "horizontal_flip") return ReadHorizontalFlip(diag, m.Get("horizontal_flip"));
+  if (name == "normalize") return ReadNormalize(diag, m.Get("normalize"));
   std::string message = "unknown transform '" + name + "'";
-  const std::string suggestion = internal::Suggest(name, {"resize", "center_crop"});
+  const std::string suggestion = internal::Suggest(
+      name, {"resize", "center_crop", "random_resized_crop", "horizontal_flip", "normalize"});
   if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
-  diag.ErrorAtKey(m.entries().front().field, message + "; expected resize or center_crop");
+  diag.ErrorAtKey(m.entries().front().field, message + "; expected " + kTransformNames);
   return std::nullopt;
 }
 
-// Reads the transform list and computes the output size into *out.
-void ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
+// The name a transform is written with in YAML.
+const char* TransformName(const TransformOp& op) {
+  switch (op.index()) {
+    case 0: return "resize";
+    case 1: return "center_crop";
+    case 2: return "random_resized_crop";
+    case 3: return "horizontal_flip";
+    default: return "normalize";
+  }
+}
+
+// Reads the transform list and computes the output size into *out. Returns the normalize entry,
+// if any, for the check against output.dtype.
+//
+// Order rules: random_resized_crop replaces resize and center_crop (never with them);
+// horizontal_flip and normalize come after every geometric transform; each of
+// random_resized_crop, horizontal_flip and normalize at most once.
+std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
   if (!Present(field) || field.node.IsNull()) {
     diag.ErrorAtKey(field, kNeedFixedSize);
-    return;
+    return std::nullopt;
   }
   std::optional<std::vector<Field>> items = internal::ReadList(diag, field);
-  if (!items) return;
+  if (!items) return std::nullopt;
   if (items->empty()) {
     diag.ErrorAtKey(field, kNeedFixedSize);
-    return;
+    return std::nullopt;
   }
   // The image size as the chain goes: unknown (as decoded), shorter side known, or fixed.
   enum class Size { kAsDecoded, kShorter, kFixed } state = Size::kAsDecoded;
   int shorter = 0, height = 0, width = 0;
   bool all_ok = true;
+  bool seen_resize_or_crop = false;
+  std::string seen_random_crop, seen_flip, seen_normalize;  // the item path, once seen
+  std::optional<Field> normalize_item;
   for (const Field& item : *items) {
     std::optional<ParsedOp> parsed = ReadTransform(diag, item);
     if (!parsed) {
       all_ok = false;
       continue;
     }
+    const std::string name = TransformName(parsed->op);
+    const bool geometric = !std::holds_alternative<HorizontalFlipOp>(parsed->op) &&
+                           !std::holds_alternative<NormalizeOp>(parsed->op);
+    if (geometric && (!seen_flip.empty() || !seen_normalize.empty())) {
+      diag.Error(item, name + " comes after " + (seen_flip.empty() ? "normalize" : "horizontal_flip") +
+                           ": resize, center_crop and random_resized_crop must come before "
+                           "horizontal_flip and normalize");
+    }
     out->transforms.push_back(parsed->op);
     if (const auto* r = std::get_if<ResizeOp>(&parsed->op)) {
+      seen_resize_or_crop = true;
       if (r->shorter > 0) {
         state = Size::kShorter;
         shorter = r->shorter;
@@ -232,6 +418,7 @@ void ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
         width = r->width;
       }
     } else if (const auto* c = std::get_if<CenterCropOp>(&parsed->op)) {
+      seen_resize_or_crop = true;
       const std::string crop = std::to_string(c->height) + "x" + std::to_string(c->width);
       if (state == Size::kShorter && (c->height > shorter || c->width > shorter)) {
         diag.Error(parsed->size_field, "center_crop " + crop +
@@ -245,15 +432,42 @@ void ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
       state = Size::kFixed;
       height = c->height;
       width = c->width;
+    } else if (const auto* rc = std::get_if<RandomResizedCropOp>(&parsed->op)) {
+      if (!seen_random_crop.empty()) {
+        diag.Error(item, "only one random_resized_crop (the first is " + seen_random_crop + ")");
+      }
+      seen_random_crop = item.path;
+      state = Size::kFixed;
+      height = rc->height;
+      width = rc->width;
+    } else if (std::holds_alternative<HorizontalFlipOp>(parsed->op)) {
+      if (!seen_flip.empty()) {
+        diag.Error(item, "only one horizontal_flip (the first is " + seen_flip + ")");
+      }
+      seen_flip = item.path;
+    } else {
+      if (!seen_normalize.empty()) {
+        diag.Error(item, "only one normalize (the first is " + seen_normalize + ")");
+      }
+      seen_normalize = item.path;
+      normalize_item = item;
+    }
+    if (!seen_random_crop.empty() && seen_resize_or_crop &&
+        (std::holds_alternative<RandomResizedCropOp>(parsed->op) ||
+         std::holds_alternative<ResizeOp>(parsed->op) ||
+         std::holds_alternative<CenterCropOp>(parsed->op))) {
+      diag.Error(item, "random_resized_crop replaces resize and center_crop: it cannot be "
+                       "combined with them");
     }
   }
-  if (!all_ok) return;  // the size of a chain with a bad link is unknown; say nothing more
+  if (!all_ok) return normalize_item;  // the size of a chain with a bad link is unknown
   if (state != Size::kFixed) {
     diag.ErrorAtKey(field, kNeedFixedSize);
-    return;
+    return normalize_item;
   }
   out->out_height = height;
   out->out_width = width;
+  return normalize_item;
 }
 
 void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
@@ -262,8 +476,13 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   ReadSource(diag, m.Get("source"), &out->source);
   ReadSampler(diag, m.Get("sampler"), &out->sampler);
   ReadBatch(diag, m.Get("batch"), &out->batch);
-  ReadTransforms(diag, m.Get("transforms"), out);
+  ReadDecode(diag, m.Get("decode"), &out->decode);
+  const std::optional<Field> normalize = ReadTransforms(diag, m.Get("transforms"), out);
   ReadOutput(diag, m.Get("output"), &out->output);
+  if (normalize && out->output.dtype == DType::kUInt8) {
+    diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
+                           "bfloat16), not uint8");
+  }
   if (auto v = internal::ReadInt(diag, m.Get("prefetch"), 1, 64)) out->prefetch = static_cast<int>(*v);
   if (auto v = internal::ReadChoice<OnError>(diag, m.Get("on_error"),
                                              {{"skip", OnError::kSkip}, {"fail", OnError::kFail}})) {

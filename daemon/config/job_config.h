@@ -6,6 +6,7 @@
 // function (no I/O, no global state) and may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,7 +40,42 @@ struct CenterCropOp {
   bool operator==(const CenterCropOp&) const = default;
 };
 
-using TransformOp = std::variant<ResizeOp, CenterCropOp>;
+// torchvision RandomResizedCrop: a random rectangle of the image (area fraction drawn uniformly from
+// `scale`, aspect ratio w/h log-uniformly from `ratio`; ten attempts, then the central fallback)
+// resized to height x width. Replaces resize and center_crop (it cannot be combined with them).
+// Its draws come from (sampler.seed, epoch, sample index), so a rerun gives the same crops.
+struct RandomResizedCropOp {
+  int height = 0;                    // output height, 1..16384 (YAML: size: S or [H, W])
+  int width = 0;                     // output width, 1..16384
+  double scale_min = 0.08;           // YAML: scale: [min, max], 0 < min <= max <= 1
+  double scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0;      // YAML: ratio: [min, max], 0 < min <= max
+  double ratio_max = 4.0 / 3.0;
+  Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area
+
+  bool operator==(const RandomResizedCropOp&) const = default;
+};
+
+// torchvision RandomHorizontalFlip: mirror the output left-right with probability p. Must come
+// after the geometric transforms (resize, center_crop, random_resized_crop).
+struct HorizontalFlipOp {
+  double p = 0.5;  // probability, 0..1
+
+  bool operator==(const HorizontalFlipOp&) const = default;
+};
+
+// torchvision ToTensor + Normalize: the output is (x / 255 - mean[c]) / stddev[c] per channel (R, G,
+// B). Needs a floating-point output.dtype; must come after the geometric transforms (the padding
+// of a center crop larger than the image is normalized too, as zeros would be in torchvision).
+struct NormalizeOp {
+  std::array<double, 3> mean = {0, 0, 0};  // in units of the [0, 1] range, e.g. 0.485
+  std::array<double, 3> stddev = {1, 1, 1};  // YAML: std; > 0, e.g. 0.229
+
+  bool operator==(const NormalizeOp&) const = default;
+};
+
+using TransformOp =
+    std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp>;
 
 // What a job does with a sample that cannot be read or decoded.
 enum class OnError {
@@ -58,7 +94,9 @@ struct SourceConfig {
                                                           // label = index of the sorted folder name
   std::string root;                                       // the data directory; required, non-empty
   std::vector<std::string> extensions = {".jpg", ".jpeg"};  // file name endings to take; matched
-                                                          // case-insensitively, stored lower-case
+                                                          // case-insensitively, stored lower-case.
+  // The decoder reads JPEG, PNG, WebP, BMP, TIFF and GIF whatever the name says (by magic bytes);
+  // list .png .webp .bmp .tif .tiff .gif here to take those files too.
 
   bool operator==(const SourceConfig&) const = default;
 };
@@ -78,18 +116,42 @@ struct BatchConfig {
   bool operator==(const BatchConfig&) const = default;
 };
 
+// Element type of the image tensor. Floating-point types hold x / 255, or the normalize
+// transform's values.
+enum class DType { kUInt8, kFloat32, kFloat16, kBFloat16 };
+// Dimension order of the image tensor.
+enum class Layout { kNHWC, kNCHW };
+
 struct OutputConfig {
-  std::string dtype = "uint8";  // element type of the image tensor; only "uint8" for now
-  std::string layout = "NHWC";  // dimension order of the image tensor; only "NHWC" for now
-  std::string device = "cpu";   // where batches are delivered; only "cpu" for now ("cuda:N" later)
+  DType dtype = DType::kUInt8;   // YAML: uint8 | float32 | float16 | bfloat16
+  Layout layout = Layout::kNHWC;  // YAML: NHWC | NCHW
+  std::string device = "cpu";    // where batches are delivered; only "cpu" for now ("cuda:N" later)
 
   bool operator==(const OutputConfig&) const = default;
+};
+
+// What becomes of an image's alpha channel.
+enum class AlphaMode {
+  kDrop,       // keep the colour as stored, like PIL's convert("RGB")
+  kComposite,  // blend over `background` by alpha
+};
+
+// How images are decoded (the format is told by the file's magic bytes: JPEG, PNG, WebP, BMP,
+// TIFF, GIF).
+struct DecodeConfig {
+  bool exif_orientation = false;  // JPEG: turn the image upright by its EXIF Orientation tag
+  AlphaMode alpha = AlphaMode::kDrop;               // YAML: drop | composite
+  std::array<int, 3> background = {255, 255, 255};  // RGB 0..255, for alpha: composite
+  int64_t max_pixels = 178956970;  // refuse images with more pixels (PIL's limit), from the header
+
+  bool operator==(const DecodeConfig&) const = default;
 };
 
 struct JobConfig {
   SourceConfig source;                  // where the samples come from
   SamplerConfig sampler;                // the order of the samples
   BatchConfig batch;                    // how samples are grouped
+  DecodeConfig decode;                  // how each sample is decoded
   std::vector<TransformOp> transforms;  // applied to each decoded image, in order; never empty
   OutputConfig output;                  // what a delivered batch looks like
   int prefetch = 4;                     // slots in the job's shared ring, 1..64

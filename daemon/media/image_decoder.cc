@@ -2,6 +2,10 @@
 
 #include <turbojpeg.h>
 
+extern "C" {
+#include <libavutil/pixdesc.h>
+}
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -9,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "media/ffmpeg_image.h"
+#include "media/pixel_convert.h"
 #include "media/sws_cache.h"
 
 namespace spdl::media {
@@ -19,10 +25,10 @@ namespace {
 constexpr int kTjFlags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
 // Slack after decoded pixels: swscale's SIMD readers may read a few bytes past a row's end.
 constexpr size_t kBufferSlack = 256;
-// A decode buffer above this size is freed after use rather than kept for the next image, so one
-// huge image does not pin memory in every worker.
+// A buffer above this size is freed after use rather than kept for the next image, so one huge
+// image does not pin memory in every worker.
 constexpr size_t kMaxRetainedBytes = size_t{64} << 20;
-// Row alignment of YUV planes (swscale's SIMD prefers aligned rows).
+// Row alignment of YUV planes and of the scratch image (swscale's SIMD prefers aligned rows).
 constexpr size_t kPlaneAlign = 64;
 
 struct TjDeleter {
@@ -50,7 +56,8 @@ int SwsFlags(Interpolation i) {
   return InterpolationFlag(i) | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT | SWS_FULL_CHR_H_INP;
 }
 
-struct Header {
+// What a JPEG header says.
+struct JpegHeader {
   int width = 0;
   int height = 0;
   int subsamp = 0;
@@ -77,12 +84,8 @@ struct SourcePlanes {
   int stride[4] = {0, 0, 0, 0};
 };
 
-// The part of the source that survives the crop, in source pixels (not yet rounded).
-struct SourceWindow {
-  double x0, y0, x1, y1;
-};
-
-SourceWindow MapKeptRegion(const ResizeCropPlan& p, int src_width, int src_height) {
+// The part of the resized image that survives the crop, mapped back to source pixels.
+Window MapKeptRegion(const ResizeCropPlan& p, int src_width, int src_height) {
   const double sx = static_cast<double>(src_width) / p.resized_width;
   const double sy = static_cast<double>(src_height) / p.resized_height;
   return {p.keep_x * sx, p.keep_y * sy, (p.keep_x + p.keep_width) * sx,
@@ -91,9 +94,9 @@ SourceWindow MapKeptRegion(const ResizeCropPlan& p, int src_width, int src_heigh
 
 // The DCT scaling denominator (1, 2, 4 or 8): the largest whose scaled window still has at
 // least as many pixels as the target in both directions.
-int ChooseDctScale(const SourceWindow& w, const ResizeCropPlan& p) {
+int ChooseDctScale(const Window& w, int target_width, int target_height) {
   for (int k : {8, 4, 2}) {
-    if ((w.x1 - w.x0) / k >= p.keep_width && (w.y1 - w.y0) / k >= p.keep_height) return k;
+    if ((w.x1 - w.x0) / k >= target_width && (w.y1 - w.y0) / k >= target_height) return k;
   }
   return 1;
 }
@@ -109,7 +112,8 @@ void RoundWindow(double lo, double hi, int k, int limit, int* start, int* len) {
 
 // For a window starting at luma sample `start` of a plane subsampled by `factor`: the first
 // chroma sample it needs, and where that sample sits relative to luma sample `start`, in 1/256
-// luma pixel (JPEG centres chroma sample j on luma coordinate factor * j + (factor - 1) / 2).
+// luma pixel (JPEG and WebP centre chroma sample j on luma coordinate
+// factor * j + (factor - 1) / 2).
 void ChromaStart(int start, int factor, int* chroma_index, int* pos) {
   *chroma_index = start / factor;
   *pos = 256 * (factor * *chroma_index - start) + 128 * (factor - 1);
@@ -144,6 +148,57 @@ void CmykToRgbInPlace(uint8_t* px, size_t n) {
   }
 }
 
+// Blends n packed RGBA pixels over `bg` by alpha into packed RGB, in place (the RGB output never
+// overtakes the RGBA input): (a * c + (255 - a) * bg) / 255, rounded.
+void CompositeInPlace(uint8_t* px, size_t n, const std::array<uint8_t, 3>& bg) {
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned a = px[4 * i + 3];
+    for (int c = 0; c < 3; ++c) {
+      px[3 * i + c] = static_cast<uint8_t>((a * px[4 * i + c] + (255 - a) * bg[c] + 127) / 255);
+    }
+  }
+}
+
+bool HasAlpha(AVPixelFormat f) {
+  const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(f);
+  return d != nullptr && (d->flags & (AV_PIX_FMT_FLAG_ALPHA | AV_PIX_FMT_FLAG_PAL));
+}
+
+// Points *src at pixel (x0, y0) of every plane of `f` and sets key's source format, range and
+// chroma positions. False when swscale should not resample the format directly: bit-packed
+// formats (1-bit monochrome) and hardware frames cannot be addressed at a pixel, and palette
+// images are resampled through swscale's YUV palette at a loss of up to 7 levels (measured): the
+// caller converts those frames to RGB first (FrameToRgb).
+bool FrameWindow(const AVFrame* f, int x0, int y0, SwsKey* key, SourcePlanes* src) {
+  const auto format = static_cast<AVPixelFormat>(f->format);
+  const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(format);
+  if (d == nullptr ||
+      (d->flags & (AV_PIX_FMT_FLAG_BITSTREAM | AV_PIX_FMT_FLAG_HWACCEL | AV_PIX_FMT_FLAG_PAL))) {
+    return false;
+  }
+  key->src_format = format;
+  const bool yuv = !(d->flags & AV_PIX_FMT_FLAG_RGB) && d->nb_components >= 3;
+  // YUV is limited range unless said otherwise; gray is full range unless said otherwise.
+  key->src_full_range = yuv ? f->color_range == AVCOL_RANGE_JPEG
+                            : f->color_range != AVCOL_RANGE_MPEG;
+  const int planes = av_pix_fmt_count_planes(format);
+  for (int p = 0; p < planes && p < 4; ++p) {
+    int step = 0;
+    for (int c = 0; c < d->nb_components; ++c) {
+      if (d->comp[c].plane == p) step = std::max(step, d->comp[c].step);
+    }
+    int x = x0, y = y0;
+    if (yuv && (p == 1 || p == 2)) {
+      ChromaStart(x0, 1 << d->log2_chroma_w, &x, &key->src_h_chroma_pos);
+      ChromaStart(y0, 1 << d->log2_chroma_h, &y, &key->src_v_chroma_pos);
+    }
+    src->data[p] = f->data[p] + static_cast<ptrdiff_t>(y) * f->linesize[p] +
+                   static_cast<ptrdiff_t>(x) * step;
+    src->stride[p] = f->linesize[p];
+  }
+  return true;
+}
+
 std::string SizeString(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h);
 }
@@ -153,43 +208,77 @@ std::string SizeString(int64_t w, int64_t h) {
 struct ImageDecoder::Impl {
   explicit Impl(JpegDecodePath p) : path(p) {}
 
+  // Everything Begin() works out about one image before decoding it.
+  struct Plan {
+    ImageFormat format = ImageFormat::kUnknown;
+    int width = 0;  // stored size
+    int height = 0;
+    JpegHeader jpeg;            // JPEG only
+    Orientation upright;        // EXIF: displayed = upright(stored)
+    ResizeCropPlan geometry;    // in the displayed image
+    Window window;              // the displayed source rectangle that survives
+    bool flipped = false;       // the random horizontal flip was drawn
+    Orientation final;          // upright, then the flip
+    Window stored_window;       // `window` in stored pixels
+    int scaled_width = 0;       // the resampled kept region, in stored orientation
+    int scaled_height = 0;
+    int place_x = 0;            // where the kept region lands in the output (after the flip)
+    int place_y = 0;
+  };
+
   // Creates the TurboJPEG handle on first use.
   Status EnsureHandle();
   // Returns a kDataLoss Status with libjpeg-turbo's message, and drops the handle: TurboJPEG
   // 2.1 leaves a handle whose header read failed mid-marker in a state that makes it refuse the
   // next, valid, image. A fresh handle (a few microseconds) is made on the next call.
   Status TjError(const char* what);
-  // Reads and checks the header.
-  Status ReadHeader(std::span<const uint8_t> jpeg, Header* h);
-  // The checks shared by both decode paths; fills *h and *plan.
-  Status Begin(std::span<const uint8_t> jpeg, const ImageOps& ops, const uint8_t* dst,
-               int out_width, int out_height, size_t dst_stride, ImageInfo* info, Header* h,
-               ResizeCropPlan* plan);
-  // Decodes to packed RGB at scale 1/k into `pixels` (rows of *pitch bytes); CMYK converted.
-  Status DecodeRgb(std::span<const uint8_t> jpeg, const Header& h, int k, int* width,
+  // Reads and checks a JPEG header.
+  Status ReadHeader(std::span<const uint8_t> jpeg, JpegHeader* h);
+  // The checks and planning shared by every path; fills *plan.
+  Status Begin(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+               uint64_t seed, bool jpeg_only, ImageInfo* info, Plan* plan);
+  // Decodes a JPEG to packed RGB at scale 1/k into `pixels` (rows of *pitch bytes); CMYK
+  // converted.
+  Status DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width,
                    int* height, int* pitch);
   // Returns a buffer of at least n bytes (plus slack) from `v`, reused across calls.
   static uint8_t* Buffer(std::vector<uint8_t>& v, size_t n);
   // Frees buffers that grew past kMaxRetainedBytes.
   void TrimBuffers();
-  // Decodes to Y/Cb/Cr (or Y) planes at scale 1/k into `pixels`, rounds the window to whole
-  // luma pixels, and points *src at it; fills key's source size and chroma positions.
-  Status DecodeYuvWindow(std::span<const uint8_t> jpeg, const Header& h, int k, int hsf, int vsf,
-                         const SourceWindow& window, SwsKey* key, SourcePlanes* src);
+  // Decodes a JPEG to Y/Cb/Cr (or Y) planes at scale 1/k into `pixels`, rounds the window to
+  // whole luma pixels, and points *src at it; fills key's source size and chroma positions.
+  Status DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int hsf,
+                         int vsf, const Window& window, SwsKey* key, SourcePlanes* src);
+  // Converts a whole decoded frame to packed RGB24 in `pixels` (alpha dropped or composited by
+  // ops.alpha); *pitch receives the row stride.
+  Status FrameToRgb(const AVFrame* f, const ImageOps& ops, int* pitch);
+  // Decodes plan.stored_window of the image and resamples it to scaled_width x scaled_height
+  // packed RGB at dst (rows dst_stride bytes apart).
+  Status DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan,
+                          uint8_t* dst, size_t dst_stride, ImageInfo* info);
+  Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                           uint8_t* dst, size_t dst_stride);
+  // Decodes the whole image, in stored orientation, to packed RGB in `pixels`.
+  Status DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                     int* pitch);
   // One swscale pass from the source planes into dst (packed RGB24).
   Status Scale(const SwsKey& key, const SourcePlanes& src, uint8_t* dst, size_t dst_stride);
 
-  Status Decode(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst, int out_width,
-                int out_height, size_t dst_stride, ImageInfo* info);
-  Status Reference(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst,
-                   int out_width, int out_height, size_t dst_stride, ImageInfo* info);
+  Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                uint64_t seed, bool jpeg_only, ImageInfo* info);
+  Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                   uint64_t seed, ImageInfo* info);
 
   // The members are independent of each other; their destruction order does not matter.
   const JpegDecodePath path;
   TjHandle tj;
+  FfmpegImageDecoder ffmpeg;
   SwsCache sws;
-  std::vector<uint8_t> pixels;   // decoded RGB or YUV planes of the current image
-  std::vector<uint8_t> resized;  // the reference path's whole resized image
+  ValueTable table;               // for the ops seen last
+  std::vector<uint8_t> pixels;    // decoded RGB or YUV planes of the current image
+  std::vector<uint8_t> scratch;   // the resampled image, before the output pass
+  std::vector<uint8_t> resized;   // the reference path's whole resized image
+  std::vector<uint8_t> upright;   // the reference path's whole upright image
 };
 
 Status ImageDecoder::Impl::EnsureHandle() {
@@ -205,7 +294,7 @@ Status ImageDecoder::Impl::TjError(const char* what) {
   return s;
 }
 
-Status ImageDecoder::Impl::ReadHeader(std::span<const uint8_t> jpeg, Header* h) {
+Status ImageDecoder::Impl::ReadHeader(std::span<const uint8_t> jpeg, JpegHeader* h) {
   SPDL_RETURN_IF_ERROR(EnsureHandle());
   if (jpeg.empty()) return DataLoss("not a JPEG: no data");
   if (tjDecompressHeader3(tj.get(), jpeg.data(), jpeg.size(), &h->width, &h->height,
@@ -219,34 +308,92 @@ Status ImageDecoder::Impl::ReadHeader(std::span<const uint8_t> jpeg, Header* h) 
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::Begin(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                 const uint8_t* dst, int out_width, int out_height,
-                                 size_t dst_stride, ImageInfo* info, Header* h,
-                                 ResizeCropPlan* plan) {
+Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& ops,
+                                 const OutputImage& out, uint64_t seed, bool jpeg_only,
+                                 ImageInfo* info, Plan* plan) {
   SPDL_RETURN_IF_ERROR(ValidateImageOps(ops));
-  if (dst == nullptr || out_width <= 0 || out_height <= 0) {
+  if (out.data == nullptr || out.width <= 0 || out.height <= 0) {
     return InvalidArgument("no destination, or an empty one (" +
-                           SizeString(out_width, out_height) + ")");
+                           SizeString(out.width, out.height) + ")");
   }
-  if (dst_stride < static_cast<size_t>(out_width) * 3 || dst_stride > INT_MAX) {
-    return InvalidArgument("destination stride " + std::to_string(dst_stride) +
-                           " does not fit rows of " + std::to_string(out_width) +
-                           " RGB pixels");
+  if (out.layout == OutputLayout::kNHWC) {
+    const size_t row = static_cast<size_t>(out.width) * 3 * DTypeSize(ops.dtype);
+    if (out.row_stride < row || out.row_stride > INT_MAX) {
+      return InvalidArgument("destination stride " + std::to_string(out.row_stride) +
+                             " does not fit rows of " + std::to_string(out.width) +
+                             " RGB pixels");
+    }
   }
-  SPDL_RETURN_IF_ERROR(ReadHeader(jpeg, h));
-  if (info != nullptr) *info = {h->width, h->height, 1};
-  const int64_t pixels = int64_t{h->width} * h->height;
+  if (info != nullptr) *info = ImageInfo{};
+
+  // The format and the stored size, from the header alone.
+  plan->format = SniffImageFormat(data);
+  if (jpeg_only && plan->format != ImageFormat::kJpeg) {
+    if (data.empty()) return DataLoss("not a JPEG: no data");
+    return DataLoss(std::string("not a JPEG (") + ImageFormatName(plan->format) + " data)");
+  }
+  if (plan->format == ImageFormat::kUnknown) {
+    return DataLoss(data.empty() ? std::string("no data")
+                                 : "unrecognised image data (not JPEG, PNG, WebP, BMP, TIFF "
+                                   "or GIF)");
+  }
+  if (plan->format == ImageFormat::kJpeg) {
+    SPDL_RETURN_IF_ERROR(ReadHeader(data, &plan->jpeg));
+    plan->width = plan->jpeg.width;
+    plan->height = plan->jpeg.height;
+  } else {
+    SPDL_RETURN_IF_ERROR(ReadImageSize(plan->format, data, &plan->width, &plan->height));
+  }
+  if (info != nullptr) {
+    info->format = plan->format;
+    info->width = plan->width;
+    info->height = plan->height;
+  }
+  const int64_t pixels = int64_t{plan->width} * plan->height;
   if (pixels > ops.max_pixels) {
-    return ResourceExhausted("image " + SizeString(h->width, h->height) + " has " +
+    return ResourceExhausted("image " + SizeString(plan->width, plan->height) + " has " +
                              std::to_string(pixels) + " pixels, over the limit of " +
                              std::to_string(ops.max_pixels));
   }
-  *plan = PlanResizeCrop(ops, h->width, h->height);
-  if (plan->out_width != out_width || plan->out_height != out_height) {
-    return InvalidArgument("a " + SizeString(h->width, h->height) + " image becomes " +
-                           SizeString(plan->out_width, plan->out_height) +
-                           ", not the expected " + SizeString(out_width, out_height));
+
+  // Upright first: the geometry applies to the image as displayed.
+  int tag = 1;
+  if (ops.exif_orientation && plan->format == ImageFormat::kJpeg) {
+    tag = ReadJpegExifOrientation(data);
   }
+  plan->upright = OrientationFromExif(tag);
+  const int dw = plan->upright.transpose ? plan->height : plan->width;
+  const int dh = plan->upright.transpose ? plan->width : plan->height;
+  if (info != nullptr) info->orientation = tag;
+
+  ResizeCropPlan& g = plan->geometry;
+  if (ops.random_crop()) {
+    SampleRng rng(seed, RandomStream::kResizedCrop);
+    const CropRect r = PlanRandomResizedCrop(ops, dw, dh, rng);
+    g.resized_width = g.out_width = g.keep_width = ops.random_crop_width;
+    g.resized_height = g.out_height = g.keep_height = ops.random_crop_height;
+    plan->window = {double(r.x), double(r.y), double(r.x + r.width), double(r.y + r.height)};
+    if (info != nullptr) info->crop = r;
+  } else {
+    g = PlanResizeCrop(ops, dw, dh);
+    plan->window = MapKeptRegion(g, dw, dh);
+  }
+  if (g.out_width != out.width || g.out_height != out.height) {
+    return InvalidArgument("a " + SizeString(dw, dh) + " image becomes " +
+                           SizeString(g.out_width, g.out_height) + ", not the expected " +
+                           SizeString(out.width, out.height));
+  }
+  if (ops.flip_probability > 0) {
+    SampleRng rng(seed, RandomStream::kFlip);
+    plan->flipped = rng.Bernoulli(ops.flip_probability);
+  }
+  if (info != nullptr) info->flipped = plan->flipped;
+  plan->final = plan->flipped ? MirrorHorizontally(plan->upright) : plan->upright;
+  plan->place_x = plan->flipped ? g.out_width - g.dst_x - g.keep_width : g.dst_x;
+  plan->place_y = g.dst_y;
+  plan->stored_window = DisplayedToStored(plan->window, plan->upright, plan->width, plan->height);
+  plan->scaled_width = plan->upright.transpose ? g.keep_height : g.keep_width;
+  plan->scaled_height = plan->upright.transpose ? g.keep_width : g.keep_height;
   return Status::Ok();
 }
 
@@ -256,12 +403,12 @@ uint8_t* ImageDecoder::Impl::Buffer(std::vector<uint8_t>& v, size_t n) {
 }
 
 void ImageDecoder::Impl::TrimBuffers() {
-  for (std::vector<uint8_t>* v : {&pixels, &resized}) {
+  for (std::vector<uint8_t>* v : {&pixels, &scratch, &resized, &upright}) {
     if (v->size() > kMaxRetainedBytes) std::vector<uint8_t>().swap(*v);
   }
 }
 
-Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const Header& h, int k,
+Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k,
                                      int* width, int* height, int* pitch) {
   const tjscalingfactor sf{1, k};
   *width = TJSCALED(h.width, sf);
@@ -282,7 +429,8 @@ Status ImageDecoder::Impl::Scale(const SwsKey& key, const SourcePlanes& src, uin
                                  size_t dst_stride) {
   SwsContext* c = sws.Get(key);
   if (c == nullptr) {
-    return Internal("swscale refused " + SizeString(key.src_width, key.src_height) + " -> " +
+    return Internal("swscale refused " + SizeString(key.src_width, key.src_height) + " " +
+                    av_get_pix_fmt_name(key.src_format) + " -> " +
                     SizeString(key.dst_width, key.dst_height));
   }
   uint8_t* const dst_planes[4] = {dst, nullptr, nullptr, nullptr};
@@ -296,8 +444,8 @@ Status ImageDecoder::Impl::Scale(const SwsKey& key, const SourcePlanes& src, uin
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const Header& h,
-                                            int k, int hsf, int vsf, const SourceWindow& window,
+Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h,
+                                            int k, int hsf, int vsf, const Window& window,
                                             SwsKey* key, SourcePlanes* src) {
   const tjscalingfactor sf{1, k};
   const int width = TJSCALED(h.width, sf);
@@ -339,15 +487,14 @@ Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const 
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::Decode(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                  uint8_t* dst, int out_width, int out_height, size_t dst_stride,
-                                  ImageInfo* info) {
-  Header h;
-  ResizeCropPlan plan;
-  SPDL_RETURN_IF_ERROR(
-      Begin(jpeg, ops, dst, out_width, out_height, dst_stride, info, &h, &plan));
-  const SourceWindow window = MapKeptRegion(plan, h.width, h.height);
-  const int k = ops.allow_dct_scaling ? ChooseDctScale(window, plan) : 1;
+Status ImageDecoder::Impl::DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops,
+                                            const Plan& plan, uint8_t* dst, size_t dst_stride,
+                                            ImageInfo* info) {
+  const JpegHeader& h = plan.jpeg;
+  const Window& window = plan.stored_window;
+  const int k = ops.allow_dct_scaling
+                    ? ChooseDctScale(window, plan.scaled_width, plan.scaled_height)
+                    : 1;
   if (info != nullptr) info->dct_scale = k;
 
   int hsf = 1, vsf = 1;
@@ -357,8 +504,8 @@ Status ImageDecoder::Impl::Decode(std::span<const uint8_t> jpeg, const ImageOps&
                    YuvLayout(h.subsamp, &hsf, &vsf, &yuv_format);
 
   SwsKey key;
-  key.dst_width = plan.keep_width;
-  key.dst_height = plan.keep_height;
+  key.dst_width = plan.scaled_width;
+  key.dst_height = plan.scaled_height;
   key.dst_format = AV_PIX_FMT_RGB24;
   key.flags = SwsFlags(ops.interpolation);
   SourcePlanes src;
@@ -375,47 +522,186 @@ Status ImageDecoder::Impl::Decode(std::span<const uint8_t> jpeg, const ImageOps&
     src.data[0] = pixels.data() + static_cast<size_t>(y0) * pitch + static_cast<size_t>(x0) * 3;
     src.stride[0] = pitch;
   }
+  return Scale(key, src, dst, dst_stride);
+}
 
-  uint8_t* placed = dst + static_cast<size_t>(plan.dst_y) * dst_stride +
-                    static_cast<size_t>(plan.dst_x) * 3;
-  SPDL_RETURN_IF_ERROR(Scale(key, src, placed, dst_stride));
-  ZeroPadding(dst, dst_stride, plan);
+Status ImageDecoder::Impl::FrameToRgb(const AVFrame* f, const ImageOps& ops, int* pitch) {
+  const auto format = static_cast<AVPixelFormat>(f->format);
+  const bool composite = ops.alpha == AlphaMode::kComposite && HasAlpha(format);
+  const int bpp = composite ? 4 : 3;
+  *pitch = f->width * bpp;
+  uint8_t* buf = Buffer(pixels, static_cast<size_t>(*pitch) * f->height);
+  SwsKey key;
+  key.src_width = key.dst_width = f->width;
+  key.src_height = key.dst_height = f->height;
+  key.dst_format = composite ? AV_PIX_FMT_RGBA : AV_PIX_FMT_RGB24;
+  // The resampling flags, though the size does not change: chroma upsampling follows them.
+  key.flags = SwsFlags(ops.interpolation);
+  SourcePlanes src;
+  if (!FrameWindow(f, 0, 0, &key, &src)) {
+    key.src_format = format;  // bit-packed or palette: swscale reads the planes as they are
+    for (int p = 0; p < 4; ++p) {
+      src.data[p] = f->data[p];
+      src.stride[p] = f->linesize[p];
+    }
+  }
+  SPDL_RETURN_IF_ERROR(Scale(key, src, buf, *pitch));
+  if (composite) {
+    CompositeInPlace(buf, static_cast<size_t>(f->width) * f->height, ops.background);
+    *pitch = f->width * 3;
+  }
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::Reference(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                     uint8_t* dst, int out_width, int out_height,
-                                     size_t dst_stride, ImageInfo* info) {
-  Header h;
-  ResizeCropPlan plan;
-  SPDL_RETURN_IF_ERROR(
-      Begin(jpeg, ops, dst, out_width, out_height, dst_stride, info, &h, &plan));
-  int width, height, pitch;
-  SPDL_RETURN_IF_ERROR(DecodeRgb(jpeg, h, 1, &width, &height, &pitch));
-
-  // The whole image, resized.
-  const size_t rpitch = static_cast<size_t>(plan.resized_width) * 3;
-  uint8_t* rbuf = Buffer(resized, rpitch * plan.resized_height);
+Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops,
+                                             const Plan& plan, uint8_t* dst,
+                                             size_t dst_stride) {
+  SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
+  if (f->width != plan.width || f->height != plan.height) {
+    return DataLoss(std::string(ImageFormatName(plan.format)) + " decoded to " +
+                    SizeString(f->width, f->height) + ", not the header's " +
+                    SizeString(plan.width, plan.height));
+  }
+  const Window& w = plan.stored_window;
+  int x0, y0;
   SwsKey key;
-  key.src_width = width;
-  key.src_height = height;
-  key.src_format = AV_PIX_FMT_RGB24;
-  key.dst_width = plan.resized_width;
-  key.dst_height = plan.resized_height;
+  RoundWindow(w.x0, w.x1, 1, f->width, &x0, &key.src_width);
+  RoundWindow(w.y0, w.y1, 1, f->height, &y0, &key.src_height);
+  key.dst_width = plan.scaled_width;
+  key.dst_height = plan.scaled_height;
   key.dst_format = AV_PIX_FMT_RGB24;
   key.flags = SwsFlags(ops.interpolation);
   SourcePlanes src;
-  src.data[0] = pixels.data();
-  src.stride[0] = pitch;
+  const bool composite =
+      ops.alpha == AlphaMode::kComposite && HasAlpha(static_cast<AVPixelFormat>(f->format));
+  if (composite || !FrameWindow(f, x0, y0, &key, &src)) {
+    int pitch;
+    SPDL_RETURN_IF_ERROR(FrameToRgb(f, ops, &pitch));
+    key.src_format = AV_PIX_FMT_RGB24;
+    key.src_h_chroma_pos = key.src_v_chroma_pos = SwsKey::kDefaultChromaPos;
+    src = SourcePlanes{};
+    src.data[0] = pixels.data() + static_cast<size_t>(y0) * pitch + static_cast<size_t>(x0) * 3;
+    src.stride[0] = pitch;
+  }
+  return Scale(key, src, dst, dst_stride);
+}
+
+Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps& ops,
+                                  const OutputImage& out, uint64_t seed, bool jpeg_only,
+                                  ImageInfo* info) {
+  Plan plan;
+  SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, jpeg_only, info, &plan));
+  const ResizeCropPlan& g = plan.geometry;
+  // Straight into the destination when nothing is left to do after swscale; else into the
+  // scratch image, then the output pass.
+  const bool direct = ops.raw_output() && plan.final.identity();
+  uint8_t* target;
+  size_t target_stride;
+  if (direct) {
+    target = static_cast<uint8_t*>(out.data) + static_cast<size_t>(g.dst_y) * out.row_stride +
+             static_cast<size_t>(g.dst_x) * 3;
+    target_stride = out.row_stride;
+  } else {
+    target_stride = AlignUp(static_cast<size_t>(plan.scaled_width) * 3, kPlaneAlign);
+    target = Buffer(scratch, target_stride * plan.scaled_height);
+  }
+  if (plan.format == ImageFormat::kJpeg) {
+    SPDL_RETURN_IF_ERROR(DecodeJpegWindow(data, ops, plan, target, target_stride, info));
+  } else {
+    SPDL_RETURN_IF_ERROR(DecodeFrameWindow(data, ops, plan, target, target_stride));
+  }
+  if (direct) {
+    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, g);
+    return Status::Ok();
+  }
+  if (!table.BuiltFor(ops)) table.Build(ops);
+  ConvertInto(target, target_stride, plan.scaled_width, plan.scaled_height, plan.final,
+              plan.place_x, plan.place_y, table, out);
+  return Status::Ok();
+}
+
+Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops,
+                                       const Plan& plan, int* pitch) {
+  if (plan.format == ImageFormat::kJpeg) {
+    int width, height;
+    return DecodeRgb(data, plan.jpeg, 1, &width, &height, pitch);
+  }
+  SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
+  if (f->width != plan.width || f->height != plan.height) {
+    return DataLoss("decoded size differs from the header's");
+  }
+  return FrameToRgb(f, ops, pitch);
+}
+
+Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops,
+                                     const OutputImage& out, uint64_t seed, ImageInfo* info) {
+  Plan plan;
+  SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, /*jpeg_only=*/false, info, &plan));
+  int pitch;
+  SPDL_RETURN_IF_ERROR(DecodeWhole(data, ops, plan, &pitch));
+
+  // The whole image, upright (written out plainly, independent of pixel_convert).
+  const Orientation o = plan.upright;
+  const int sw = plan.width, sh = plan.height;
+  const int dw = o.transpose ? sh : sw, dh = o.transpose ? sw : sh;
+  const uint8_t* whole = pixels.data();
+  size_t whole_pitch = static_cast<size_t>(pitch);
+  if (!o.identity()) {
+    uint8_t* up = Buffer(upright, static_cast<size_t>(dw) * dh * 3);
+    for (int y = 0; y < dh; ++y) {
+      for (int x = 0; x < dw; ++x) {
+        const int u = o.transpose ? y : x, v = o.transpose ? x : y;
+        const int sx = o.flip_x ? sw - 1 - u : u, sy = o.flip_y ? sh - 1 - v : v;
+        std::memcpy(up + (static_cast<size_t>(y) * dw + x) * 3,
+                    whole + static_cast<size_t>(sy) * whole_pitch + static_cast<size_t>(sx) * 3,
+                    3);
+      }
+    }
+    whole = up;
+    whole_pitch = static_cast<size_t>(dw) * 3;
+  }
+
+  // Resize the whole image (or the random crop's rectangle), then copy the kept part.
+  const ResizeCropPlan& g = plan.geometry;
+  SwsKey key;
+  key.src_format = AV_PIX_FMT_RGB24;
+  key.dst_format = AV_PIX_FMT_RGB24;
+  key.flags = SwsFlags(ops.interpolation);
+  SourcePlanes src;
+  src.stride[0] = static_cast<int>(whole_pitch);
+  if (ops.random_crop()) {
+    const Window& w = plan.window;  // whole pixels
+    src.data[0] = whole + static_cast<size_t>(w.y0) * whole_pitch + static_cast<size_t>(w.x0) * 3;
+    key.src_width = static_cast<int>(w.x1 - w.x0);
+    key.src_height = static_cast<int>(w.y1 - w.y0);
+  } else {
+    src.data[0] = whole;
+    key.src_width = dw;
+    key.src_height = dh;
+  }
+  key.dst_width = g.resized_width;
+  key.dst_height = g.resized_height;
+  const size_t rpitch = static_cast<size_t>(g.resized_width) * 3;
+  uint8_t* rbuf = Buffer(resized, rpitch * g.resized_height);
   SPDL_RETURN_IF_ERROR(Scale(key, src, rbuf, rpitch));
 
-  // Then the crop.
-  for (int y = 0; y < plan.keep_height; ++y) {
-    std::memcpy(dst + (plan.dst_y + y) * dst_stride + static_cast<size_t>(plan.dst_x) * 3,
-                rbuf + (plan.keep_y + y) * rpitch + static_cast<size_t>(plan.keep_x) * 3,
-                static_cast<size_t>(plan.keep_width) * 3);
+  uint8_t* dst = static_cast<uint8_t*>(out.data);
+  for (int y = 0; y < g.out_height; ++y) {
+    std::memset(dst + y * out.row_stride, 0, static_cast<size_t>(g.out_width) * 3);
   }
-  ZeroPadding(dst, dst_stride, plan);
+  for (int y = 0; y < g.keep_height; ++y) {
+    std::memcpy(dst + (g.dst_y + y) * out.row_stride + static_cast<size_t>(g.dst_x) * 3,
+                rbuf + (g.keep_y + y) * rpitch + static_cast<size_t>(g.keep_x) * 3,
+                static_cast<size_t>(g.keep_width) * 3);
+  }
+  if (plan.flipped) {
+    for (int y = 0; y < g.out_height; ++y) {
+      uint8_t* row = dst + y * out.row_stride;
+      for (int a = 0, b = g.out_width - 1; a < b; ++a, --b) {
+        for (int c = 0; c < 3; ++c) std::swap(row[3 * a + c], row[3 * b + c]);
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -424,26 +710,77 @@ ImageDecoder::~ImageDecoder() = default;
 ImageDecoder::ImageDecoder(ImageDecoder&&) noexcept = default;
 ImageDecoder& ImageDecoder::operator=(ImageDecoder&&) noexcept = default;
 
-Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                    uint8_t* dst, int out_width, int out_height,
-                                    size_t dst_stride, ImageInfo* info) {
-  Status s = impl_->Decode(jpeg, ops, dst, out_width, out_height, dst_stride, info);
+Status ImageDecoder::DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst,
+                                int out_width, int out_height, uint64_t sample_seed,
+                                ImageInfo* info) {
+  OutputImage out;
+  out.data = dst;
+  out.width = out_width;
+  out.height = out_height;
+  out.row_stride = static_cast<size_t>(std::max(out_width, 0)) * 3 * DTypeSize(ops.dtype);
+  out.layout = ops.layout;
+  Status s = impl_->Decode(data, ops, out, sample_seed, /*jpeg_only=*/false, info);
   impl_->TrimBuffers();
   return s;
 }
 
-Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> jpeg, const ImageOps& ops,
+namespace {
+
+Status RequireRawOutput(const ImageOps& ops) {
+  if (ops.raw_output()) return Status::Ok();
+  return InvalidArgument("this call writes uint8 NHWC output only");
+}
+
+OutputImage RgbOutput(uint8_t* dst, int out_width, int out_height, size_t dst_stride) {
+  OutputImage out;
+  out.data = dst;
+  out.width = out_width;
+  out.height = out_height;
+  out.row_stride = dst_stride;
+  out.layout = OutputLayout::kNHWC;
+  return out;
+}
+
+}  // namespace
+
+Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops,
+                                   uint8_t* dst, int out_width, int out_height,
+                                   size_t dst_stride, uint64_t sample_seed, ImageInfo* info) {
+  SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
+  Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride),
+                           sample_seed, /*jpeg_only=*/false, info);
+  impl_->TrimBuffers();
+  return s;
+}
+
+Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops,
+                                    uint8_t* dst, int out_width, int out_height,
+                                    size_t dst_stride, ImageInfo* info) {
+  SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
+  Status s = impl_->Decode(jpeg, ops, RgbOutput(dst, out_width, out_height, dst_stride),
+                           /*seed=*/0, /*jpeg_only=*/true, info);
+  impl_->TrimBuffers();
+  return s;
+}
+
+Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops,
                                          uint8_t* dst, int out_width, int out_height,
-                                         size_t dst_stride, ImageInfo* info) {
-  Status s = impl_->Reference(jpeg, ops, dst, out_width, out_height, dst_stride, info);
+                                         size_t dst_stride, uint64_t sample_seed,
+                                         ImageInfo* info) {
+  SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
+  Status s = impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride),
+                              sample_seed, info);
   impl_->TrimBuffers();
   return s;
 }
 
 Status ImageDecoder::ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info) {
-  Header h;
+  JpegHeader h;
   SPDL_RETURN_IF_ERROR(impl_->ReadHeader(jpeg, &h));
-  *info = {h.width, h.height, 1};
+  *info = ImageInfo{};
+  info->format = ImageFormat::kJpeg;
+  info->width = h.width;
+  info->height = h.height;
   return Status::Ok();
 }
 

@@ -1,26 +1,39 @@
-// ImageDecoder: JPEG bytes -> resized, center-cropped RGB pixels (uint8, HWC, 3 channels),
-// written straight into the caller's buffer (a row of a shared-memory batch slot).
+// ImageDecoder: image bytes (JPEG, PNG, WebP, BMP, TIFF, GIF) -> transformed pixels, written
+// straight into the caller's buffer (a row of a shared-memory batch slot).
 //
 // Not thread-safe: use one ImageDecoder per worker thread. It caches a libjpeg-turbo handle,
-// swscale contexts and a decode buffer between calls. Move-only.
+// libavcodec contexts, swscale contexts, a decode buffer and a scratch image between calls.
+// Move-only.
 //
-// How it decodes (DecodeJpegInto):
-//   1. Reads the header; refuses sources over ops.max_pixels before decoding anything.
-//   2. Plans the torchvision geometry (image_ops.h) and maps the part of the image that survives
-//      the crop back to a source rectangle.
-//   3. When the target is at most half that rectangle, decodes at 1/2, 1/4 or 1/8 scale in the
-//      DCT domain (3/4 and 7/8 measured slower than a full decode, so they are never used).
-//   4. Decodes to Y/Cb/Cr planes (JpegDecodePath::kYuvPlanes, the default) or RGB (kRgb), and one
-//      swscale pass converts and resamples only the source rectangle into the destination:
-//      there is no intermediate output image and no copy.
+// How it decodes (DecodeInto):
+//   1. Tells the format from the magic bytes (never the file name) and reads the image size from
+//      the header; refuses sources over ops.max_pixels before decoding anything, in every format.
+//   2. JPEG with ops.exif_orientation: reads the EXIF Orientation tag; the geometry then applies
+//      to the upright image.
+//   3. Plans the torchvision geometry (image_ops.h): resize + center crop, or a random resized
+//      crop drawn from the sample's seed; maps the part of the image that survives to a source
+//      rectangle (in stored orientation).
+//   4. JPEG (libjpeg-turbo): when the target is at most half that rectangle, decodes at 1/2, 1/4
+//      or 1/8 scale in the DCT domain (3/4 and 7/8 measured slower than a full decode, so they
+//      are never used); decodes to Y/Cb/Cr planes (JpegDecodePath::kYuvPlanes, the default) or
+//      RGB (kRgb). Other formats (libavcodec): one full decode to the codec's own pixel format
+//      (RGB, RGBA, palette, gray, 16-bit, YUV 4:2:0 for lossy WebP).
+//   5. One swscale pass converts and resamples only the source rectangle. When the output is
+//      uint8 NHWC and nothing is mirrored or rotated, it writes straight into the destination.
+//      Otherwise it writes a uint8 scratch image (per decoder, so per thread), and one pass
+//      (pixel_convert.h) turns it upright, mirrors it (random horizontal flip), pads, normalizes,
+//      converts to the output dtype and lays it out HWC or CHW into the destination.
 // CMYK/YCCK and RGB-coded JPEGs are decoded through RGB on either path (CMYK converted as
-// libjpeg-turbo does: R = C * K / 255, for Adobe's inverted CMYK). Grayscale JPEGs become three
-// equal channels.
+// libjpeg-turbo does: R = C * K / 255, for Adobe's inverted CMYK). Grayscale images become three
+// equal channels. Alpha is dropped, or composited over ops.background at the source resolution
+// (ops.alpha). 16-bit images are resampled at 16 bits and rounded to 8. A GIF gives its first
+// frame; an animated WebP is refused.
 //
 // Strictness: every libjpeg warning is an error (kDataLoss): truncation, but also "Corrupt JPEG
 // data: N extraneous bytes before marker", which PIL accepts silently; a few ImageNet files do
-// this. After any decode error the decoder drops its libjpeg-turbo handle (TurboJPEG 2.1 can
-// leave one unusable) and makes a fresh one for the next image.
+// this. libavcodec runs with AV_EF_EXPLODE | AV_EF_CRCCHECK (a PNG chunk with a bad CRC is an
+// error). After any decode error the decoder drops its libjpeg-turbo handle (TurboJPEG 2.1 can
+// leave one unusable) or the codec's context, and makes a fresh one for the next image.
 #pragma once
 
 #include <cstddef>
@@ -29,17 +42,25 @@
 #include <span>
 
 #include "common/status.h"
+#include "media/image_format.h"
 #include "media/image_ops.h"
 #include "media/jpeg_encoder.h"  // EncodeJpeg, for tests and dataset generation
 
 namespace spdl::media {
 
-// What the header of a decoded image said.
+// What the decoder found and chose for one image.
 struct ImageInfo {
-  int width = 0;   // source width, from the header
+  ImageFormat format = ImageFormat::kUnknown;
+  int width = 0;   // source width, from the header (as stored, before any EXIF rotation)
   int height = 0;  // source height, from the header
-  // The image was decoded at 1/dct_scale of its size (1, 2, 4 or 8) by DCT-domain scaling.
+  // The image was decoded at 1/dct_scale of its size (1, 2, 4 or 8) by DCT-domain scaling (JPEG).
   int dct_scale = 1;
+  // The EXIF Orientation applied (1 = upright or not read).
+  int orientation = 1;
+  // The random resized crop, in the upright image's pixels (all 0 without one).
+  CropRect crop;
+  // The random horizontal flip was drawn.
+  bool flipped = false;
 };
 
 // How JPEG data becomes RGB before resampling. Both give the same pixels within tolerance; the
@@ -53,8 +74,8 @@ enum class JpegDecodePath {
 
 class ImageDecoder {
  public:
-  // Cheap and never fails: the libjpeg-turbo handle is created on first use. A moved-from
-  // decoder may only be destroyed or assigned to.
+  // Cheap and never fails: the libjpeg-turbo handle and the codec contexts are created on first
+  // use. A moved-from decoder may only be destroyed or assigned to.
   explicit ImageDecoder(JpegDecodePath path = JpegDecodePath::kYuvPlanes);
   ~ImageDecoder();
   ImageDecoder(ImageDecoder&&) noexcept;
@@ -62,28 +83,44 @@ class ImageDecoder {
   ImageDecoder(const ImageDecoder&) = delete;
   ImageDecoder& operator=(const ImageDecoder&) = delete;
 
-  // Decodes JPEG bytes and writes the transformed RGB image to dst.
-  // REQUIRES: dst holds out_height rows of dst_stride bytes, dst_stride >= out_width * 3. Only
-  // the first out_width * 3 bytes of each row are written (padding pixels are set to zero).
+  // Decodes an image of any supported format and writes one output image — out_width x
+  // out_height, 3 channels, in ops.dtype, HWC or CHW by ops.layout, packed
+  // (OutputImageBytes(ops, out_width, out_height) bytes) — to dst. `sample_seed` (SampleSeed of
+  // the job seed, epoch and sample index) drives the random transforms; it is unused without
+  // them.
   // The caller passes the expected output size (the batch has a fixed shape) and gets
-  // kInvalidArgument when OutputSize(ops, image) differs, or for bad ops or buffer arguments;
-  // kDataLoss (with libjpeg-turbo's message) for corrupt, truncated or non-JPEG data, libjpeg
-  // warnings included; kResourceExhausted, naming the size and the limit, when the header's
-  // width * height exceeds ops.max_pixels (checked before any decoding). On error dst may hold
-  // partial output. info, when given, receives the source size whenever the header was read, and
-  // the DCT scale once decoding starts.
+  // kInvalidArgument when the ops produce another, or for bad ops or buffer arguments; kDataLoss
+  // (with the codec's message) for corrupt, truncated or unrecognised data, libjpeg warnings
+  // included; kResourceExhausted, naming the size and the limit, when the header's width * height
+  // exceeds ops.max_pixels (checked before any decoding); kFailedPrecondition when this FFmpeg
+  // build lacks the format's decoder. On error dst may hold partial output. info, when given,
+  // receives the format and source size whenever the header was read, and the rest once decoding
+  // starts.
+  Status DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst, int out_width,
+                    int out_height, uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+
+  // As DecodeInto, for uint8 HWC output with a row stride.
+  // REQUIRES: ops.raw_output(); dst holds out_height rows of dst_stride bytes, dst_stride >=
+  // out_width * 3. Only the first out_width * 3 bytes of each row are written (padding pixels
+  // are set to zero).
+  Status DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
+                       int out_width, int out_height, size_t dst_stride,
+                       uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+
+  // As DecodeRgbInto with sample seed 0, for JPEG only: any other data is kDataLoss.
   Status DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst,
                         int out_width, int out_height, size_t dst_stride,
                         ImageInfo* info = nullptr);
 
-  // The reference path, for tests: a full-size decode to RGB (never DCT-scaled), a plain swscale
-  // resize of the whole image to the resize size, then a copy of the crop. Same contract and
-  // errors as DecodeJpegInto.
-  Status ReferenceDecodeInto(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst,
+  // The reference path, for tests: a full-size decode to RGB (never DCT-scaled, never YUV), the
+  // whole image turned upright, a plain swscale resize of the whole image to the resize size
+  // (or of the random crop's rectangle to the output size), a copy of the crop, then the flip.
+  // Any format; uint8 HWC output only. Same contract and errors as DecodeRgbInto.
+  Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
                              int out_width, int out_height, size_t dst_stride,
-                             ImageInfo* info = nullptr);
+                             uint64_t sample_seed = 0, ImageInfo* info = nullptr);
 
-  // Reads only the header. kDataLoss when the bytes do not start a decodable JPEG.
+  // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);
 
   // swscale contexts built so far by this decoder (cache misses), for tests and stats.

@@ -1,6 +1,7 @@
 #include "media/image_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,38 @@ Status ValidateImageOps(const ImageOps& ops) {
     errors.push_back("crop_height and crop_width must be set together");
   }
   if (ops.max_pixels <= 0) errors.push_back("max_pixels <= 0");
+  if (ops.random_crop_height < 0 || ops.random_crop_width < 0) {
+    errors.push_back("random crop size < 0");
+  }
+  if ((ops.random_crop_height > 0) != (ops.random_crop_width > 0)) {
+    errors.push_back("random_crop_height and random_crop_width must be set together");
+  }
+  if (ops.random_crop()) {
+    if (ops.resize_shorter || ops.resize_height || ops.resize_width || ops.crop_height ||
+        ops.crop_width) {
+      errors.push_back("a random crop replaces resize and crop: they must not be set with it");
+    }
+    const auto& s = ops.random_crop_scale;
+    const auto& r = ops.random_crop_ratio;
+    if (!(s[0] > 0 && s[0] <= s[1] && std::isfinite(s[1]))) {
+      errors.push_back("random_crop_scale must be a range 0 < min <= max");
+    }
+    if (!(r[0] > 0 && r[0] <= r[1] && std::isfinite(r[1]))) {
+      errors.push_back("random_crop_ratio must be a range 0 < min <= max");
+    }
+  }
+  if (!(ops.flip_probability >= 0 && ops.flip_probability <= 1)) {
+    errors.push_back("flip_probability outside [0, 1]");
+  }
+  if (ops.normalize && ops.dtype == OutputDType::kUInt8) {
+    errors.push_back("normalize needs a floating-point output dtype, not uint8");
+  }
+  for (int c = 0; c < 3; ++c) {
+    if (!std::isfinite(ops.mean[c]) || !std::isfinite(ops.stddev[c]) || ops.stddev[c] == 0) {
+      errors.push_back("mean and stddev must be finite, stddev non-zero");
+      break;
+    }
+  }
   if (errors.empty()) return Status::Ok();
   std::string msg = "bad image ops:";
   for (const std::string& e : errors) msg += " " + e + ";";
@@ -83,9 +116,63 @@ ResizeCropPlan PlanResizeCrop(const ImageOps& ops, int src_width, int src_height
 
 void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width,
                 int* out_height) {
+  if (ops.random_crop()) {
+    *out_width = ops.random_crop_width;
+    *out_height = ops.random_crop_height;
+    return;
+  }
   const ResizeCropPlan p = PlanResizeCrop(ops, src_width, src_height);
   *out_width = p.out_width;
   *out_height = p.out_height;
+}
+
+size_t DTypeSize(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kUInt8: return 1;
+    case OutputDType::kFloat32: return 4;
+    case OutputDType::kFloat16: return 2;
+    case OutputDType::kBFloat16: return 2;
+  }
+  return 1;
+}
+
+size_t OutputImageBytes(const ImageOps& ops, int out_width, int out_height) {
+  return static_cast<size_t>(out_width) * static_cast<size_t>(out_height) * 3 *
+         DTypeSize(ops.dtype);
+}
+
+CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_height,
+                               SampleRng& rng) {
+  // Python's round() is half-to-even, as is nearbyint in the default rounding mode.
+  auto round_int = [](double v) { return static_cast<int64_t>(std::nearbyint(v)); };
+  const double area = static_cast<double>(src_width) * src_height;
+  const double log_lo = std::log(ops.random_crop_ratio[0]);
+  const double log_hi = std::log(ops.random_crop_ratio[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area =
+        area * rng.Uniform(ops.random_crop_scale[0], ops.random_crop_scale[1]);
+    const double aspect = std::exp(rng.Uniform(log_lo, log_hi));
+    const int64_t w = round_int(std::sqrt(target_area * aspect));
+    const int64_t h = round_int(std::sqrt(target_area / aspect));
+    if (w > 0 && w <= src_width && h > 0 && h <= src_height) {
+      const int64_t y = rng.UniformInt(0, src_height - h);
+      const int64_t x = rng.UniformInt(0, src_width - w);
+      return {static_cast<int>(x), static_cast<int>(y), static_cast<int>(w),
+              static_cast<int>(h)};
+    }
+  }
+  // The central fallback.
+  const double in_ratio = static_cast<double>(src_width) / src_height;
+  int64_t w = src_width, h = src_height;
+  if (in_ratio < ops.random_crop_ratio[0]) {
+    h = round_int(w / ops.random_crop_ratio[0]);
+  } else if (in_ratio > ops.random_crop_ratio[1]) {
+    w = round_int(h * ops.random_crop_ratio[1]);
+  }
+  w = std::clamp<int64_t>(w, 1, src_width);
+  h = std::clamp<int64_t>(h, 1, src_height);
+  return {static_cast<int>((src_width - w) / 2), static_cast<int>((src_height - h) / 2),
+          static_cast<int>(w), static_cast<int>(h)};
 }
 
 }  // namespace spdl::media

@@ -6,16 +6,18 @@
 namespace spdl::media {
 namespace {
 
+// YUV and gray formats carry a range (full or limited); RGB and palette formats do not.
 bool IsYuvOrGray(AVPixelFormat f) {
-  return f != AV_PIX_FMT_RGB24 && f != AV_PIX_FMT_BGR24 && f != AV_PIX_FMT_RGBA &&
-         f != AV_PIX_FMT_BGRA && f != AV_PIX_FMT_GBRP;
+  const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(f);
+  return d != nullptr && !(d->flags & (AV_PIX_FMT_FLAG_RGB | AV_PIX_FMT_FLAG_PAL));
 }
 
 SwsContextPtr Build(const SwsKey& k) {
   SwsContextPtr c(sws_alloc_context());
   if (!c) return c;
   // JPEG stores full-range BT.601 YCbCr (swscale's default matrix); the range is said explicitly
-  // instead of using the deprecated YUVJ formats. The destination (RGB) is always full range.
+  // instead of using the deprecated YUVJ formats. The destination is always full range (RGB, or
+  // gray / YUV for the test encoders).
   const bool yuv = IsYuvOrGray(k.src_format);
   const std::pair<const char*, int64_t> options[] = {
       {"srcw", k.src_width},

@@ -7,6 +7,7 @@
 
 extern "C" {
 #include <libavutil/opt.h>
+#include <libavutil/pixdesc.h>
 #include <libavutil/pixfmt.h>
 #include <libswscale/swscale.h>
 }
@@ -32,7 +33,8 @@ struct SwsKey {
   int dst_height = 0;
   AVPixelFormat dst_format = AV_PIX_FMT_NONE;
   int flags = 0;
-  // YUV sources only: JPEG's full-range BT.601 (true), or limited range (false).
+  // YUV and gray sources only: full range (JPEG's BT.601, PNG gray; true), or limited range
+  // (false: most video, lossy WebP).
   bool src_full_range = true;
   // YUV sources only: where chroma sample 0 sits relative to luma sample 0, in 1/256 of a luma
   // pixel (swscale's src_h_chr_pos / src_v_chr_pos); kDefaultChromaPos lets swscale use the

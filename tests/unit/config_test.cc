@@ -83,8 +83,12 @@ TEST_CASE("job config: a minimal config takes every default") {
   CHECK(c.sampler.uneven == Uneven::kPad);
   CHECK(c.batch.size == 32);
   CHECK_FALSE(c.batch.drop_last);
-  CHECK(c.output.dtype == "uint8");
-  CHECK(c.output.layout == "NHWC");
+  CHECK(c.output.dtype == DType::kUInt8);
+  CHECK(c.output.layout == Layout::kNHWC);
+  CHECK(c.decode == DecodeConfig{});
+  CHECK_FALSE(c.decode.exif_orientation);
+  CHECK(c.decode.alpha == AlphaMode::kDrop);
+  CHECK(c.decode.max_pixels == 178956970);
   CHECK(c.output.device == "cpu");
   CHECK(c.prefetch == 4);
   CHECK(c.on_error == OnError::kSkip);
@@ -316,7 +320,8 @@ TEST_CASE("job config: bad transforms") {
     INFO(Dump(errors));
     REQUIRE(errors.size() == 6);
     CHECK(ErrorAt(errors, "transforms.0.rezise").message ==
-          "unknown transform 'rezise' (did you mean 'resize'?); expected resize or center_crop");
+          "unknown transform 'rezise' (did you mean 'resize'?); expected resize, center_crop, "
+          "random_resized_crop, horizontal_flip or normalize");
     CHECK(ErrorAt(errors, "transforms.1").line == 4);
     CHECK(Contains(ErrorAt(errors, "transforms.1").message, "got 'flip'"));
     CHECK(Contains(ErrorAt(errors, "transforms.2").message, "exactly one key"));
@@ -335,20 +340,157 @@ TEST_CASE("job config: bad transforms") {
   }
 }
 
-TEST_CASE("job config: output options not supported yet") {
-  std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) +
-                                                "output:\n  dtype: float32\n  layout: NCHW\n  device: cuda:1\n");
-  INFO(Dump(errors));
-  REQUIRE(errors.size() == 3);
-  CHECK(ErrorAt(errors, "output.dtype").message ==
-        "dtype 'float32' is not supported yet in this version (only uint8)");
-  CHECK(ErrorAt(errors, "output.dtype").line == 6);
-  CHECK(ErrorAt(errors, "output.layout").message ==
-        "layout 'NCHW' is not supported yet in this version (only NHWC)");
-  CHECK(Contains(ErrorAt(errors, "output.device").message,
-                 "device 'cuda:1' is not supported yet in this version"));
-  errors = ParseBadJob(std::string(kMinimalJob) + "output: {device: gpu}\n");
-  CHECK(ErrorAt(errors, "output.device").message == "device must be cpu or cuda:N (got 'gpu')");
+TEST_CASE("job config: output options") {
+  SECTION("every dtype and layout") {
+    const std::pair<const char*, DType> dtypes[] = {{"uint8", DType::kUInt8},
+                                                    {"float32", DType::kFloat32},
+                                                    {"float16", DType::kFloat16},
+                                                    {"bfloat16", DType::kBFloat16}};
+    for (const auto& [name, dtype] : dtypes) {
+      for (const char* layout : {"NHWC", "NCHW"}) {
+        JobConfig c = ParseGoodJob(std::string(kMinimalJob) + "output: {dtype: " + name +
+                                   ", layout: " + layout + "}\n");
+        CHECK(c.output.dtype == dtype);
+        CHECK(c.output.layout == (std::string(layout) == "NCHW" ? Layout::kNCHW : Layout::kNHWC));
+      }
+    }
+  }
+  SECTION("bad values, and devices not supported yet") {
+    std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) +
+                                                  "output:\n  dtype: float64\n  layout: NCWH\n  device: cuda:1\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 3);
+    CHECK(ErrorAt(errors, "output.dtype").message ==
+          "must be one of uint8 | float32 | float16 | bfloat16 (got 'float64')");
+    CHECK(ErrorAt(errors, "output.dtype").line == 6);
+    CHECK(Contains(ErrorAt(errors, "output.layout").message, "must be one of NHWC | NCHW (got 'NCWH')"));
+    CHECK(Contains(ErrorAt(errors, "output.device").message,
+                   "device 'cuda:1' is not supported yet in this version"));
+    errors = ParseBadJob(std::string(kMinimalJob) + "output: {device: gpu}\n");
+    CHECK(ErrorAt(errors, "output.device").message == "device must be cpu or cuda:N (got 'gpu')");
+  }
+}
+
+TEST_CASE("job config: random transforms, normalize and the decode section") {
+  JobConfig c = ParseGoodJob(R"(
+source: {root: /d, extensions: [.jpg, .png, .webp]}
+decode:
+  exif_orientation: true
+  alpha: composite
+  background: [0, 128, 255]
+  max_pixels: 1000000
+transforms:
+  - random_resized_crop: {size: [160, 192], scale: [0.25, 1], ratio: [0.5, 2.0], interpolation: bicubic}
+  - horizontal_flip: {p: 0.25}
+  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
+output: {dtype: bfloat16, layout: NCHW}
+)");
+  CHECK(c.decode.exif_orientation);
+  CHECK(c.decode.alpha == AlphaMode::kComposite);
+  CHECK(c.decode.background == std::array<int, 3>{0, 128, 255});
+  CHECK(c.decode.max_pixels == 1000000);
+  REQUIRE(c.transforms.size() == 3);
+  const auto& rc = std::get<RandomResizedCropOp>(c.transforms[0]);
+  CHECK(rc == RandomResizedCropOp{160, 192, 0.25, 1.0, 0.5, 2.0, Interpolation::kBicubic});
+  CHECK(std::get<HorizontalFlipOp>(c.transforms[1]).p == 0.25);
+  const auto& n = std::get<NormalizeOp>(c.transforms[2]);
+  CHECK(n.mean == std::array<double, 3>{0.485, 0.456, 0.406});
+  CHECK(n.stddev == std::array<double, 3>{0.229, 0.224, 0.225});
+  CHECK(c.out_height == 160);
+  CHECK(c.out_width == 192);
+
+  SECTION("defaults: torchvision's") {
+    JobConfig d = ParseGoodJob(
+        "source: {root: /d}\ntransforms:\n  - random_resized_crop: {size: 224}\n  - horizontal_flip:\n");
+    CHECK(std::get<RandomResizedCropOp>(d.transforms[0]) ==
+          RandomResizedCropOp{224, 224, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, Interpolation::kBilinear});
+    CHECK(std::get<HorizontalFlipOp>(d.transforms[1]).p == 0.5);
+    CHECK(d.out_height == 224);
+  }
+  SECTION("flip and normalize may come in either order, after a resize and crop") {
+    JobConfig d = ParseGoodJob(
+        "source: {root: /d}\ntransforms:\n  - resize: {shorter: 256}\n  - center_crop: {size: 224}\n"
+        "  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n  - horizontal_flip: {p: 1}\n"
+        "output: {dtype: float16}\n");
+    CHECK(d.transforms.size() == 4);
+  }
+}
+
+TEST_CASE("job config: bad random transforms, normalize and decode settings") {
+  auto bad = [](const std::string& rest) { return ParseBadJob("source: {root: /d}\n" + rest); };
+  SECTION("ranges and values") {
+    std::vector<ConfigError> errors = bad(
+        "transforms:\n"
+        "  - random_resized_crop: {size: 224, scale: [0.5, 0.1], ratio: [0, 1], bogus: 1}\n"
+        "  - horizontal_flip: {p: 1.5}\n"
+        "  - normalize: {mean: [0.5, 0.5], std: [0.2, 0, 0.2]}\n"
+        "output: {dtype: float32}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 6);
+    CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.scale").message ==
+          "scale must be [min, max] with 0 < min <= max <= 1 (got [0.5, 0.1])");
+    CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.ratio").message ==
+          "ratio must be [min, max] with 0 < min <= max (got [0, 1])");
+    CHECK(Contains(ErrorAt(errors, "transforms.0.random_resized_crop.bogus").message, "unknown key"));
+    CHECK(ErrorAt(errors, "transforms.1.horizontal_flip.p").message ==
+          "must be a probability in [0, 1] (got 1.5)");
+    CHECK(ErrorAt(errors, "transforms.2.normalize.mean").message ==
+          "expected a list of 3 numbers, got a list of 2 item(s)");
+    CHECK(ErrorAt(errors, "transforms.2.normalize.std").message == "every std must be > 0");
+  }
+  SECTION("missing keys, wrong types") {
+    std::vector<ConfigError> errors = bad(
+        "transforms:\n"
+        "  - random_resized_crop: {scale: [a, 1]}\n"
+        "  - normalize: {mean: [0, 0, 0]}\n"
+        "  - center_crop: {size: 8}\n");
+    INFO(Dump(errors));
+    CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.size").message == "required key is missing");
+    CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.scale.0").message == "expected a number, got 'a'");
+    CHECK(ErrorAt(errors, "transforms.1.normalize.std").message == "required key is missing");
+  }
+  SECTION("normalize needs a floating-point dtype") {
+    std::vector<ConfigError> errors = bad(
+        "transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "transforms.1");
+    CHECK(errors[0].line == 4);
+    CHECK(errors[0].message ==
+          "normalize needs a floating-point output.dtype (float32, float16 or bfloat16), not uint8");
+  }
+  SECTION("order: geometry first, random_resized_crop alone, each at most once") {
+    std::vector<ConfigError> errors = bad(
+        "transforms:\n"
+        "  - horizontal_flip: {}\n"
+        "  - center_crop: {size: 8}\n"
+        "  - random_resized_crop: {size: 8}\n"
+        "  - horizontal_flip: {}\n"
+        "output: {dtype: float32}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 4);
+    CHECK(ErrorAt(errors, "transforms.1").message ==
+          "center_crop comes after horizontal_flip: resize, center_crop and random_resized_crop "
+          "must come before horizontal_flip and normalize");
+    CHECK(errors[1].path == "transforms.2");
+    CHECK(Contains(errors[1].message, "random_resized_crop comes after horizontal_flip"));
+    CHECK(errors[2].path == "transforms.2");
+    CHECK(errors[2].message ==
+          "random_resized_crop replaces resize and center_crop: it cannot be combined with them");
+    CHECK(ErrorAt(errors, "transforms.3").message ==
+          "only one horizontal_flip (the first is transforms.0)");
+  }
+  SECTION("decode") {
+    std::vector<ConfigError> errors = bad(
+        "decode: {exif_orientation: 2, alpha: blend, background: [0, 256, 0], max_pixels: 0, x: 1}\n"
+        "transforms: [{center_crop: {size: 8}}]\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 5);
+    CHECK(Contains(ErrorAt(errors, "decode.exif_orientation").message, "expected true or false"));
+    CHECK(Contains(ErrorAt(errors, "decode.alpha").message, "must be one of drop | composite"));
+    CHECK(ErrorAt(errors, "decode.background.1").message == "must be at most 255 (got 256)");
+    CHECK(ErrorAt(errors, "decode.max_pixels").message == "must be at least 1 (got 0)");
+    CHECK(Contains(ErrorAt(errors, "decode.x").message, "unknown key"));
+  }
 }
 
 TEST_CASE("job config: several errors at once, all with lines, sorted") {

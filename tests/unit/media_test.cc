@@ -15,12 +15,16 @@
 #include <cstring>
 #include <memory>
 #include <numbers>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "media/image_decoder.h"
+#include "media/image_encoder.h"
+#include "media/pixel_convert.h"
+#include "media/sample_random.h"
 
 namespace spdl::media {
 namespace {
@@ -315,7 +319,7 @@ void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, cons
   GuardedImage ref(ow, oh);
   ImageDecoder ref_decoder;
   ImageInfo info;
-  REQUIRE(ref_decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), ow, oh, ref.stride, &info)
+  REQUIRE(ref_decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), ow, oh, ref.stride, 0, &info)
               .ok());
   CHECK((info.width == w && info.height == h && info.dct_scale == 1));
   CHECK(ref.GuardsIntact());
@@ -742,6 +746,1027 @@ TEST_CASE("A moved decoder keeps working") {
   c = std::move(b);
   REQUIRE(c.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
   CHECK(c.sws_contexts_built() == 1);
+}
+
+// ---- output dtype, layout and normalization (the output pass) ----
+
+// One element of an output image, as a double.
+double Element(const uint8_t* buf, OutputDType dtype, size_t i) {
+  switch (dtype) {
+    case OutputDType::kUInt8: return buf[i];
+    case OutputDType::kFloat32: {
+      float f;
+      std::memcpy(&f, buf + 4 * i, 4);
+      return f;
+    }
+    case OutputDType::kFloat16:
+    case OutputDType::kBFloat16: {
+      uint16_t b;
+      std::memcpy(&b, buf + 2 * i, 2);
+      return dtype == OutputDType::kFloat16 ? HalfToDouble(b) : BFloat16ToDouble(b);
+    }
+  }
+  return 0;
+}
+
+// Index of element (x, y, c) of a w x h image in `layout`.
+size_t ElementIndex(OutputLayout layout, int w, int h, int x, int y, int c) {
+  return layout == OutputLayout::kNHWC ? (static_cast<size_t>(y) * w + x) * 3 + c
+                                       : (static_cast<size_t>(c) * h + y) * w + x;
+}
+
+// The value an output element must hold for an 8-bit pixel value v, rounded as the dtype rounds,
+// written independently of pixel_convert: float via the compiler's double -> float conversion,
+// float16 via the compiler's _Float16 where it has one, bfloat16 from the float's bits (exact for
+// these values: a double tie that the float rounding could create never occurs here, checked
+// against the direct rounding below).
+double Expected(const ImageOps& ops, int c, int v) {
+  double x = ops.dtype == OutputDType::kUInt8 ? v : v / 255.0;
+  if (ops.normalize) x = (x - ops.mean[c]) / ops.stddev[c];
+  switch (ops.dtype) {
+    case OutputDType::kUInt8: return x;
+    case OutputDType::kFloat32: return static_cast<float>(x);
+    case OutputDType::kFloat16:
+#ifdef __FLT16_MAX__
+      return static_cast<double>(static_cast<_Float16>(x));
+#else
+      return HalfToDouble(DoubleToHalf(x));
+#endif
+    case OutputDType::kBFloat16: {
+      const float f = static_cast<float>(x);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+      float r;
+      std::memcpy(&r, &bits, 4);
+      return r;
+    }
+  }
+  return 0;
+}
+
+const char* DTypeName(OutputDType d) {
+  switch (d) {
+    case OutputDType::kUInt8: return "uint8";
+    case OutputDType::kFloat32: return "float32";
+    case OutputDType::kFloat16: return "float16";
+    case OutputDType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+TEST_CASE("DoubleToHalf and DoubleToBFloat16 round to nearest, ties to even") {
+  // Exact cases: halves of the last place go to the even neighbour.
+  CHECK(DoubleToHalf(0.0) == 0x0000);
+  CHECK(DoubleToHalf(-0.0) == 0x8000);
+  CHECK(DoubleToHalf(1.0) == 0x3C00);
+  CHECK(DoubleToHalf(1.0 + std::ldexp(1.0, -11)) == 0x3C00);      // tie -> even (down)
+  CHECK(DoubleToHalf(1.0 + 3 * std::ldexp(1.0, -11)) == 0x3C02);  // tie -> even (up)
+  CHECK(DoubleToHalf(65504.0) == 0x7BFF);
+  CHECK(DoubleToHalf(65519.0) == 0x7BFF);
+  CHECK(DoubleToHalf(65520.0) == 0x7C00);  // rounds to infinity
+  CHECK(DoubleToHalf(-1e9) == 0xFC00);
+  CHECK(DoubleToHalf(std::ldexp(1.0, -24)) == 0x0001);        // smallest subnormal
+  CHECK(DoubleToHalf(std::ldexp(1.0, -25)) == 0x0000);        // tie -> even (0)
+  CHECK(DoubleToHalf(std::ldexp(1.5, -24)) == 0x0002);        // tie -> even (2)
+  CHECK(DoubleToHalf(std::ldexp(1023.5, -24)) == 0x0400);     // up to the smallest normal
+  CHECK((DoubleToHalf(std::nan("")) & 0x7E00) == 0x7E00);
+  CHECK(DoubleToBFloat16(1.0) == 0x3F80);
+  CHECK(DoubleToBFloat16(1.0 + std::ldexp(1.0, -8)) == 0x3F80);      // tie -> even
+  CHECK(DoubleToBFloat16(1.0 + 3 * std::ldexp(1.0, -8)) == 0x3F82);  // tie -> even
+  CHECK(DoubleToBFloat16(-2.0) == 0xC000);
+  CHECK(DoubleToBFloat16(1e39) == 0x7F80);
+  CHECK(DoubleToBFloat16(std::ldexp(1.0, -133)) == 0x0001);  // smallest subnormal
+  // Against the compiler's float16 and float's bits for bfloat16, over a sweep of values like
+  // the ones the output pass makes (and far beyond).
+  for (int i = -200000; i <= 200000; i += 7) {
+    const double x = i * 0.000731 + (i % 13) * 1e-7;
+    INFO("x = " << x);
+#ifdef __FLT16_MAX__
+    CHECK(HalfToDouble(DoubleToHalf(x)) == static_cast<double>(static_cast<_Float16>(x)));
+#endif
+    ImageOps ops;
+    ops.dtype = OutputDType::kBFloat16;
+    const double b = BFloat16ToDouble(DoubleToBFloat16(x));
+    CHECK(std::abs(b - x) <= std::ldexp(std::abs(x), -8));
+  }
+}
+
+// Decodes jpeg with `ops` in every dtype and layout, normalized or not, and checks every element
+// against Expected() of the uint8 HWC decode of the same image (which the output pass must only
+// convert, never resample differently).
+void CheckOutputPass(const std::vector<uint8_t>& jpeg, const ImageOps& base, int ow, int oh) {
+  ImageDecoder decoder;
+  GuardedImage rgb(ow, oh);
+  REQUIRE(decoder.DecodeRgbInto(jpeg, base, rgb.data(), ow, oh, rgb.stride).ok());
+  for (OutputDType dtype : {OutputDType::kUInt8, OutputDType::kFloat32, OutputDType::kFloat16,
+                            OutputDType::kBFloat16}) {
+    for (OutputLayout layout : {OutputLayout::kNHWC, OutputLayout::kNCHW}) {
+      for (bool normalize : {false, true}) {
+        if (dtype == OutputDType::kUInt8 && normalize) continue;
+        INFO(DTypeName(dtype) << (layout == OutputLayout::kNCHW ? " NCHW" : " NHWC")
+                              << (normalize ? " normalized" : ""));
+        ImageOps ops = base;
+        ops.dtype = dtype;
+        ops.layout = layout;
+        ops.normalize = normalize;
+        ops.mean = {0.485, 0.456, 0.406};
+        ops.stddev = {0.229, 0.224, 0.225};
+        const size_t bytes = OutputImageBytes(ops, ow, oh);
+        REQUIRE(bytes == static_cast<size_t>(ow) * oh * 3 * DTypeSize(dtype));
+        std::vector<uint8_t> out(bytes + 64, 0xA5);
+        REQUIRE(decoder.DecodeInto(jpeg, ops, out.data(), ow, oh).ok());
+        CHECK(std::all_of(out.begin() + bytes, out.end(), [](uint8_t b) { return b == 0xA5; }));
+        int bad = 0;
+        for (int y = 0; y < oh; ++y) {
+          for (int x = 0; x < ow; ++x) {
+            for (int c = 0; c < 3; ++c) {
+              const double got = Element(out.data(), dtype, ElementIndex(layout, ow, oh, x, y, c));
+              if (got != Expected(ops, c, rgb.at(x, y, c)) && ++bad < 5) {
+                INFO("at " << x << "," << y << "," << c << " v " << int(rgb.at(x, y, c)));
+                CHECK(got == Expected(ops, c, rgb.at(x, y, c)));
+              }
+            }
+          }
+        }
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("Output dtypes and layouts hold exactly the converted uint8 pixels") {
+  CheckOutputPass(MakeJpeg(500, 375), ResizeCrop(256, 224), 224, 224);
+  // Padding (a crop larger than the image): padded elements hold the normalized value of 0.
+  CheckOutputPass(MakeJpeg(100, 80), ResizeCrop(0, 121), 121, 121);
+  CheckOutputPass(MakeJpeg(333, 517), ResizeCrop(64, 0), 64, 99);  // not square
+}
+
+TEST_CASE("Output ops are validated") {
+  ImageOps ops = ResizeCrop(256, 224);
+  ops.normalize = true;
+  Status s = ValidateImageOps(ops);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("normalize needs a floating-point output dtype"));
+  ImageDecoder decoder;
+  std::vector<uint8_t> out(224 * 224 * 3);
+  CHECK(decoder.DecodeInto(MakeJpeg(500, 375), ops, out.data(), 224, 224).code() ==
+        StatusCode::kInvalidArgument);
+  ops.dtype = OutputDType::kFloat32;
+  ops.stddev = {1, 0, 1};
+  CHECK_THAT(ValidateImageOps(ops).message(), Catch::Contains("stddev non-zero"));
+  // The strided call writes uint8 NHWC only.
+  ops.stddev = {1, 1, 1};
+  CHECK(decoder.DecodeRgbInto(MakeJpeg(500, 375), ops, out.data(), 224, 224, 224 * 3).code() ==
+        StatusCode::kInvalidArgument);
+}
+
+// ---- random transforms ----
+
+TEST_CASE("SampleSeed and SampleRng are pure functions of their inputs") {
+  CHECK(SampleSeed(1, 2, 3) == SampleSeed(1, 2, 3));
+  std::set<uint64_t> seeds;
+  for (uint64_t job : {0, 1}) {
+    for (uint64_t epoch : {0, 1, 2}) {
+      for (uint64_t index = 0; index < 100; ++index) seeds.insert(SampleSeed(job, epoch, index));
+    }
+  }
+  CHECK(seeds.size() == 600);
+  SampleRng a(42, RandomStream::kResizedCrop), b(42, RandomStream::kResizedCrop);
+  SampleRng other_stream(42, RandomStream::kFlip);
+  int differ = 0;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t x = a.Next();
+    CHECK(x == b.Next());
+    differ += x != other_stream.Next();
+  }
+  CHECK(differ == 100);
+  // Uniform in range, both ends of an integer range reached.
+  SampleRng r(7, RandomStream::kResizedCrop);
+  int lo = 0, hi = 0;
+  double sum = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const double u = r.Uniform(2.0, 3.0);
+    REQUIRE((u >= 2.0 && u < 3.0));
+    sum += u;
+    const int64_t k = r.UniformInt(5, 9);
+    REQUIRE((k >= 5 && k <= 9));
+    lo += k == 5;
+    hi += k == 9;
+  }
+  CHECK(std::abs(sum / 20000 - 2.5) < 0.01);
+  CHECK((lo > 3500 && hi > 3500));
+}
+
+// torchvision's RandomResizedCrop.get_params, transcribed from torchvision/transforms/transforms.py
+// with its torch.empty().uniform_() / torch.randint draws replaced by the same SampleRng calls in
+// the same order (scale, log-ratio; then top, left).
+CropRect TorchvisionGetParams(int width, int height, std::array<double, 2> scale,
+                              std::array<double, 2> ratio, SampleRng& rng) {
+  const double area = static_cast<double>(height) * width;
+  const double log_ratio[2] = {std::log(ratio[0]), std::log(ratio[1])};
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * rng.Uniform(scale[0], scale[1]);
+    const double aspect_ratio = std::exp(rng.Uniform(log_ratio[0], log_ratio[1]));
+    const int w = static_cast<int>(std::nearbyint(std::sqrt(target_area * aspect_ratio)));
+    const int h = static_cast<int>(std::nearbyint(std::sqrt(target_area / aspect_ratio)));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      const int i = static_cast<int>(rng.UniformInt(0, height - h));
+      const int j = static_cast<int>(rng.UniformInt(0, width - w));
+      return {j, i, w, h};
+    }
+  }
+  const double in_ratio = static_cast<double>(width) / height;
+  int w, h;
+  if (in_ratio < std::min(ratio[0], ratio[1])) {
+    w = width;
+    h = static_cast<int>(std::nearbyint(w / std::min(ratio[0], ratio[1])));
+  } else if (in_ratio > std::max(ratio[0], ratio[1])) {
+    h = height;
+    w = static_cast<int>(std::nearbyint(h * std::max(ratio[0], ratio[1])));
+  } else {
+    w = width;
+    h = height;
+  }
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+ImageOps RandomCrop(int size, std::array<double, 2> scale = {0.08, 1.0},
+                    std::array<double, 2> ratio = {3.0 / 4.0, 4.0 / 3.0}) {
+  ImageOps ops;
+  ops.random_crop_height = ops.random_crop_width = size;
+  ops.random_crop_scale = scale;
+  ops.random_crop_ratio = ratio;
+  return ops;
+}
+
+TEST_CASE("PlanRandomResizedCrop follows torchvision's get_params") {
+  for (auto [w, h] : {std::pair{500, 375}, {375, 500}, {64, 48}, {2000, 300}, {1, 1}, {3, 200}}) {
+    INFO("image " << w << "x" << h);
+    const ImageOps ops = RandomCrop(224);
+    std::set<std::pair<int, int>> origins;
+    for (uint64_t seed = 0; seed < 500; ++seed) {
+      SampleRng a(seed, RandomStream::kResizedCrop), b(seed, RandomStream::kResizedCrop);
+      const CropRect r = PlanRandomResizedCrop(ops, w, h, a);
+      const CropRect t = TorchvisionGetParams(w, h, ops.random_crop_scale, ops.random_crop_ratio, b);
+      REQUIRE(r == t);
+      REQUIRE((r.x >= 0 && r.y >= 0 && r.width >= 1 && r.height >= 1));
+      REQUIRE((r.x + r.width <= w && r.y + r.height <= h));
+      origins.insert({r.x, r.y});
+    }
+    if (w >= 64 && h >= 48) CHECK(origins.size() > 100);  // the crops move about
+  }
+  // Every attempt fails: the central fallback, clamped to the ratio range.
+  SampleRng rng(1, RandomStream::kResizedCrop);
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {2.0, 3.0}), 500, 375, rng) ==
+        CropRect{0, 62, 500, 250});
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {0.1, 0.2}), 500, 375, rng) ==
+        CropRect{212, 0, 75, 375});
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {1.0, 1.0}, {1.0, 1.0}), 500, 500, rng) ==
+        CropRect{0, 0, 500, 500});
+}
+
+TEST_CASE("A random resized crop matches the analytic pattern and the reference path") {
+  const int w = 640, h = 480;
+  const std::vector<uint8_t> jpeg = MakeJpeg(w, h);
+  const ImageOps ops = RandomCrop(160);
+  int dct_scaled = 0;
+  for (uint64_t seed = 0; seed < 24; ++seed) {
+    INFO("seed " << seed);
+    for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
+      INFO("path " << PathName(path));
+      ImageDecoder decoder(path);
+      GuardedImage out(160, 160), ref(160, 160);
+      ImageInfo info, ref_info;
+      REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 160, 160, out.stride, seed, &info)
+                  .ok());
+      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), 160, 160, ref.stride, seed,
+                                          &ref_info).ok());
+      CHECK(out.GuardsIntact());
+      SampleRng rng(seed, RandomStream::kResizedCrop);
+      CHECK(info.crop == PlanRandomResizedCrop(ops, w, h, rng));
+      CHECK(ref_info.crop == info.crop);
+      dct_scaled += info.dct_scale > 1;
+      // Output pixel (x, y) shows the crop's point at (x + 0.5) / 160 of its size.
+      const CropRect& r = info.crop;
+      std::vector<double> errors;
+      for (int y = 0; y < 160; ++y) {
+        for (int x = 0; x < 160; ++x) {
+          const double u = (r.x + (x + 0.5) * r.width / 160.0) / w;
+          const double v = (r.y + (y + 0.5) * r.height / 160.0) / h;
+          for (int c = 0; c < 3; ++c) errors.push_back(std::abs(out.at(x, y, c) - Pattern(c, u, v)));
+        }
+      }
+      const ErrorStats a = Stats(errors);
+      const ErrorStats vs_ref = VsImage(out, ref);
+      INFO("crop " << r.x << "," << r.y << " " << r.width << "x" << r.height << " dct 1/"
+                   << info.dct_scale);
+      INFO("vs analytic: mean " << a.mean << " p99 " << a.p99);
+      INFO("vs reference: mean " << vs_ref.mean << " p99 " << vs_ref.p99);
+      CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
+      CHECK(a.p99 <= kMaxP99VsAnalytic);
+      CHECK(vs_ref.mean <= kMaxMeanAbsVsReference);
+      CHECK(vs_ref.p99 <= kMaxP99VsReference);
+    }
+  }
+  CHECK(dct_scaled > 0);  // big crops of a 640x480 image go through DCT scaling
+}
+
+// out mirrored left-right equals ref, element for element (any dtype, either layout).
+bool Mirrored(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const ImageOps& ops,
+              int w, int h) {
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        if (Element(a.data(), ops.dtype, ElementIndex(ops.layout, w, h, x, y, c)) !=
+            Element(b.data(), ops.dtype, ElementIndex(ops.layout, w, h, w - 1 - x, y, c))) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+TEST_CASE("The horizontal flip mirrors the whole output, padding included") {
+  struct Case {
+    int w, h;
+    ImageOps ops;
+    int ow, oh;
+  };
+  ImageOps float_nchw = ResizeCrop(0, 121);
+  float_nchw.dtype = OutputDType::kFloat32;
+  float_nchw.layout = OutputLayout::kNCHW;
+  float_nchw.normalize = true;
+  float_nchw.mean = {0.5, 0.4, 0.3};
+  ImageOps random = RandomCrop(96);
+  random.dtype = OutputDType::kBFloat16;
+  for (const Case& k : {Case{500, 375, ResizeCrop(256, 224), 224, 224},
+                        Case{100, 80, ResizeCrop(0, 121), 121, 121},  // 10 columns padded left, 11 right
+                        Case{100, 80, float_nchw, 121, 121}, Case{300, 200, random, 96, 96}}) {
+    INFO("case " << k.w << "x" << k.h << " -> " << k.ow << "x" << k.oh << " "
+                 << DTypeName(k.ops.dtype));
+    const std::vector<uint8_t> jpeg = MakeJpeg(k.w, k.h);
+    ImageDecoder decoder;
+    ImageOps plain = k.ops, flipped = k.ops;
+    plain.flip_probability = 0;
+    flipped.flip_probability = 1;
+    const size_t bytes = OutputImageBytes(k.ops, k.ow, k.oh);
+    std::vector<uint8_t> a(bytes), b(bytes);
+    ImageInfo ia, ib;
+    REQUIRE(decoder.DecodeInto(jpeg, plain, a.data(), k.ow, k.oh, 5, &ia).ok());
+    REQUIRE(decoder.DecodeInto(jpeg, flipped, b.data(), k.ow, k.oh, 5, &ib).ok());
+    CHECK_FALSE(ia.flipped);
+    CHECK(ib.flipped);
+    CHECK(ia.crop == ib.crop);  // the flip draws from its own stream
+    CHECK(Mirrored(a, b, k.ops, k.ow, k.oh));
+    CHECK(a != b);
+  }
+  // p = 0.5: about half; the pixels agree with what info says.
+  const std::vector<uint8_t> jpeg = MakeJpeg(200, 150);
+  ImageOps half = ResizeCrop(64, 64);
+  half.flip_probability = 0;
+  std::vector<uint8_t> plain(64 * 64 * 3), out(64 * 64 * 3);
+  ImageDecoder decoder;
+  REQUIRE(decoder.DecodeInto(jpeg, half, plain.data(), 64, 64).ok());
+  half.flip_probability = 0.5;
+  int flips = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    ImageInfo info;
+    REQUIRE(decoder.DecodeInto(jpeg, half, out.data(), 64, 64, SampleSeed(3, 0, seed), &info).ok());
+    flips += info.flipped;
+    CHECK((info.flipped ? Mirrored(out, plain, half, 64, 64) : out == plain));
+  }
+  CHECK((flips > 70 && flips < 130));
+}
+
+TEST_CASE("Random transforms repeat for a seed and change with it") {
+  const std::vector<uint8_t> jpeg = MakeJpeg(400, 300);
+  ImageOps ops = RandomCrop(64);
+  ops.flip_probability = 0.5;
+  ops.dtype = OutputDType::kFloat16;
+  ops.layout = OutputLayout::kNCHW;
+  const size_t bytes = OutputImageBytes(ops, 64, 64);
+  std::set<std::vector<uint8_t>> distinct;
+  for (uint64_t epoch = 0; epoch < 4; ++epoch) {
+    std::vector<uint8_t> a(bytes), b(bytes);
+    ImageDecoder one, two;
+    const uint64_t seed = SampleSeed(11, epoch, 7);
+    REQUIRE(one.DecodeInto(jpeg, ops, a.data(), 64, 64, seed).ok());
+    // A decoder that has seen other images and sizes gives the same bytes.
+    std::vector<uint8_t> other(OutputImageBytes(ops, 64, 64));
+    REQUIRE(two.DecodeInto(MakeJpeg(90, 700), ops, other.data(), 64, 64, seed + 1).ok());
+    REQUIRE(two.DecodeInto(jpeg, ops, b.data(), 64, 64, seed).ok());
+    CHECK(a == b);
+    distinct.insert(a);
+  }
+  CHECK(distinct.size() == 4);
+}
+
+// ---- one conformance suite for every decoder: JPEG (libjpeg-turbo) and the FFmpeg formats ----
+//
+// Each case is a real file encoded here (libjpeg-turbo for JPEG, FFmpeg's encoders for the rest)
+// from a known source image, and every case goes through the same checks: format detection and
+// header size, an identity decode against the source samples, resize + crop against the analytic
+// pattern and the reference path, a random crop + flip into float NCHW against the reference
+// path, truncation and corruption, and the pixel-count guard.
+
+// 16-bit version of the pattern (the same function at 16-bit precision).
+std::vector<uint8_t> MakePattern16(int w, int h, int channels) {
+  std::vector<uint8_t> out(static_cast<size_t>(w) * h * channels * 2);
+  auto* px = reinterpret_cast<uint16_t*>(out.data());
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < channels; ++c) {
+        const double v = channels == 1 ? 0.299 * Pattern(0, (x + 0.5) / w, (y + 0.5) / h) +
+                                             0.587 * Pattern(1, (x + 0.5) / w, (y + 0.5) / h) +
+                                             0.114 * Pattern(2, (x + 0.5) / w, (y + 0.5) / h)
+                                       : Pattern(c, (x + 0.5) / w, (y + 0.5) / h);
+        px[(static_cast<size_t>(y) * w + x) * channels + c] =
+            static_cast<uint16_t>(std::clamp(std::lround(v * 257), 0L, 65535L));
+      }
+    }
+  }
+  return out;
+}
+
+// An alpha ramp across the image (0 at the left, 255 at the right).
+uint8_t AlphaAt(int x, int w) { return static_cast<uint8_t>(x * 255 / std::max(w - 1, 1)); }
+
+// The 8-bit RGB a decoder must give for `raw` at identity (alpha dropped, or composited over bg).
+std::vector<uint8_t> ExpectedRgb(const RawImage& raw, bool composite, std::array<uint8_t, 3> bg) {
+  const size_t n = static_cast<size_t>(raw.width) * raw.height;
+  std::vector<uint8_t> rgb(n * 3);
+  const auto* u16 = reinterpret_cast<const uint16_t*>(raw.data.data());
+  for (size_t i = 0; i < n; ++i) {
+    int r = 0, g = 0, b = 0, a = 255;
+    switch (raw.pixels) {
+      case RawPixels::kRgb24: r = raw.data[3 * i], g = raw.data[3 * i + 1], b = raw.data[3 * i + 2]; break;
+      case RawPixels::kRgba:
+        r = raw.data[4 * i], g = raw.data[4 * i + 1], b = raw.data[4 * i + 2], a = raw.data[4 * i + 3];
+        break;
+      case RawPixels::kGray8: r = g = b = raw.data[i]; break;
+      case RawPixels::kGrayAlpha8: r = g = b = raw.data[2 * i], a = raw.data[2 * i + 1]; break;
+      case RawPixels::kRgb48:
+        r = (u16[3 * i] + 128) / 257, g = (u16[3 * i + 1] + 128) / 257, b = (u16[3 * i + 2] + 128) / 257;
+        break;
+      case RawPixels::kRgba64:
+        r = (u16[4 * i] + 128) / 257, g = (u16[4 * i + 1] + 128) / 257, b = (u16[4 * i + 2] + 128) / 257;
+        a = (u16[4 * i + 3] + 128) / 257;
+        break;
+      case RawPixels::kGray16: r = g = b = (u16[i] + 128) / 257; break;
+      case RawPixels::kPal8: {
+        const uint32_t e = raw.palette[raw.data[i]];
+        r = (e >> 16) & 0xFF, g = (e >> 8) & 0xFF, b = e & 0xFF, a = e >> 24;
+        break;
+      }
+    }
+    const int v[3] = {r, g, b};
+    for (int c = 0; c < 3; ++c) {
+      rgb[3 * i + c] = static_cast<uint8_t>(composite ? (a * v[c] + (255 - a) * bg[c] + 127) / 255 : v[c]);
+    }
+  }
+  return rgb;
+}
+
+RawImage MakeRaw(RawPixels kind, int w, int h) {
+  RawImage raw;
+  raw.pixels = kind;
+  raw.width = w;
+  raw.height = h;
+  const std::vector<uint8_t> rgb = MakePattern(w, h);
+  const size_t n = static_cast<size_t>(w) * h;
+  auto gray = [&](size_t i) {
+    return static_cast<uint8_t>(
+        std::lround(0.299 * rgb[3 * i] + 0.587 * rgb[3 * i + 1] + 0.114 * rgb[3 * i + 2]));
+  };
+  switch (kind) {
+    case RawPixels::kRgb24: raw.data = rgb; break;
+    case RawPixels::kRgba:
+      for (size_t i = 0; i < n; ++i) {
+        raw.data.insert(raw.data.end(), {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2],
+                                         AlphaAt(static_cast<int>(i % w), w)});
+      }
+      break;
+    case RawPixels::kGray8:
+      for (size_t i = 0; i < n; ++i) raw.data.push_back(gray(i));
+      break;
+    case RawPixels::kGrayAlpha8:
+      for (size_t i = 0; i < n; ++i) raw.data.insert(raw.data.end(), {gray(i), AlphaAt(static_cast<int>(i % w), w)});
+      break;
+    case RawPixels::kRgb48: raw.data = MakePattern16(w, h, 3); break;
+    case RawPixels::kGray16: raw.data = MakePattern16(w, h, 1); break;
+    case RawPixels::kRgba64: {
+      const std::vector<uint8_t> p = MakePattern16(w, h, 3);
+      const auto* s = reinterpret_cast<const uint16_t*>(p.data());
+      raw.data.resize(n * 8);
+      auto* d = reinterpret_cast<uint16_t*>(raw.data.data());
+      for (size_t i = 0; i < n; ++i) {
+        d[4 * i] = s[3 * i], d[4 * i + 1] = s[3 * i + 1], d[4 * i + 2] = s[3 * i + 2];
+        d[4 * i + 3] = static_cast<uint16_t>(AlphaAt(static_cast<int>(i % w), w) * 257);
+      }
+      break;
+    }
+    case RawPixels::kPal8: {
+      // A 6 x 7 x 6 colour cube (252 entries): the pattern quantised to its nearest entry.
+      for (int r = 0; r < 6; ++r) {
+        for (int g = 0; g < 7; ++g) {
+          for (int b = 0; b < 6; ++b) {
+            raw.palette.push_back(0xFF000000u | (uint32_t(r * 51) << 16) | (uint32_t(g * 255 / 6) << 8) |
+                                  uint32_t(b * 51));
+          }
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const int r = (rgb[3 * i] * 5 + 127) / 255, g = (rgb[3 * i + 1] * 6 + 127) / 255,
+                  b = (rgb[3 * i + 2] * 5 + 127) / 255;
+        raw.data.push_back(static_cast<uint8_t>((r * 7 + g) * 6 + b));
+      }
+      break;
+    }
+  }
+  return raw;
+}
+
+struct FormatCase {
+  std::string name;
+  ImageFormat format;
+  RawPixels pixels;
+  EncodeOptions options;
+  // Identity decode against the source samples (8-bit): the largest and the mean absolute error.
+  int max_identity_error;
+  double mean_identity_error;
+  // The source is the analytic pattern (false: quantised to a palette, or gray).
+  bool analytic;
+  AlphaMode alpha = AlphaMode::kDrop;
+  // Added to the budget against the reference path. JPEG: the fast path decodes YUV planes,
+  // DCT-scaled, where the reference decodes RGB at full size (measured worst here 1.14 mean,
+  // 4 p99, for a 96x96 random crop of a 320x240 image). Palette images: their colours step by up
+  // to 51 levels from pixel to pixel, and the fast path's source window, rounded to whole
+  // pixels, sits up to half a source pixel off the reference's whole-image resize (measured
+  // worst 0.23 mean, 7 p99); smooth images hide the same offset.
+  double reference_mean_slack = 0;
+  double reference_p99_slack = 0;
+};
+
+// Tolerances, per format. Lossless formats decode exactly (16-bit sources: within one level of
+// the 8-bit rounding, swscale's 16 -> 8 conversion); lossy ones within their codec's error on
+// this smooth pattern: JPEG at quality 95 (4:2:0), WebP at quality 90 (4:2:0, limited-range
+// BT.601, its own RGB -> YUV conversion). Resized output is held to the JPEG error budget
+// against the analytic pattern (plus the codec's own mean error for lossy formats) and to the
+// reference budget against the reference path.
+std::vector<FormatCase> FormatCases() {
+  EncodeOptions q95;
+  q95.quality = 95;
+  EncodeOptions lossless;
+  lossless.lossless = true;
+  return {
+      {"JPEG 4:2:0 q95", ImageFormat::kJpeg, RawPixels::kRgb24, q95, 12, 1.5, true,
+       AlphaMode::kDrop, 0.6, 1.5},
+      {"JPEG gray", ImageFormat::kJpeg, RawPixels::kGray8, q95, 3, 0.5, false, AlphaMode::kDrop,
+       0.6, 1.5},
+      {"PNG RGB", ImageFormat::kPng, RawPixels::kRgb24, {}, 0, 0, true},
+      {"PNG RGBA, alpha dropped", ImageFormat::kPng, RawPixels::kRgba, {}, 0, 0, true},
+      {"PNG RGBA, composited", ImageFormat::kPng, RawPixels::kRgba, {}, 1, 0.01, false,
+       AlphaMode::kComposite},
+      {"PNG gray", ImageFormat::kPng, RawPixels::kGray8, {}, 0, 0, false},
+      {"PNG gray + alpha", ImageFormat::kPng, RawPixels::kGrayAlpha8, {}, 0, 0, false},
+      {"PNG 16-bit RGB", ImageFormat::kPng, RawPixels::kRgb48, {}, 1, 0.6, true},
+      {"PNG 16-bit RGBA, composited", ImageFormat::kPng, RawPixels::kRgba64, {}, 2, 0.5, false,
+       AlphaMode::kComposite},
+      {"PNG 16-bit gray", ImageFormat::kPng, RawPixels::kGray16, {}, 1, 0.6, false},
+      {"PNG palette", ImageFormat::kPng, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
+      {"WebP lossless", ImageFormat::kWebp, RawPixels::kRgb24, lossless, 0, 0, true},
+      {"WebP lossy q90", ImageFormat::kWebp, RawPixels::kRgb24, {}, 24, 2.0, true},
+      {"WebP lossy RGBA, alpha dropped", ImageFormat::kWebp, RawPixels::kRgba, {}, 24, 2.0, true},
+      {"BMP RGB", ImageFormat::kBmp, RawPixels::kRgb24, {}, 0, 0, true},
+      {"BMP palette", ImageFormat::kBmp, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
+      {"TIFF RGB", ImageFormat::kTiff, RawPixels::kRgb24, {}, 0, 0, true},
+      {"TIFF RGBA, composited", ImageFormat::kTiff, RawPixels::kRgba, {}, 1, 0.01, false,
+       AlphaMode::kComposite},
+      {"TIFF 16-bit RGB", ImageFormat::kTiff, RawPixels::kRgb48, {}, 1, 0.6, true},
+      {"TIFF gray", ImageFormat::kTiff, RawPixels::kGray8, {}, 0, 0, false},
+      {"GIF palette", ImageFormat::kGif, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
+      {"GIF gray", ImageFormat::kGif, RawPixels::kGray8, {}, 0, 0, false},
+  };
+}
+
+constexpr std::array<uint8_t, 3> kBackground = {40, 200, 90};
+
+// Encodes a case's source at w x h; empty (with a warning) when this FFmpeg has no encoder.
+std::vector<uint8_t> EncodeCase(const FormatCase& fc, const RawImage& raw) {
+  Result<std::vector<uint8_t>> bytes = EncodeImage(fc.format, raw, fc.options);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kFailedPrecondition) {
+    WARN(fc.name << ": skipped, " << bytes.status().message());
+    return {};
+  }
+  INFO(fc.name << ": " << bytes.status().ToString());
+  REQUIRE(bytes.ok());
+  return std::move(bytes).value();
+}
+
+ImageOps WithAlpha(ImageOps ops, const FormatCase& fc) {
+  ops.alpha = fc.alpha;
+  ops.background = kBackground;
+  return ops;
+}
+
+TEST_CASE("Conformance: every format is detected, sized and decoded exactly at identity") {
+  const int w = 123, h = 77;  // odd sizes: odd chroma planes, BMP row padding
+  for (const FormatCase& fc : FormatCases()) {
+    INFO(fc.name);
+    const RawImage raw = MakeRaw(fc.pixels, w, h);
+    const std::vector<uint8_t> file = EncodeCase(fc, raw);
+    if (file.empty()) continue;
+    CHECK(SniffImageFormat(file) == fc.format);
+    if (fc.format != ImageFormat::kJpeg) {
+      int fw = 0, fh = 0;
+      REQUIRE(ReadImageSize(fc.format, file, &fw, &fh).ok());
+      CHECK((fw == w && fh == h));
+    }
+    const ImageOps ops = WithAlpha(ImageOps{}, fc);
+    GuardedImage out(w, h);
+    ImageInfo info;
+    ImageDecoder decoder;
+    const Status s = decoder.DecodeRgbInto(file, ops, out.data(), w, h, out.stride, 0, &info);
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(info.format == fc.format);
+    CHECK((info.width == w && info.height == h));
+    CHECK(out.GuardsIntact());
+    std::vector<uint8_t> want = ExpectedRgb(raw, fc.alpha == AlphaMode::kComposite, kBackground);
+    if (fc.format == ImageFormat::kJpeg && fc.pixels == RawPixels::kGray8) {
+      // A gray JPEG stores the gray values: the same expectation.
+    }
+    std::vector<double> errors;
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        for (int c = 0; c < 3; ++c) {
+          errors.push_back(std::abs(out.at(x, y, c) - want[(static_cast<size_t>(y) * w + x) * 3 + c]));
+        }
+      }
+    }
+    const ErrorStats e = Stats(errors);
+    double bias = 0;
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        for (int c = 0; c < 3; ++c) bias += out.at(x, y, c) - want[(static_cast<size_t>(y) * w + x) * 3 + c];
+      }
+    }
+    bias /= 3.0 * w * h;
+    INFO("identity vs source: mean " << e.mean << " max " << e.max << " bias " << bias);
+    CHECK(e.max <= fc.max_identity_error);
+    CHECK(e.mean <= fc.mean_identity_error);
+    // The reference path decodes the same pixels at identity.
+    GuardedImage ref(w, h);
+    REQUIRE(decoder.ReferenceDecodeInto(file, ops, ref.data(), w, h, ref.stride).ok());
+    if (fc.format != ImageFormat::kJpeg) CHECK(SamePixels(out, ref));
+  }
+}
+
+TEST_CASE("Conformance: resize + crop and random crop + flip, against the pattern and the reference") {
+  const int w = 320, h = 240;
+  for (const FormatCase& fc : FormatCases()) {
+    INFO(fc.name);
+    const RawImage raw = MakeRaw(fc.pixels, w, h);
+    const std::vector<uint8_t> file = EncodeCase(fc, raw);
+    if (file.empty()) continue;
+    ImageDecoder decoder;
+    // Resize 256 + center crop 224; and an exact size with an odd window and padding.
+    for (const ImageOps& geometry : {ResizeCrop(256, 224), ResizeCrop(113, 127)}) {
+      const ImageOps ops = WithAlpha(geometry, fc);
+      int ow, oh;
+      OutputSize(ops, w, h, &ow, &oh);
+      INFO("output " << ow << "x" << oh);
+      GuardedImage out(ow, oh), ref(ow, oh);
+      REQUIRE(decoder.DecodeRgbInto(file, ops, out.data(), ow, oh, out.stride).ok());
+      REQUIRE(decoder.ReferenceDecodeInto(file, ops, ref.data(), ow, oh, ref.stride).ok());
+      CHECK(out.GuardsIntact());
+      const ErrorStats r = VsImage(out, ref);
+      INFO("vs reference: mean " << r.mean << " p99 " << r.p99);
+      CHECK(r.mean <= kMaxMeanAbsVsReference + fc.reference_mean_slack);
+      CHECK(r.p99 <= kMaxP99VsReference + fc.reference_p99_slack);
+      if (fc.analytic && fc.alpha == AlphaMode::kDrop) {
+        const ErrorStats a = VsAnalytic(out, TorchvisionGeometry(w, h, geometry.resize_shorter,
+                                                                 geometry.crop_width));
+        INFO("vs analytic: mean " << a.mean << " p99 " << a.p99);
+        CHECK(a.mean <= kMaxMeanAbsVsAnalytic + fc.mean_identity_error);
+        CHECK(a.p99 <= kMaxP99VsAnalytic + fc.max_identity_error / 2.0);
+      }
+    }
+    // Random resized crop + flip into normalized float NCHW, against the reference path's uint8.
+    ImageOps rnd = WithAlpha(RandomCrop(96), fc);
+    rnd.flip_probability = 0.5;
+    ImageOps f32 = rnd;
+    f32.dtype = OutputDType::kFloat32;
+    f32.layout = OutputLayout::kNCHW;
+    f32.normalize = true;
+    f32.mean = {0.485, 0.456, 0.406};
+    f32.stddev = {0.229, 0.224, 0.225};
+    for (uint64_t seed : {1, 2, 3}) {
+      INFO("seed " << seed);
+      GuardedImage ref(96, 96);
+      REQUIRE(decoder.ReferenceDecodeInto(file, rnd, ref.data(), 96, 96, ref.stride, seed).ok());
+      std::vector<uint8_t> out(OutputImageBytes(f32, 96, 96));
+      REQUIRE(decoder.DecodeInto(file, f32, out.data(), 96, 96, seed).ok());
+      std::vector<double> errors;  // in 8-bit levels
+      for (int y = 0; y < 96; ++y) {
+        for (int x = 0; x < 96; ++x) {
+          for (int c = 0; c < 3; ++c) {
+            const double v = Element(out.data(), OutputDType::kFloat32,
+                                     ElementIndex(OutputLayout::kNCHW, 96, 96, x, y, c));
+            const double level = (v * f32.stddev[c] + f32.mean[c]) * 255;
+            errors.push_back(std::abs(level - ref.at(x, y, c)));
+          }
+        }
+      }
+      const ErrorStats e = Stats(errors);
+      INFO("float NCHW vs reference uint8: mean " << e.mean << " p99 " << e.p99);
+      CHECK(e.mean <= kMaxMeanAbsVsReference + fc.reference_mean_slack);
+      CHECK(e.p99 <= kMaxP99VsReference + fc.reference_p99_slack + 1e-4);
+    }
+  }
+}
+
+// Rewrites the size in a file's header to w x h (the file's pixels stay as they were).
+std::vector<uint8_t> PatchSize(ImageFormat f, std::vector<uint8_t> b, uint32_t w, uint32_t h) {
+  auto be32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(v >> (24 - 8 * i));
+  };
+  auto le = [&](size_t at, uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  switch (f) {
+    case ImageFormat::kJpeg: return PatchFrameSize(std::move(b), static_cast<int>(w), static_cast<int>(h));
+    case ImageFormat::kPng: be32(16, w), be32(20, h); break;
+    case ImageFormat::kGif: le(6, w, 2), le(8, h, 2); break;
+    case ImageFormat::kBmp: le(18, w, 4), le(22, h, 4); break;
+    case ImageFormat::kWebp:
+      if (b[15] == 'L') le(21, (w - 1) | ((h - 1) << 14) | (b[24] & 0xF0u) << 24, 4);
+      else if (b[15] == ' ') le(26, w, 2), le(28, h, 2);
+      else le(24, w - 1, 3), le(27, h - 1, 3);
+      break;
+    case ImageFormat::kTiff: {
+      // Little-endian (FFmpeg writes II): ImageWidth / ImageLength entries as LONG.
+      uint32_t ifd = b[4] | b[5] << 8 | b[6] << 16 | uint32_t(b[7]) << 24;
+      const int entries = b[ifd] | b[ifd + 1] << 8;
+      for (int i = 0; i < entries; ++i) {
+        const size_t e = ifd + 2 + 12 * i;
+        const int tag = b[e] | b[e + 1] << 8;
+        if (tag == 256 || tag == 257) {
+          le(e + 2, 4, 2);
+          le(e + 8, tag == 256 ? w : h, 4);
+        }
+      }
+      break;
+    }
+    case ImageFormat::kUnknown: break;
+  }
+  return b;
+}
+
+TEST_CASE("Conformance: truncated and corrupt files are kDataLoss, never a crash and bombs are refused") {
+  const int w = 160, h = 120;
+  std::set<ImageFormat> formats_seen;
+  for (const FormatCase& fc : FormatCases()) {
+    INFO(fc.name);
+    const RawImage raw = MakeRaw(fc.pixels, w, h);
+    const std::vector<uint8_t> file = EncodeCase(fc, raw);
+    if (file.empty()) continue;
+    const ImageOps ops = WithAlpha(ResizeCrop(64, 56), fc);
+    ImageDecoder decoder;
+    GuardedImage out(56, 56);
+    auto decode = [&](const std::vector<uint8_t>& bytes, ImageOps o = {}) {
+      if (o.resize_shorter == 0) o = ops;
+      return decoder.DecodeRgbInto(bytes, o, out.data(), 56, 56, out.stride);
+    };
+    REQUIRE(decode(file).ok());
+    // Cut anywhere before the end of the pixel data: refused. (A cut that loses only trailing
+    // metadata, e.g. a PNG's IEND chunk, may decode.)
+    for (double frac : {0.002, 0.02, 0.1, 0.3, 0.6, 0.85}) {
+      INFO("truncated to " << frac << " of " << file.size() << " bytes");
+      const std::vector<uint8_t> cut(file.begin(), file.begin() + static_cast<ptrdiff_t>(file.size() * frac));
+      const Status s = decode(cut);
+      CHECK(s.code() == StatusCode::kDataLoss);
+      CHECK(decode(file).ok());  // and the decoder still works
+    }
+    // Flipped bytes: decoded (garbage) or refused, never a crash, never outside the buffer.
+    for (size_t at = file.size() / 5; at + 1 < file.size(); at += file.size() / 9 + 1) {
+      std::vector<uint8_t> bad = file;
+      bad[at] ^= 0x5A;
+      bad[at + 1] ^= 0xFF;
+      const Status s = decode(bad);
+      CHECK((s.ok() || s.code() == StatusCode::kDataLoss || s.code() == StatusCode::kResourceExhausted));
+      CHECK(out.GuardsIntact());
+    }
+    CHECK(decode(file).ok());
+    // The pixel-count guard, from the header, in every format.
+    if (formats_seen.insert(fc.format).second) {
+      ImageOps small = ops;
+      small.max_pixels = int64_t{w} * h - 1;
+      Status s = decode(file, small);
+      CHECK(s.code() == StatusCode::kResourceExhausted);
+      CHECK_THAT(s.message(), Catch::Contains("160x120"));
+      // WebP sizes have 14 bits (16383 at most): 16383 x 16383 is 268 Mpixel, over the limit.
+      const uint32_t side = fc.format == ImageFormat::kWebp ? 16383 : 60000;
+      const std::vector<uint8_t> bomb = PatchSize(fc.format, file, side, side);
+      ImageInfo info;
+      const auto start = std::chrono::steady_clock::now();
+      s = decoder.DecodeRgbInto(bomb, ops, out.data(), 56, 56, out.stride, 0, &info);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      INFO(s.ToString());
+      CHECK(s.code() == StatusCode::kResourceExhausted);
+      CHECK((info.width == int(side) && info.height == int(side)));
+      CHECK(ms < 50);
+      CHECK(decode(file).ok());
+    }
+  }
+  CHECK(formats_seen.size() >= 5);  // WebP may be missing from a build without libwebp
+}
+
+TEST_CASE("Formats are told by their bytes, not their names and unknown data is kDataLoss") {
+  CHECK(SniffImageFormat(std::vector<uint8_t>{}) == ImageFormat::kUnknown);
+  CHECK(SniffImageFormat(std::vector<uint8_t>{'B', 'M', 0, 0}) == ImageFormat::kUnknown);  // too short
+  CHECK(SniffImageFormat(std::vector<uint8_t>{'G', 'I', 'F', '8', '9', 'a'}) == ImageFormat::kGif);
+  CHECK(SniffImageFormat(std::vector<uint8_t>{'M', 'M', 0, 42}) == ImageFormat::kTiff);
+  CHECK(std::string(ImageFormatName(ImageFormat::kWebp)) == "WebP");
+  ImageDecoder decoder;
+  GuardedImage out(8, 8);
+  const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
+  Status s = decoder.DecodeRgbInto(text, ResizeCrop(8, 8), out.data(), 8, 8, out.stride);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Contains("unrecognised image data"));
+  CHECK(decoder.DecodeRgbInto({}, ResizeCrop(8, 8), out.data(), 8, 8, out.stride).code() ==
+        StatusCode::kDataLoss);
+  // DecodeJpegInto takes JPEG only.
+  Result<std::vector<uint8_t>> png = EncodeImage(ImageFormat::kPng, MakeRaw(RawPixels::kRgb24, 20, 20));
+  REQUIRE(png.ok());
+  s = decoder.DecodeJpegInto(*png, ResizeCrop(8, 8), out.data(), 8, 8, out.stride);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK_THAT(s.message(), Catch::Contains("not a JPEG (PNG data)"));
+  CHECK(decoder.DecodeRgbInto(*png, ResizeCrop(8, 8), out.data(), 8, 8, out.stride).ok());
+}
+
+// ---- EXIF orientation ----
+
+// An APP1 Exif segment holding one IFD0 entry: Orientation = tag, in either byte order.
+std::vector<uint8_t> ExifSegment(int tag, bool big_endian) {
+  std::vector<uint8_t> tiff;
+  auto u16 = [&](uint32_t v) {
+    if (big_endian) tiff.insert(tiff.end(), {uint8_t(v >> 8), uint8_t(v)});
+    else tiff.insert(tiff.end(), {uint8_t(v), uint8_t(v >> 8)});
+  };
+  auto u32 = [&](uint32_t v) {
+    if (big_endian) {
+      u16(v >> 16);
+      u16(v & 0xFFFF);
+    } else {
+      u16(v & 0xFFFF);
+      u16(v >> 16);
+    }
+  };
+  tiff.insert(tiff.end(), big_endian ? std::initializer_list<uint8_t>{'M', 'M'}
+                                     : std::initializer_list<uint8_t>{'I', 'I'});
+  u16(42);
+  u32(8);   // IFD0 right after the header
+  u16(2);   // two entries: a harmless one first
+  u16(0x010F), u16(2), u32(4), u32(0x41424300);  // Make = "ABC"
+  u16(0x0112), u16(3), u32(1), u16(static_cast<uint32_t>(tag)), u16(0);
+  u32(0);   // no next IFD
+  std::vector<uint8_t> seg = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
+  seg.insert(seg.end(), tiff.begin(), tiff.end());
+  const size_t len = seg.size() - 2;
+  seg[2] = static_cast<uint8_t>(len >> 8);
+  seg[3] = static_cast<uint8_t>(len);
+  return seg;
+}
+
+// `jpeg` with `segment` inserted right after SOI.
+std::vector<uint8_t> WithSegment(const std::vector<uint8_t>& jpeg, const std::vector<uint8_t>& segment) {
+  std::vector<uint8_t> out(jpeg.begin(), jpeg.begin() + 2);
+  out.insert(out.end(), segment.begin(), segment.end());
+  out.insert(out.end(), jpeg.begin() + 2, jpeg.end());
+  return out;
+}
+
+// A JPEG whose stored pixels, turned upright by EXIF Orientation `tag`, show the pattern at
+// w x h: each displayed pixel (x, y) is stored where the orientation reads it from.
+std::vector<uint8_t> MakeOrientedJpeg(int w, int h, int tag, bool big_endian = false) {
+  const std::vector<uint8_t> display = MakePattern(w, h);
+  const Orientation o = OrientationFromExif(tag);
+  const int sw = o.transpose ? h : w, sh = o.transpose ? w : h;
+  std::vector<uint8_t> stored(display.size());
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      const int u = o.transpose ? y : x, v = o.transpose ? x : y;
+      const int sx = o.flip_x ? sw - 1 - u : u, sy = o.flip_y ? sh - 1 - v : v;
+      std::memcpy(&stored[(static_cast<size_t>(sy) * sw + sx) * 3],
+                  &display[(static_cast<size_t>(y) * w + x) * 3], 3);
+    }
+  }
+  Result<std::vector<uint8_t>> jpeg = EncodeJpeg(stored.data(), sw, sh, 95, ChromaSubsampling::k444);
+  REQUIRE(jpeg.ok());
+  return WithSegment(*jpeg, ExifSegment(tag, big_endian));
+}
+
+TEST_CASE("EXIF Orientation is read from the APP1 segment, defensively") {
+  const std::vector<uint8_t> plain = MakeJpeg(40, 30);
+  CHECK(ReadJpegExifOrientation(plain) == 1);
+  for (int tag = 1; tag <= 8; ++tag) {
+    for (bool be : {false, true}) {
+      CHECK(ReadJpegExifOrientation(WithSegment(plain, ExifSegment(tag, be))) == tag);
+    }
+  }
+  CHECK(ReadJpegExifOrientation(WithSegment(plain, ExifSegment(9, false))) == 1);  // out of range
+  // Cut anywhere inside the segment, or with lengths and offsets pointing outside: never a crash.
+  const std::vector<uint8_t> with = WithSegment(plain, ExifSegment(6, true));
+  for (size_t n = 0; n < 60; ++n) {
+    const std::vector<uint8_t> cut(with.begin(), with.begin() + static_cast<ptrdiff_t>(n));
+    const int t = ReadJpegExifOrientation(cut);
+    CHECK((t == 1 || t == 6));
+  }
+  for (size_t at = 4; at < 50; ++at) {
+    for (uint8_t v : {uint8_t{0x00}, uint8_t{0xFF}, uint8_t{0x7F}}) {
+      std::vector<uint8_t> bad = with;
+      bad[at] = v;
+      const int t = ReadJpegExifOrientation(bad);
+      CHECK((t >= 1 && t <= 8));
+    }
+  }
+  // Dimensions of the transforms: 5..8 swap width and height.
+  for (int tag = 1; tag <= 8; ++tag) CHECK(OrientationFromExif(tag).transpose == (tag >= 5));
+}
+
+TEST_CASE("EXIF orientation turns JPEGs upright before the geometry") {
+  const int w = 360, h = 240;  // as displayed
+  for (int tag = 1; tag <= 8; ++tag) {
+    INFO("orientation " << tag);
+    const std::vector<uint8_t> jpeg = MakeOrientedJpeg(w, h, tag, tag % 2 == 0);
+    ImageOps ops = ResizeCrop(128, 112);
+    ops.exif_orientation = true;
+    ImageDecoder decoder;
+    for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
+      INFO("path " << PathName(path));
+      ImageDecoder d(path);
+      GuardedImage out(112, 112), ref(112, 112);
+      ImageInfo info;
+      REQUIRE(d.DecodeRgbInto(jpeg, ops, out.data(), 112, 112, out.stride, 0, &info).ok());
+      CHECK(info.orientation == tag);
+      CHECK(info.width == (tag >= 5 ? h : w));  // the stored size
+      REQUIRE(d.ReferenceDecodeInto(jpeg, ops, ref.data(), 112, 112, ref.stride).ok());
+      const ErrorStats a = VsAnalytic(out, TorchvisionGeometry(w, h, 128, 112));
+      const ErrorStats ra = VsAnalytic(ref, TorchvisionGeometry(w, h, 128, 112));
+      const ErrorStats r = VsImage(out, ref);
+      INFO("vs analytic: mean " << a.mean << " p99 " << a.p99 << "; reference vs analytic: mean "
+                                << ra.mean << "; vs reference: mean " << r.mean << " p99 " << r.p99);
+      CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
+      CHECK(a.p99 <= kMaxP99VsAnalytic);
+      CHECK(ra.mean <= kMaxMeanAbsVsAnalytic);
+      CHECK(r.mean <= kMaxMeanAbsVsReference);
+      CHECK(r.p99 <= kMaxP99VsReference);
+    }
+    // Identity: the upright size comes out (the stored one is refused as the wrong size).
+    ImageOps identity;
+    identity.exif_orientation = true;
+    GuardedImage full(w, h);
+    REQUIRE(decoder.DecodeRgbInto(jpeg, identity, full.data(), w, h, full.stride).ok());
+    const ErrorStats a = VsAnalytic(full, Geometry{w, h, w, h, 0, 0});
+    INFO("identity vs analytic: mean " << a.mean << " p99 " << a.p99);
+    CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
+    if (tag >= 5) {
+      identity.exif_orientation = false;
+      CHECK(decoder.DecodeRgbInto(jpeg, identity, full.data(), w, h, full.stride).code() ==
+            StatusCode::kInvalidArgument);
+    }
+    // Random crop + flip, float NCHW: the crop is drawn in the upright image.
+    ImageOps rnd = RandomCrop(64);
+    rnd.exif_orientation = true;
+    rnd.flip_probability = 1;
+    rnd.dtype = OutputDType::kFloat32;
+    rnd.layout = OutputLayout::kNCHW;
+    std::vector<uint8_t> f32(OutputImageBytes(rnd, 64, 64));
+    ImageInfo info;
+    REQUIRE(decoder.DecodeInto(jpeg, rnd, f32.data(), 64, 64, 9, &info).ok());
+    SampleRng rng(9, RandomStream::kResizedCrop);
+    CHECK(info.crop == PlanRandomResizedCrop(rnd, w, h, rng));
+    std::vector<double> errors;
+    const CropRect& c = info.crop;
+    for (int y = 0; y < 64; ++y) {
+      for (int x = 0; x < 64; ++x) {
+        const double u = (c.x + (63 - x + 0.5) * c.width / 64.0) / w;  // flipped
+        const double v = (c.y + (y + 0.5) * c.height / 64.0) / h;
+        for (int ch = 0; ch < 3; ++ch) {
+          const double got = Element(f32.data(), OutputDType::kFloat32,
+                                     ElementIndex(OutputLayout::kNCHW, 64, 64, x, y, ch));
+          errors.push_back(std::abs(got * 255 - Pattern(ch, u, v)));
+        }
+      }
+    }
+    const ErrorStats e = Stats(errors);
+    INFO("random crop + flip vs analytic: mean " << e.mean << " p99 " << e.p99);
+    CHECK(e.mean <= kMaxMeanAbsVsAnalytic);
+    CHECK(e.p99 <= kMaxP99VsAnalytic);
+  }
 }
 
 // ---- informational throughput (hidden: run with `media_test [.bench]`) ----

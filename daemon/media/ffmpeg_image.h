@@ -1,0 +1,68 @@
+// FfmpegImageDecoder: one still image (PNG, GIF's first frame, BMP, TIFF, WebP) decoded from
+// memory by libavcodec into an AVFrame, in whatever pixel format the codec gives (RGB24, RGBA,
+// PAL8, GRAY8, RGB48BE, YUV420P, ...); the caller resamples it with swscale.
+//
+// Internal to media/. Not thread-safe: each ImageDecoder (one per worker thread) owns one. It
+// keeps an open codec context per format, a packet and a frame between calls; after any decode
+// error the context is dropped and a fresh one opened on the next call, so one corrupt file can
+// leave no state behind.
+#pragma once
+
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavutil/frame.h>
+}
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "media/image_format.h"
+
+namespace spdl::media {
+
+struct AvCodecContextDeleter {
+  void operator()(AVCodecContext* c) const noexcept { avcodec_free_context(&c); }
+};
+struct AvFrameDeleter {
+  void operator()(AVFrame* f) const noexcept { av_frame_free(&f); }
+};
+struct AvPacketDeleter {
+  void operator()(AVPacket* p) const noexcept { av_packet_free(&p); }
+};
+using AvCodecContextPtr = std::unique_ptr<AVCodecContext, AvCodecContextDeleter>;
+using AvFramePtr = std::unique_ptr<AVFrame, AvFrameDeleter>;
+using AvPacketPtr = std::unique_ptr<AVPacket, AvPacketDeleter>;
+
+class FfmpegImageDecoder {
+ public:
+  FfmpegImageDecoder() = default;
+  FfmpegImageDecoder(FfmpegImageDecoder&&) noexcept = default;
+  FfmpegImageDecoder& operator=(FfmpegImageDecoder&&) noexcept = default;
+
+  // Decodes the first image of `data` (a whole file) with the codec for `format`. The codec
+  // refuses to allocate a picture over max_pixels (AVCodecContext::max_pixels), and the frame's
+  // size is checked again here. Returns the frame, valid until the next call or destruction.
+  // kDataLoss with libavcodec's message for corrupt or truncated data; kFailedPrecondition when
+  // this FFmpeg has no decoder for the format; kResourceExhausted over max_pixels.
+  // REQUIRES: format is kPng, kGif, kBmp, kTiff or kWebp.
+  Result<const AVFrame*> Decode(ImageFormat format, std::span<const uint8_t> data,
+                                int64_t max_pixels);
+
+ private:
+  struct Codec {
+    ImageFormat format;
+    AvCodecContextPtr context;
+  };
+  // The open context for `format`, opened on first use.
+  Result<AVCodecContext*> ContextFor(ImageFormat format);
+  void DropContext(ImageFormat format);
+
+  std::vector<Codec> codecs_;
+  AvPacketPtr packet_;
+  AvFramePtr frame_;
+};
+
+}  // namespace spdl::media
