@@ -1,4 +1,5 @@
 #include "spdl/client.h"
+#include "spdl/control.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -190,8 +191,12 @@ class Connection {
     proto::ClientMessage m;
     m.mutable_release()->set_slot(slot);
     m.mutable_release()->set_generation(generation);
+    m.mutable_release()->set_client_wait_seconds(wait_seconds.load());
     (void)Send(m);
   }
+
+  // Total time Loader::Next() spent waiting for batches; reported to the daemon with each Release.
+  std::atomic<double> wait_seconds{0};
 
   // Closes the socket: the daemon sees EOF and ends the job. Later sends are no-ops.
   void Close() {
@@ -350,6 +355,7 @@ Batch::Batch(Batch&& other) noexcept
       rows_(other.rows_),
       paths_(std::move(other.paths_)),
       labels_(std::move(other.labels_)),
+      resume_token_(std::move(other.resume_token_)),
       tensors_(std::move(other.tensors_)),
       released_(other.released_.exchange(true)) {}
 
@@ -365,6 +371,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     rows_ = other.rows_;
     paths_ = std::move(other.paths_);
     labels_ = std::move(other.labels_);
+    resume_token_ = std::move(other.resume_token_);
     tensors_ = std::move(other.tensors_);
     released_.store(other.released_.exchange(true));
   }
@@ -392,6 +399,7 @@ Loader::Loader(std::shared_ptr<detail::Connection> conn) : conn_(std::move(conn)
 Loader::~Loader() { conn_->Close(); }
 
 const void* Loader::region_data() const { return conn_->map_data(); }
+double Loader::wait_seconds() const { return conn_->wait_seconds.load(); }
 size_t Loader::region_size() const { return conn_->map_size(); }
 
 Result<std::unique_ptr<Loader>> Loader::Open(const Options& options) {
@@ -407,16 +415,19 @@ Result<std::unique_ptr<Loader>> Loader::Open(const Options& options) {
   return loader;
 }
 
-Status Loader::Handshake(const Options& options) {
+namespace {
+
+// Hello / HelloReply with the version check, on a fresh connection.
+Status SayHello(detail::Connection& conn, const std::string& client_name, const std::string& config_name) {
   proto::ClientMessage hello;
   hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
-  hello.mutable_hello()->set_client_name(
-      options.client_name.empty() ? "spdl-client pid=" + std::to_string(::getpid()) : options.client_name);
-  SPDL_RETURN_IF_ERROR(conn_->Send(hello));
+  hello.mutable_hello()->set_client_name(client_name.empty() ? "spdl-client pid=" + std::to_string(::getpid())
+                                                             : client_name);
+  SPDL_RETURN_IF_ERROR(conn.Send(hello));
 
   proto::DaemonMessage reply;
-  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, kHelloTimeoutMs, "during the handshake"));
-  if (reply.has_error()) return FromDaemonError(reply.error(), options.config_name);
+  SPDL_RETURN_IF_ERROR(conn.Read(&reply, kHelloTimeoutMs, "during the handshake"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), config_name);
   if (!reply.has_hello()) return ProtocolError("expected HelloReply, got message #" + std::to_string(reply.msg_case()));
   if (reply.hello().protocol_version() != proto::kProtocolVersion) {
     return FailedPrecondition("protocol version mismatch: this client speaks spdld protocol " +
@@ -426,6 +437,24 @@ Status Loader::Handshake(const Options& options) {
                               "; use a client from the daemon's release");
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status Loader::Handshake(const Options& options) {
+  return SayHello(*conn_, options.client_name, options.config_name);
+}
+
+Result<proto::DaemonMessage> ControlCall(const std::string& socket_path, const proto::ClientMessage& request,
+                                         const std::string& client_name) {
+  SPDL_ASSIGN_OR_RETURN(UniqueFd sock, Connect(socket_path));
+  detail::Connection conn(std::move(sock));
+  SPDL_RETURN_IF_ERROR(SayHello(conn, client_name, "<request>"));
+  SPDL_RETURN_IF_ERROR(conn.Send(request));
+  proto::DaemonMessage reply;
+  SPDL_RETURN_IF_ERROR(conn.Read(&reply, kHelloTimeoutMs, "waiting for the answer"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), "<request>");
+  return reply;
 }
 
 Status Loader::SubmitAndMap(const Options& options) {
@@ -441,6 +470,7 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_rank(options.rank);
   s->set_world_size(options.world_size == 0 ? 1 : options.world_size);
   s->set_epochs(options.epochs);
+  s->set_resume_token(options.resume_token);
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
 
@@ -532,6 +562,7 @@ Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {
   b.rows_ = m.rows();
   b.paths_.assign(m.paths().begin(), m.paths().end());
   b.labels_.assign(m.labels().begin(), m.labels().end());
+  b.resume_token_ = m.resume_token();
   uint8_t* slot_base = conn_->map_data() + slots_offset_ + uint64_t{m.slot()} * slot_stride_;
   b.tensors_.reserve(info_.layout.size());
   for (size_t i = 0; i < info_.layout.size(); ++i) {
@@ -546,6 +577,7 @@ Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {
 }
 
 Result<Event> Loader::Next() {
+  const auto t_enter = std::chrono::steady_clock::now();
   if (!sticky_.ok()) return sticky_;
   if (finished_) return FailedPrecondition("the job has finished (Next() after its JobStats)");
   // Any error is final: close the connection so the daemon stops the job and frees its slots.
@@ -571,6 +603,9 @@ Result<Event> Loader::Next() {
         }
         Result<Batch> b = MakeBatch(m.batch());
         if (!b.ok()) return fail(b.status());
+        state_ = b->resume_token();
+        conn_->wait_seconds.store(conn_->wait_seconds.load() +
+                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_enter).count());
         return Event(std::move(b).value());
       }
       case proto::DaemonMessage::kEpochEnd: {
@@ -580,7 +615,7 @@ Result<Event> Loader::Next() {
       }
       case proto::DaemonMessage::kJobEnd: {
         const auto& js = m.job_end().stats();
-        JobStats stats{js.samples(), js.batches(), js.skipped(), js.seconds(), js.first_batch_seconds(), {}};
+        JobStats stats{js.samples(), js.batches(), js.skipped(), js.seconds(), js.first_batch_seconds(), {}, js.client_wait_seconds()};
         for (const auto& st : js.stages()) {
           stats.stages.push_back(StageStats{st.name(), st.tasks(), st.failures(), st.busy_seconds()});
         }

@@ -84,12 +84,46 @@ int Usage(const std::string& message) {
 
 }  // namespace
 
+namespace {
+
+// The resume token travels on the command line as hexadecimal.
+std::string ToHex(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+std::optional<std::string> FromHex(const std::string& hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto digit = [](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"spdl-client: run a job on spdld and report throughput and time to first batch"};
   std::string socket_path, config_path, record_path;
   std::vector<std::string> sets;
   uint32_t epochs = 1, rank = 0, world_size = 1;
   uint64_t max_batches = 0;
+  std::string resume_hex;
   bool json = false, quiet = false, no_checksum = false;
   app.add_option("--socket", socket_path, "spdld's control socket")->required()->envname("SPDLD_SOCKET");
   app.add_option("--config", config_path, "the job config (YAML)")->required();
@@ -97,7 +131,10 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "epochs to run; 0 = until stopped")->capture_default_str();
   app.add_option("--rank", rank, "this trainer's rank")->capture_default_str();
   app.add_option("--world-size", world_size, "number of ranks")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-batches", max_batches, "end the job early (EndJob) after this many batches; 0 = no limit");
+  app.add_option("--stop-after", max_batches,
+                 "end the job early (EndJob) after this many batches; --json then carries the resume `state`")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", resume_hex, "continue a job from a `state` token printed by --json");
   app.add_option("--record", record_path, "write one CSV line per delivered sample: epoch,rank,path,label");
   app.add_flag("--json", json, "print one JSON object with the results at the end, and nothing else");
   app.add_flag("--quiet", quiet, "print no progress or summary (--json still prints its object)");
@@ -124,6 +161,11 @@ int main(int argc, char** argv) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos || eq == 0) return Usage("--set wants key.path=value, got '" + s + "'");
     opt.overrides.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+  }
+  if (!resume_hex.empty()) {
+    auto token = FromHex(resume_hex);
+    if (!token) return Usage("--resume wants the hexadecimal `state` printed by --json");
+    opt.resume_token = std::move(*token);
   }
   if (rank >= world_size) {
     return Usage("--rank " + std::to_string(rank) + " must be below --world-size " + std::to_string(world_size));
@@ -237,6 +279,9 @@ int main(int argc, char** argv) {
     j["rank"] = rank;
     j["world_size"] = world_size;
     j["ended_early"] = ended_early;
+    j["wait_s"] = loader.wait_seconds();  // time blocked in Next(): the trainer's wait for data
+    // Resume token after the last batch consumed (null before the first): --resume continues there.
+    j["state"] = loader.state().empty() ? nlohmann::json(nullptr) : nlohmann::json(ToHex(loader.state()));
     j["pixel_checksum"] = show_checksum ? nlohmann::json(std::to_string(checksum)) : nlohmann::json(nullptr);
     j["stages"] = nlohmann::json::array();
     if (stats) {
@@ -257,8 +302,8 @@ int main(int argc, char** argv) {
     std::printf("job %" PRIu64 ": %" PRIu64 " samples in %" PRIu64 " batches over %" PRIu64 " epochs, %" PRIu64
                 " skipped%s\n",
                 info.job_id, samples, batches, epochs_done, skipped, ended_early ? " (ended early)" : "");
-    std::printf("%.3f s, %.1f samples/s (%.1f after the first batch), first batch after %.3f s\n", seconds, rate,
-                steady_rate, first_batch_s >= 0 ? first_batch_s : 0.0);
+    std::printf("%.3f s, %.1f samples/s (%.1f after the first batch), first batch after %.3f s, waited %.3f s for data\n",
+                seconds, rate, steady_rate, first_batch_s >= 0 ? first_batch_s : 0.0, loader.wait_seconds());
     if (stats) {
       for (const auto& st : stats->stages) {
         std::printf("  stage %-12s %10" PRIu64 " tasks %6" PRIu64 " failures %9.2f s busy\n", st.name.c_str(), st.tasks,

@@ -49,7 +49,7 @@ Status Daemon::Start() {
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
-    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get());
+    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size());
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("handle SIGTERM and SIGINT", [&] {

@@ -6,6 +6,7 @@
 
 #include "io/read_file.h"
 #include "io/sampler.h"
+#include "jobs/resume_token.h"
 #include "proto/framing.h"
 
 namespace spdl::jobs {
@@ -28,8 +29,28 @@ io::SamplerOptions SamplerFor(const ImageJobSpec& spec) {
 }
 
 uint64_t ImageRowBytes(const ImageJobSpec& spec) {
-  return uint64_t(spec.config.out_height) * uint64_t(spec.config.out_width) * 3;
+  return media::OutputImageBytes(spec.ops, spec.config.out_width, spec.config.out_height);
 }
+
+proto::DType ImageDType(const media::ImageOps& ops) {
+  switch (ops.dtype) {
+    case media::OutputDType::kUInt8: return proto::UINT8;
+    case media::OutputDType::kFloat32: return proto::FLOAT32;
+    case media::OutputDType::kFloat16: return proto::FLOAT16;
+    case media::OutputDType::kBFloat16: return proto::BFLOAT16;
+  }
+  return proto::UINT8;
+}
+
+// The random transforms need the sample's epoch.
+bool HasRandomOps(const media::ImageOps& ops) { return ops.random_crop() || ops.flip_probability > 0; }
+
+// TODO(lead): drop once RowProcessor::Process receives the epoch. Until then the job's sample
+// order carries it: each entry the pipeline hands back (Process's first argument, SlotMeta::indices)
+// is epoch * n + the sample's index in the manifest (n samples), so Process knows the epoch of
+// every sample exactly, spares included (a spare comes from its batch's epoch). Undo with
+// token % n (index) and token / n (epoch). n * epochs stays far below 2^64.
+uint64_t SampleToken(uint64_t epoch, uint64_t index, uint64_t n) { return epoch * n + index; }
 
 }  // namespace
 
@@ -87,8 +108,12 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   a.set_dataset_size(n);
   auto* image = a.add_tensors();
   image->set_name("image");
-  image->set_dtype(proto::UINT8);
-  for (int64_t d : {int64_t{b}, int64_t{s.config.out_height}, int64_t{s.config.out_width}, int64_t{3}}) image->add_shape(d);
+  image->set_dtype(ImageDType(s.ops));
+  const int64_t h = s.config.out_height, w = s.config.out_width;
+  const std::vector<int64_t> shape = s.ops.layout == media::OutputLayout::kNCHW
+                                         ? std::vector<int64_t>{int64_t{b}, 3, h, w}
+                                         : std::vector<int64_t>{int64_t{b}, h, w, 3};
+  for (int64_t d : shape) image->add_shape(d);
   image->set_offset(layout.tensor_offsets[0]);
   image->set_bytes(uint64_t{b} * job->image_row_bytes_);
   auto* label = a.add_tensors();
@@ -103,8 +128,14 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   popts.drop_last = s.config.batch.drop_last;
   popts.epochs = s.epochs;
   popts.fail_on_error = s.config.on_error == config::OnError::kFail;
+  popts.resume = s.resume;
   job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
-      executor, &job->ring_, job.get(), [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); },
+      executor, &job->ring_, job.get(),
+      [n, sampler](uint64_t epoch) {
+        std::vector<uint64_t> order = io::EpochOrder(n, sampler, epoch);
+        for (uint64_t& i : order) i = SampleToken(epoch, i, n);
+        return order;
+      },
       popts, std::move(notify), std::weak_ptr<void>(job));
   spdlog::info("job {}: started for uid {} pid {}: {} samples in {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
                s.job_id, s.owner.uid, s.owner.pid, n, s.manifest.root, s.rank, s.world_size,
@@ -113,7 +144,11 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   return job;
 }
 
-Status ImageJob::Process(uint64_t index, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) {
+Status ImageJob::Process(uint64_t token, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) {
+  (void)slot;
+  const uint64_t n = spec_.manifest.samples.size();
+  const uint64_t index = token % n;
+  const uint64_t epoch = token / n;
   // One reusable read buffer and decoder per worker thread (decoders are not thread-safe).
   thread_local std::vector<uint8_t> buffer;
   thread_local media::ImageDecoder decoder;
@@ -128,9 +163,13 @@ Status ImageJob::Process(uint64_t index, uint32_t slot, uint32_t row, std::vecto
 
   uint8_t* base = region_.data() + layout_.SlotOffset(slot);
   uint8_t* dst = base + layout_.tensor_offsets[0] + row * image_row_bytes_;
-  s = decoder.DecodeJpegInto(std::span<const uint8_t>(buffer.data(), buffer.size()), spec_.ops, dst,
-                             spec_.config.out_width, spec_.config.out_height,
-                             static_cast<size_t>(spec_.config.out_width) * 3);
+  // The random transforms draw from (job seed, epoch, sample index): never from thread timing, so
+  // a rerun or a resumed job delivers the same pixels.
+  const uint64_t seed = HasRandomOps(spec_.ops)
+                            ? media::SampleSeed(spec_.config.sampler.seed, epoch, index)
+                            : 0;
+  s = decoder.DecodeInto(std::span<const uint8_t>(buffer.data(), buffer.size()), spec_.ops, dst,
+                         spec_.config.out_width, spec_.config.out_height, seed);
   auto t2 = Clock::now();
   stages[1].Record(std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count(), s.ok());
   if (!s.ok()) return s.WithPrefix(sample.path);
@@ -149,7 +188,7 @@ void ImageJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
 std::optional<Delivery> ImageJob::TakeNext() {
   auto lease = ring_.TakeNextReady();
   if (!lease) return std::nullopt;
-  pipeline::SlotMeta m = pipeline_->meta(lease->slot);
+  pipeline::SlotMeta m = pipeline_->TakeMeta(lease->slot);
   Delivery d;
   proto::BatchReady& b = d.batch;
   b.set_slot(lease->slot);
@@ -158,8 +197,9 @@ std::optional<Delivery> ImageJob::TakeNext() {
   b.set_epoch(m.epoch);
   b.set_batch_in_epoch(m.batch_in_epoch);
   b.set_rows(m.rows);
-  for (uint64_t idx : m.indices) {
-    const io::SampleRef& s = spec_.manifest.samples[idx];
+  b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
+  for (uint64_t token : m.indices) {
+    const io::SampleRef& s = spec_.manifest.samples[token % spec_.manifest.samples.size()];
     b.add_paths(s.path);
     b.add_labels(s.label);
   }
@@ -203,6 +243,7 @@ proto::JobStats ImageJob::Stats() const {
   st.set_skipped(pipeline_->TotalSkipped());
   st.set_seconds(SecondsSince(started_));
   st.set_first_batch_seconds(first_batch_seconds_ < 0 ? 0 : first_batch_seconds_);
+  st.set_batches_ready(ring_.counts().ready);
   for (const auto& snap : pipeline_->StageSnapshots()) {
     auto* sp = st.add_stages();
     sp->set_name(snap.name);

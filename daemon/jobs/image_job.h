@@ -33,6 +33,8 @@ struct ImageJobSpec {
   uint32_t world_size = 1;
   uint32_t epochs = 1;  // 0 = endless
   PeerInfo owner;
+  uint64_t fingerprint = 0;                       // JobFingerprint(): ties resume tokens to this job
+  std::optional<pipeline::ResumePoint> resume;    // continue from a resume token
 };
 
 // Returned by the registry's admission; releases the job's share of the memory budget when
@@ -59,11 +61,13 @@ class ImageJob final : public JobHandle, public pipeline::RowProcessor {
   Status Release(uint32_t slot, uint64_t generation) override;
   Status failure() const override { return pipeline_->failure(); }
   void Cancel() override;
+  void Abort(Status reason) override { pipeline_->Abort(std::move(reason)); }
   proto::JobStats Stats() const override;
 
   // RowProcessor (worker threads).
   std::vector<std::string> StageNames() const override { return {"read", "decode"}; }
-  Status Process(uint64_t index, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) override;
+  // `token` is epoch * n + manifest index (see SampleToken in image_job.cc).
+  Status Process(uint64_t token, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
   ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,

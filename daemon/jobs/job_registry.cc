@@ -6,6 +6,7 @@
 #include "io/allowed_roots.h"
 #include "io/sampler.h"
 #include "jobs/image_job.h"
+#include "jobs/resume_token.h"
 
 namespace spdl::jobs {
 namespace {
@@ -29,29 +30,69 @@ proto::Error::Code CodeFor(const Status& s) {
 
 std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
-// Maps the job's transform chain onto the image decoder's fused resize + crop.
+media::Interpolation ToMedia(config::Interpolation i) {
+  switch (i) {
+    case config::Interpolation::kBilinear: return media::Interpolation::kBilinear;
+    case config::Interpolation::kBicubic: return media::Interpolation::kBicubic;
+    case config::Interpolation::kArea: return media::Interpolation::kArea;
+  }
+  return media::Interpolation::kBilinear;
+}
+
+media::OutputDType ToMedia(config::DType d) {
+  switch (d) {
+    case config::DType::kUInt8: return media::OutputDType::kUInt8;
+    case config::DType::kFloat32: return media::OutputDType::kFloat32;
+    case config::DType::kFloat16: return media::OutputDType::kFloat16;
+    case config::DType::kBFloat16: return media::OutputDType::kBFloat16;
+  }
+  return media::OutputDType::kUInt8;
+}
+
+// Maps the job's transform chain, decode and output settings onto the image decoder's ops: one
+// fused resize + center crop (or one random resized crop), then the flip and the normalization
+// in the output pass.
 Result<media::ImageOps> OpsFor(const config::JobConfig& c) {
   media::ImageOps ops;
   bool seen_crop = false;
   for (const auto& t : c.transforms) {
     if (const auto* r = std::get_if<config::ResizeOp>(&t)) {
-      if (seen_crop || ops.resize_shorter || ops.resize_height)
+      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
         return InvalidArgument("transforms: only one resize, before center_crop, is supported in this version");
       ops.resize_shorter = r->shorter;
       ops.resize_height = r->height;
       ops.resize_width = r->width;
-      switch (r->interpolation) {
-        case config::Interpolation::kBilinear: ops.interpolation = media::Interpolation::kBilinear; break;
-        case config::Interpolation::kBicubic: ops.interpolation = media::Interpolation::kBicubic; break;
-        case config::Interpolation::kArea: ops.interpolation = media::Interpolation::kArea; break;
-      }
+      ops.interpolation = ToMedia(r->interpolation);
     } else if (const auto* cc = std::get_if<config::CenterCropOp>(&t)) {
-      if (seen_crop) return InvalidArgument("transforms: only one center_crop is supported in this version");
+      if (seen_crop || ops.random_crop())
+        return InvalidArgument("transforms: only one center_crop is supported in this version");
       seen_crop = true;
       ops.crop_height = cc->height;
       ops.crop_width = cc->width;
+    } else if (const auto* rc = std::get_if<config::RandomResizedCropOp>(&t)) {
+      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
+        return InvalidArgument("transforms: random_resized_crop cannot be combined with resize or center_crop");
+      ops.random_crop_height = rc->height;
+      ops.random_crop_width = rc->width;
+      ops.random_crop_scale = {rc->scale_min, rc->scale_max};
+      ops.random_crop_ratio = {rc->ratio_min, rc->ratio_max};
+      ops.interpolation = ToMedia(rc->interpolation);
+    } else if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
+      ops.flip_probability = f->p;
+    } else if (const auto* n = std::get_if<config::NormalizeOp>(&t)) {
+      ops.normalize = true;
+      ops.mean = n->mean;
+      ops.stddev = n->stddev;
     }
   }
+  ops.dtype = ToMedia(c.output.dtype);
+  ops.layout = c.output.layout == config::Layout::kNCHW ? media::OutputLayout::kNCHW : media::OutputLayout::kNHWC;
+  ops.exif_orientation = c.decode.exif_orientation;
+  ops.alpha = c.decode.alpha == config::AlphaMode::kComposite ? media::AlphaMode::kComposite : media::AlphaMode::kDrop;
+  for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(c.decode.background[i]);
+  ops.max_pixels = c.decode.max_pixels;
+  Status valid = media::ValidateImageOps(ops);
+  if (!valid.ok()) return InvalidArgument("transforms: " + valid.message());
   return ops;
 }
 
@@ -68,8 +109,8 @@ class JobRegistry::Lease final : public BudgetLease {
   uint64_t bytes_;
 };
 
-JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor)
-    : config_(config), executor_(executor) {}
+JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads)
+    : config_(config), executor_(executor), worker_threads_(worker_threads) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -142,6 +183,21 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
   spec.manifest = std::move(*manifest);
+  spec.fingerprint = JobFingerprint(spec.manifest, spec.config, spec.rank, spec.world_size);
+  if (!req.resume_token().empty()) {
+    auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
+    if (!point.ok()) {
+      out.error = MakeError(proto::Error::BAD_REQUEST, point.status().message());
+      return out;
+    }
+    if (spec.epochs != 0 && point->epoch >= spec.epochs) {
+      out.error = MakeError(proto::Error::BAD_REQUEST, "the resume token is at epoch " + std::to_string(point->epoch) +
+                                                            ", past the last of the " + std::to_string(spec.epochs) +
+                                                            " epochs requested");
+      return out;
+    }
+    spec.resume = std::move(*point);
+  }
 
   io::SamplerOptions so;
   so.rank = spec.rank;
@@ -193,7 +249,61 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
   out.job = std::move(job).value();
+  auto record = std::make_shared<JobRecord>();
+  record->job_id = out.job->accepted().job_id();
+  record->owner = peer;
+  record->source = root.value();
+  record->rank = req.rank();
+  record->world_size = req.world_size() == 0 ? 1 : req.world_size();
+  record->epochs = req.epochs();
+  record->region_bytes = bytes;
+  record->job = out.job;
+  records_[record->job_id] = record;
+  out.record = std::move(record);
   return out;
+}
+
+proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
+  proto::DaemonStatus st;
+  st.set_daemon_version(SPDLD_VERSION);
+  st.set_uptime_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  st.set_worker_threads(static_cast<uint32_t>(worker_threads_));
+  st.set_memory_budget_bytes(config_.memory_budget_bytes);
+  st.set_memory_in_use_bytes(bytes_in_use());
+  st.set_live_jobs(static_cast<uint32_t>(live_jobs()));
+  for (auto it = records_.begin(); it != records_.end();) {
+    auto job = it->second->job.lock();
+    if (!job) {
+      it = records_.erase(it);
+      continue;
+    }
+    const JobRecord& r = *it->second;
+    ++it;
+    if (peer.uid != 0 && peer.uid != r.owner.uid) continue;
+    auto* s = st.add_jobs();
+    s->set_job_id(r.job_id);
+    s->set_uid(r.owner.uid);
+    s->set_pid(static_cast<uint32_t>(r.owner.pid));
+    s->set_source(r.source);
+    s->set_rank(r.rank);
+    s->set_world_size(r.world_size);
+    s->set_epochs(r.epochs);
+    s->set_region_bytes(r.region_bytes);
+    *s->mutable_stats() = job->Stats();
+    s->mutable_stats()->set_client_wait_seconds(r.client_wait_seconds.load());
+  }
+  return st;
+}
+
+spdl::Status JobRegistry::Cancel(uint64_t job_id, const PeerInfo& peer) {
+  auto it = records_.find(job_id);
+  std::shared_ptr<JobHandle> job = it == records_.end() ? nullptr : it->second->job.lock();
+  if (!job || (peer.uid != 0 && peer.uid != it->second->owner.uid)) {
+    return NotFound("no job " + std::to_string(job_id) + " of uid " + std::to_string(peer.uid));
+  }
+  spdlog::info("job {}: cancelled by uid {} pid {}", job_id, peer.uid, peer.pid);
+  job->Abort(Cancelled("cancelled by uid " + std::to_string(peer.uid) + " (spdlctl cancel)"));
+  return spdl::Status::Ok();
 }
 
 }  // namespace spdl::jobs

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 
@@ -20,10 +21,13 @@ namespace spdl::jobs {
 class JobRegistry final : public JobService {
  public:
   // *executor must outlive every job (the daemon joins the pool before destroying the registry).
-  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor);
+  // `worker_threads` is only reported (Status).
+  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads = 0);
   ~JobRegistry() override;
 
   SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) override;
+  proto::DaemonStatus Status(const PeerInfo& peer) override;
+  spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
@@ -37,6 +41,11 @@ class JobRegistry final : public JobService {
   // Constant after construction.
   const config::DaemonConfig config_;
   pipeline::Executor* const executor_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  const int worker_threads_;
+
+  // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
+  std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
 
   std::atomic<uint64_t> next_job_id_{1};
   mutable std::mutex mu_;

@@ -7,6 +7,9 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <string>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,10 +52,29 @@ class JobHandle {
   virtual void Cancel() = 0;
   // The job's figures so far.
   virtual proto::JobStats Stats() const = 0;
+  // Stops the job as failed with `reason` (e.g. cancelled by an operator): the owning session
+  // reports it to its client like any failure. Idempotent; the first reason wins.
+  virtual void Abort(Status reason) = 0;
+};
+
+// Facts about a live job, shared by the registry (for spdlctl) and the session that owns it.
+// The atomic is written by the session and read by the registry, both on the control thread
+// today; it is atomic so that need not stay true.
+struct JobRecord {
+  uint64_t job_id = 0;
+  PeerInfo owner;
+  std::string source;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t epochs = 1;
+  uint64_t region_bytes = 0;
+  std::atomic<double> client_wait_seconds{0};  // as last reported by the client
+  std::weak_ptr<JobHandle> job;
 };
 
 struct SubmitResult {
   std::shared_ptr<JobHandle> job;  // set on success
+  std::shared_ptr<JobRecord> record;  // set on success
   proto::Error error;              // set (code != UNKNOWN or message non-empty) on failure
   bool ok() const { return job != nullptr; }
 };
@@ -63,6 +85,11 @@ class JobService {
   // Validates and starts a job for `peer`. On failure the Error lists every problem found.
   virtual SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer,
                               std::function<void()> notify) = 0;
+  // The daemon's state and the live jobs `peer` may see: its own, or every job for root.
+  virtual proto::DaemonStatus Status(const PeerInfo& peer) = 0;
+  // Aborts job `job_id` on behalf of `peer`. kNotFound when there is no such live job or it belongs
+  // to another uid (another user's jobs are not even confirmed to exist), unless peer is root.
+  virtual spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) = 0;
 };
 
 }  // namespace spdl::jobs

@@ -14,6 +14,7 @@ BatchPipeline::BatchPipeline(Executor* executor, shm::SlotRing* ring, RowProcess
       options_(options),
       notify_(std::move(notify)),
       owner_(std::move(owner)) {
+  if (options_.resume) dispatch_epoch_ = options_.resume->epoch;
   for (auto& name : processor_->StageNames()) stages_.emplace_back(name);
 }
 
@@ -22,17 +23,35 @@ BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
   if (it != epochs_.end()) return it->second;
   EpochState st;
   st.order = order_fn_(epoch);
+  st.full_size = st.order.size();
+  if (options_.resume && options_.resume->epoch == epoch) {
+    // Keep only the positions not yet delivered before the resume point.
+    const ResumePoint& r = *options_.resume;
+    std::vector<uint64_t> kept;
+    std::vector<uint64_t> extras = r.extras;
+    std::sort(extras.begin(), extras.end());
+    for (uint64_t pos = r.prefix; pos < st.full_size; ++pos) {
+      if (std::binary_search(extras.begin(), extras.end(), pos)) continue;
+      kept.push_back(st.order[pos]);
+      st.orig_pos.push_back(pos);
+    }
+    st.order = std::move(kept);
+    st.carried = std::move(extras);
+    st.batch_offset = r.next_batch;
+    if (st.orig_pos.empty()) st.orig_pos.push_back(st.full_size);  // keep the mapping non-identity
+  }
   const uint64_t n = st.order.size();
   const uint64_t b = options_.batch_size;
   st.batches = options_.drop_last ? n / b : (n + b - 1) / b;
   return epochs_.emplace(epoch, std::move(st)).first->second;
 }
 
-std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch) {
+std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch, uint64_t taker_seq) {
   EpochState& st = EpochLocked(epoch);
   // A spare is the next sample not yet dispatched: later batches of the epoch shift by one, and
   // every good sample is still delivered exactly once.
   if (st.next >= st.order.size()) return std::nullopt;
+  st.spare_taker[st.next] = taker_seq;
   const uint64_t spare = st.order[st.next++];
   if (st.next == st.order.size() && st.dispatched < st.batches) {
     // Spares used up the samples of batches not yet dispatched: the epoch ends with the batch
@@ -70,8 +89,9 @@ void BatchPipeline::Pump() {
       InFlight f;
       f.meta.seq = acquired->seq;
       f.meta.epoch = dispatch_epoch_;
-      f.meta.batch_in_epoch = st.dispatched++;
+      f.meta.batch_in_epoch = st.batch_offset + st.dispatched++;
       st.last_slot = acquired->slot;
+      st.batch_start[acquired->seq] = st.next;
       const size_t take = std::min<size_t>(options_.batch_size, st.order.size() - st.next);
       f.meta.indices.assign(st.order.begin() + static_cast<ptrdiff_t>(st.next),
                             st.order.begin() + static_cast<ptrdiff_t>(st.next + take));
@@ -105,14 +125,14 @@ void BatchPipeline::RunRow(uint32_t slot, uint32_t row, uint64_t index) {
       break;
     }
     if (options_.fail_on_error) {
-      Fail(s);
+      Fail(Status(s.code(), s.message() + " (on_error: fail)"));
       break;
     }
     std::lock_guard lock(mu_);
     InFlight& f = slots_.at(slot);
     ++epochs_.at(f.meta.epoch).skipped;
     skipped_total_.fetch_add(1);
-    auto spare = TakeSpareLocked(f.meta.epoch);
+    auto spare = TakeSpareLocked(f.meta.epoch, f.meta.seq);
     if (!spare) break;
     current = *spare;
     f.meta.indices[row] = current;
@@ -181,9 +201,32 @@ bool BatchPipeline::all_dispatched() const {
   return done_dispatching_;
 }
 
-SlotMeta BatchPipeline::meta(uint32_t slot) const {
+SlotMeta BatchPipeline::TakeMeta(uint32_t slot) {
   std::lock_guard lock(mu_);
-  return slots_.at(slot).meta;
+  SlotMeta m = slots_.at(slot).meta;
+  ResumePoint& r = m.resume;
+  if (m.last_in_epoch) {
+    r.epoch = m.epoch + 1;
+    return m;
+  }
+  EpochState& st = epochs_.at(m.epoch);
+  // Every position below P belongs to a batch up to this one: later batches start at or after P
+  // and take spares only after they start. Spares at or above P taken by batches up to this one
+  // are the extras.
+  uint64_t p = st.next;
+  for (auto it = st.batch_start.upper_bound(m.seq); it != st.batch_start.end(); ++it) p = std::min(p, it->second);
+  st.batch_start.erase(st.batch_start.begin(), st.batch_start.upper_bound(m.seq));
+  r.epoch = m.epoch;
+  r.prefix = st.Orig(p);
+  r.next_batch = m.batch_in_epoch + 1;
+  for (auto it = st.spare_taker.lower_bound(p); it != st.spare_taker.end(); ++it) {
+    if (it->second <= m.seq) r.extras.push_back(st.Orig(it->first));
+  }
+  for (uint64_t c : st.carried) {
+    if (c >= r.prefix) r.extras.push_back(c);
+  }
+  std::sort(r.extras.begin(), r.extras.end());
+  return m;
 }
 
 uint64_t BatchPipeline::EpochSkipped(uint32_t epoch) const {

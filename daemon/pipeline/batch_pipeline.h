@@ -52,11 +52,23 @@ class RowProcessor {
 
 using EpochOrderFn = std::function<std::vector<uint64_t>(uint64_t epoch)>;
 
+// Where a job stands after a delivered batch, in terms of its epoch's sample order (positions into
+// EpochOrderFn(epoch)): starting a pipeline from it delivers exactly the samples that were not yet
+// delivered, in the same order, then the later epochs as if it had never stopped (exact when no
+// sample fails after the point).
+struct ResumePoint {
+  uint32_t epoch = 0;
+  uint64_t prefix = 0;               // every position below was delivered (or skipped as bad)
+  std::vector<uint64_t> extras;      // positions >= prefix that were delivered too (spares)
+  uint64_t next_batch = 0;           // batch_in_epoch of the next batch
+};
+
 struct PipelineOptions {
   uint32_t batch_size = 32;
   bool drop_last = false;        // drop an epoch's last, partial batch
   uint32_t epochs = 1;           // 0 = endless
   bool fail_on_error = false;    // on_error: fail
+  std::optional<ResumePoint> resume;  // start from here instead of epoch 0
 };
 
 // What a ready slot holds. Written by the pipeline, read by the control thread after TakeNextReady.
@@ -68,6 +80,7 @@ struct SlotMeta {
   std::vector<uint64_t> indices;      // sample index per valid row
   bool last_in_epoch = false;
   bool last_in_job = false;
+  ResumePoint resume;                 // where the job stands once this batch is delivered
 };
 
 class BatchPipeline {
@@ -82,14 +95,17 @@ class BatchPipeline {
   void Pump();
   // Stops dispatching; rows not yet started are skipped and their slots abandoned.
   void Cancel();
+  // Cancels and records `reason` as the job's failure (unless one is recorded already).
+  void Abort(Status reason) { Fail(std::move(reason)); }
   bool cancelled() const { return cancelled_.load(); }
   // The first error under on_error: fail (OK otherwise).
   Status failure() const;
   // Every batch of the job has been dispatched.
   bool all_dispatched() const;
 
+  // What a delivered slot holds, with its resume point. Call once per delivery, in delivery order.
   // REQUIRES: `slot` was returned by TakeNextReady and not yet released.
-  SlotMeta meta(uint32_t slot) const;
+  SlotMeta TakeMeta(uint32_t slot);
   // Samples skipped so far in `epoch`.
   uint64_t EpochSkipped(uint32_t epoch) const;
   uint64_t TotalSkipped() const { return skipped_total_.load(); }
@@ -105,6 +121,19 @@ class BatchPipeline {
     uint64_t dispatched = 0;    // batches dispatched so far
     uint32_t last_slot = 0;     // slot of the batch dispatched last (valid when dispatched > 0)
     uint64_t skipped = 0;
+    // For resume points: where each undelivered batch's rows start, and which batch took each spare.
+    std::map<uint64_t, uint64_t> batch_start;  // seq -> position
+    std::map<uint64_t, uint64_t> spare_taker;  // position -> seq
+    // A resumed epoch: `order` holds only what was left; orig_pos maps its positions back to the
+    // full order, `carried` holds the full-order extras of the point resumed from.
+    uint64_t batch_offset = 0;
+    uint64_t full_size = 0;
+    std::vector<uint64_t> orig_pos;
+    std::vector<uint64_t> carried;
+    uint64_t Orig(uint64_t pos) const {
+      if (orig_pos.empty()) return pos;
+      return pos < orig_pos.size() ? orig_pos[pos] : full_size;
+    }
   };
   struct InFlight {
     SlotMeta meta;
@@ -116,7 +145,7 @@ class BatchPipeline {
   // Under mu_: the epoch's state, computing its order on first use.
   EpochState& EpochLocked(uint32_t epoch);
   // Under mu_: the next unused sample of `epoch`, if any.
-  std::optional<uint64_t> TakeSpareLocked(uint32_t epoch);
+  std::optional<uint64_t> TakeSpareLocked(uint32_t epoch, uint64_t taker_seq);
   void FinishBatch(uint32_t slot);
   void Fail(Status status);
 

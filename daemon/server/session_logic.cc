@@ -16,6 +16,7 @@ void SessionLogic::DropJob() {
     job_->Cancel();
     job_.reset();
   }
+  record_.reset();
 }
 
 Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
@@ -69,6 +70,7 @@ Output SessionLogic::OnFrame(std::string_view payload) {
         return out;  // the client may fix its config and submit again
       }
       job_ = std::move(r.job);
+      record_ = std::move(r.record);
       state_ = State::kRunning;
       Outgoing& o = out.messages.emplace_back();
       *o.message.mutable_accepted() = job_->accepted();
@@ -77,6 +79,7 @@ Output SessionLogic::OnFrame(std::string_view payload) {
     }
     case proto::ClientMessage::kRelease: {
       if (state_ != State::kRunning) return {};  // late releases after the job ended are harmless
+      if (record_) record_->client_wait_seconds.store(msg.release().client_wait_seconds());
       Status s = job_->Release(msg.release().slot(), msg.release().generation());
       if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad Release: " + s.message());
       return {};
@@ -88,6 +91,23 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       *out.messages.emplace_back().message.mutable_job_end()->mutable_stats() = job_->Stats();
       DropJob();
       state_ = State::kIdle;
+      return out;
+    }
+    case proto::ClientMessage::kStatus: {
+      Output out;
+      *out.messages.emplace_back().message.mutable_status() = jobs_->Status(peer_);
+      return out;
+    }
+    case proto::ClientMessage::kCancel: {
+      Output out;
+      Status s = jobs_->Cancel(msg.cancel().job_id(), peer_);
+      auto& m = out.messages.emplace_back().message;
+      if (s.ok()) {
+        m.mutable_cancelled()->set_job_id(msg.cancel().job_id());
+      } else {
+        m.mutable_error()->set_code(proto::Error::NOT_FOUND);
+        m.mutable_error()->set_message(s.message());
+      }
       return out;
     }
     case proto::ClientMessage::MSG_NOT_SET:
@@ -103,9 +123,11 @@ Output SessionLogic::OnJobEvent() {
     *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
     if (d->epoch_end) *out.messages.emplace_back().message.mutable_epoch_end() = std::move(*d->epoch_end);
     if (d->job_end) {
+      if (record_) d->job_end->mutable_stats()->set_client_wait_seconds(record_->client_wait_seconds.load());
       *out.messages.emplace_back().message.mutable_job_end() = std::move(*d->job_end);
       // The client keeps its mapping; its late Releases are ignored.
       job_.reset();
+      record_.reset();
       state_ = State::kIdle;
       return out;
     }
@@ -113,7 +135,7 @@ Output SessionLogic::OnJobEvent() {
   if (Status f = job_->failure(); !f.ok()) {
     auto* e = out.messages.emplace_back().message.mutable_error();
     e->set_code(proto::Error::JOB_FAILED);
-    e->set_message("job failed (on_error: fail): " + f.message());
+    e->set_message("job failed: " + f.message());
     spdlog::warn("session pid {} uid {}: {}", peer_.pid, peer_.uid, e->message());
     DropJob();
     state_ = State::kIdle;

@@ -55,6 +55,7 @@ class SessionLogic {
   const std::function<void()> notify_;
   State state_ = State::kAwaitHello;
   std::shared_ptr<jobs::JobHandle> job_;
+  std::shared_ptr<jobs::JobRecord> record_;
 };
 
 }  // namespace spdl::server

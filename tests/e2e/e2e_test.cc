@@ -248,6 +248,84 @@ TEST_CASE("spdl-client records each sample once per epoch and reports JSON") {
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+std::vector<std::string> Lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+TEST_CASE("a run stopped with --stop-after and resumed from its state equals an uninterrupted run") {
+  Fixture f(3, 11);  // 33 images: batches of 4 leave a partial one each epoch
+  DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
+  REQUIRE(d.Connectable());
+  const std::string job = f.dir.path + "/job.yaml";
+  std::ofstream(job) << JobYaml(f.data_root(), 4, 3);
+  const std::string client = std::string(SPDL_BIN_DIR) + "/spdl-client";
+  auto run = [&](std::vector<std::string> extra, const std::string& record) {
+    std::vector<std::string> argv = {client, "--socket", f.socket(), "--config", job, "--epochs", "3",
+                                     "--json", "--no-checksum", "--record", record};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    std::string out;
+    REQUIRE(RunCommand(argv, &out) == 0);
+    return nlohmann::json::parse(out);
+  };
+  run({}, f.dir.path + "/full.csv");
+  const auto full = Lines(f.dir.path + "/full.csv");
+  REQUIRE(full.size() == 99);
+  for (int stop : {1, 5, 9, 13, 17}) {  // inside the first epoch, on its last batch, in later epochs
+    INFO("stop after " << stop);
+    auto first = run({"--stop-after", std::to_string(stop)}, f.dir.path + "/a.csv");
+    REQUIRE(first.at("state").is_string());
+    CHECK(first.at("batches") == stop);
+    auto second = run({"--resume", first.at("state").get<std::string>()}, f.dir.path + "/b.csv");
+    auto joined = Lines(f.dir.path + "/a.csv");
+    for (auto& l : Lines(f.dir.path + "/b.csv")) joined.push_back(l);
+    CHECK(joined == full);
+  }
+  SECTION("a token from another job is refused") {
+    auto first = run({"--stop-after", "2"}, f.dir.path + "/a.csv");
+    std::string out;
+    int rc = RunCommand({client, "--socket", f.socket(), "--config", job, "--set", "sampler.seed=8", "--resume",
+                         first.at("state").get<std::string>()},
+                        &out);
+    CHECK(rc == 1);
+  }
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
+TEST_CASE("spdlctl shows the caller's jobs and stage figures and cancels a job") {
+  Fixture f(2, 30);
+  DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
+  REQUIRE(d.Connectable());
+  auto l = client::Loader::Open(Opts(f, JobYaml(f.data_root(), 4, 2), 0, 1, 0));
+  REQUIRE(l.ok());
+  for (int i = 0; i < 6; ++i) {  // consume a few batches so there are figures
+    auto ev = (*l)->Next();
+    REQUIRE(ev.ok());
+  }
+  const std::string ctl = std::string(SPDL_BIN_DIR) + "/spdlctl";
+  std::string out;
+  REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "stats"}, &out) == 0);
+  auto j = nlohmann::json::parse(out);
+  const uint64_t id = (*l)->info().job_id;
+  CHECK(j.at("job_id") == std::to_string(id));  // proto3 JSON writes 64-bit integers as strings
+  CHECK(std::stoull(j.at("stats").at("samples").get<std::string>()) >= 20);
+  REQUIRE(j.at("stats").at("stages").size() == 2);
+  CHECK(j.at("stats").at("stages")[1].at("name") == "decode");
+  CHECK(j.at("stats").at("client_wait_seconds").get<double>() >= 0);
+  out.clear();
+  REQUIRE(RunCommand({ctl, "--socket", f.socket(), "jobs"}, &out) == 0);
+  CHECK_THAT(out, Catch::Contains(f.data_root()));
+  out.clear();
+  REQUIRE(RunCommand({ctl, "--socket", f.socket(), "cancel", std::to_string(id)}, &out) == 0);
+  Status s;
+  for (int i = 0; i < 100 && s.ok(); ++i) s = (*l)->Next().status();
+  CHECK_THAT(s.message(), Catch::Contains("cancelled by uid"));
+  CHECK(RunCommand({ctl, "--socket", f.socket(), "cancel", std::to_string(id)}) == 1);
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 TEST_CASE("bad jobs are refused with a clear error and the daemon carries on") {
   Fixture f(2, 4);
   DaemonProcess d(f.socket(), {"--allow-root", f.data_root()});
@@ -313,7 +391,7 @@ TEST_CASE("a corrupt file is skipped and counted, or fails the job naming it") {
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
-TEST_CASE("a client that goes away mid-epoch frees its job; others are unaffected") {
+TEST_CASE("a client that goes away mid-epoch frees its job and others are unaffected") {
   Fixture f(2, 20);
   DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
   REQUIRE(d.Connectable());

@@ -37,17 +37,29 @@ std::vector<uint64_t> Iota(uint64_t n) {
   return v;
 }
 
+// A fixed pseudo-random permutation per epoch, like the real sampler's.
+std::vector<uint64_t> Shuffled(uint64_t n, uint64_t epoch) {
+  std::vector<uint64_t> v = Iota(n);
+  uint64_t s = 0x9e3779b97f4a7c15ull * (epoch + 1);
+  for (uint64_t i = n; i > 1; --i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(v[i - 1], v[(s >> 33) % i]);
+  }
+  return v;
+}
+
 struct Harness {
-  Harness(uint32_t slots, uint64_t n, PipelineOptions o, Executor* ex)
+  Harness(uint32_t slots, uint64_t n, PipelineOptions o, Executor* ex, bool shuffle = false)
       : ring(slots), proc(slots, o.batch_size), owner(std::make_shared<int>(0)) {
-    pipe = std::make_unique<BatchPipeline>(ex, &ring, &proc, [n](uint64_t) { return Iota(n); }, o,
-                                           [this] { notified++; }, owner);
+    pipe = std::make_unique<BatchPipeline>(
+        ex, &ring, &proc, [n, shuffle](uint64_t e) { return shuffle ? Shuffled(n, e) : Iota(n); }, o,
+        [this] { notified++; }, owner);
   }
   // Drains every ready batch in order, checking that the slot's rows match the meta.
   std::vector<SlotMeta> Drain(bool release = true) {
     std::vector<SlotMeta> out;
     while (auto l = ring.TakeNextReady()) {
-      SlotMeta m = pipe->meta(l->slot);
+      SlotMeta m = pipe->TakeMeta(l->slot);
       for (uint32_t r = 0; r < m.rows; ++r) REQUIRE(proc.at(l->slot, r) == static_cast<int64_t>(m.indices[r]));
       out.push_back(m);
       if (release) {
@@ -157,6 +169,68 @@ TEST_CASE("when spares use up the epoch, the batch dispatched last still ends it
   CHECK(h.pipe->EpochSkipped(1) == 2);
 }
 
+// Runs a job to the end and returns its batches.
+std::vector<SlotMeta> RunAll(uint32_t slots, uint64_t n, PipelineOptions o, std::set<uint64_t> bad) {
+  InlineExecutor ex;
+  Harness h(slots, n, o, &ex, /*shuffle=*/true);
+  h.proc.bad = std::move(bad);
+  h.pipe->Pump();
+  return h.Drain();
+}
+
+TEST_CASE("resuming after any batch delivers exactly the rest of the run, in the same order") {
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.epochs = 3;
+  const uint64_t n = 23;
+  auto full = RunAll(3, n, o, {});
+  REQUIRE(full.size() == 18);
+  for (size_t k = 0; k + 1 < full.size(); ++k) {
+    PipelineOptions ro = o;
+    ro.resume = full[k].resume;
+    auto rest = RunAll(3, n, ro, {});
+    REQUIRE(rest.size() == full.size() - k - 1);
+    for (size_t i = 0; i < rest.size(); ++i) {
+      CHECK(rest[i].indices == full[k + 1 + i].indices);
+      CHECK(rest[i].epoch == full[k + 1 + i].epoch);
+      CHECK(rest[i].batch_in_epoch == full[k + 1 + i].batch_in_epoch);
+      CHECK(rest[i].last_in_epoch == full[k + 1 + i].last_in_epoch);
+    }
+    CHECK(rest.back().last_in_job);
+  }
+}
+
+TEST_CASE("with bad samples, stopped + resumed still delivers every good sample once per epoch") {
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.epochs = 2;
+  const uint64_t n = 30;
+  const std::set<uint64_t> bad = {3, 11, 12, 20, 29};
+  auto full = RunAll(3, n, o, bad);
+  for (size_t k = 0; k + 1 < full.size(); ++k) {
+    PipelineOptions ro = o;
+    ro.resume = full[k].resume;
+    // Resume twice: from the resumed run's own tokens too.
+    auto rest = RunAll(3, n, ro, bad);
+    std::vector<SlotMeta> all(full.begin(), full.begin() + static_cast<ptrdiff_t>(k + 1));
+    if (rest.size() > 2) {
+      PipelineOptions ro2 = o;
+      ro2.resume = rest[1].resume;
+      auto rest2 = RunAll(3, n, ro2, bad);
+      all.insert(all.end(), rest.begin(), rest.begin() + 2);
+      all.insert(all.end(), rest2.begin(), rest2.end());
+    } else {
+      all.insert(all.end(), rest.begin(), rest.end());
+    }
+    std::vector<std::multiset<uint64_t>> per_epoch(2);
+    for (auto& m : all) per_epoch[m.epoch].insert(m.indices.begin(), m.indices.end());
+    for (auto& e : per_epoch) {
+      CHECK(e.size() == n - bad.size());
+      CHECK(std::set<uint64_t>(e.begin(), e.end()).size() == n - bad.size());
+    }
+  }
+}
+
 TEST_CASE("on_error: fail stops the job with the sample's error") {
   InlineExecutor inline_ex;
   PipelineOptions o;
@@ -166,7 +240,7 @@ TEST_CASE("on_error: fail stops the job with the sample's error") {
   h.proc.bad = {2};
   h.pipe->Pump();
   CHECK(h.pipe->failure().code() == StatusCode::kDataLoss);
-  CHECK(h.pipe->failure().message() == "sample 2 is bad");
+  CHECK(h.pipe->failure().message() == "sample 2 is bad (on_error: fail)");
   CHECK(h.pipe->cancelled());
   CHECK(h.notified > 0);
 }

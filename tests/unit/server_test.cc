@@ -54,6 +54,10 @@ class FakeJob : public jobs::JobHandle {
   }
   Status failure() const override { return fail; }
   void Cancel() override { cancelled = true; }
+  void Abort(Status reason) override {
+    cancelled = true;
+    if (fail.ok()) fail = reason;
+  }
   proto::JobStats Stats() const override {
     proto::JobStats s;
     s.set_batches(taken);
@@ -82,6 +86,16 @@ class FakeService : public jobs::JobService {
     job = std::make_shared<FakeJob>();
     r.job = job;
     return r;
+  }
+  proto::DaemonStatus Status(const jobs::PeerInfo& peer) override {
+    proto::DaemonStatus s;
+    if (job && (peer.uid == 0 || peer.uid == 1000)) s.add_jobs()->set_job_id(7);
+    return s;
+  }
+  spdl::Status Cancel(uint64_t id, const jobs::PeerInfo& peer) override {
+    if (!job || id != 7 || (peer.uid != 0 && peer.uid != 1000)) return NotFound("no job " + std::to_string(id));
+    job->Abort(Cancelled("cancelled by uid " + std::to_string(peer.uid)));
+    return spdl::Status::Ok();
   }
   std::shared_ptr<FakeJob> job;
   bool refuse = false;
@@ -218,6 +232,32 @@ TEST_CASE("EndJob stops the job and answers with its figures") {
   CHECK(svc.job->cancelled);
   CHECK_FALSE(s.has_job());
   CHECK_FALSE(o.close);
+}
+
+TEST_CASE("status and cancel are answered in any state after Hello") {
+  FakeService svc;
+  SessionLogic owner(&svc, Peer(), [] {});
+  (void)owner.OnFrame(Frame(Hello()));
+  (void)owner.OnFrame(Frame(Submit()));
+  SessionLogic other(&svc, {9, 2000, 2000}, [] {});
+  (void)other.OnFrame(Frame(Hello()));
+  proto::ClientMessage st;
+  st.mutable_status();
+  CHECK(other.OnFrame(Frame(st)).messages[0].message.status().jobs_size() == 0);  // another uid's job is hidden
+  CHECK(owner.OnFrame(Frame(st)).messages[0].message.status().jobs_size() == 1);
+  proto::ClientMessage cancel;
+  cancel.mutable_cancel()->set_job_id(7);
+  Output o = other.OnFrame(Frame(cancel));
+  CHECK(o.messages[0].message.error().code() == proto::Error::NOT_FOUND);
+  CHECK_FALSE(svc.job->cancelled);
+  SessionLogic root(&svc, {1, 0, 0}, [] {});
+  (void)root.OnFrame(Frame(Hello()));
+  o = root.OnFrame(Frame(cancel));
+  CHECK(o.messages[0].message.cancelled().job_id() == 7);
+  // The owner's session reports the cancellation as the job's failure.
+  o = owner.OnJobEvent();
+  REQUIRE(o.messages.size() == 1);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("cancelled by uid 0"));
 }
 
 TEST_CASE("a disconnect cancels the job") {

@@ -98,6 +98,7 @@ struct JobStats {
   double seconds = 0;              // since the daemon accepted the job
   double first_batch_seconds = 0;  // from acceptance to the first batch being ready (daemon side)
   std::vector<StageStats> stages;
+  double client_wait_seconds = 0;  // the client's wait for data, as it last reported it
 };
 
 namespace detail {
@@ -127,6 +128,9 @@ class Batch {
   // them: each either empty or `rows()` long).
   const std::vector<std::string>& paths() const { return paths_; }
   const std::vector<int64_t>& labels() const { return labels_; }
+  // Opaque bytes naming the job's position right after this batch: pass them as
+  // Options::resume_token to continue with exactly the samples that follow, in the same order.
+  const std::string& resume_token() const { return resume_token_; }
   // The batch's tensors, in the job's layout order. The data stays valid after Release() only as
   // long as this object lives AND the daemon does not refill the slot, i.e. do not read it after
   // Release(); the pointers are never dangling while the Batch exists, though.
@@ -153,6 +157,7 @@ class Batch {
   uint32_t rows_ = 0;
   std::vector<std::string> paths_;
   std::vector<int64_t> labels_;
+  std::string resume_token_;
   std::vector<TensorView> tensors_;
   std::atomic<bool> released_{true};  // exchanged by Release(), so exactly one caller sends
 };
@@ -165,7 +170,8 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> overrides;
   uint32_t rank = 0;        // 0 <= rank < world_size
   uint32_t world_size = 1;  // 0 is taken as 1
-  uint32_t epochs = 1;      // 0 = until End()
+  uint32_t epochs = 1;      // 0 = until End(); a resumed job counts the epochs before the token too
+  std::string resume_token; // from Batch::resume_token() / Loader::state(): continue after that batch
   std::string client_name;  // free text for the daemon's logs; empty = "spdl-client pid=N"
 };
 
@@ -217,6 +223,11 @@ class Loader {
 
   // Whether the JobStats event has been returned.
   bool finished() const { return finished_; }
+  // The resume token of the last Batch returned by Next() (empty before the first): save it to
+  // continue the job later from right after that batch.
+  const std::string& state() const { return state_; }
+  // Total time Next() has spent waiting for batches: the figure that says whether the trainer starves.
+  double wait_seconds() const;
 
   // The shared mapping, so tests can check that a tensor's pointer lies inside it.
   const void* region_data() const;
@@ -242,6 +253,7 @@ class Loader {
   // Read state: touched only by the thread calling Open()/Next()/End().
   Status sticky_;          // the first error Next() returned
   bool finished_ = false;  // JobStats was returned
+  std::string state_;      // resume token of the last Batch returned
   bool ended_ = false;     // End() sent EndJob
 };
 

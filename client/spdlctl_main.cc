@@ -1,0 +1,137 @@
+// spdlctl: what an operator or a user asks the node's spdld — the daemon's state, the jobs it runs
+// and their per-stage figures — and cancelling a job. Each uid sees and cancels only its own jobs
+// (root: all). `--json` prints the daemon's answer as JSON instead of tables.
+#include <google/protobuf/util/json_util.h>
+
+#include <CLI/CLI.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+
+#include "spdl/control.h"
+
+namespace {
+
+using spdl::proto::ClientMessage;
+using spdl::proto::DaemonStatus;
+using spdl::proto::JobSummary;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "spdlctl: %s\n", message.c_str());
+  return 1;
+}
+
+void PrintJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  std::cout << out;
+}
+
+std::string MiB(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+  return b;
+}
+
+double Rate(const JobSummary& j) { return j.stats().seconds() > 0 ? j.stats().samples() / j.stats().seconds() : 0; }
+
+void PrintStatus(const DaemonStatus& s) {
+  std::printf("spdld %s, up %.0f s, %u worker threads\n", s.daemon_version().c_str(), s.uptime_seconds(),
+              s.worker_threads());
+  std::printf("shared memory %s of %s in use, %u live jobs (%d yours)\n", MiB(s.memory_in_use_bytes()).c_str(),
+              MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
+}
+
+void PrintJobs(const DaemonStatus& s) {
+  std::printf("%6s %6s %8s %9s %6s %10s %10s %9s %9s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
+              "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
+  for (const auto& j : s.jobs()) {
+    char rank[24];
+    std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
+    std::printf("%6" PRIu64 " %6u %8u %9s %6u %10" PRIu64 " %10.1f %9u %9.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
+                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds(),
+                j.source().c_str());
+  }
+}
+
+void PrintStats(const JobSummary& j) {
+  const auto& st = j.stats();
+  std::printf("job %" PRIu64 " (uid %u, rank %u/%u, %s): %" PRIu64 " samples in %" PRIu64 " batches, %" PRIu64
+              " skipped, %.1f samples/s, first batch %.3f s\n",
+              j.job_id(), j.uid(), j.rank(), j.world_size(), j.source().c_str(), st.samples(), st.batches(), st.skipped(),
+              Rate(j), st.first_batch_seconds());
+  std::printf("  client waited %.2f s for data; %u batches ready and waiting\n", st.client_wait_seconds(),
+              st.batches_ready());
+  std::printf("  %-10s %10s %9s %10s %12s\n", "STAGE", "TASKS", "FAILURES", "BUSY_S", "AVG_MS");
+  for (const auto& s : st.stages()) {
+    std::printf("  %-10s %10" PRIu64 " %9" PRIu64 " %10.2f %12.3f\n", s.name().c_str(), s.tasks(), s.failures(),
+                s.busy_seconds(), s.tasks() ? 1e3 * s.busy_seconds() / s.tasks() : 0.0);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spdlctl: ask the node's spdld what it is doing"};
+  std::string socket = "/run/spdld/spdld.sock";
+  bool json = false;
+  app.add_option("--socket", socket, "spdld's control socket")->envname("SPDLD_SOCKET")->capture_default_str();
+  app.add_flag("--json", json, "print the answer as JSON");
+  app.require_subcommand(1);
+  auto* status = app.add_subcommand("status", "the daemon: uptime, threads, shared memory, job count");
+  auto* jobs = app.add_subcommand("jobs", "your jobs (root: all) with their throughput");
+  auto* stats = app.add_subcommand("stats", "per-stage figures of your jobs, or of one job");
+  uint64_t stats_job = 0;
+  stats->add_option("job", stats_job, "job id (default: all of yours)");
+  auto* cancel = app.add_subcommand("cancel", "stop a job of yours; its trainer gets an error");
+  uint64_t cancel_job = 0;
+  cancel->add_option("job", cancel_job, "job id")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  ClientMessage req;
+  if (*cancel) {
+    req.mutable_cancel()->set_job_id(cancel_job);
+  } else {
+    req.mutable_status();
+  }
+  auto reply = spdl::client::ControlCall(socket, req);
+  if (!reply.ok()) return Fail(reply.status().message());
+
+  if (*cancel) {
+    if (json) {
+      PrintJson(reply->cancelled());
+    } else {
+      std::printf("cancelled job %" PRIu64 "\n", reply->cancelled().job_id());
+    }
+    return 0;
+  }
+  const DaemonStatus& s = reply->status();
+  if (*status || *jobs) {
+    if (json) {
+      PrintJson(s);
+    } else if (*status) {
+      PrintStatus(s);
+    } else {
+      PrintJobs(s);
+    }
+    return 0;
+  }
+  // stats
+  bool found = false;
+  for (const auto& j : s.jobs()) {
+    if (stats_job != 0 && j.job_id() != stats_job) continue;
+    found = true;
+    if (json) {
+      PrintJson(j);
+    } else {
+      PrintStats(j);
+    }
+  }
+  if (stats_job != 0 && !found) return Fail("no job " + std::to_string(stats_job) + " of yours");
+  if (!found && !json) std::printf("no jobs\n");
+  return 0;
+}
