@@ -1,0 +1,419 @@
+// spdl_client._spdl_client: the pybind11 layer over the C++ client library
+// (client/include/spdl/client.h). The Python-facing API (Loader, Batch, SpdlError) is in
+// spdl_client/_loader.py; this module gives it three things:
+//
+//  - Core: one client::Loader. Open() and Next() run with the GIL released, so other Python threads
+//    run while a trainer waits for data. A mutex serializes Next()/End() from several threads (the
+//    C++ Loader is not thread-safe); Close() never waits for a Next() in progress (it refuses).
+//  - Lease: one leased slot (owns the client::Batch). Shared by every Tensor of the batch and by
+//    every DLPack export of them; the last reference gone gives the slot back to the daemon. It holds
+//    no Python object, so that last reference may drop on any thread, with or without the GIL (torch
+//    and numpy call DLPack deleters wherever their tensors die).
+//  - Tensor: a zero-copy view of one tensor of a batch: __dlpack__ / __dlpack_device__ (kDLCPU),
+//    shape, dtype, and __array__ (through DLPack, so numpy's array holds the lease too).
+//    Tensor.release_() drops the Tensor's own reference: afterwards it can export nothing, while
+//    views exported before keep the slot (and so their memory) until they die.
+//
+// Errors become spdl_client.SpdlError(message, code) with the client library's StatusCode name.
+#include <Python.h>
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "spdl/client.h"
+
+namespace py = pybind11;
+
+namespace spdl::python {
+namespace {
+
+// ---- errors ----
+
+// Raises spdl_client.SpdlError(message, code). The class lives in spdl_client/_errors.py so that
+// Python code can subclass and document it; it is looked up on first use (the import is cached).
+[[noreturn]] void ThrowError(const std::string& message, const char* code) {
+  py::object cls = py::module_::import("spdl_client._errors").attr("SpdlError");
+  py::object exc = cls(message, code);
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void ThrowStatus(const Status& s) { ThrowError(s.message(), StatusCodeName(s.code())); }
+
+[[noreturn]] void ThrowBufferError(const std::string& message) {
+  PyErr_SetString(PyExc_BufferError, message.c_str());
+  throw py::error_already_set();
+}
+
+// ---- leases ----
+
+// Live leases of one Loader: shared with its leases so that it may outlive the Loader.
+using HeldCounter = std::shared_ptr<std::atomic<int64_t>>;
+
+// One leased slot. Destroying it releases the slot (client::Batch's destructor sends Release;
+// a no-op once the connection is closed). Safe to destroy on any thread, without the GIL.
+class Lease {
+ public:
+  Lease(client::Batch batch, HeldCounter held) : batch_(std::move(batch)), held_(std::move(held)) {
+    held_->fetch_add(1);
+  }
+  ~Lease() {
+    batch_.Release();
+    held_->fetch_sub(1);
+  }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  const client::Batch& batch() const { return batch_; }
+
+ private:
+  client::Batch batch_;
+  HeldCounter held_;
+};
+
+// ---- DLPack ----
+
+DLDataType ToDLDataType(client::DType d) {
+  switch (d) {
+    case client::DType::kUInt8: return {kDLUInt, 8, 1};
+    case client::DType::kInt16: return {kDLInt, 16, 1};
+    case client::DType::kInt32: return {kDLInt, 32, 1};
+    case client::DType::kInt64: return {kDLInt, 64, 1};
+    case client::DType::kFloat16: return {kDLFloat, 16, 1};
+    case client::DType::kBFloat16: return {kDLBfloat, 16, 1};
+    case client::DType::kFloat32: return {kDLFloat, 32, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+// What one exported DLManagedTensor owns: its shape and strides, and a reference to the lease.
+struct Export {
+  DLManagedTensor managed{};
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  std::shared_ptr<Lease> lease;
+};
+
+// The consumer's (or the capsule's) way to say it is done. Any thread; no GIL needed.
+void DeleteExport(DLManagedTensor* self) { delete static_cast<Export*>(self->manager_ctx); }
+
+// Runs when the capsule dies. A consumer that took the tensor renamed the capsule "used_dltensor"
+// and now owns it; an unconsumed capsule still owns its tensor and deletes it here.
+void CapsuleDestructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "used_dltensor")) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed == nullptr) {
+    PyErr_WriteUnraisable(capsule);
+  } else if (managed->deleter != nullptr) {
+    managed->deleter(managed);
+  }
+  PyErr_Restore(type, value, traceback);
+}
+
+// ---- Tensor ----
+
+class Tensor {
+ public:
+  Tensor(std::shared_ptr<Lease> lease, size_t index)
+      : lease_(std::move(lease)), view_(lease_->batch().tensors().at(index)) {}
+
+  const std::string& name() const { return view_.name; }
+  std::string dtype() const { return client::DTypeName(view_.dtype); }
+  py::tuple shape() const { return py::tuple(py::cast(view_.shape)); }
+  size_t nbytes() const { return view_.bytes; }
+  size_t itemsize() const { return client::DTypeSize(view_.dtype); }
+  size_t ndim() const { return view_.shape.size(); }
+  uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(view_.data); }
+  bool released() const { return lease_ == nullptr; }
+
+  // Drops this Tensor's reference to the slot; views exported before keep theirs.
+  void Release() { lease_.reset(); }
+
+  py::tuple DLPackDevice() const { return py::make_tuple(static_cast<int>(kDLCPU), 0); }
+
+  // The DLPack protocol (array API standard). `stream` must be None (or -1) for CPU data.
+  // `max_version`: only unversioned ("dltensor") capsules are made, which the standard allows a
+  // producer to return whatever the consumer's maximum. `dl_device` must be CPU or None; `copy=True`
+  // is refused (these tensors are views; copy the consumer's tensor instead).
+  py::object DLPack(const py::object& stream, const py::object& max_version, const py::object& dl_device,
+                    const py::object& copy) const {
+    (void)max_version;
+    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.cast<int64_t>() == -1)) {
+      ThrowBufferError("spdl_client tensors are CPU memory: __dlpack__(stream=...) must be None");
+    }
+    if (!dl_device.is_none()) {
+      auto dev = dl_device.cast<std::pair<int, int>>();
+      if (dev.first != kDLCPU) ThrowBufferError("spdl_client tensors are CPU memory; cannot export to another device");
+    }
+    if (!copy.is_none() && copy.cast<bool>()) {
+      ThrowBufferError("spdl_client tensors are zero-copy views; __dlpack__(copy=True) is not supported");
+    }
+    if (!lease_) {
+      ThrowError("tensor '" + view_.name + "' belongs to a released batch: export it before release()",
+                 "FAILED_PRECONDITION");
+    }
+    auto ex = std::make_unique<Export>();
+    ex->shape = view_.shape;
+    ex->strides.assign(view_.shape.size(), 1);
+    for (size_t i = view_.shape.size(); i-- > 1;) ex->strides[i - 1] = ex->strides[i] * view_.shape[i];
+    ex->lease = lease_;
+    DLTensor& t = ex->managed.dl_tensor;
+    t.data = view_.data;
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(ex->shape.size());
+    t.dtype = ToDLDataType(view_.dtype);
+    t.shape = ex->shape.data();
+    t.strides = ex->strides.data();
+    t.byte_offset = 0;
+    ex->managed.manager_ctx = ex.get();
+    ex->managed.deleter = DeleteExport;
+    PyObject* capsule = PyCapsule_New(&ex->managed, "dltensor", CapsuleDestructor);
+    if (capsule == nullptr) throw py::error_already_set();
+    ex.release();  // owned by the capsule now
+    return py::reinterpret_steal<py::object>(capsule);
+  }
+
+  std::string Repr() const {
+    std::string s = "<spdl_client.Tensor '" + view_.name + "' " + dtype() + " [";
+    for (size_t i = 0; i < view_.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(view_.shape[i]);
+    return s + "]" + (lease_ ? "" : " released") + ">";
+  }
+
+ private:
+  std::shared_ptr<Lease> lease_;  // null once released
+  client::TensorView view_;       // a copy: the metadata outlives release
+};
+
+// ---- conversions ----
+
+py::dict EpochEndDict(const client::EpochEnd& e) {
+  py::dict d;
+  d["epoch"] = e.epoch;
+  d["samples"] = e.samples;
+  d["batches"] = e.batches;
+  d["skipped"] = e.skipped;
+  d["seconds"] = e.seconds;
+  return d;
+}
+
+py::dict JobStatsDict(const client::JobStats& s) {
+  py::dict d;
+  d["samples"] = s.samples;
+  d["batches"] = s.batches;
+  d["skipped"] = s.skipped;
+  d["seconds"] = s.seconds;
+  d["first_batch_seconds"] = s.first_batch_seconds;
+  py::list stages;
+  for (const auto& st : s.stages) {
+    py::dict sd;
+    sd["name"] = st.name;
+    sd["tasks"] = st.tasks;
+    sd["failures"] = st.failures;
+    sd["busy_seconds"] = st.busy_seconds;
+    stages.append(sd);
+  }
+  d["stages"] = stages;
+  return d;
+}
+
+py::dict JobInfoDict(const client::JobInfo& info) {
+  py::dict d;
+  d["job_id"] = info.job_id;
+  d["batch_size"] = info.batch_size;
+  d["batches_per_epoch"] = info.batches_per_epoch;
+  d["samples_per_epoch"] = info.samples_per_epoch;
+  d["dataset_size"] = info.dataset_size;
+  d["num_slots"] = info.num_slots;
+  py::list layout;
+  for (const auto& t : info.layout) {
+    py::dict td;
+    td["name"] = t.name;
+    td["dtype"] = client::DTypeName(t.dtype);
+    td["shape"] = py::tuple(py::cast(t.shape));
+    td["bytes"] = t.bytes;
+    layout.append(td);
+  }
+  d["layout"] = layout;
+  return d;
+}
+
+// ---- Core ----
+
+class Core {
+ public:
+  static std::unique_ptr<Core> Open(std::string socket, std::string config_yaml, std::string config_name,
+                                    std::vector<std::pair<std::string, std::string>> overrides, uint32_t rank,
+                                    uint32_t world_size, uint32_t epochs, std::string client_name,
+                                    py::bytes resume_token) {
+    client::Options o;
+    o.resume_token = std::string(resume_token);
+    o.socket_path = std::move(socket);
+    o.config_yaml = std::move(config_yaml);
+    o.config_name = std::move(config_name);
+    o.overrides = std::move(overrides);
+    o.rank = rank;
+    o.world_size = world_size;
+    o.epochs = epochs;
+    o.client_name = std::move(client_name);
+    std::optional<Result<std::unique_ptr<client::Loader>>> r;
+    {
+      py::gil_scoped_release nogil;
+      r.emplace(client::Loader::Open(o));
+    }
+    if (!r->ok()) ThrowStatus(r->status());
+    return std::unique_ptr<Core>(new Core(std::move(**r)));
+  }
+
+  // The next event as (kind, a, b): ("batch", [Tensor, ...], metadata dict), ("epoch_end", dict,
+  // None) or ("stats", dict, None). Waits with the GIL released.
+  py::tuple Next() {
+    std::optional<Result<client::Event>> ev;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loader_ == nullptr) {
+        ev.emplace(FailedPrecondition("the loader is closed"));
+      } else {
+        ev.emplace(loader_->Next());
+      }
+    }
+    if (!ev->ok()) ThrowStatus(ev->status());
+    client::Event& e = **ev;
+    if (auto* b = std::get_if<client::Batch>(&e)) return BatchTuple(std::move(*b));
+    if (auto* end = std::get_if<client::EpochEnd>(&e)) return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
+    return py::make_tuple("stats", JobStatsDict(std::get<client::JobStats>(e)), py::none());
+  }
+
+  // The resume token of the last batch returned (empty bytes before the first).
+  py::bytes state() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return py::bytes(loader_ == nullptr ? std::string() : loader_->state());
+  }
+
+  // Asks the daemon to end the job early (the next Next() returns the stats or CANCELLED).
+  void End() {
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loader_ != nullptr) s = loader_->End();
+    }
+    if (!s.ok()) ThrowStatus(s);
+  }
+
+  // Closes the connection: the daemon ends the job. Batches still alive stay readable (their
+  // memory stays mapped) but are no longer protected. Idempotent.
+  void Close() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      ThrowError("close() while another thread is inside next(): stop iterating first", "FAILED_PRECONDITION");
+    }
+    loader_.reset();
+  }
+
+  bool closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return loader_ == nullptr;
+  }
+
+  py::dict info() const { return JobInfoDict(info_); }
+  uintptr_t region_address() const { return region_address_; }
+  size_t region_size() const { return region_size_; }
+  int64_t held() const { return held_->load(); }
+
+ private:
+  explicit Core(std::unique_ptr<client::Loader> loader)
+      : loader_(std::move(loader)),
+        info_(loader_->info()),
+        region_address_(reinterpret_cast<uintptr_t>(loader_->region_data())),
+        region_size_(loader_->region_size()) {}
+
+  py::tuple BatchTuple(client::Batch b) {
+    auto lease = std::make_shared<Lease>(std::move(b), held_);
+    const client::Batch& batch = lease->batch();
+    py::list tensors;
+    for (size_t i = 0; i < batch.tensors().size(); ++i) tensors.append(py::cast(Tensor(lease, i)));
+    py::dict meta;
+    meta["seq"] = batch.seq();
+    meta["epoch"] = batch.epoch();
+    meta["batch_in_epoch"] = batch.batch_in_epoch();
+    meta["rows"] = batch.rows();
+    meta["slot"] = batch.slot();
+    meta["paths"] = py::cast(batch.paths());
+    meta["labels"] = py::cast(batch.labels());
+    return py::make_tuple("batch", tensors, meta);
+  }
+
+  std::mutex mu_;  // guards loader_ (Next/End/Close may come from different Python threads)
+  std::unique_ptr<client::Loader> loader_;
+  // Constant after construction.
+  const client::JobInfo info_;
+  const uintptr_t region_address_;
+  const size_t region_size_;
+  const HeldCounter held_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+}  // namespace
+}  // namespace spdl::python
+
+PYBIND11_MODULE(_spdl_client, m) {
+  using spdl::python::Core;
+  using spdl::python::Tensor;
+  m.doc() = "spdl_client's native part: see spdl_client (the Python API) and client/include/spdl/client.h";
+
+  py::class_<Tensor>(m, "Tensor",
+                     "A zero-copy view of one tensor of a batch in the job's shared memory (CPU).\n\n"
+                     "Take it with torch.from_dlpack(t) or numpy.from_dlpack(t) (or numpy.asarray(t)):\n"
+                     "the result shares the memory and keeps the batch's slot leased until it dies.")
+      .def_property_readonly("name", &Tensor::name)
+      .def_property_readonly("dtype", &Tensor::dtype, "numpy dtype name: 'uint8', 'int64', ...")
+      .def_property_readonly("shape", &Tensor::shape)
+      .def_property_readonly("ndim", &Tensor::ndim)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("itemsize", &Tensor::itemsize)
+      .def_property_readonly("data_ptr", &Tensor::data_ptr, "address of the first element (in the shared mapping)")
+      .def_property_readonly("released", &Tensor::released)
+      .def("release_", &Tensor::Release, "drop this Tensor's reference to the slot (Batch.release() calls it)")
+      .def("__dlpack_device__", &Tensor::DLPackDevice)
+      .def("__dlpack__", &Tensor::DLPack, py::kw_only(), py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def(
+          "__array__",
+          [](const py::object& self, const py::object& dtype, const py::object& copy) {
+            // Through DLPack, so that the array (not this Tensor) holds the slot: release() on the
+            // batch can then never free memory under the array.
+            py::object a = py::module_::import("numpy").attr("from_dlpack")(self);
+            if (!dtype.is_none()) a = a.attr("astype")(dtype, py::arg("copy") = false);
+            if (!copy.is_none() && copy.cast<bool>()) a = a.attr("copy")();
+            return a;
+          },
+          py::arg("dtype") = py::none(), py::arg("copy") = py::none(),
+          "numpy.asarray(t): a zero-copy, read-only numpy view (a copy when a dtype or copy=True asks)")
+      .def("__repr__", &Tensor::Repr);
+
+  py::class_<Core>(m, "Core", "One job on spdld (use spdl_client.Loader)")
+      .def_static("open", &Core::Open, py::arg("socket"), py::arg("config_yaml"), py::arg("config_name"),
+                  py::arg("overrides"), py::arg("rank"), py::arg("world_size"), py::arg("epochs"),
+                  py::arg("client_name"), py::arg("resume_token") = py::bytes())
+      .def("next", &Core::Next)
+      .def_property_readonly("state", &Core::state)
+      .def("end", &Core::End)
+      .def("close", &Core::Close)
+      .def_property_readonly("closed", &Core::closed)
+      .def_property_readonly("info", &Core::info)
+      .def_property_readonly("region_address", &Core::region_address)
+      .def_property_readonly("region_size", &Core::region_size)
+      .def_property_readonly("held", &Core::held);
+}

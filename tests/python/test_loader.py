@@ -1,0 +1,225 @@
+"""spdl_client.Loader against a real spdld: what it yields, in which order, and how it is opened."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import spdl_client
+from conftest import CLASSES, PER_CLASS, REPO, SMALL
+
+N = CLASSES * PER_CLASS  # 48 images
+
+
+def test_iterates_one_job_and_reports_its_stats(make_loader):
+    loader = make_loader(batch=8, epochs=2)
+    assert len(loader) == N // 8
+    info = loader.info
+    assert info["batch_size"] == 8 and info["dataset_size"] == N and info["samples_per_epoch"] == N
+    assert info["num_slots"] == 2
+    assert [(t["name"], t["dtype"], t["shape"]) for t in info["layout"]] == [
+        ("image", "uint8", (8, 56, 56, 3)),
+        ("label", "int64", (8,)),
+    ]
+    seen = []
+    for batch in loader:
+        assert set(batch) == {"image", "label"} and len(batch) == 2
+        image, label = batch["image"], batch["label"]
+        assert (image.shape, image.dtype, label.shape, label.dtype) == ((8, 56, 56, 3), "uint8", (8,), "int64")
+        assert batch.rows == 8 and len(batch.paths) == 8 and len(batch.labels) == 8
+        seen.append((batch.epoch, batch.batch_in_epoch))
+        assert loader.stats()["finished"] is False
+    assert seen == [(e, b) for e in range(2) for b in range(N // 8)]
+    assert loader.finished
+    # Iterating a finished loader yields nothing more.
+    assert list(loader) == [] and loader.next() is None
+
+    stats = loader.stats()
+    assert stats["finished"] is True
+    assert (stats["batches"], stats["samples"], stats["skipped"]) == (2 * N // 8, 2 * N, 0)
+    assert stats["seconds"] > 0 and stats["first_batch_seconds"] >= 0
+    assert {s["name"] for s in stats["stages"]} >= {"decode"}
+    assert [(e["epoch"], e["batches"], e["samples"]) for e in loader.epoch_summaries] == [(0, 6, N), (1, 6, N)]
+    assert stats["epochs"] == loader.epoch_summaries
+
+
+def test_stats_before_the_end_count_what_was_yielded(make_loader):
+    loader = make_loader(batch=8, epochs=1)
+    it = iter(loader)
+    next(it)
+    next(it)
+    stats = loader.stats()
+    assert stats["finished"] is False
+    assert (stats["batches"], stats["samples"], stats["seconds"], stats["stages"]) == (2, 16, None, None)
+
+
+def test_labels_match_class_folders(make_loader, dataset):
+    loader = make_loader(batch=7, epochs=1)  # 48 = 6 * 7 + 6: the last batch is partial
+    rows = []
+    for batch in loader:
+        labels = torch.from_dlpack(batch["label"])
+        assert labels.tolist() == batch.labels
+        assert batch["image"].shape[0] == batch.rows == len(batch.paths)
+        for path, label in zip(batch.paths, batch.labels):
+            assert dataset.label_of[path] == label, path
+        rows.append(batch.rows)
+    assert rows == [7] * 6 + [6]
+    assert len(loader) == 7
+
+
+def test_exact_epoch_coverage_over_two_ranks(make_loader, dataset):
+    epochs = 2
+    per_rank = []
+    for rank in range(2):
+        loader = make_loader(batch=5, epochs=epochs, rank=rank, world_size=2)
+        assert len(loader) == 5  # 24 samples per rank in batches of 5: 4 full + 1 of 4
+        order = [[] for _ in range(epochs)]
+        for batch in loader:
+            order[batch.epoch].extend(batch.paths)
+        per_rank.append(order)
+    for e in range(epochs):
+        both = per_rank[0][e] + per_rank[1][e]
+        assert len(per_rank[0][e]) == len(per_rank[1][e]) == N // 2
+        assert Counter(both) == Counter(dataset.files), f"epoch {e}: not every file exactly once"
+    # Shuffled: a new order every epoch (the same on every rank).
+    assert per_rank[0][0] != per_rank[0][1]
+
+
+def test_order_is_reproducible(make_loader):
+    def paths(**kw):
+        return [p for b in make_loader(batch=8, **kw) for p in b.paths]
+
+    assert paths(seed=3) == paths(seed=3)
+    assert paths(seed=3) != paths(seed=4)
+
+
+def test_endless_job_runs_until_closed(make_loader, daemon):
+    loader = make_loader(batch=16, epochs=0)
+    it = iter(loader)
+    got = [next(it).epoch for _ in range(3 * len(loader) + 1)]  # into a 4th epoch
+    assert got[-1] == 3
+    assert len(loader.epoch_summaries) == 3
+    loader.close()
+    assert loader.closed
+    with pytest.raises(spdl_client.SpdlError) as err:
+        next(it)
+    assert err.value.code == "FAILED_PRECONDITION"
+    # Closing ended that job; the daemon serves the next one.
+    assert next(iter(make_loader(batch=16))).rows == 16
+
+
+def test_end_stops_the_job_early(make_loader):
+    loader = make_loader(batch=4, epochs=0)
+    first = next(iter(loader))
+    del first
+    loader.end()
+    try:
+        rest = list(loader)  # drains: ends with the daemon's stats...
+        assert loader.finished and len(rest) < 3 * len(loader)
+    except spdl_client.SpdlError as e:  # ...or with the daemon simply closing the connection
+        assert e.code == "CANCELLED"
+
+
+def test_context_manager_closes(make_loader, dataset, daemon):
+    with spdl_client.Loader(
+        REPO / "config" / "examples" / "imagenet.yaml",  # a path (PathLike) to a YAML file
+        socket=daemon.socket,
+        overrides={"source.root": dataset.root, "batch.size": 16, **SMALL},
+    ) as loader:
+        assert loader.config_name.endswith("imagenet.yaml")
+        batch = next(loader)
+        assert batch["image"].shape == (16, 56, 56, 3)
+    assert loader.closed
+    # A batch may outlive its loader: its memory stays mapped and readable.
+    assert torch.from_dlpack(batch["image"]).sum().item() >= 0
+
+
+def test_state_dict_tracks_the_position(make_loader):
+    loader = make_loader(batch=8, epochs=2)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch_in_epoch"], state["batches_seen"]) == (0, 0, 0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch_in_epoch"], state["batches_seen"], state["samples_seen"]) == (0, 4, 4, 32)
+    for _ in range(2):
+        next(it)  # the epoch's last batch
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch_in_epoch"]) == (1, 0)
+    assert (state["batches_per_epoch"], state["batch_size"], state["dataset_size"]) == (6, 8, N)
+    assert (state["rank"], state["world_size"], state["epochs"]) == (0, 1, 2)
+    assert isinstance(state["resume_token"], str)
+    # Plain values: it survives JSON (and so torch.save) unchanged.
+    assert json.loads(json.dumps(state)) == state
+    assert make_loader(batch=8).state_dict()["resume_token"] is None
+
+
+@pytest.mark.parametrize("stop", [1, 4, 6, 9])
+def test_load_state_dict_continues_exactly_where_it_stopped(make_loader, stop):
+    full = [list(b.paths) for b in make_loader(batch=8, epochs=2)]
+    first = make_loader(batch=8, epochs=2)
+    seen = []
+    for b in first:
+        seen.append(list(b.paths))
+        if len(seen) == stop:
+            break
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = make_loader(batch=8, epochs=2)
+    resumed.load_state_dict(state)
+    rest = [list(b.paths) for b in resumed]
+    assert seen + rest == full
+    assert resumed.state_dict()["batches_seen"] == len(full)
+
+
+def test_load_state_dict_refuses_another_job(make_loader):
+    a = make_loader(batch=8, epochs=1)
+    next(iter(a))
+    state = a.state_dict()
+    with pytest.raises(spdl_client.SpdlError, match="another job"):
+        make_loader(batch=8, epochs=1, seed=99).load_state_dict(state)
+    with pytest.raises(ValueError, match="rank"):
+        b = make_loader(batch=8, rank=1, world_size=2)
+        b.load_state_dict(state)
+
+
+def test_defaults_come_from_the_environment(make_loader, daemon, dataset, monkeypatch):
+    monkeypatch.setenv("SPDLD_SOCKET", daemon.socket)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = make_loader(socket=None, rank=None, world_size=None, epochs=None, batch=4)
+    assert (loader.socket, loader.rank, loader.world_size, loader.epochs) == (daemon.socket, 1, 3, 1)
+    assert loader.info["samples_per_epoch"] == N // 3
+    assert sum(1 for _ in loader) == len(loader) == N // 3 // 4  # (list(loader) would hold every slot)
+
+    monkeypatch.delenv("SPDLD_SOCKET")
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    from spdl_client import _loader
+
+    assert _loader._resolve_socket(None) == spdl_client.DEFAULT_SOCKET == "/run/spdld/spdld.sock"
+    assert _loader._resolve_rank(None, None) == (0, 1)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK"):
+        _loader._resolve_rank(None, None)
+
+
+def test_config_file_text_and_overrides(make_loader, dataset, daemon, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"source: {{root: {dataset.root}}}\ntransforms:\n  - resize: {{shorter: 40}}\n  - center_crop: {{size: 32}}\n")
+    # A str that names an existing file is read as a file.
+    loader = make_loader(str(path), overrides=["batch.size=12", "prefetch=3"])
+    assert loader.config_name == str(path)
+    assert (loader.info["batch_size"], loader.info["num_slots"]) == (12, 3)
+    assert next(loader)["image"].shape == (12, 32, 32, 3)
+    # Override values may be Python values: numbers, booleans, lists.
+    loader = make_loader(path, overrides={"batch.size": 6, "batch.drop_last": True, "source.extensions": [".jpg"]})
+    assert loader.info["batch_size"] == 6 and len(loader) == N // 6
+    # (key, value) pairs work too.
+    assert make_loader(path, overrides=[("batch.size", "24")]).info["batch_size"] == 24

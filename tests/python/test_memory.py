@@ -1,0 +1,178 @@
+"""Zero copy and slot lifetime: views point into the job's shared mapping, and a slot goes back to
+the daemon exactly when nothing can read it any more (never under a live view)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import spdl_client
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _wait_for(cond, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_views_are_zero_copy_into_the_shared_mapping(make_loader):
+    loader = make_loader(batch=8)
+    lo = loader.region_address()
+    hi = lo + loader.region_size()
+    batch = next(loader)
+    for name, t in batch.items():
+        assert t.__dlpack_device__() == (1, 0)  # kDLCPU
+        x = torch.from_dlpack(t)
+        a = np.from_dlpack(t)
+        b = np.asarray(t)  # __array__ goes through DLPack too
+        assert x.data_ptr() == t.data_ptr == _addr(a) == _addr(b), name
+        assert lo <= t.data_ptr and t.data_ptr + t.nbytes <= hi, name
+        assert tuple(x.shape) == t.shape == a.shape and a.dtype == np.dtype(t.dtype) and x.is_contiguous()
+        assert t.nbytes == a.nbytes and t.ndim == a.ndim and t.itemsize == a.itemsize
+    image = torch.from_dlpack(batch["image"])
+    assert image.dtype == torch.uint8 and image.float().std() > 0  # real pixels
+    assert torch.from_dlpack(batch["label"]).dtype == torch.int64
+    # One memory: a write through the torch view shows in the numpy view.
+    arr = np.from_dlpack(batch["image"])
+    image[0, 0, 0, 0] = 255 - int(image[0, 0, 0, 0])
+    assert int(arr[0, 0, 0, 0]) == int(image[0, 0, 0, 0])
+    # The helpers give the same views.
+    assert batch.torch()["image"].data_ptr() == image.data_ptr()
+    assert _addr(batch.numpy()["label"]) == batch["label"].data_ptr
+
+
+def test_dropping_batches_gives_the_slots_back(make_loader):
+    loader = make_loader(batch=4, prefetch=2, epochs=1)  # 12 batches through 2 slots
+    n = 0
+    for batch in loader:
+        x = torch.from_dlpack(batch["image"])
+        assert x.shape[0] == 4
+        assert loader.held_batches <= 2
+        n += 1
+    assert n == 12 == len(loader)
+    assert loader.held_batches == 1  # `batch` still refers to the last one
+    del batch, x
+    assert loader.held_batches == 0
+
+
+@pytest.mark.filterwarnings("ignore:spdl_client. all 2 slots")
+def test_all_slots_held_blocks_until_a_view_dies(make_loader):
+    loader = make_loader(batch=4, prefetch=2, epochs=0)
+    a = next(loader)
+    b = next(loader)  # two batches held: both slots
+    view = torch.from_dlpack(a["image"])
+    del a  # the view still holds a's slot
+    assert loader.held_batches == 2
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(next(loader)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not got, "next() must wait while every slot is leased"
+    del view  # the last reference to a's slot: released here, on this thread
+    waiter.join(10)
+    assert not waiter.is_alive() and got[0].seq == b.seq + 1
+
+
+def test_a_kept_view_stays_valid_and_unchanged(make_loader):
+    loader = make_loader(batch=4, prefetch=3, epochs=2)  # keep 1 view, 2 slots left to iterate with
+    first = next(loader)
+    kept = torch.from_dlpack(first["image"])
+    kept_labels = np.from_dlpack(first["label"])
+    copy, copy_labels = kept.clone(), kept_labels.copy()
+    kept_slot = first.slot
+    del first
+    later = 0
+    for batch in loader:
+        assert batch.slot != kept_slot, "the daemon refilled a slot that a view still uses"
+        torch.from_dlpack(batch["image"]).sum()
+        assert torch.equal(kept, copy) and np.array_equal(kept_labels, copy_labels)
+        later += 1
+    assert later == 2 * len(loader) - 1
+    del batch
+    assert loader.held_batches == 1
+    del kept, kept_labels
+    assert loader.held_batches == 0
+
+
+def test_release_never_frees_memory_under_a_live_view(make_loader):
+    loader = make_loader(batch=4, prefetch=2, epochs=1)
+    first = next(loader)
+    view = torch.from_dlpack(first["image"])
+    copy = view.clone()
+    first.release()
+    assert first.released and first["image"].released
+    with pytest.raises(spdl_client.SpdlError) as err:
+        torch.from_dlpack(first["image"])  # no new views after release()
+    assert err.value.code == "FAILED_PRECONDITION" and "released" in str(err.value)
+    assert loader.held_batches == 1  # the view keeps the slot
+    for batch in loader:  # 11 more batches through the one slot left
+        assert batch.slot != first.slot
+        assert torch.equal(view, copy)
+        batch.release()  # no views: the slot goes back right here
+        assert batch.released
+    assert loader.held_batches == 1
+    del view
+    assert loader.held_batches == 0
+    first.release()  # idempotent
+
+
+def test_released_batch_without_views_frees_its_slot_at_once(make_loader):
+    loader = make_loader(batch=4, prefetch=2)
+    with next(loader) as batch:  # a Batch is a context manager: released at the end of the block
+        assert loader.held_batches == 1
+    assert batch.released and loader.held_batches == 0
+
+
+def test_unconsumed_capsules_and_views_dropped_on_another_thread(make_loader):
+    loader = make_loader(batch=4, prefetch=2)
+    batch = next(loader)
+    capsule = batch["image"].__dlpack__()
+    batch.release()
+    assert loader.held_batches == 1  # a capsule nobody consumed owns a reference too
+    del capsule
+    assert loader.held_batches == 0
+
+    batch = next(loader)
+    views = [torch.from_dlpack(batch["image"]), np.from_dlpack(batch["label"])]
+    del batch
+    assert loader.held_batches == 1
+    dropper = threading.Thread(target=views.clear)
+    del views
+    dropper.start()
+    dropper.join()
+    assert _wait_for(lambda: loader.held_batches == 0)
+    assert next(loader).rows == 4  # and the loader goes on
+
+
+def test_dlpack_protocol_arguments(make_loader):
+    batch = next(make_loader(batch=4))
+    t = batch["image"]
+    assert "image" in repr(t) and "uint8" in repr(t) and "image" in repr(batch)
+    for kwargs in ({"stream": None}, {"stream": -1}, {"max_version": (1, 0)}, {"dl_device": (1, 0)}, {"copy": False}):
+        assert type(t.__dlpack__(**kwargs)).__name__ == "PyCapsule", kwargs
+    for kwargs in ({"stream": 7}, {"dl_device": (2, 0)}, {"copy": True}):
+        with pytest.raises(BufferError):
+            t.__dlpack__(**kwargs)
+    assert np.asarray(t, dtype=np.float32).dtype == np.float32  # a converted copy on request
+
+
+def test_next_with_every_slot_held_warns(make_loader):
+    loader = make_loader(batch=4, prefetch=2, epochs=0)
+    a, b = next(loader), next(loader)
+    release_later = threading.Timer(0.2, a.release)
+    release_later.start()
+    with pytest.warns(RuntimeWarning, match="all 2 slots of the job"):
+        c = next(loader)  # waits for the timer's release
+    release_later.join()
+    assert c.seq == b.seq + 1
