@@ -29,7 +29,7 @@ Status Step(const char* name, F&& f) {
 
 }  // namespace
 
-Daemon::Daemon(config::DaemonConfig config) : config_(std::move(config)), signals_(io_) {}
+Daemon::Daemon(config::DaemonConfig config) : config_(std::move(config)), signals_(io_), stats_timer_(io_) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
@@ -71,9 +71,31 @@ Status Daemon::Start() {
     server_ = std::make_unique<server::ControlServer>(&io_, registry_.get(), so);
     return server_->Start();
   }));
+  ScheduleStatsLog();
   spdlog::info("spdld ready on {} with {} worker threads, memory budget {} MiB", config_.socket_path, pool_->size(),
                config_.memory_budget_bytes >> 20);
   return Status::Ok();
+}
+
+void Daemon::ScheduleStatsLog() {
+  if (config_.stats_log_seconds <= 0) return;
+  stats_timer_.expires_after(std::chrono::seconds(config_.stats_log_seconds));
+  stats_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // operation_aborted: shutting down
+    jobs::PeerInfo root;  // uid 0: every job
+    const proto::DaemonStatus status = registry_->Status(root);
+    for (const auto& j : status.jobs()) {
+      const auto& s = j.stats();
+      std::string stages;
+      for (const auto& st : s.stages()) {
+        stages += fmt::format(" {} {:.2f}ms", st.name(), st.tasks() ? 1e3 * st.busy_seconds() / st.tasks() : 0.0);
+      }
+      spdlog::info("job {}: {} samples, {:.1f}/s, {} skipped, {} ready, client waited {:.1f}s;{}", j.job_id(),
+                   s.samples(), s.seconds() > 0 ? s.samples() / s.seconds() : 0.0, s.skipped(), s.batches_ready(),
+                   s.client_wait_seconds(), stages);
+    }
+    ScheduleStatsLog();
+  });
 }
 
 void Daemon::Run() { io_.run(); }
@@ -83,6 +105,7 @@ void Daemon::Stop() {
     if (server_) server_->Stop();
     boost::system::error_code ec;
     signals_.cancel(ec);
+    stats_timer_.cancel();
     io_.stop();
   });
 }

@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <memory>
 
 #include "common/status.h"
@@ -32,6 +33,8 @@ class Daemon {
 
  private:
   void Shutdown();
+  // Logs one line per live job every stats_log_seconds.
+  void ScheduleStatsLog();
 
   // Declared in teardown order (destroyed bottom-up): the server (sessions, and so their jobs)
   // goes first, then the io_context; the worker pool is joined explicitly in Shutdown() before the
@@ -41,6 +44,7 @@ class Daemon {
   std::unique_ptr<jobs::JobRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
+  boost::asio::steady_timer stats_timer_;
   std::unique_ptr<server::ControlServer> server_;
   bool shut_down_ = false;
 };

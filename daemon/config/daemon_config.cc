@@ -148,6 +148,9 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("max_slots_per_job"), 1, 1024)) {
     out->max_slots_per_job = static_cast<int>(*v);
   }
+  if (auto v = internal::ReadInt(diag, m.Get("stats_log_seconds"), 0, 86400)) {
+    out->stats_log_seconds = static_cast<int>(*v);
+  }
   m.ReportUnknownKeys();
 }
 

@@ -32,6 +32,7 @@ struct DaemonConfig {
                                              // (YAML: a byte size like memory_budget_bytes)
   int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
+  int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
 
   bool operator==(const DaemonConfig&) const = default;
 };
