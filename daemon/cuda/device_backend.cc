@@ -1,0 +1,44 @@
+#include "cuda/device_backend.h"
+
+#include <cstdio>
+
+#include "cuda/device_handles.h"
+
+namespace spdl::cuda {
+
+void DeviceBackend::ReportTeardownError(const Status& status) {
+  std::fprintf(stderr, "spdl %s backend (device %d): %s\n", name(), device(),
+               status.ToString().c_str());
+}
+
+Result<StreamHandle> MakeStream(DeviceBackend& backend) {
+  SPDL_ASSIGN_OR_RETURN(Stream s, backend.CreateStream());
+  return StreamHandle(&backend, s);
+}
+
+Result<EventHandle> MakeEvent(DeviceBackend& backend, bool interprocess) {
+  SPDL_ASSIGN_OR_RETURN(Event e, backend.CreateEvent(interprocess));
+  return EventHandle(&backend, e);
+}
+
+Result<EventHandle> OpenIpcEvent(DeviceBackend& backend, const IpcEventHandle& handle) {
+  SPDL_ASSIGN_OR_RETURN(Event e, backend.OpenEvent(handle));
+  return EventHandle(&backend, e);
+}
+
+Result<DeviceBuffer> AllocDevice(DeviceBackend& backend, size_t bytes) {
+  SPDL_ASSIGN_OR_RETURN(void* p, backend.DeviceAlloc(bytes));
+  return DeviceBuffer(&backend, internal::Span{p, bytes});
+}
+
+Result<HostRegistration> RegisterHost(DeviceBackend& backend, void* ptr, size_t bytes) {
+  SPDL_RETURN_IF_ERROR(backend.HostRegister(ptr, bytes));
+  return HostRegistration(&backend, internal::Span{ptr, bytes});
+}
+
+Result<IpcMemMapping> OpenIpcMemory(DeviceBackend& backend, const IpcMemHandle& handle) {
+  SPDL_ASSIGN_OR_RETURN(void* p, backend.OpenMemory(handle));
+  return IpcMemMapping(&backend, p);
+}
+
+}  // namespace spdl::cuda
