@@ -1,0 +1,1 @@
+"""The spdld benchmark harness: see ../README.md."""
