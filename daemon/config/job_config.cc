@@ -260,7 +260,8 @@ std::optional<ParsedOp> ReadCenterCrop(Diagnostics& diag, const Field& field) {
   return ParsedOp{op, size};
 }
 
-// [min, max] with lo < min (or lo <= min when lo_inclusive) <= max (<= hi when hi > 0).
+// A range [min, max] with 0 < min <= max (and max <= hi when hi > 0) into *min, *max. Returns
+// false (with an error) when it is not one; true when absent (the defaults stay).
 bool ReadRange(Diagnostics& diag, const Field& f, const char* what, double hi, double* min,
                double* max) {
   if (!Present(f)) return true;
@@ -359,13 +360,11 @@ std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item) {
 
 // The name a transform is written with in YAML.
 const char* TransformName(const TransformOp& op) {
-  switch (op.index()) {
-    case 0: return "resize";
-    case 1: return "center_crop";
-    case 2: return "random_resized_crop";
-    case 3: return "horizontal_flip";
-    default: return "normalize";
-  }
+  if (std::holds_alternative<ResizeOp>(op)) return "resize";
+  if (std::holds_alternative<CenterCropOp>(op)) return "center_crop";
+  if (std::holds_alternative<RandomResizedCropOp>(op)) return "random_resized_crop";
+  if (std::holds_alternative<HorizontalFlipOp>(op)) return "horizontal_flip";
+  return "normalize";
 }
 
 // Reads the transform list and computes the output size into *out. Returns the normalize entry,

@@ -45,13 +45,6 @@ proto::DType ImageDType(const media::ImageOps& ops) {
 // The random transforms need the sample's epoch.
 bool HasRandomOps(const media::ImageOps& ops) { return ops.random_crop() || ops.flip_probability > 0; }
 
-// TODO(lead): drop once RowProcessor::Process receives the epoch. Until then the job's sample
-// order carries it: each entry the pipeline hands back (Process's first argument, SlotMeta::indices)
-// is epoch * n + the sample's index in the manifest (n samples), so Process knows the epoch of
-// every sample exactly, spares included (a spare comes from its batch's epoch). Undo with
-// token % n (index) and token / n (epoch). n * epochs stays far below 2^64.
-uint64_t SampleToken(uint64_t epoch, uint64_t index, uint64_t n) { return epoch * n + index; }
-
 }  // namespace
 
 proto::SlotLayout ImageJob::LayoutFor(const ImageJobSpec& spec) {
@@ -131,11 +124,7 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   popts.resume = s.resume;
   job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
       executor, &job->ring_, job.get(),
-      [n, sampler](uint64_t epoch) {
-        std::vector<uint64_t> order = io::EpochOrder(n, sampler, epoch);
-        for (uint64_t& i : order) i = SampleToken(epoch, i, n);
-        return order;
-      },
+      [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); },
       popts, std::move(notify), std::weak_ptr<void>(job));
   spdlog::info("job {}: started for uid {} pid {}: {} samples in {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
                s.job_id, s.owner.uid, s.owner.pid, n, s.manifest.root, s.rank, s.world_size,
@@ -144,11 +133,8 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   return job;
 }
 
-Status ImageJob::Process(uint64_t token, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) {
-  (void)slot;
-  const uint64_t n = spec_.manifest.samples.size();
-  const uint64_t index = token % n;
-  const uint64_t epoch = token / n;
+Status ImageJob::Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
+                         std::vector<pipeline::StageStats>& stages) {
   // One reusable read buffer and decoder per worker thread (decoders are not thread-safe).
   thread_local std::vector<uint8_t> buffer;
   thread_local media::ImageDecoder decoder;
@@ -198,8 +184,8 @@ std::optional<Delivery> ImageJob::TakeNext() {
   b.set_batch_in_epoch(m.batch_in_epoch);
   b.set_rows(m.rows);
   b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
-  for (uint64_t token : m.indices) {
-    const io::SampleRef& s = spec_.manifest.samples[token % spec_.manifest.samples.size()];
+  for (uint64_t idx : m.indices) {
+    const io::SampleRef& s = spec_.manifest.samples[idx];
     b.add_paths(s.path);
     b.add_labels(s.label);
   }

@@ -66,8 +66,8 @@ class ImageJob final : public JobHandle, public pipeline::RowProcessor {
 
   // RowProcessor (worker threads).
   std::vector<std::string> StageNames() const override { return {"read", "decode"}; }
-  // `token` is epoch * n + manifest index (see SampleToken in image_job.cc).
-  Status Process(uint64_t token, uint32_t slot, uint32_t row, std::vector<pipeline::StageStats>& stages) override;
+  Status Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
+                 std::vector<pipeline::StageStats>& stages) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
   ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,

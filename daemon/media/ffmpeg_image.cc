@@ -71,6 +71,15 @@ void FfmpegImageDecoder::DropContext(ImageFormat format) {
   }
 }
 
+void FfmpegImageDecoder::Trim(size_t max_bytes) {
+  if (!frame_ || frame_->width <= 0) return;
+  size_t bytes = 0;
+  for (int p = 0; p < AV_NUM_DATA_POINTERS && frame_->buf[p]; ++p) bytes += frame_->buf[p]->size;
+  if (bytes <= max_bytes) return;
+  av_frame_unref(frame_.get());
+  codecs_.clear();  // their buffer pools hold pictures of this size too
+}
+
 Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
                                                   std::span<const uint8_t> data,
                                                   int64_t max_pixels) {
@@ -79,6 +88,15 @@ Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
   if (data.size() > static_cast<size_t>(INT_MAX - AV_INPUT_BUFFER_PADDING_SIZE)) {
     return ResourceExhausted(name + " file of " + std::to_string(data.size()) +
                              " bytes is too large to decode");
+  }
+  // The guard from the header, before any pixel is decoded. (The codec checks max_pixels again
+  // when it allocates the picture, but says only EINVAL.)
+  int width = 0, height = 0;
+  SPDL_RETURN_IF_ERROR(ReadImageSize(format, data, &width, &height));
+  if (int64_t{width} * height > max_pixels) {
+    return ResourceExhausted("image " + std::to_string(width) + "x" + std::to_string(height) +
+                             " has " + std::to_string(int64_t{width} * height) +
+                             " pixels, over the limit of " + std::to_string(max_pixels));
   }
   if (format == ImageFormat::kGif) SPDL_RETURN_IF_ERROR(CheckGifFirstImage(data));
   SPDL_ASSIGN_OR_RETURN(AVCodecContext * ctx, ContextFor(format));

@@ -42,14 +42,20 @@ class FfmpegImageDecoder {
   FfmpegImageDecoder(FfmpegImageDecoder&&) noexcept = default;
   FfmpegImageDecoder& operator=(FfmpegImageDecoder&&) noexcept = default;
 
-  // Decodes the first image of `data` (a whole file) with the codec for `format`. The codec
-  // refuses to allocate a picture over max_pixels (AVCodecContext::max_pixels), and the frame's
-  // size is checked again here. Returns the frame, valid until the next call or destruction.
+  // Decodes the first image of `data` (a whole file) with the codec for `format`. Refuses an
+  // image over max_pixels from its header (ReadImageSize) before decoding; the codec refuses to
+  // allocate a bigger picture too (AVCodecContext::max_pixels), and the frame's size is checked
+  // again here. Returns the frame, valid until the next call or destruction.
   // kDataLoss with libavcodec's message for corrupt or truncated data; kFailedPrecondition when
   // this FFmpeg has no decoder for the format; kResourceExhausted over max_pixels.
   // REQUIRES: format is kPng, kGif, kBmp, kTiff or kWebp.
   Result<const AVFrame*> Decode(ImageFormat format, std::span<const uint8_t> data,
                                 int64_t max_pixels);
+
+  // Frees the last frame, and the codec context (with its picture pool) that made it, when the
+  // picture was larger than max_bytes: one huge image must not pin memory in every worker.
+  // Invalidates the frame Decode returned.
+  void Trim(size_t max_bytes);
 
  private:
   struct Codec {

@@ -406,6 +406,7 @@ void ImageDecoder::Impl::TrimBuffers() {
   for (std::vector<uint8_t>* v : {&pixels, &scratch, &resized, &upright}) {
     if (v->size() > kMaxRetainedBytes) std::vector<uint8_t>().swap(*v);
   }
+  ffmpeg.Trim(kMaxRetainedBytes);
 }
 
 Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k,

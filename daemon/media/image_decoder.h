@@ -26,8 +26,10 @@
 // CMYK/YCCK and RGB-coded JPEGs are decoded through RGB on either path (CMYK converted as
 // libjpeg-turbo does: R = C * K / 255, for Adobe's inverted CMYK). Grayscale images become three
 // equal channels. Alpha is dropped, or composited over ops.background at the source resolution
-// (ops.alpha). 16-bit images are resampled at 16 bits and rounded to 8. A GIF gives its first
-// frame; an animated WebP is refused.
+// (ops.alpha). 16-bit images are resampled by swscale from their 16-bit samples (unscaled, the
+// 8-bit value is the high byte, as PIL makes it: within one level of v / 257). Palette images are
+// expanded to RGB before resampling. A GIF gives its first frame (checked to be complete: FFmpeg
+// would show a cut one); an animated WebP is refused.
 //
 // Strictness: every libjpeg warning is an error (kDataLoss): truncation, but also "Corrupt JPEG
 // data: N extraneous bytes before marker", which PIL accepts silently; a few ImageNet files do

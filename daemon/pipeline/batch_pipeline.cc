@@ -66,7 +66,12 @@ std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch, uint64_t 
 }
 
 void BatchPipeline::Pump() {
-  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> posts;
+  struct Post {
+    uint32_t slot;
+    uint32_t epoch;
+    std::vector<uint64_t> indices;
+  };
+  std::vector<Post> posts;
   {
     std::lock_guard lock(mu_);
     while (!done_dispatching_ && !cancelled_.load() && failure_.ok()) {
@@ -101,25 +106,27 @@ void BatchPipeline::Pump() {
       f.meta.last_in_job = f.meta.last_in_epoch && options_.epochs != 0 && dispatch_epoch_ + 1 == options_.epochs;
       f.ok.assign(take, 0);
       f.remaining = static_cast<uint32_t>(take);
-      posts.emplace_back(acquired->slot, f.meta.indices);
+      posts.push_back({acquired->slot, f.meta.epoch, f.meta.indices});
       slots_[acquired->slot] = std::move(f);
     }
   }
   // Post outside the lock: an inline executor runs the row at once.
   std::shared_ptr<void> owner = owner_.lock();
-  for (auto& [slot, indices] : posts) {
-    for (uint32_t row = 0; row < indices.size(); ++row) {
+  for (auto& p : posts) {
+    for (uint32_t row = 0; row < p.indices.size(); ++row) {
       in_flight_.fetch_add(1);
-      executor_->Post([owner, this, slot, row, index = indices[row]] { RunRow(slot, row, index); });
+      executor_->Post([owner, this, slot = p.slot, row, index = p.indices[row], epoch = p.epoch] {
+        RunRow(slot, row, index, epoch);
+      });
     }
   }
 }
 
-void BatchPipeline::RunRow(uint32_t slot, uint32_t row, uint64_t index) {
+void BatchPipeline::RunRow(uint32_t slot, uint32_t row, uint64_t index, uint32_t epoch) {
   bool good = false;
   uint64_t current = index;
   while (!cancelled_.load()) {
-    Status s = processor_->Process(current, slot, row, stages_);
+    Status s = processor_->Process(current, epoch, slot, row, stages_);
     if (s.ok()) {
       good = true;
       break;

@@ -43,9 +43,10 @@ class RowProcessor {
   virtual ~RowProcessor() = default;
   // Names of the stages this processor records, in index order (e.g. {"read", "decode"}).
   virtual std::vector<std::string> StageNames() const = 0;
-  // Writes sample `index` into `row` of `slot`. A non-OK status means the sample is bad; the
-  // message must name the sample (e.g. its path).
-  virtual Status Process(uint64_t index, uint32_t slot, uint32_t row, std::vector<StageStats>& stages) = 0;
+  // Writes sample `index` (of epoch `epoch`: random transforms draw from it) into `row` of `slot`.
+  // A non-OK status means the sample is bad; the message must name the sample (e.g. its path).
+  virtual Status Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
+                         std::vector<StageStats>& stages) = 0;
   // Copies row `from` of `slot` over row `to` (to pack a short batch). REQUIRES: to < from.
   virtual void MoveRow(uint32_t slot, uint32_t from, uint32_t to) = 0;
 };
@@ -141,7 +142,7 @@ class BatchPipeline {
     uint32_t remaining = 0;      // rows not finished
   };
 
-  void RunRow(uint32_t slot, uint32_t row, uint64_t index);
+  void RunRow(uint32_t slot, uint32_t row, uint64_t index, uint32_t epoch);
   // Under mu_: the epoch's state, computing its order on first use.
   EpochState& EpochLocked(uint32_t epoch);
   // Under mu_: the next unused sample of `epoch`, if any.

@@ -858,6 +858,18 @@ TEST_CASE("the shipped configs say what the docs say") {
   CHECK(j.out_height == 224);
   CHECK(j.out_width == 224);
   CHECK(j.transforms.size() == 2);
+  JobConfig train = ParseGoodJob(ReadFile(dir + "/examples/imagenet_train.yaml"));
+  REQUIRE(train.transforms.size() == 3);
+  CHECK(std::get<RandomResizedCropOp>(train.transforms[0]).height == 224);
+  CHECK(std::get<HorizontalFlipOp>(train.transforms[1]).p == 0.5);
+  CHECK(std::get<NormalizeOp>(train.transforms[2]).mean == std::array<double, 3>{0.485, 0.456, 0.406});
+  CHECK(train.output.dtype == DType::kBFloat16);
+  CHECK(train.output.layout == Layout::kNCHW);
+  CHECK(train.decode.exif_orientation);
+  JobConfig mixed = ParseGoodJob(ReadFile(dir + "/examples/mixed_formats_eval.yaml"));
+  CHECK(mixed.source.extensions.size() == 8);
+  CHECK(mixed.output.dtype == DType::kFloat32);
+  CHECK(mixed.decode.alpha == AlphaMode::kComposite);
   JobConfig moved = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"),
                                  {{"source.root", "/data/imagenet"}});
   CHECK(moved.source.root == "/data/imagenet");

@@ -22,6 +22,7 @@
 #include <catch2/catch.hpp>
 
 #include "media/image_decoder.h"
+#include "media/ffmpeg_image.h"
 #include "media/image_encoder.h"
 #include "media/pixel_convert.h"
 #include "media/sample_random.h"
@@ -1584,6 +1585,22 @@ TEST_CASE("Conformance: truncated and corrupt files are kDataLoss, never a crash
   CHECK(formats_seen.size() >= 5);  // WebP may be missing from a build without libwebp
 }
 
+TEST_CASE("The FFmpeg decoder frees a big picture and its codec, and carries on") {
+  Result<std::vector<uint8_t>> png = EncodeImage(ImageFormat::kPng, MakeRaw(RawPixels::kRgb24, 64, 48));
+  REQUIRE(png.ok());
+  FfmpegImageDecoder decoder;
+  for (int i = 0; i < 3; ++i) {
+    Result<const AVFrame*> f = decoder.Decode(ImageFormat::kPng, *png, 1 << 20);
+    REQUIRE(f.ok());
+    CHECK(((*f)->width == 64 && (*f)->height == 48));
+    decoder.Trim(1 << 20);  // small: kept
+    CHECK((*f)->width == 64);
+    decoder.Trim(0);        // freed
+  }
+  CHECK(decoder.Decode(ImageFormat::kPng, *png, 64 * 48 - 1).status().code() ==
+        StatusCode::kResourceExhausted);
+}
+
 TEST_CASE("Formats are told by their bytes, not their names and unknown data is kDataLoss") {
   CHECK(SniffImageFormat(std::vector<uint8_t>{}) == ImageFormat::kUnknown);
   CHECK(SniffImageFormat(std::vector<uint8_t>{'B', 'M', 0, 0}) == ImageFormat::kUnknown);  // too short
@@ -1853,6 +1870,73 @@ TEST_CASE("Decode throughput, one thread", "[.bench]") {
             [&] {
               REQUIRE(decoder.DecodeJpegInto(big, big_ops, out.data(), 224, 224, 224 * 3).ok());
             });
+  }
+}
+
+// Every format path, and the output pass, at 224 output: one thread, a photo-like 500x400 image.
+TEST_CASE("Decode throughput per format and output, one thread", "[.bench]") {
+  const int w = 500, h = 400;
+  std::vector<uint8_t> rgb = MakePattern(w, h);
+  uint32_t state = 99;
+  for (uint8_t& v : rgb) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint8_t>(std::clamp(v + static_cast<int>(state >> 26) - 32, 0, 255));
+  }
+  RawImage raw{RawPixels::kRgb24, w, h, rgb, {}};
+  RawImage rgba{RawPixels::kRgba, w, h, {}, {}};
+  RawImage gray{RawPixels::kGray8, w, h, {}, {}};
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    rgba.data.insert(rgba.data.end(), {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], uint8_t(i)});
+    gray.data.push_back(rgb[3 * i + 1]);
+  }
+  EncodeOptions lossless;
+  lossless.lossless = true;
+  struct Item {
+    const char* name;
+    ImageFormat format;
+    const RawImage* image;
+    EncodeOptions options;
+  };
+  const Item items[] = {
+      {"JPEG q90 4:2:0", ImageFormat::kJpeg, &raw, {}},
+      {"PNG RGB", ImageFormat::kPng, &raw, {}},
+      {"PNG RGBA (alpha dropped)", ImageFormat::kPng, &rgba, {}},
+      {"WebP lossy q90", ImageFormat::kWebp, &raw, {}},
+      {"WebP lossless", ImageFormat::kWebp, &raw, lossless},
+      {"BMP RGB", ImageFormat::kBmp, &raw, {}},
+      {"TIFF RGB", ImageFormat::kTiff, &raw, {}},
+      {"GIF gray", ImageFormat::kGif, &gray, {}},
+  };
+  ImageOps u8 = ResizeCrop(256, 224);
+  ImageOps f32 = u8;
+  f32.dtype = OutputDType::kFloat32;
+  f32.layout = OutputLayout::kNCHW;
+  f32.normalize = true;
+  f32.mean = {0.485, 0.456, 0.406};
+  f32.stddev = {0.229, 0.224, 0.225};
+  ImageOps rnd = RandomCrop(224);
+  rnd.flip_probability = 0.5;
+  rnd.dtype = OutputDType::kFloat32;
+  rnd.layout = OutputLayout::kNCHW;
+  rnd.normalize = true;
+  std::vector<uint8_t> out(OutputImageBytes(f32, 224, 224));
+  std::printf("media bench: %dx%d photo-like image, one thread; Resize(256)+CenterCrop(224)\n", w, h);
+  for (const Item& it : items) {
+    Result<std::vector<uint8_t>> file = EncodeImage(it.format, *it.image, it.options);
+    if (!file.ok()) {
+      std::printf("  %-30s skipped: %s\n", it.name, file.status().message().c_str());
+      continue;
+    }
+    ImageDecoder decoder;
+    std::printf("  %s, %zu bytes\n", it.name, file->size());
+    Measure("    uint8 NHWC", [&] { REQUIRE(decoder.DecodeInto(*file, u8, out.data(), 224, 224).ok()); });
+    Measure("    float32 NCHW normalized", [&] {
+      REQUIRE(decoder.DecodeInto(*file, f32, out.data(), 224, 224).ok());
+    });
+    uint64_t seed = 0;
+    Measure("    RandomResizedCrop(224)+flip, float32 NCHW", [&] {
+      REQUIRE(decoder.DecodeInto(*file, rnd, out.data(), 224, 224, ++seed).ok());
+    });
   }
 }
 

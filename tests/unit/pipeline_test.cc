@@ -16,7 +16,8 @@ class FakeProcessor : public RowProcessor {
  public:
   FakeProcessor(uint32_t slots, uint32_t batch) : rows_(slots, std::vector<int64_t>(batch, -1)) {}
   std::vector<std::string> StageNames() const override { return {"fake"}; }
-  Status Process(uint64_t index, uint32_t slot, uint32_t row, std::vector<StageStats>& stages) override {
+  Status Process(uint64_t index, uint32_t /*epoch*/, uint32_t slot, uint32_t row,
+                 std::vector<StageStats>& stages) override {
     const bool ok = !bad.count(index);
     stages[0].Record(1000, ok);
     if (!ok) return DataLoss("sample " + std::to_string(index) + " is bad");
