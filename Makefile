@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-cpp test-python bench clean
+.PHONY: all deps configure build demo test test-cpp test-python bench clean fuzz sanitize
 
 all: build
 
@@ -41,3 +41,10 @@ bench: build
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# Not part of `make test` (yet): libFuzzer targets (clang, own build dir) and sanitizer builds.
+fuzz:
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+sanitize:
+	scripts/sanitize.sh

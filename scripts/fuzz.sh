@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz) with clang, ASan and UBSan, and runs each for SECONDS
+# (default 60) on a fresh copy of its seed corpus. Exits non-zero if any target finds a crash, a
+# leak, a timeout or a broken invariant; the input that did it is kept under
+# $FUZZ_BUILD_DIR/artifacts/<target>/ (copy it to tests/fuzz/crashes/<target>/ to report it).
+#
+#   scripts/fuzz.sh [SECONDS]
+#   FUZZ_BUILD_DIR=build-fuzz   where to build (a separate clang build; default build-fuzz)
+#   FUZZ_TARGETS="control_fuzz config_fuzz"   which targets to run
+#   FUZZ_ARGS="-max_len=8192"   extra libFuzzer flags for every target
+#   JOBS=N                      build parallelism (default nproc)
+#
+# Reproduce a finding: $FUZZ_BUILD_DIR/bin/<target> FILE   (control_fuzz: CONTROL_FUZZ_TRACE=1
+# prints the frames in and the messages out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-60}"
+build_dir="${FUZZ_BUILD_DIR:-build-fuzz}"
+targets=(${FUZZ_TARGETS:-control_fuzz config_fuzz})
+jobs="${JOBS:-$(nproc)}"
+
+# ---- clang with libFuzzer (Debian: clang, libclang-rt-14-dev) ----
+need_clang() {
+  ! command -v clang >/dev/null || ! command -v clang++ >/dev/null || ! echo \
+    'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+    clang++ -x c++ -fsanitize=fuzzer,address,undefined - -o /dev/null 2>/dev/null
+}
+if need_clang; then
+  echo "fuzz: installing clang and libFuzzer (clang libclang-rt-14-dev)"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends clang libclang-rt-14-dev
+fi
+
+# ---- build ----
+t0=$(date +%s)
+cmake -S tests/fuzz -B "$build_dir" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" make_control_corpus
+echo "fuzz: build took $(( $(date +%s) - t0 ))s"
+
+# ---- run ----
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+summary=()
+failed=0
+for target in "${targets[@]}"; do
+  name="${target%_fuzz}"
+  corpus="$build_dir/corpus/$name"
+  artifacts="$build_dir/artifacts/$name"
+  log="$build_dir/logs/$target.log"
+  rm -rf "$corpus"
+  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
+  cp tests/fuzz/corpus/"$name"/* "$corpus"/
+  extra=()
+  case "$target" in
+    control_fuzz)
+      "$build_dir"/bin/make_control_corpus "$corpus" >/dev/null  # seeds that track control.proto
+      ;;
+    config_fuzz)
+      # Every example config, as checked in now.
+      find config -name '*.yaml' | while read -r f; do cp "$f" "$corpus/example_$(echo "$f" | tr / _)"; done
+      extra+=(-dict=tests/fuzz/config.dict)
+      ;;
+  esac
+  echo "fuzz: running $target for ${seconds}s (log: $log)"
+  set +e
+  "$build_dir/bin/$target" "$corpus" -max_total_time="$seconds" -detect_leaks=1 -timeout=10 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/" "${extra[@]}" ${FUZZ_ARGS:-} >"$log" 2>&1
+  rc=$?
+  set -e
+  # The last status line: "#N  DONE  cov: C ft: F corp: K/SIZE ... exec/s: E rss: R".
+  status_line=$(grep -E '^#[0-9]+' "$log" | tail -n 1 || true)
+  execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
+  [ -z "$execs" ] && execs=$(echo "$status_line" | grep -oE '^#[0-9]+' | tr -d '#')
+  cov=$(echo "$status_line" | grep -oE 'cov: [0-9]+' | grep -oE '[0-9]+' || true)
+  ft=$(echo "$status_line" | grep -oE 'ft: [0-9]+' | grep -oE '[0-9]+' || true)
+  corp=$(echo "$status_line" | grep -oE 'corp: [0-9]+' | grep -oE '[0-9]+' || true)
+  rate=$(echo "$status_line" | grep -oE 'exec/s: [0-9]+' | grep -oE '[0-9]+' || true)
+  if [ "$rc" -eq 0 ]; then
+    verdict="ok"
+  else
+    verdict="FAILED (exit $rc)"
+    failed=1
+    crash=$(grep -oE "Test unit written to [^ ]+" "$log" | tail -n 1 | sed 's/Test unit written to //' || true)
+    [ -n "$crash" ] && verdict="$verdict input: $crash"
+    echo "---- $target: the end of $log ----"
+    grep -E 'ERROR|invariant failed|SUMMARY|#[0-9]+ 0x' "$log" | head -n 30 || true
+    echo "----"
+  fi
+  summary+=("$target: $verdict, ${execs:-0} executions (${rate:-?}/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs, ${seconds}s")
+done
+
+echo "fuzz summary:"
+for line in "${summary[@]}"; do echo "  $line"; done
+exit "$failed"

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Runs the C++ tests under sanitizers, each in its own build directory (CUDA off, -O1 -g, asserts on):
+#   asan  every ctest test, built with SPDL_SANITIZE=address,undefined     (build-asan)
+#   tsan  the concurrency-heavy tests: shm_test pipeline_test client_test e2e_test, built with
+#         SPDL_SANITIZE=thread                                            (build-tsan)
+# Sanitizer reports fail the run even when the test that provoked them passed (a daemon or client
+# process started by an end-to-end test reports into the test's output): after ctest, the full
+# output of every test is searched for reports. Prints the wall and CPU time of each step and the load.
+#
+#   scripts/sanitize.sh [asan] [tsan]      (default: both)
+#   JOBS=N                   build and ctest parallelism (default nproc)
+#   ASAN_BUILD_DIR, TSAN_BUILD_DIR         (default build-asan, build-tsan)
+#   CTEST_ARGS="-R config_test"            extra ctest arguments for both parts
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(asan tsan)
+jobs="${JOBS:-$(nproc)}"
+asan_dir="${ASAN_BUILD_DIR:-build-asan}"
+tsan_dir="${TSAN_BUILD_DIR:-build-tsan}"
+tsan_tests=(shm_test pipeline_test client_test e2e_test)
+# Binaries the end-to-end tests start (tests/e2e: spdld, spdl-client, spdlctl).
+tsan_tools=(spdld spdl-client spdlctl)
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}"
+
+timings=()
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+# cpu_now: sets $cpu_secs to the CPU seconds (user + system) used so far by this shell's finished
+# children. `times` must run in this shell itself: in a pipeline or $(...) it would report a
+# fresh subshell's zero.
+times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
+cpu_now() {
+  times >"$times_file"
+  cpu_secs=$(tail -n 1 "$times_file" |
+    awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.1f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+}
+# timed NAME CMD...: runs CMD, records its wall time, CPU time and the load before and after; keeps
+# going on failure (the status is returned). On a shared machine the CPU time is the steadier figure.
+timed() {
+  local name="$1" t0 c0 rc load0
+  shift
+  load0=$(load)
+  t0=$(date +%s)
+  cpu_now
+  c0=$cpu_secs
+  set +e
+  "$@"
+  rc=$?
+  set -e
+  cpu_now
+  timings+=("$(printf '%-15s wall %5ss  cpu %5ss  rc=%d  load %s -> %s' "$name" "$(( $(date +%s) - t0 ))" \
+    "$(awk -v a="$cpu_secs" -v b="$c0" 'BEGIN { printf "%.0f", a - b }')" "$rc" "$load0" "$(load)")")
+  return "$rc"
+}
+
+configure() {  # DIR SANITIZERS
+  cmake -S . -B "$1" -G Ninja -DSPDL_SANITIZE="$2" -DSPDL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
+}
+
+# Sanitizer reports in the full output of every test of the last ctest run in DIR (ctest keeps
+# only 1 KiB of a passing test's output unless told otherwise; see --test-output-size-passed).
+reports() {
+  local logfile="$1/Testing/Temporary/LastTest.log"
+  [ -f "$logfile" ] || return 0
+  grep -nE 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported|SUMMARY: (Address|Leak|Thread|UndefinedBehavior)Sanitizer' "$logfile" || true
+}
+
+run_ctest() {  # DIR ARGS...
+  local dir="$1"
+  shift
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --test-output-size-passed 1048576 \
+     --test-output-size-failed 4194304 "$@" ${CTEST_ARGS:-})
+}
+
+failed=0
+check_reports() {  # DIR PART
+  local found
+  found=$(reports "$1")
+  if [ -n "$found" ]; then
+    echo "sanitize: $2: sanitizer reports in $1/Testing/Temporary/LastTest.log:"
+    echo "$found" | head -n 50
+    failed=1
+  else
+    echo "sanitize: $2: no sanitizer reports"
+  fi
+}
+
+for part in "${parts[@]}"; do
+  case "$part" in
+    asan)
+      echo "sanitize: asan: building every test in $asan_dir (address,undefined)"
+      timed "asan configure" configure "$asan_dir" address,undefined || failed=1
+      timed "asan build" cmake --build "$asan_dir" -j "$jobs" || failed=1
+      timed "asan ctest" run_ctest "$asan_dir" || failed=1
+      check_reports "$asan_dir" asan
+      ;;
+    tsan)
+      echo "sanitize: tsan: building ${tsan_tests[*]} in $tsan_dir (thread)"
+      timed "tsan configure" configure "$tsan_dir" thread || failed=1
+      timed "tsan build" cmake --build "$tsan_dir" -j "$jobs" --target "${tsan_tests[@]}" "${tsan_tools[@]}" || failed=1
+      regex="^($(IFS='|'; echo "${tsan_tests[*]}"))/"
+      timed "tsan ctest" run_ctest "$tsan_dir" -R "$regex" || failed=1
+      check_reports "$tsan_dir" tsan
+      ;;
+    *)
+      echo "usage: $0 [asan] [tsan]" >&2
+      exit 2
+      ;;
+  esac
+done
+
+echo "sanitize: times on $(nproc) cores (wall, CPU user+sys, exit status, load average before -> after):"
+for t in "${timings[@]}"; do echo "  $t"; done
+[ "$failed" -eq 0 ] && echo "sanitize: OK" || echo "sanitize: FAILED"
+exit "$failed"
