@@ -6,7 +6,7 @@
 #
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZ_BUILD_DIR=build-fuzz   where to build (a separate clang build; default build-fuzz)
-#   FUZZ_TARGETS="control_fuzz config_fuzz"   which targets to run
+#   FUZZ_TARGETS="control_fuzz config_fuzz resume_fuzz"   which targets to run
 #   FUZZ_ARGS="-max_len=8192"   extra libFuzzer flags for every target
 #   JOBS=N                      build parallelism (default nproc)
 #
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 seconds="${1:-60}"
 build_dir="${FUZZ_BUILD_DIR:-build-fuzz}"
-targets=(${FUZZ_TARGETS:-control_fuzz config_fuzz})
+targets=(${FUZZ_TARGETS:-control_fuzz config_fuzz resume_fuzz})
 jobs="${JOBS:-$(nproc)}"
 
 # ---- clang with libFuzzer (Debian: clang, libclang-rt-14-dev) ----
