@@ -101,7 +101,7 @@ Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const {
   switch (err) {
     case ENOSYS:
     case EPERM:  // a seccomp filter that does not know openat2
-      return OpenFallback(relative);
+      return OpenBeneathFallback(relative);
     case EXDEV: return Escapes(path_, relative);
     case ELOOP:
       return InvalidArgument("reading " + Join(path_, relative) +
@@ -110,7 +110,7 @@ Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const {
   }
 }
 
-Result<UniqueFd> RootDir::OpenFallback(std::string_view relative) const {
+Result<UniqueFd> RootDir::OpenBeneathFallback(std::string_view relative) const {
   if (!relative.empty() && relative.front() == '/') return Escapes(path_, relative);
   const std::string joined = Join(real_path_, relative);
   std::unique_ptr<char, decltype(&std::free)> real(::realpath(joined.c_str(), nullptr), &std::free);

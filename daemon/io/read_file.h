@@ -56,10 +56,13 @@ class RootDir {
   const std::string& path() const { return path_; }
   const std::string& real_path() const { return real_path_; }
 
+  // The fallback OpenBeneath uses where openat2 is missing (realpath + prefix check + O_NOFOLLOW);
+  // same errors. Public so that tests can run it on kernels that have openat2.
+  Result<UniqueFd> OpenBeneathFallback(std::string_view relative) const;
+
   RootDir(std::string path, std::string real_path, UniqueFd fd);
 
  private:
-  Result<UniqueFd> OpenFallback(std::string_view relative) const;
 
   // Constant after construction.
   const std::string path_;       // as given to Open

@@ -549,6 +549,23 @@ TEST_CASE("RootDir: reads beneath the root, refuses every way out") {
     CHECK(root.ReadFile("a", &buf).code() == StatusCode::kInvalidArgument);
     CHECK(root.ReadFile("a/img.jpg", &buf, 3).code() == StatusCode::kResourceExhausted);
   }
+  SECTION("the realpath fallback (kernels without openat2) refuses the same escapes") {
+    auto code = [&](const std::string& rel) {
+      auto fd = root.OpenBeneathFallback(rel);
+      return fd.ok() ? StatusCode::kOk : fd.status().code();
+    };
+    CHECK(code("a/img.jpg") == StatusCode::kOk);
+    CHECK(code("a/inside_link.jpg") == StatusCode::kOk);
+    CHECK(code("../outside/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code(t / "outside/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code("a/escape.jpg") == StatusCode::kPermissionDenied);
+    CHECK(code("a/escape_rel.jpg") == StatusCode::kPermissionDenied);
+    CHECK(code("outdir/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code("loop1") == StatusCode::kInvalidArgument);
+    CHECK(code("a/nope.jpg") == StatusCode::kNotFound);
+    auto escaped = root.OpenBeneathFallback("a/escape.jpg");
+    CHECK(escaped.status().message().find("a/escape.jpg") != std::string::npos);
+  }
   SECTION("Open: missing, not a directory") {
     CHECK(RootDir::Open(t / "nope").status().code() == StatusCode::kNotFound);
     CHECK(RootDir::Open(t / "root/a/img.jpg").status().code() == StatusCode::kInvalidArgument);
