@@ -179,8 +179,9 @@ void BatchPipeline::Pump() {
         r->task.epoch = f.meta.epoch;
         r->task.slot = acquired->slot;
         r->task.row = row;
+        r->seq = acquired->seq;
         r->since = now;
-        stages_[0].queue.push_back(r.get());
+        stages_[0].queue.insert(r.get());
         f.rows.push_back(std::move(r));
       }
       if (take == 0) empty.push_back(acquired->slot);
@@ -202,26 +203,27 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
       StageState& st = stages_[s];
       // Rows done with the stage before enter this stage's queue while it has room.
       while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() < st.capacity)) {
-        Row* r = st.blocked.front();
-        st.blocked.pop_front();
+        Row* r = *st.blocked.begin();
+        st.blocked.erase(st.blocked.begin());
         stats_[s - 1]->AddPutWait(Nanos(now - r->since));
         r->since = now;
-        st.queue.push_back(r);
+        st.queue.insert(r);
         --stages_[s - 1].occupied;
         moved = true;
       }
       while (!st.queue.empty() && (st.concurrency == 0 || st.occupied < st.concurrency)) {
-        Row* r = st.queue.front();
-        st.queue.pop_front();
-        stats_[s]->AddGetWait(Nanos(now - r->since));
+        Row* r = *st.queue.begin();
+        st.queue.erase(st.queue.begin());
+        st.handed.insert(r);
         ++st.occupied;
-        posts->push_back({static_cast<uint32_t>(s), r});
+        posts->push_back({static_cast<uint32_t>(s)});
         moved = true;
       }
     }
   }
   for (size_t s = 0; s < stages_.size(); ++s) {
-    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].blocked.size(), stages_[s].occupied);
+    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].blocked.size() + stages_[s].handed.size(),
+                         stages_[s].occupied);
   }
 }
 
@@ -231,12 +233,25 @@ void BatchPipeline::PostAll(std::vector<Post>& posts) {
   for (const Post& p : posts) {
     in_flight_.fetch_add(1);
     // Read the executor under no lock: stages_[s].executor is constant after construction.
-    stages_[p.stage].executor->Post([owner, this, stage = p.stage, row = p.row] { RunTask(stage, row); });
+    stages_[p.stage].executor->Post([owner, this, stage = p.stage] { RunTask(stage); });
   }
   posts.clear();
 }
 
-void BatchPipeline::RunTask(uint32_t stage, Row* row) {
+void BatchPipeline::RunTask(uint32_t stage) {
+  Row* row = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    StageState& st = stages_[stage];
+    if (st.handed.empty()) {  // its row was dropped by a cancel
+      --st.occupied;
+      in_flight_.fetch_sub(1);
+      return;
+    }
+    row = *st.handed.begin();
+    st.handed.erase(st.handed.begin());
+    stats_[stage]->AddGetWait(Nanos(Clock::now() - row->since));
+  }
   Status s;
   bool ran = false;
   if (!cancelled_.load()) {
@@ -257,7 +272,7 @@ void BatchPipeline::RunTask(uint32_t stage, Row* row) {
     } else if (s.ok() && stage + 1 < stages_.size()) {
       row->stage = stage + 1;
       row->since = Clock::now();
-      stages_[stage + 1].blocked.push_back(row);  // keeps its place in this stage until it moves on
+      stages_[stage + 1].blocked.insert(row);  // keeps its place in this stage until it moves on
     } else if (s.ok()) {
       --st.occupied;
       ++tried_;
@@ -293,7 +308,7 @@ void BatchPipeline::RunTask(uint32_t stage, Row* row) {
           row->stage = 0;
           row->since = Clock::now();
           f.meta.indices[row->task.row] = *spare;
-          stages_[0].queue.push_front(row);
+          stages_[0].queue.insert(row);  // its batch is older than the rows queued after it
         } else {
           RowDoneLocked(row, false, &finished);
         }
@@ -356,6 +371,9 @@ void BatchPipeline::CancelLocked(std::vector<uint32_t>* finished) {
     StageState& st = stages_[s];
     for (Row* r : st.queue) RowDoneLocked(r, false, finished);
     st.queue.clear();
+    // Their tasks are posted: each finds `handed` empty and gives back its place in `occupied`.
+    for (Row* r : st.handed) RowDoneLocked(r, false, finished);
+    st.handed.clear();
     for (Row* r : st.blocked) {
       --stages_[s - 1].occupied;
       RowDoneLocked(r, false, finished);

@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -188,16 +189,28 @@ class BatchPipeline {
   using Clock = std::chrono::steady_clock;
   struct Row {
     RowTask task;
+    uint64_t seq = 0;         // its batch's sequence number: earlier batches go first
     uint32_t stage = 0;
     Clock::time_point since;  // when it entered its current queue (or started waiting to)
   };
+  // Rows are served oldest batch first (then by row), whatever order the stage before finished
+  // them in, so the next batch to deliver is filled first.
+  struct ByBatch {
+    bool operator()(const Row* a, const Row* b) const {
+      return a->seq != b->seq ? a->seq < b->seq : a->task.row < b->task.row;
+    }
+  };
+  using RowSet = std::set<Row*, ByBatch>;
+  // A stage's rows: blocked -> queue (bounded by capacity) -> handed (a task is posted for each;
+  // the task takes the first row of `handed` when it starts) -> running.
   struct StageState {
     Executor* executor = nullptr;
     uint32_t concurrency = 0;  // 0 = no limit
     uint32_t capacity = 0;     // 0 = no limit
-    std::deque<Row*> queue;    // rows waiting for this stage
-    std::deque<Row*> blocked;  // rows done with the stage before, waiting for room in `queue`
-    uint32_t occupied = 0;     // running tasks + rows of this stage blocked before the next
+    RowSet queue;              // rows waiting for this stage
+    RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
+    RowSet handed;             // rows with a task posted, not yet started
+    uint32_t occupied = 0;     // posted or running tasks + rows of this stage blocked before the next
   };
   struct EpochState {
     std::vector<uint64_t> order;
@@ -228,7 +241,6 @@ class BatchPipeline {
   };
   struct Post {
     uint32_t stage;
-    Row* row;
   };
   struct History {
     Clock::time_point at;
@@ -236,7 +248,8 @@ class BatchPipeline {
     uint64_t samples_done;
   };
 
-  void RunTask(uint32_t stage, Row* row);
+  // One task of `stage`: runs the first row handed to the stage.
+  void RunTask(uint32_t stage);
   // Under mu_: moves rows into queues with room and starts the tasks the concurrency allows.
   void ScheduleLocked(std::vector<Post>* posts);
   // Under mu_: `row` is finished (good or not); appends its slot to *finished when it was the last.
