@@ -46,10 +46,11 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(Step("start the worker pool", [&] {
     pool_ = std::make_unique<pipeline::ThreadPool>(config_.worker_threads);
+    io_pool_ = std::make_unique<pipeline::ThreadPool>(config_.io_threads);
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
-    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size());
+    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("handle SIGTERM and SIGINT", [&] {
@@ -115,10 +116,12 @@ void Daemon::Shutdown() {
   shut_down_ = true;
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
-  if (pool_) pool_->Join();      // in-flight rows end; the last ones destroy their jobs
+  if (io_pool_) io_pool_->Join();  // in-flight rows end (the jobs are cancelled: no new tasks)
+  if (pool_) pool_->Join();        // ...the last ones destroy their jobs
   if (registry_ && registry_->live_jobs() != 0) spdlog::error("{} jobs still alive at exit", registry_->live_jobs());
   registry_.reset();
   pool_.reset();
+  io_pool_.reset();
   spdlog::info("spdld stopped");
 }
 

@@ -41,6 +41,7 @@ class Daemon {
   // registry, which must outlive every job, is destroyed.
   const config::DaemonConfig config_;
   std::unique_ptr<pipeline::ThreadPool> pool_;
+  std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   std::unique_ptr<jobs::JobRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;

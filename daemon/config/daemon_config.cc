@@ -111,6 +111,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("worker_threads"), 0, 1024)) {
     out->worker_threads = static_cast<int>(*v);
   }
+  if (auto v = internal::ReadInt(diag, m.Get("io_threads"), 1, 1024)) out->io_threads = static_cast<int>(*v);
   if (auto v = ReadByteSize(diag, m.Get("memory_budget_bytes"), kMiB,
                             std::numeric_limits<uint64_t>::max())) {
     out->memory_budget_bytes = *v;

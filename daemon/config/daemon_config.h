@@ -23,6 +23,8 @@ struct DaemonConfig {
   int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
                                              // "0660" — a leading 0 means octal — or decimal 432)
   int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
+  int io_threads = 16;                       // threads of the I/O pool (file reads), shared by all
+                                             // jobs, so I/O waits never hold a worker; 1..1024
   uint64_t memory_budget_bytes = 4ull << 30; // all jobs' shared slots together, >= 1MiB (YAML:
                                              // 4GiB, 512MiB, 1G or plain bytes)
   std::vector<std::string> allowed_roots;    // absolute directories jobs may read below

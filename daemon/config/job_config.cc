@@ -584,6 +584,46 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   return normalize_item;
 }
 
+void ReadStage(Diagnostics& diag, const Field& field, StageConfig* out) {
+  MapReader m(diag, field);
+  if (auto v = internal::ReadInt(diag, m.Get("concurrency"), 1, 1024)) out->concurrency = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("queue"), 1, 65536)) out->queue = static_cast<int>(*v);
+  m.ReportUnknownKeys();
+}
+
+void ReadStages(Diagnostics& diag, const Field& field, StagesConfig* out) {
+  MapReader m(diag, field);
+  ReadStage(diag, m.Get("read"), &out->read);
+  ReadStage(diag, m.Get("decode"), &out->decode);
+  m.ReportUnknownKeys();
+}
+
+// max_failures: an integer count (100) or a decimal fraction in [0, 1] (0.01).
+void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
+  if (!Present(f)) return;
+  if (f.node.IsScalar()) {
+    const std::string& s = f.node.Scalar();
+    int64_t count = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), count);
+    if (ec == std::errc() && ptr == s.data() + s.size() && !s.empty()) {
+      if (count < 0) {
+        diag.Error(f, "a count must be at least 0 (got " + s + ")");
+      } else {
+        out->count = count;
+      }
+      return;
+    }
+  }
+  std::optional<double> v = ReadNumber(diag, f);
+  if (!v) return;
+  if (*v < 0 || *v > 1) {
+    diag.Error(f, "must be a count (an integer, e.g. 100) or a fraction between 0 and 1 (e.g. 0.01), got " +
+                      FormatNumber(*v));
+    return;
+  }
+  out->fraction = *v;
+}
+
 void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   MapReader m(diag, root);
   if (!m.ok()) return;  // not a map: nothing else can be said
@@ -602,6 +642,21 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
                                              {{"skip", OnError::kSkip}, {"fail", OnError::kFail}})) {
     out->on_error = *v;
   }
+  ReadStages(diag, m.Get("stages"), &out->stages);
+  const Field order = m.Get("order");
+  if (auto v = internal::ReadChoice<Order>(diag, order,
+                                           {{"sampler", Order::kSampler}, {"completion", Order::kCompletion}})) {
+    if (*v == Order::kCompletion) {
+      diag.Error(order, "completion order is not implemented yet; use sampler");
+    } else {
+      out->order = *v;
+    }
+  }
+  ReadMaxFailures(diag, m.Get("max_failures"), &out->max_failures);
+  if (auto v = internal::ReadInt(diag, m.Get("max_failures_warmup"), 0, 1000000000)) {
+    out->max_failures_warmup = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
   m.ReportUnknownKeys();
 }
 

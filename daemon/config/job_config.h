@@ -181,6 +181,38 @@ struct DecodeConfig {
   bool operator==(const DecodeConfig&) const = default;
 };
 
+// The engine settings of one pipeline stage (YAML: stages: {read: {...}, decode: {...}}).
+struct StageConfig {
+  int concurrency = 0;  // most tasks of this stage running at once for this job, 1..1024;
+                        // 0 (the default) = as many as the node's pool runs
+  int queue = 0;        // rows the bounded queue in front of the stage holds, 1..65536; 0 (the
+                        // default) = bounded only by the slot ring (prefetch x batch.size rows)
+
+  bool operator==(const StageConfig&) const = default;
+};
+
+struct StagesConfig {
+  StageConfig read;    // io stage: reads each sample's bytes (on the daemon's I/O pool)
+  StageConfig decode;  // cpu stage: decode + fused transforms into the row (on the worker pool)
+
+  bool operator==(const StagesConfig&) const = default;
+};
+
+// In which order ready batches are delivered.
+enum class Order {
+  kSampler,     // the sampler's order: deterministic, resumable
+  kCompletion,  // whichever batch is complete first (not implemented yet: refused)
+};
+
+// When skipped samples fail the job anyway. At most one of count / fraction is set (>= 0).
+struct MaxFailures {
+  int64_t count = -1;     // YAML: an integer, e.g. 100: fail when more samples than this failed
+  double fraction = -1;   // YAML: a decimal in [0, 1], e.g. 0.01: fail when more than this
+                          // fraction of the samples tried failed
+
+  bool operator==(const MaxFailures&) const = default;
+};
+
 struct JobConfig {
   SourceConfig source;                  // where the samples come from
   SamplerConfig sampler;                // the order of the samples
@@ -190,6 +222,11 @@ struct JobConfig {
   OutputConfig output;                  // what a delivered batch looks like
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
+  StagesConfig stages;                  // per-stage concurrency and queue bounds
+  Order order = Order::kSampler;        // YAML: sampler | completion
+  MaxFailures max_failures;             // with on_error: skip; default: no limit
+  int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
+  int weight = 1;                       // share of the node's pools against other jobs, 1..1000
 
   // Output image size after the transforms, computed by the parser (the YAML cannot set these).
   // Both 0 when the chain does not produce a fixed size (never in a config the parser returns).

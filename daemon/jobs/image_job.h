@@ -47,9 +47,11 @@ class BudgetLease {
 class ImageJob final : public JobHandle, public pipeline::RowProcessor {
  public:
   // Creates the region and ring and starts filling slots. `notify` as in JobService::Submit.
+  // The read stage runs on `io_executor` (nullptr: on `executor`), decode on `executor`.
   static Result<std::shared_ptr<ImageJob>> Start(ImageJobSpec spec, pipeline::Executor* executor,
                                                  std::unique_ptr<BudgetLease> budget,
-                                                 std::function<void()> notify);
+                                                 std::function<void()> notify,
+                                                 pipeline::Executor* io_executor = nullptr);
   // The region size a job with this spec needs (for admission before anything is allocated).
   static proto::SlotLayout LayoutFor(const ImageJobSpec& spec);
   ~ImageJob() override;
@@ -64,10 +66,12 @@ class ImageJob final : public JobHandle, public pipeline::RowProcessor {
   void Abort(Status reason) override { pipeline_->Abort(std::move(reason)); }
   proto::JobStats Stats() const override;
 
-  // RowProcessor (worker threads).
-  std::vector<std::string> StageNames() const override { return {"read", "decode"}; }
-  Status Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
-                 std::vector<pipeline::StageStats>& stages) override;
+  // RowProcessor (worker threads): "read" (io) reads the sample's bytes into the row's buffer,
+  // "decode" (cpu) decodes them with the fused transforms straight into the row.
+  std::vector<pipeline::StageSpec> Stages() const override {
+    return {{"read", pipeline::StageKind::kIo}, {"decode", pipeline::StageKind::kCpu}};
+  }
+  Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
   ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,

@@ -164,8 +164,12 @@ class JobRegistry::Lease final : public BudgetLease {
   uint64_t bytes_;
 };
 
-JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads)
-    : config_(config), executor_(executor), worker_threads_(worker_threads) {}
+JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads,
+                         pipeline::Executor* io_executor)
+    : config_(config),
+      executor_(executor),
+      io_executor_(io_executor ? io_executor : executor),
+      worker_threads_(worker_threads) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -261,6 +265,15 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
                               std::to_string(spec.config.batch.size) + " with drop_last");
     return out;
   }
+  if (spec.resume) {
+    // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.
+    spdl::Status valid = pipeline::CheckResumePoint(*spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size),
+                                              spec.config.batch.drop_last);
+    if (!valid.ok()) {
+      out.error = MakeError(proto::Error::BAD_REQUEST, valid.message());
+      return out;
+    }
+  }
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                           "prefetch " + std::to_string(spec.config.prefetch) + " exceeds the daemon's max_slots_per_job " +
@@ -294,7 +307,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
-  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify));
+  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;

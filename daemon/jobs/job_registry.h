@@ -24,8 +24,10 @@ namespace spdl::jobs {
 class JobRegistry final : public JobService {
  public:
   // *executor must outlive every job (the daemon joins the pool before destroying the registry).
-  // `worker_threads` is only reported (Status).
-  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads = 0);
+  // `worker_threads` is only reported (Status). io stages run on *io_executor (nullptr: *executor),
+  // which must outlive every job too.
+  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads = 0,
+              pipeline::Executor* io_executor = nullptr);
   ~JobRegistry() override;
 
   SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) override;
@@ -44,6 +46,7 @@ class JobRegistry final : public JobService {
   // Constant after construction.
   const config::DaemonConfig config_;
   pipeline::Executor* const executor_;
+  pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const int worker_threads_;
 

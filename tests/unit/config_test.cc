@@ -668,6 +668,63 @@ TEST_CASE("job config: documents that are not a config") {
   }
 }
 
+// ---------------- job config: the engine (stages, order, max_failures, weight) ----------------
+
+TEST_CASE("job config: engine keys take their defaults and their values") {
+  JobConfig d = ParseGoodJob(kMinimalJob);
+  CHECK(d.stages == StagesConfig{});
+  CHECK(d.order == Order::kSampler);
+  CHECK(d.max_failures == MaxFailures{});
+  CHECK(d.max_failures_warmup == 100);
+  CHECK(d.weight == 1);
+
+  JobConfig c = ParseGoodJob(std::string(kMinimalJob) + R"(stages:
+  read: {concurrency: 8, queue: 100}
+  decode: {concurrency: 2}
+order: sampler
+max_failures: 25
+max_failures_warmup: 0
+weight: 3
+)");
+  CHECK(c.stages.read == StageConfig{8, 100});
+  CHECK(c.stages.decode == StageConfig{2, 0});
+  CHECK(c.max_failures.count == 25);
+  CHECK(c.max_failures.fraction < 0);
+  CHECK(c.max_failures_warmup == 0);
+  CHECK(c.weight == 3);
+
+  JobConfig f = ParseGoodJob(std::string(kMinimalJob) + "max_failures: 0.01\n");
+  CHECK(f.max_failures.count < 0);
+  CHECK(f.max_failures.fraction == 0.01);
+}
+
+TEST_CASE("job config: every bad engine key is reported with its line") {
+  auto errors = ParseBadJob(std::string(kMinimalJob) + R"(stages:
+  read: {concurrency: 0}
+  decode: {queue: big}
+  resize: {concurrency: 2}
+order: completion
+max_failures: 1.5
+max_failures_warmup: -1
+weight: 0
+)");
+  INFO(Dump(errors));
+  CHECK(ErrorAt(errors, "stages.read.concurrency").line == 6);
+  CHECK(ErrorAt(errors, "stages.decode.queue").line == 7);
+  CHECK(ErrorAt(errors, "stages.resize").line == 8);
+  CHECK(ErrorAt(errors, "order").line == 9);
+  CHECK(Contains(ErrorAt(errors, "order").message, "not implemented"));
+  CHECK(ErrorAt(errors, "max_failures").line == 10);
+  CHECK(Contains(ErrorAt(errors, "max_failures").message, "a count"));
+  CHECK(ErrorAt(errors, "max_failures_warmup").line == 11);
+  CHECK(ErrorAt(errors, "weight").line == 12);
+  CHECK(errors.size() == 7);
+
+  errors = ParseBadJob(std::string(kMinimalJob) + "order: random\nmax_failures: -3\n");
+  CHECK(ErrorAt(errors, "order").line == 5);
+  CHECK(ErrorAt(errors, "max_failures").line == 6);
+}
+
 // ---------------- overrides ----------------
 
 TEST_CASE("overrides: scalars, lists, maps and sequence indexes") {
@@ -809,6 +866,7 @@ TEST_CASE("daemon config: defaults and every field") {
 socket_path: /tmp/s.sock
 socket_mode: "0600"
 worker_threads: 12
+io_threads: 4
 memory_budget_bytes: 512MiB
 allowed_roots: [/data, /mnt/x/]
 log_level: debug
@@ -823,6 +881,7 @@ allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
   CHECK(c.socket_path == "/tmp/s.sock");
   CHECK(c.socket_mode == 0600);
   CHECK(c.worker_threads == 12);
+  CHECK(c.io_threads == 4);
   CHECK(c.memory_budget_bytes == (512ull << 20));
   CHECK(c.allowed_roots == std::vector<std::string>{"/data", "/mnt/x/"});
   CHECK(c.log_level == "debug");
