@@ -135,9 +135,9 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   }
   job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(executor, &job->ring_, job.get(), std::move(order), popts,
                                                              std::move(notify), std::weak_ptr<void>(job));
-  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
-               s.job_id, s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size,
-               a.batches_per_epoch(), b, layout.num_slots, layout.region_bytes >> 20);
+  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)", s.job_id,
+               s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size, a.batches_per_epoch(), b,
+               layout.num_slots, layout.region_bytes >> 20);
   job->pipeline_->Pump();
   return job;
 }
