@@ -201,16 +201,20 @@ void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
       const Field shards = m.Require("shards");
       if (Present(shards) && shards.node.IsScalar()) {
         if (auto v = internal::ReadString(diag, shards)) {
-          if (v->empty()) diag.Error(shards, "must not be empty");
-          else out->shards = {*v};
+          if (v->empty())
+            diag.Error(shards, "must not be empty");
+          else
+            out->shards = {*v};
         }
       } else if (auto list = internal::ReadList(diag, shards)) {
         if (list->empty()) diag.Error(shards, "must name at least one shard file or pattern");
         for (const Field& item : *list) {
           std::optional<std::string> v = internal::ReadString(diag, item);
           if (!v) continue;
-          if (v->empty()) diag.Error(item, "must not be empty");
-          else out->shards.push_back(*v);
+          if (v->empty())
+            diag.Error(item, "must not be empty");
+          else
+            out->shards.push_back(*v);
         }
       }
       out->extensions = {".jpg", ".jpeg", ".png", ".webp"};
@@ -252,8 +256,8 @@ void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
     for (const SourceKey& k : kSourceKeys) {
       if (key != k.name || (k.types & Bit(*type))) continue;
       const Field f = m.Get(key);
-      diag.ErrorAtKey(f, "'" + key + "' is not a key of source type " + type_name + " (it belongs to " +
-                             TypesOf(k.types) + ")");
+      diag.ErrorAtKey(
+          f, "'" + key + "' is not a key of source type " + type_name + " (it belongs to " + TypesOf(k.types) + ")");
     }
   }
   m.ReportUnknownKeys();
@@ -664,10 +668,14 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
 
 const char* SourceTypeName(SourceType type) {
   switch (type) {
-    case SourceType::kImageFolder: return "image_folder";
-    case SourceType::kFileList: return "file_list";
-    case SourceType::kTar: return "tar";
-    case SourceType::kHttp: return "http";
+    case SourceType::kImageFolder:
+      return "image_folder";
+    case SourceType::kFileList:
+      return "file_list";
+    case SourceType::kTar:
+      return "tar";
+    case SourceType::kHttp:
+      return "http";
   }
   return "?";
 }

@@ -100,8 +100,9 @@ Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<
   if (!problems.empty()) return ListProblemsStatus(origin, std::move(problems), options.max_reported_errors);
   if (samples.empty()) return NotFound(origin + ": the list names no sample");
   SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
-  return std::unique_ptr<FileListSource>(new FileListSource(origin, std::move(dir), RootSet::Open(options.allowed_roots),
-                                                            std::move(samples), labelled, options.max_sample_bytes));
+  return std::unique_ptr<FileListSource>(new FileListSource(origin, std::move(dir),
+                                                            RootSet::Open(options.allowed_roots), std::move(samples),
+                                                            labelled, options.max_sample_bytes));
 }
 
 Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {

@@ -56,7 +56,7 @@ class FileListSource final : public SampleSource {
                  std::vector<SampleRef> samples, uint64_t labelled, uint64_t max_sample_bytes);
 
   // Constant after construction.
-  const std::string origin_;  // the list file (resolved) or the caller's name for the entries
+  const std::string origin_;                      // the list file (resolved) or the caller's name for the entries
   const std::shared_ptr<const RootDir> root_;     // resolved
   const std::shared_ptr<const RootSet> allowed_;  // for absolute keys
   const std::vector<SampleRef> samples_;

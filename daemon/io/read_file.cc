@@ -102,11 +102,13 @@ Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const {
     case ENOSYS:
     case EPERM:  // a seccomp filter that does not know openat2
       return OpenBeneathFallback(relative);
-    case EXDEV: return Escapes(path_, relative);
+    case EXDEV:
+      return Escapes(path_, relative);
     case ELOOP:
       return InvalidArgument("reading " + Join(path_, relative) +
                              ": a symbolic link loop (too many levels of links), or a link through /proc");
-    default: return ErrnoStatus("reading " + Join(path_, relative), err);
+    default:
+      return ErrnoStatus("reading " + Join(path_, relative), err);
   }
 }
 

@@ -63,7 +63,6 @@ class RootDir {
   RootDir(std::string path, std::string real_path, UniqueFd fd);
 
  private:
-
   // Constant after construction.
   const std::string path_;       // as given to Open
   const std::string real_path_;  // realpath of it, for the fallback check

@@ -22,10 +22,10 @@ enum class Uneven {
 };
 
 struct SamplerOptions {
-  uint64_t seed = 0;         // the job's seed; with the epoch it fixes the permutation
-  bool shuffle = true;       // false: the global order is 0, 1, ..., n - 1 in every epoch
-  uint32_t rank = 0;         // this trainer's rank. REQUIRES: rank < world_size
-  uint32_t world_size = 1;   // how many ranks share the dataset. REQUIRES: world_size > 0
+  uint64_t seed = 0;        // the job's seed; with the epoch it fixes the permutation
+  bool shuffle = true;      // false: the global order is 0, 1, ..., n - 1 in every epoch
+  uint32_t rank = 0;        // this trainer's rank. REQUIRES: rank < world_size
+  uint32_t world_size = 1;  // how many ranks share the dataset. REQUIRES: world_size > 0
   Uneven uneven = Uneven::kPad;
 };
 

@@ -5,8 +5,8 @@
 #include "io/allowed_roots.h"
 #include "io/file_list_source.h"
 #include "io/http_source.h"
-#include "io/sampler.h"
 #include "io/sample_source.h"
+#include "io/sampler.h"
 #include "io/tar_shard_source.h"
 #include "jobs/image_job.h"
 #include "jobs/resume_token.h"
@@ -103,7 +103,7 @@ Result<media::ImageOps> OpsFor(const config::JobConfig& c) {
 // every local path checked against the daemon's allowed roots and every URL against its allowed
 // URL prefixes. Errors say which source key is at fault.
 Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
-                                                          const config::DaemonConfig& daemon) {
+                                                           const config::DaemonConfig& daemon) {
   switch (c.type) {
     case config::SourceType::kImageFolder: {
       auto src = io::ImageFolderSource::Open(c.root, c.extensions, daemon.allowed_roots);
@@ -131,8 +131,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
     }
     case config::SourceType::kHttp: {
       if (daemon.allowed_url_prefixes.empty()) {
-        return PermissionDenied(
-            "source.type http: this spdld fetches no URL (its config has no allowed_url_prefixes)");
+        return PermissionDenied("source.type http: this spdld fetches no URL (its config has no allowed_url_prefixes)");
       }
       io::HttpSourceOptions o;
       o.list = c.list;
@@ -259,10 +258,10 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   so.uneven = spec.config.sampler.uneven == config::Uneven::kDrop ? io::Uneven::kDrop : io::Uneven::kPad;
   const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG,
-                          "the dataset has " + std::to_string(spec.source->size()) + " samples, " +
-                              std::to_string(per_rank) + " for this rank: not one batch of " +
-                              std::to_string(spec.config.batch.size) + " with drop_last");
+    out.error =
+        MakeError(proto::Error::INVALID_CONFIG,
+                  "the dataset has " + std::to_string(spec.source->size()) + " samples, " + std::to_string(per_rank) +
+                      " for this rank: not one batch of " + std::to_string(spec.config.batch.size) + " with drop_last");
     return out;
   }
   if (spec.resume) {

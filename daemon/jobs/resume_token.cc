@@ -63,8 +63,8 @@ Result<pipeline::ResumePoint> DecodeResumeToken(std::string_view token, uint64_t
     return InvalidArgument("the resume token is not a spdld resume token");
   }
   if (s.version() != kTokenVersion) {
-    return InvalidArgument("the resume token has version " + std::to_string(s.version()) + "; this spdld reads version " +
-                           std::to_string(kTokenVersion));
+    return InvalidArgument("the resume token has version " + std::to_string(s.version()) +
+                           "; this spdld reads version " + std::to_string(kTokenVersion));
   }
   if (s.fingerprint() != fingerprint) {
     return InvalidArgument(

@@ -231,11 +231,13 @@ ClientRun RunClient(const Fixture& f, const std::string& job, std::vector<std::s
 }
 
 // Two ranks of one epoch record every key of `expected` exactly once, each with its label.
-void CheckTwoRanksCoverAnEpoch(const Fixture& f, const std::string& job, const std::map<std::string, int64_t>& expected) {
+void CheckTwoRanksCoverAnEpoch(const Fixture& f, const std::string& job,
+                               const std::map<std::string, int64_t>& expected) {
   std::map<std::string, int> seen;
   for (int rank : {0, 1}) {
     const std::string record = f.dir.path + "/rank" + std::to_string(rank) + ".csv";
-    ClientRun r = RunClient(f, job, {"--rank", std::to_string(rank), "--world-size", "2", "--epochs", "1", "--record", record});
+    ClientRun r =
+        RunClient(f, job, {"--rank", std::to_string(rank), "--world-size", "2", "--epochs", "1", "--record", record});
     INFO(r.err);
     REQUIRE(r.rc == 0);
     CHECK(r.json.at("samples") == expected.size() / 2);
@@ -280,7 +282,8 @@ void CheckStopAndResume(const Fixture& f, const std::string& job) {
     REQUIRE(a.rc == 0);
     REQUIRE(a.json.at("state").is_string());
     CHECK(a.json.at("batches") == stop);
-    ClientRun b = RunClient(f, job, with({"--resume", a.json.at("state").get<std::string>(), "--record", f.dir.path + "/b.csv"}));
+    ClientRun b =
+        RunClient(f, job, with({"--resume", a.json.at("state").get<std::string>(), "--record", f.dir.path + "/b.csv"}));
     INFO(b.err);
     REQUIRE(b.rc == 0);
     auto joined = Lines(f.dir.path + "/a.csv");
@@ -342,8 +345,8 @@ TEST_CASE("tar source: shards written by tar, two ranks cover an epoch, a stoppe
   }
   fs::create_directories(f.dir.path + "/shards");
   for (int s = 0; s < 4; ++s) {
-    std::vector<std::string> argv = {"/usr/bin/tar", "-cf", f.dir.path + "/shards/train-00" + std::to_string(s) + ".tar",
-                                     "-C", staging};
+    std::vector<std::string> argv = {"/usr/bin/tar", "-cf",
+                                     f.dir.path + "/shards/train-00" + std::to_string(s) + ".tar", "-C", staging};
     argv.insert(argv.end(), members[s].begin(), members[s].end());
     REQUIRE(testing::RunCommand(argv) == 0);
   }
@@ -357,15 +360,15 @@ TEST_CASE("tar source: shards written by tar, two ranks cover an epoch, a stoppe
   {  // the shuffle buffer changes the order, and so the resume fingerprint
     ClientRun a = RunClient(f, job, {"--stop-after", "1"});
     REQUIRE(a.rc == 0);
-    const std::string other = f.Job("source: {type: tar, shards: '" + f.dir.path +
-                                    "/shards/train-{000..003}.tar', shuffle_buffer: 5}\n");
+    const std::string other =
+        f.Job("source: {type: tar, shards: '" + f.dir.path + "/shards/train-{000..003}.tar', shuffle_buffer: 5}\n");
     ClientRun b = RunClient(f, other, {"--resume", a.json.at("state").get<std::string>()});
     CHECK(b.rc == 1);
     CHECK_THAT(b.err, Catch::Contains("belongs to another job"));
   }
   {  // a missing shard is named
-    ClientRun r = RunClient(
-        f, f.Job("source: {type: tar, shards: '" + f.dir.path + "/shards/train-{000..004}.tar'}\n"), {});
+    ClientRun r =
+        RunClient(f, f.Job("source: {type: tar, shards: '" + f.dir.path + "/shards/train-{000..004}.tar'}\n"), {});
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains("source.shards") && Catch::Contains("train-004.tar"));
   }
@@ -388,8 +391,8 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
   WriteText(f.dir.path + "/lists/urls.csv", urls);
   const std::string config = f.dir.path + "/spdld.yaml";
   WriteText(config, "allowed_roots: [" + f.dir.path + "/lists]\nallowed_url_prefixes: [" + server.url() +
-                        ", http://127.0.0.1:" + std::to_string(hangs_up.port()) + ", http://127.0.0.1:" +
-                        std::to_string(silent.port()) + "]\nworker_threads: 2\n");
+                        ", http://127.0.0.1:" + std::to_string(hangs_up.port()) +
+                        ", http://127.0.0.1:" + std::to_string(silent.port()) + "]\nworker_threads: 2\n");
   DaemonProcess d(f.socket(), {"--config", config});
   REQUIRE(d.Connectable());
   const std::string job = f.Job("source: {type: http, list: " + f.dir.path + "/lists/urls.csv, max_in_flight: 4}\n");
@@ -398,15 +401,15 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
 
   {  // base_url + relative paths; a 404 fails the job with the status and the URL
     WriteText(f.dir.path + "/lists/rel.txt", f.images[0].path + "\nclass_000/missing.jpg\n" + f.images[1].path + "\n");
-    const std::string rel = f.Job(
-        "source: {type: http, list: " + f.dir.path + "/lists/rel.txt, base_url: '" + server.url() + "'}\n",
-        "on_error: fail\n");
+    const std::string rel =
+        f.Job("source: {type: http, list: " + f.dir.path + "/lists/rel.txt, base_url: '" + server.url() + "'}\n",
+              "on_error: fail\n");
     ClientRun r = RunClient(f, rel, {});
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains("HTTP 404") && Catch::Contains(server.url() + "/class_000/missing.jpg"));
     // With on_error: skip the same job delivers the two good samples and counts the bad one.
-    const std::string skip = f.Job(
-        "source: {type: http, list: " + f.dir.path + "/lists/rel.txt, base_url: '" + server.url() + "'}\n");
+    const std::string skip =
+        f.Job("source: {type: http, list: " + f.dir.path + "/lists/rel.txt, base_url: '" + server.url() + "'}\n");
     ClientRun s = RunClient(f, skip, {});
     INFO(s.err);
     REQUIRE(s.rc == 0);
@@ -416,7 +419,8 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
   {  // a server that hangs up is retried, then named
     WriteText(f.dir.path + "/lists/hangup.txt", "http://127.0.0.1:" + std::to_string(hangs_up.port()) + "/x.jpg\n");
     ClientRun r = RunClient(
-        f, f.Job("source: {type: http, list: " + f.dir.path + "/lists/hangup.txt, max_attempts: 2}\n", "on_error: fail\n"),
+        f,
+        f.Job("source: {type: http, list: " + f.dir.path + "/lists/hangup.txt, max_attempts: 2}\n", "on_error: fail\n"),
         {});
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains("/x.jpg") && Catch::Contains("gave up after 2 attempts"));

@@ -255,7 +255,8 @@ TEST_CASE("job config: missing or empty root") {
         ParseBadJob("source:\n  root: /d\n  type: lmdb\ntransforms: [{center_crop: {size: 8}}]\n");
     REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
-    CHECK(ErrorAt(errors, "source.type").message == "must be one of image_folder | file_list | tar | http (got 'lmdb')");
+    CHECK(ErrorAt(errors, "source.type").message ==
+          "must be one of image_folder | file_list | tar | http (got 'lmdb')");
   }
 }
 
@@ -278,7 +279,8 @@ TEST_CASE("job config: file_list, tar and http sources") {
     CHECK(c.source.shuffle_buffer == 1000);
     c = ParseGoodJob(
         "source:\n  type: tar\n  shards: [/d/a.tar, /d/b.tar]\n  extensions: [.PNG]\n  label_extension: ''\n"
-        "  shuffle_buffer: 64\n" + t);
+        "  shuffle_buffer: 64\n" +
+        t);
     CHECK(c.source.shards == std::vector<std::string>{"/d/a.tar", "/d/b.tar"});
     CHECK(c.source.extensions == std::vector<std::string>{".png"});
     CHECK(c.source.label_extension.empty());
@@ -287,7 +289,8 @@ TEST_CASE("job config: file_list, tar and http sources") {
   SECTION("http") {
     JobConfig c = ParseGoodJob(
         "source:\n  type: http\n  list: /data/urls.txt\n  base_url: http://127.0.0.1:8000/img\n"
-        "  timeout_ms: 2000\n  connect_timeout_ms: 300\n  max_attempts: 2\n  max_in_flight: 8\n" + t);
+        "  timeout_ms: 2000\n  connect_timeout_ms: 300\n  max_attempts: 2\n  max_in_flight: 8\n" +
+        t);
     CHECK(c.source.type == SourceType::kHttp);
     CHECK(c.source.list == "/data/urls.txt");
     CHECK(c.source.base_url == "http://127.0.0.1:8000/img");
@@ -888,8 +891,7 @@ allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
   CHECK(c.max_frame_bytes == 65536);
   CHECK(c.max_jobs_per_client == 2);
   CHECK(c.max_slots_per_job == 16);
-  CHECK(c.allowed_url_prefixes ==
-        std::vector<std::string>{"http://127.0.0.1:8000/data", "https://cdn.example.com"});
+  CHECK(c.allowed_url_prefixes == std::vector<std::string>{"http://127.0.0.1:8000/data", "https://cdn.example.com"});
 }
 
 TEST_CASE("daemon config: allowed_url_prefixes") {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,8 +16,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "io/allowed_roots.h"
 #include "io/manifest.h"
@@ -436,8 +435,7 @@ TEST_CASE("ShardedEpochOrder: a pure function of its inputs, shuffled per epoch"
         std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
   CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 1, 2, Uneven::kPad, false), 4) ==
         std::vector<uint64_t>{5, 6, 7, 8, 0});  // padded from the start of the order
-  CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 1, 2, Uneven::kDrop, false), 4) ==
-        std::vector<uint64_t>{4, 5, 6, 7});
+  CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 1, 2, Uneven::kDrop, false), 4) == std::vector<uint64_t>{4, 5, 6, 7});
   // Options that break their REQUIRES, and no samples, give nothing.
   CHECK(ShardedEpochOrder({3}, 2, Opts(0, 2, 2), 0).empty());
   CHECK(ShardedEpochOrder({0, 0}, 2, Opts(0, 0, 1), 0).empty());
@@ -498,10 +496,10 @@ TEST_CASE("RootDir: reads beneath the root, refuses every way out") {
   t.Write("root/a/img.jpg", "inside");
   t.Write("outside/secret.txt", "secret");
   t.Write("root/b/real.jpg", "real");
-  fs::create_symlink(t / "outside/secret.txt", t / "root/a/escape.jpg");             // absolute target
-  fs::create_symlink("../../outside/secret.txt", t / "root/a/escape_rel.jpg");        // relative target
-  fs::create_symlink(t / "outside", t / "root/outdir");                              // a directory link
-  fs::create_symlink("../b/real.jpg", t / "root/a/inside_link.jpg");                 // stays inside
+  fs::create_symlink(t / "outside/secret.txt", t / "root/a/escape.jpg");        // absolute target
+  fs::create_symlink("../../outside/secret.txt", t / "root/a/escape_rel.jpg");  // relative target
+  fs::create_symlink(t / "outside", t / "root/outdir");                         // a directory link
+  fs::create_symlink("../b/real.jpg", t / "root/a/inside_link.jpg");            // stays inside
   fs::create_symlink("loop2", t / "root/loop1");
   fs::create_symlink("loop1", t / "root/loop2");
 

@@ -829,8 +829,8 @@ TEST_CASE("TarShardSource: WebDataset grouping, labels, brace patterns, reads") 
   CHECK_THAT(s.Describe(), Contains("3 shards, 5 samples, 2 without a label, 2 keys without an image skipped"));
   CHECK(s.Read(5, &buf).code() == StatusCode::kInvalidArgument);
   CHECK(s.ShardSizes() == std::vector<uint64_t>{3, 1, 1});
-  CHECK(s.Identity() == "tar " + t / "data/shard-000000.tar " + t / "data/shard-000001.tar " +
-                            t / "data/shard-000002.tar");
+  CHECK(s.Identity() ==
+        "tar " + t / "data/shard-000000.tar " + t / "data/shard-000001.tar " + t / "data/shard-000002.tar");
 
   SECTION("a list of shards, and other extensions") {
     TarShardOptions o2 = o;
