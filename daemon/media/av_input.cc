@@ -106,6 +106,13 @@ Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed,
     rc = avformat_find_stream_info(fmt, nullptr);
     if (rc < 0) return DataLoss("cannot read the " + kind + " stream parameters: " + AvErrorString(rc));
   }
+  // The container is identified and its streams described: stop libavformat from probing the
+  // codec again from packet data. (WAV with PCM asks for it, to catch AC-3/DTS carried as PCM:
+  // the generic code then re-runs every demuxer's probe over the packets read so far at each
+  // doubling up to probesize, 5 MB by default — most of the cost of a WAV clip, and ~100 ms for
+  // the first packet after a seek. Measured with bench/ops.) Such S/PDIF-in-WAV files decode as
+  // the PCM their header says.
+  fmt->probesize = 4096;
   return in;
 }
 
