@@ -73,7 +73,7 @@ Status ValidateAudioOps(const AudioOps& ops) {
     add("num_samples must be in [1, 2^31] (got " + std::to_string(ops.num_samples) + ")");
   }
   if (!(ops.max_duration_seconds > 0)) add("max_duration_seconds must be > 0");
-  if (ops.max_channels < 1) add("max_channels must be >= 1");
+  if (ops.max_channels < 1 || ops.max_channels > 64) add("max_channels must be in [1, 64] (libswresample's limit)");
   if (!bad.empty()) return InvalidArgument("bad audio ops: " + bad);
   return Status::Ok();
 }

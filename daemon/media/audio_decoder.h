@@ -59,7 +59,7 @@ struct AudioOps {
   AudioDType dtype = AudioDType::kFloat32;
   AudioLayout layout = AudioLayout::kChannelsFirst;
   // Guard: refuse a source longer than this (from its header; or once this much has been decoded
-  // when the header does not say), and any source with more than max_channels channels.
+  // when the header does not say), and any source with more than max_channels (<= 64) channels.
   double max_duration_seconds = 3 * 3600.0;
   int max_channels = 64;
   // Allow the seek of step 3 (tests turn it off to compare both ways).
