@@ -116,6 +116,12 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats) {
   return 0;
 }
 
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%gs", s);
+  return buf;
+}
+
 int Audio(const std::vector<std::vector<uint8_t>>& files, int repeats, int rate, double seconds) {
   spdl::media::AudioDecoder decoder;
   // The sources' total duration, for the "whole file" figure.
@@ -144,7 +150,7 @@ int Audio(const std::vector<std::vector<uint8_t>>& files, int repeats, int rate,
   crop.crop = spdl::media::AudioCrop::kRandom;
   std::vector<Op> ops = {
       {"decode+resample_mono" + std::to_string(rate) + "(whole file)", whole, total_seconds},
-      {"decode+resample_mono" + std::to_string(rate) + "+random_crop" + std::to_string(seconds) + "s", crop,
+      {"decode+resample_mono" + std::to_string(rate) + "+random_crop" + Seconds(seconds), crop,
        seconds * files.size()},
   };
   std::vector<float> out;
