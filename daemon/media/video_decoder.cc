@@ -49,6 +49,21 @@ AVPixelFormat PlainFormat(AVPixelFormat f, bool* full_range) {
   }
 }
 
+// The YCbCr matrix a frame's tag asks for (swscale takes AVColorSpace numbers); untagged and
+// BT.601 frames keep swscale's default (BT.601), as FFmpeg's own scale filter does.
+int ColorMatrix(AVColorSpace cs) {
+  switch (cs) {
+    case AVCOL_SPC_BT709:
+    case AVCOL_SPC_FCC:
+    case AVCOL_SPC_SMPTE240M:
+    case AVCOL_SPC_BT2020_NCL:
+    case AVCOL_SPC_BT2020_CL:
+      return cs;
+    default:
+      return SwsKey::kDefaultColorspace;
+  }
+}
+
 std::string Pixels(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h) + " (" + std::to_string(w * h) + " pixels)";
 }
@@ -109,6 +124,7 @@ Status VideoDecoder::Impl::Convert(const AVFrame* f, const VideoOps& ops, uint8_
   key.dst_height = ops.height;
   key.dst_format = AV_PIX_FMT_RGB24;
   key.flags = SwsFlags(ops.interpolation);
+  key.src_colorspace = ColorMatrix(f->colorspace);
   SwsContext* ctx = sws.Get(key);
   if (ctx == nullptr) {
     const char* name = av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format));

@@ -21,8 +21,9 @@
 //   - Short clip: when the video ends before all T frames, the remaining frames repeat the last
 //     frame delivered (or, when the start lies past the end, the video's last frame); the
 //     returned count says how many frames are real.
-// Each frame is converted and resized in one swscale pass (YUV -> RGB, the stream's range,
-// BT.601 matrix) into its place in dst; a frame used twice is copied, not converted again.
+// Each frame is converted and resized in one swscale pass (YUV -> RGB with the frame's range and
+// its tagged matrix: BT.709, BT.2020, SMPTE 240M, FCC; untagged frames get BT.601, as in FFmpeg's
+// scale filter) into its place in dst; a frame used twice is copied, not converted again.
 #pragma once
 
 #include <cstddef>

@@ -658,6 +658,34 @@ TEST_CASE("Video: resized frames match ffmpeg's select + scale, H.264 and VP9") 
   CHECK(d.sws_contexts_built() <= 6);  // one per output size and filter, reused across frames
 }
 
+TEST_CASE("Video: a BT.709-tagged stream is converted with the BT.709 matrix") {
+  TempDir dir;
+  Ffmpeg("-f lavfi -i \"testsrc2=s=128x96:r=25:d=1\" -vf scale=out_color_matrix=bt709:out_range=tv " + kH264 +
+         " -colorspace bt709 -color_primaries bt709 -color_trc bt709 " + dir / "hd.mp4");
+  VideoDecoder d;
+  VideoOps ops;
+  ops.num_frames = 1;
+  ops.start_seconds = 0.4;  // frame 10
+  ops.width = 64;
+  ops.height = 48;
+  VideoClip c = DecodeVideo(d, ReadBytes(dir / "hd.mp4"), ops);
+  auto mad_vs = [&](const char* matrix) {
+    Ffmpeg("-i " + dir / "hd.mp4" + " -vf \"select='eq(n\\,10)',scale=64:48:in_color_matrix=" + matrix +
+           ":flags=bilinear+accurate_rnd+full_chroma_int+full_chroma_inp\" -vsync 0 -pix_fmt rgb24 -f rawvideo " +
+           dir / "ref.rgb");
+    const std::vector<uint8_t> ref = ReadBytes(dir / "ref.rgb");
+    REQUIRE(ref.size() == c.rgb.size());
+    double sum = 0;
+    for (size_t i = 0; i < ref.size(); ++i) sum += std::abs(int{c.rgb[i]} - int{ref[i]});
+    return sum / ref.size();
+  };
+  const double vs709 = mad_vs("bt709");
+  const double vs601 = mad_vs("bt601");
+  CAPTURE(vs709, vs601);
+  CHECK(vs709 < kMaxVideoMeanAbsDiff);
+  CHECK(vs601 > 2.0);  // the matrices differ by several levels on testsrc2's saturated colours
+}
+
 TEST_CASE("Video: bad input and limits are clear errors") {
   TempDir dir;
   MakeCounterVideo(dir / "c.mp4", kH264);
