@@ -3,11 +3,11 @@
 // line as the reference where one exists.
 //
 // Audio: tones of known frequency and amplitude (aevalsrc, so the expected value of every sample
-// is known in closed form), written as WAV, FLAC, MP3 and Opus.
+// is known in closed form), written as WAV, FLAC, MP3, Opus, AAC and Vorbis.
 //   - WAV and FLAC at the output rate: exact (the int16 samples `ffmpeg -f s16le` gives).
 //   - Resampling and channel mixing: against `ffmpeg -af pan=... -ar R -f f32le` (the same
 //     libswresample, the same mix), max abs diff kMaxResampleDiff.
-//   - MP3 and Opus: against the analytic tone, RMS error kMaxLossyRmsError (the tone's RMS is
+//   - MP3, Opus, AAC (MP4) and Vorbis (Ogg): against the analytic tone, RMS error kMaxLossyRmsError (the tone's RMS is
 //     0.354), which also fails if the timeline is off by more than a few samples.
 //   - Crops: a crop (from the start, random, reached with or without a seek) is the
 //     corresponding slice of the whole decode: exact without resampling, within
@@ -295,12 +295,14 @@ TEST_CASE("Audio: resampling and channel mixing match ffmpeg -af pan -ar") {
   }
 }
 
-TEST_CASE("Audio: MP3 and Opus match the tone") {
+TEST_CASE("Audio: MP3, Opus, AAC and Vorbis match the tone") {
   TempDir dir;
   MakeTone(dir / "t.mp3", 44100, 4.0, 440, "-c:a libmp3lame -b:a 128k");
   MakeTone(dir / "t.opus", 48000, 4.0, 440, "-c:a libopus -b:a 96k");
+  MakeTone(dir / "t.m4a", 44100, 4.0, 440, "-c:a aac -b:a 128k");
+  MakeTone(dir / "t.ogg", 44100, 4.0, 440, "-c:a libvorbis");
   AudioDecoder d;
-  for (const char* name : {"t.mp3", "t.opus"}) {
+  for (const char* name : {"t.mp3", "t.opus", "t.m4a", "t.ogg"}) {
     CAPTURE(name);
     const std::vector<uint8_t> data = ReadBytes(dir / name);
     Clip clip = DecodeFloat(d, data, Ops(16000, 1, 16000));
