@@ -7,8 +7,9 @@
 //   - WAV and FLAC at the output rate: exact (the int16 samples `ffmpeg -f s16le` gives).
 //   - Resampling and channel mixing: against `ffmpeg -af pan=... -ar R -f f32le` (the same
 //     libswresample, the same mix), max abs diff kMaxResampleDiff.
-//   - MP3, Opus, AAC (MP4) and Vorbis (Ogg): against the analytic tone, RMS error kMaxLossyRmsError (the tone's RMS is
-//     0.354), which also fails if the timeline is off by more than a few samples.
+//   - MP3, Opus, AAC (MP4) and Vorbis (Ogg): against the analytic tone, RMS error
+//     kMaxLossyRmsError (the tone's RMS is 0.354), which also fails if the timeline is off by more
+//     than a few samples, with or without a seek.
 //   - Crops: a crop (from the start, random, reached with or without a seek) is the
 //     corresponding slice of the whole decode: exact without resampling, within
 //     kMaxSeekResampleDiff with it (the resampler's filter restarts at the seek point).
@@ -18,7 +19,8 @@
 //   - The frame chosen for each output position (start, stride, fps, seek or no seek) is the
 //     expected one, exactly.
 //   - Resized frames: against `ffmpeg -vf select,scale` with the same swscale flags, mean abs
-//     diff kMaxVideoMeanAbsDiff levels.
+//     diff kMaxVideoMeanAbsDiff levels; a BT.709-tagged stream against scale's
+//     in_color_matrix=bt709.
 #include <sys/stat.h>
 #include <unistd.h>
 
