@@ -129,6 +129,22 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
     }
     out->allowed_roots = std::move(list);
   }
+  const Field prefixes = m.Get("allowed_url_prefixes");
+  if (auto items = internal::ReadList(diag, prefixes)) {
+    std::vector<std::string> list;
+    for (const Field& item : *items) {
+      std::optional<std::string> r = internal::ReadString(diag, item);
+      if (!r) continue;
+      const size_t scheme = r->rfind("https://", 0) == 0 ? 8 : r->rfind("http://", 0) == 0 ? 7 : 0;
+      if (scheme == 0 || r->size() == scheme || (*r)[scheme] == '/') {
+        diag.Error(item, "must be an http:// or https:// URL with a host, e.g. http://data.local:8000/imagenet (got '" +
+                             *r + "')");
+        continue;
+      }
+      list.push_back(*r);
+    }
+    out->allowed_url_prefixes = std::move(list);
+  }
   if (auto v = internal::ReadChoice<std::string>(diag, m.Get("log_level"),
                                                  {{"trace", "trace"},
                                                   {"debug", "debug"},

@@ -27,6 +27,11 @@ struct DaemonConfig {
                                              // 4GiB, 512MiB, 1G or plain bytes)
   std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
                                              // (empty = refuse every job)
+  std::vector<std::string> allowed_url_prefixes;  // URLs http sources may fetch: at or below one of
+                                             // these ("http://host:port/path"; same scheme, host and
+                                             // port, path by whole segments). Empty = refuse every
+                                             // http source (a daemon fetching what any client names
+                                             // could be made to reach internal services)
   std::string log_level = "info";            // trace|debug|info|warn|error|critical|off
   uint32_t max_frame_bytes = 1u << 20;       // largest control message accepted, 1KiB..64MiB
                                              // (YAML: a byte size like memory_budget_bytes)

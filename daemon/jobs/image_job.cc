@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "io/read_file.h"
 #include "io/sampler.h"
 #include "jobs/resume_token.h"
 #include "proto/framing.h"
@@ -85,7 +84,7 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   auto job = std::make_shared<ImageJob>(std::move(spec), std::move(region), layout, std::move(budget));
   const auto& s = job->spec_;
   const io::SamplerOptions sampler = SamplerFor(s);
-  const uint64_t n = s.manifest.samples.size();
+  const uint64_t n = s.source->size();
   const uint64_t per_rank = io::SamplesPerRank(n, sampler);
   const uint32_t b = static_cast<uint32_t>(s.config.batch.size);
 
@@ -122,12 +121,22 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   popts.epochs = s.epochs;
   popts.fail_on_error = s.config.on_error == config::OnError::kFail;
   popts.resume = s.resume;
-  job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
-      executor, &job->ring_, job.get(),
-      [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); },
-      popts, std::move(notify), std::weak_ptr<void>(job));
-  spdlog::info("job {}: started for uid {} pid {}: {} samples in {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
-               s.job_id, s.owner.uid, s.owner.pid, n, s.manifest.root, s.rank, s.world_size,
+  // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
+  // bounded shuffle buffer, a contiguous run per rank. Either is a pure function of the epoch, so
+  // a resume point (positions in this order) is exact.
+  pipeline::EpochOrderFn order;
+  if (std::vector<uint64_t> shards = s.source->ShardSizes(); !shards.empty()) {
+    const auto buffer = static_cast<uint64_t>(s.config.source.shuffle_buffer);
+    order = [shards = std::move(shards), buffer, sampler](uint64_t epoch) {
+      return io::ShardedEpochOrder(shards, buffer, sampler, epoch);
+    };
+  } else {
+    order = [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); };
+  }
+  job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(executor, &job->ring_, job.get(), std::move(order), popts,
+                                                             std::move(notify), std::weak_ptr<void>(job));
+  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
+               s.job_id, s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size,
                a.batches_per_epoch(), b, layout.num_slots, layout.region_bytes >> 20);
   job->pipeline_->Pump();
   return job;
@@ -138,11 +147,10 @@ Status ImageJob::Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t
   // One reusable read buffer and decoder per worker thread (decoders are not thread-safe).
   thread_local std::vector<uint8_t> buffer;
   thread_local media::ImageDecoder decoder;
-  const io::SampleRef& sample = spec_.manifest.samples[index];
-  const std::string path = spec_.manifest.root + "/" + sample.path;
+  const io::SampleRef& sample = spec_.source->sample(index);
 
   auto t0 = Clock::now();
-  Status s = io::ReadFile(path, &buffer);
+  Status s = spec_.source->Read(index, &buffer);
   auto t1 = Clock::now();
   stages[0].Record(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), s.ok());
   if (!s.ok()) return s;
@@ -185,7 +193,7 @@ std::optional<Delivery> ImageJob::TakeNext() {
   b.set_rows(m.rows);
   b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
   for (uint64_t idx : m.indices) {
-    const io::SampleRef& s = spec_.manifest.samples[idx];
+    const io::SampleRef& s = spec_.source->sample(idx);
     b.add_paths(s.path);
     b.add_labels(s.label);
   }

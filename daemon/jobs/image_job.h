@@ -1,4 +1,4 @@
-// ImageJob: one running image job — its manifest, shared region, slot ring, row processor and
+// ImageJob: one running image job — its sample source, shared region, slot ring, row processor and
 // pipeline — as a JobHandle for the session that submitted it.
 //
 // Threading: JobHandle methods run on the control thread; the pipeline's row tasks run on the
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/job_config.h"
-#include "io/manifest.h"
+#include "io/sample_source.h"
 #include "jobs/job_service.h"
 #include "media/image_decoder.h"
 #include "pipeline/batch_pipeline.h"
@@ -27,7 +27,7 @@ namespace spdl::jobs {
 struct ImageJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
-  io::Manifest manifest;
+  std::shared_ptr<const io::SampleSource> source;  // the dataset (immutable, read from worker threads)
   media::ImageOps ops;
   uint32_t rank = 0;
   uint32_t world_size = 1;

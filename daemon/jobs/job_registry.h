@@ -1,10 +1,13 @@
 // JobRegistry: the daemon's JobService. Turns a SubmitJob request into a running job: validates
-// the config (every problem listed), checks the data root against the allowed roots, scans the
-// source, admits the job against the limits and the node's shared-memory budget (a refused job is
-// never half-started), and starts it on the shared worker pool.
+// the config (every problem listed), opens the job's sample source (an image folder scan, a list,
+// a tar index or a URL list; every local path checked against the allowed roots, every URL
+// against the allowed URL prefixes), admits the job against the limits and the node's
+// shared-memory budget (a refused job is never half-started), and starts it on the shared worker
+// pool.
 //
-// Thread-safe: Submit runs on the control thread; budget leases are returned from whichever thread
-// destroys a job (guarded by mu_).
+// Thread-safe: Submit runs on the control thread (so a large folder scan or tar index delays the
+// other sessions until it ends; moving it off that thread needs an asynchronous Submit); budget
+// leases are returned from whichever thread destroys a job (guarded by mu_).
 #pragma once
 
 #include <atomic>
