@@ -81,6 +81,8 @@ BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, R
     }
     stats_.push_back(std::make_unique<StageStats>(specs_[s].name, specs_[s].kind, st.concurrency, st.capacity));
   }
+  // The window starts at zero: until it is ~10 s old it covers the job's whole life.
+  history_.push_back({Clock::now(), std::vector<StageSnapshot>(specs_.size()), 0});
 }
 
 BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
@@ -202,7 +204,8 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
     for (size_t s = stages_.size(); s-- > 0;) {
       StageState& st = stages_[s];
       // Rows done with the stage before enter this stage's queue while it has room.
-      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() < st.capacity)) {
+      // The bound counts every row waiting to start here: queued, or handed to the pool.
+      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() + st.handed.size() < st.capacity)) {
         Row* r = *st.blocked.begin();
         st.blocked.erase(st.blocked.begin());
         stats_[s - 1]->AddPutWait(Nanos(now - r->since));
@@ -222,8 +225,8 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
     }
   }
   for (size_t s = 0; s < stages_.size(); ++s) {
-    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].blocked.size() + stages_[s].handed.size(),
-                         stages_[s].occupied);
+    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].handed.size(),
+                         stages_[s].occupied - stages_[s].handed.size());
   }
 }
 

@@ -103,7 +103,8 @@ Status CheckResumePoint(const ResumePoint& point, uint64_t samples, uint32_t bat
 // Per-stage settings of a job (by stage index; zero = the default).
 struct StageOptions {
   uint32_t concurrency = 0;  // most tasks of this stage at once for this job; 0 = as many as the pool runs
-  uint32_t queue = 0;        // rows the queue in front of the stage holds; 0 = bounded by the ring only
+  uint32_t queue = 0;        // rows waiting to start in the stage (queued or handed to the pool, not
+                             // started); 0 = bounded by the ring only. Ignored for the first stage.
 };
 
 struct PipelineOptions {
@@ -206,7 +207,7 @@ class BatchPipeline {
   struct StageState {
     Executor* executor = nullptr;
     uint32_t concurrency = 0;  // 0 = no limit
-    uint32_t capacity = 0;     // 0 = no limit
+    uint32_t capacity = 0;     // bound of queue + handed; 0 = no limit
     RowSet queue;              // rows waiting for this stage
     RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
     RowSet handed;             // rows with a task posted, not yet started

@@ -3,7 +3,7 @@
 // many worker threads at once with relaxed atomics (lock-free) and read as a consistent-enough
 // snapshot by the control thread.
 //
-// The histogram has fixed log-scale buckets: 4 per power of two from 1 µs to ~137 s, so a
+// The histogram has fixed log-scale buckets: 4 per power of two from 2 µs to ~9 min, so a
 // percentile is exact to within ~19 % (the width of a bucket), whatever the distribution.
 // A "window" figure is the difference of two snapshots (see StageWindow).
 #pragma once
@@ -25,8 +25,10 @@ struct StageSnapshot {
   StageKind kind = StageKind::kCpu;
   uint32_t concurrency = 0;        // most tasks of the stage running at once
   uint32_t queue_capacity = 0;     // bound of the queue in front of the stage (0: bounded by the ring)
-  uint64_t queue_length = 0;       // rows waiting in that queue now
-  uint64_t running = 0;            // tasks running now (or finished and waiting to put their row)
+  uint64_t queue_length = 0;       // rows waiting to start here now, queued or handed to the pool
+                                   // (<= queue_capacity when set)
+  uint64_t running = 0;            // tasks running now, and rows done here waiting for room in the
+                                   // next queue
   uint64_t tasks = 0;              // tasks finished, failed ones included
   uint64_t failures = 0;
   double busy_seconds = 0;         // task time summed over workers
