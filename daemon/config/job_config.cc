@@ -535,14 +535,9 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->on_error = *v;
   }
   ReadStages(diag, m.Get("stages"), &out->stages);
-  const Field order = m.Get("order");
-  if (auto v = internal::ReadChoice<Order>(diag, order,
+  if (auto v = internal::ReadChoice<Order>(diag, m.Get("order"),
                                            {{"sampler", Order::kSampler}, {"completion", Order::kCompletion}})) {
-    if (*v == Order::kCompletion) {
-      diag.Error(order, "completion order is not implemented yet; use sampler");
-    } else {
-      out->order = *v;
-    }
+    out->order = *v;
   }
   ReadMaxFailures(diag, m.Get("max_failures"), &out->max_failures);
   if (auto v = internal::ReadInt(diag, m.Get("max_failures_warmup"), 0, 1000000000)) {

@@ -169,7 +169,9 @@ struct StagesConfig {
 // In which order ready batches are delivered.
 enum class Order {
   kSampler,     // the sampler's order: deterministic, resumable
-  kCompletion,  // whichever batch is complete first (not implemented yet: refused)
+  kCompletion,  // whichever batch of the current epoch is complete first (a slow sample does not
+                // hold back later batches); the epoch's last batch still comes last. Such a job
+                // hands out no resume token and cannot be resumed
 };
 
 // When skipped samples fail the job anyway. At most one of count / fraction is set (>= 0).

@@ -188,6 +188,12 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   spec.manifest = std::move(*manifest);
   spec.fingerprint = JobFingerprint(spec.manifest, spec.config, spec.rank, spec.world_size);
+  if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
+    out.error = MakeError(proto::Error::BAD_REQUEST,
+                          "a job in order: completion cannot be resumed (it delivers batches out of order and "
+                          "hands out no state token); use order: sampler");
+    return out;
+  }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
     if (!point.ok()) {

@@ -121,6 +121,11 @@ struct PipelineOptions {
   int weight = 1;                     // share of the pools against other jobs
   std::vector<StageOptions> stages;   // by stage index; missing = defaults
   std::string log_name = "job";       // prefix of log lines ("job 7")
+  // order: completion — batches of the current epoch are delivered as they complete (see
+  // ClaimForDelivery); the epoch's last batch still comes last, and a later epoch's batches only
+  // after it. Resume points are not kept (TakeMeta leaves them empty): a job in completion order
+  // cannot be resumed exactly, so it hands out no state token.
+  bool completion_order = false;
   std::optional<ResumePoint> resume;  // start from here instead of epoch 0
 };
 
@@ -174,8 +179,14 @@ class BatchPipeline {
   // Every batch of the job has been dispatched.
   bool all_dispatched() const;
 
-  // What a delivered slot holds, with its resume point. Call once per delivery, in delivery order.
-  // REQUIRES: `slot` was returned by TakeNextReady and not yet released.
+  // Completion order: whether the ready batch in `slot` may be delivered now, ahead of earlier ones
+  // still filling: it must belong to the epoch being delivered, and the epoch's last batch must
+  // wait for every other batch of its epoch. When true the batch counts as delivered. For
+  // SlotRing::TakeFirstReady's predicate (called under the ring's lock; takes only mu_).
+  bool ClaimForDelivery(uint32_t slot, uint64_t seq);
+  // What a delivered slot holds, with its resume point (none in completion order). Call once per
+  // delivery, in delivery order. REQUIRES: `slot` was returned by TakeNextReady or TakeFirstReady
+  // and not yet released.
   SlotMeta TakeMeta(uint32_t slot);
   // Samples skipped so far in `epoch`.
   uint64_t EpochSkipped(uint32_t epoch) const;
@@ -236,6 +247,7 @@ class BatchPipeline {
   };
   struct InFlight {
     SlotMeta meta;
+    bool delivered = false;      // taken by the control thread (TakeMeta or ClaimForDelivery)
     std::vector<uint8_t> ok;     // per row: 1 when the row holds a good sample
     uint32_t remaining = 0;      // rows not finished
     std::vector<std::unique_ptr<Row>> rows;

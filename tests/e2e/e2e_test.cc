@@ -423,6 +423,27 @@ TEST_CASE("a corrupt file is skipped and counted, or fails the job naming it") {
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+TEST_CASE("order: completion delivers every sample once per epoch, with the right pixels, and cannot be resumed") {
+  Fixture f(3, 9);  // 27 images
+  DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
+  REQUIRE(d.Connectable());
+  const std::string yaml = JobYaml(f.data_root(), 4, 3, "order: completion\n");
+  RankRun r = RunRank(f, Opts(f, yaml, 0, 1, 2), /*check_pixels=*/true);
+  REQUIRE(r.error.empty());
+  REQUIRE(r.epochs.size() == 2);
+  for (auto& e : r.epochs) {
+    CHECK(e.size() == 27);
+    CHECK(std::set<std::string>(e.begin(), e.end()).size() == 27);
+  }
+  CHECK(r.pixel_mismatches == 0);
+  client::Options o = Opts(f, yaml, 0, 1, 2);
+  o.resume_token = "anything";
+  auto l = client::Loader::Open(o);
+  REQUIRE_FALSE(l.ok());
+  CHECK_THAT(l.status().message(), Catch::Contains("order: completion cannot be resumed"));
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 TEST_CASE("a client that goes away mid-epoch frees its job and others are unaffected") {
   Fixture f(2, 20);
   DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
