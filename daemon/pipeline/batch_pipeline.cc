@@ -196,8 +196,10 @@ void BatchPipeline::Pump() {
     }
     ScheduleLocked(&posts);
   }
-  PostAll(posts);
+  // An empty batch is ready at once, before the rows of later batches start (so it is never
+  // abandoned by a failure of theirs while they are delivered).
   for (uint32_t slot : empty) FinishBatch(slot);
+  PostAll(posts);
 }
 
 void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
