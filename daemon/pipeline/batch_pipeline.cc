@@ -465,8 +465,8 @@ bool BatchPipeline::ClaimForDelivery(uint32_t slot, uint64_t seq) {
     if (!f.delivered && (!lowest || f.meta.seq < lowest->meta.seq)) lowest = &f;
   }
   const InFlight& f = it->second;
-  if (f.meta.epoch != lowest->meta.epoch) return false;            // a later epoch waits for this one
-  if (f.meta.last_in_epoch && lowest != &f) return false;          // the epoch's end comes last
+  if (f.meta.epoch != lowest->meta.epoch) return false;    // a later epoch waits for this one
+  if (f.meta.last_in_epoch && lowest != &f) return false;  // the epoch's end comes last
   it->second.delivered = true;
   return true;
 }
