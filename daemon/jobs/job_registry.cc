@@ -237,6 +237,12 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   spec.source = std::move(source).value();
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
+  if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
+    out.error = MakeError(proto::Error::BAD_REQUEST,
+                          "a job in order: completion cannot be resumed (it delivers batches out of order and "
+                          "hands out no state token); use order: sampler");
+    return out;
+  }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
     if (!point.ok()) {
