@@ -108,6 +108,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
     }
   }
   if (auto v = ReadMode(diag, m.Get("socket_mode"))) out->socket_mode = *v;
+  if (auto v = internal::ReadString(diag, m.Get("socket_group"))) out->socket_group = *v;
   if (auto v = internal::ReadInt(diag, m.Get("worker_threads"), 0, 1024)) {
     out->worker_threads = static_cast<int>(*v);
   }

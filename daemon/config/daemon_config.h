@@ -22,6 +22,8 @@ struct DaemonConfig {
   std::string socket_path = "/run/spdld/spdld.sock";  // control socket; absolute, < 108 bytes
   int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
                                              // "0660" — a leading 0 means octal — or decimal 432)
+  std::string socket_group;                  // group of the socket file, a name or a number;
+                                             // empty = the daemon's own group
   int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
   int io_threads = 16;                       // threads of the I/O pool (file reads), shared by all
                                              // jobs, so I/O waits never hold a worker; 1..1024

@@ -1,5 +1,6 @@
 #include "server/control_server.h"
 
+#include <grp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -7,8 +8,10 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
+#include <vector>
 
 #include "proto/framing.h"
 #include "server/session_logic.h"
@@ -16,6 +19,22 @@
 namespace spdl::server {
 
 namespace asio = boost::asio;
+
+namespace {
+// A group name or number -> its gid; kNotFound for an unknown group.
+Result<gid_t> GroupId(const std::string& name) {
+  unsigned long n = 0;
+  auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec == std::errc() && ptr == name.data() + name.size()) return static_cast<gid_t>(n);
+  std::vector<char> buf(16384);
+  struct group g {};
+  struct group* found = nullptr;
+  if (::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return NotFound("socket_group: no group named '" + name + "'");
+  }
+  return found->gr_gid;
+}
+}  // namespace
 using boost::system::error_code;
 using Socket = asio::local::stream_protocol::socket;
 
@@ -183,6 +202,12 @@ Status ControlServer::Start() {
   bound_ = true;
   if (::chmod(path.c_str(), static_cast<mode_t>(options_.socket_mode)) != 0) {
     return ErrnoStatus("chmod " + path, errno);
+  }
+  if (!options_.socket_group.empty()) {
+    SPDL_ASSIGN_OR_RETURN(gid_t gid, GroupId(options_.socket_group));
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      return ErrnoStatus("socket_group: chown " + path + " to group " + options_.socket_group, errno);
+    }
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Internal("cannot listen on " + path + ": " + ec.message());

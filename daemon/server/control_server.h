@@ -23,6 +23,7 @@ namespace spdl::server {
 struct ServerOptions {
   std::string socket_path;
   int socket_mode = 0660;
+  std::string socket_group;  // group to give the socket file (name or number); empty = leave it
   uint32_t max_frame_bytes = 1u << 20;
 };
 

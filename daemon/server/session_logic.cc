@@ -33,7 +33,7 @@ Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
 
 Output SessionLogic::OnOversizedFrame(uint32_t length, uint32_t max) {
   return Fatal(proto::Error::BAD_REQUEST, "a control message of " + std::to_string(length) +
-                                              " bytes exceeds the limit of " + std::to_string(max) + " bytes");
+                                              " bytes exceeds the daemon's max_frame_bytes of " + std::to_string(max) + " bytes");
 }
 
 Output SessionLogic::OnFrame(std::string_view payload) {

@@ -662,6 +662,13 @@ TEST_CASE("job config: documents that are not a config") {
     REQUIRE(errors.size() == 1);
     CHECK(Contains(errors[0].message, "expected one YAML document"));
   }
+  SECTION("a ',' at the top level (yaml-cpp's LoadAll never returns on it: found by config_fuzz)") {
+    for (const char* text : {",", ",28KiYB", "a: 1\n---\n,\n"}) {
+      std::vector<ConfigError> errors = ParseBadJob(text);
+      REQUIRE(errors.size() >= 1);
+      CHECK(Contains(errors[0].message, "unexpected ','"));
+    }
+  }
   SECTION("a duplicate key") {
     std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) + "prefetch: 2\nprefetch: 3\n");
     REQUIRE(errors.size() == 1);
