@@ -1,5 +1,5 @@
 // spdlctl: what an operator or a user asks the node's spdld — the daemon's state, the jobs it runs
-// and their per-stage figures — and cancelling a job. Each uid sees and cancels only its own jobs
+// and their per-stage figures — cancelling a job, and draining the daemon. Each uid sees and cancels only its own jobs
 // (root: all). `--json` prints the daemon's answer as JSON instead of tables.
 #include <google/protobuf/util/json_util.h>
 
@@ -90,11 +90,17 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "stop a job of yours; its trainer gets an error");
   uint64_t cancel_job = 0;
   cancel->add_option("job", cancel_job, "job id")->required();
+  auto* drain = app.add_subcommand(
+      "drain", "stop taking jobs, tell running ones, exit when they end or at the deadline (root or spdld's user)");
+  uint32_t drain_seconds = 0;
+  drain->add_option("--seconds", drain_seconds, "deadline from now (default: the daemon's drain_seconds)");
   CLI11_PARSE(app, argc, argv);
 
   ClientMessage req;
   if (*cancel) {
     req.mutable_cancel()->set_job_id(cancel_job);
+  } else if (*drain) {
+    req.mutable_drain()->set_seconds(drain_seconds);
   } else {
     req.mutable_status();
   }
@@ -106,6 +112,16 @@ int main(int argc, char** argv) {
       PrintJson(reply->cancelled());
     } else {
       std::printf("cancelled job %" PRIu64 "\n", reply->cancelled().job_id());
+    }
+    return 0;
+  }
+  if (*drain) {
+    const auto& d = reply->draining();
+    if (json) {
+      PrintJson(d);
+    } else {
+      std::printf("spdld is draining (%s): %u jobs running; it exits when they end or in %.0f s\n",
+                  d.reason().c_str(), d.live_jobs(), d.deadline_seconds());
     }
     return 0;
   }

@@ -10,6 +10,7 @@ packages=(
   libboost-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev
+  libsystemd-dev
   # tests
   catch2 ffmpeg
   # the Python client, its tests and the benchmark (Debian's python3 has torch)

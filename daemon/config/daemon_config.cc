@@ -151,6 +151,11 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("stats_log_seconds"), 0, 86400)) {
     out->stats_log_seconds = static_cast<int>(*v);
   }
+  // Operations keys.
+  if (auto v = internal::ReadString(diag, m.Get("socket_group"))) out->socket_group = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
+    out->drain_seconds = static_cast<int>(*v);
+  }
   m.ReportUnknownKeys();
 }
 

@@ -33,6 +33,11 @@ struct DaemonConfig {
   int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
   int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
+  // Operations (see systemd/spdld.service.in).
+  std::string socket_group;                  // group that owns the socket file ("" = spdld's own);
+                                             // with socket_mode 0660, that group's users may connect
+  int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
+                                             // to end before exiting anyway, 0..86400 (0 = at once)
 
   bool operator==(const DaemonConfig&) const = default;
 };

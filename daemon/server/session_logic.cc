@@ -6,8 +6,9 @@
 
 namespace spdl::server {
 
-SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify)
-    : jobs_(jobs), peer_(peer), notify_(std::move(notify)) {}
+SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify,
+                           DaemonControl* control)
+    : jobs_(jobs), peer_(peer), notify_(std::move(notify)), control_(control) {}
 
 SessionLogic::~SessionLogic() { DropJob(); }
 
@@ -62,6 +63,16 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       return Fatal(proto::Error::BAD_REQUEST, "Hello sent twice");
     case proto::ClientMessage::kSubmit: {
       if (state_ == State::kRunning) return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
+      if (control_ && control_->draining) {
+        Output out;
+        auto* e = out.messages.emplace_back().message.mutable_error();
+        e->set_code(proto::Error::SHUTTING_DOWN);
+        e->set_message("spdld is draining (" + control_->drain_reason +
+                       "): it takes no new jobs and exits when the running ones end; submit again once it "
+                       "has restarted");
+        spdlog::info("session pid {} uid {}: job refused: draining", peer_.pid, peer_.uid);
+        return out;  // the session stays open (spdlctl status still works)
+      }
       jobs::SubmitResult r = jobs_->Submit(msg.submit(), peer_, notify_);
       Output out;
       if (!r.ok()) {
@@ -110,6 +121,21 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       }
       return out;
     }
+    case proto::ClientMessage::kDrain: {
+      Output out;
+      auto& m = out.messages.emplace_back().message;
+      if (!control_ || !control_->request_drain) {
+        m.mutable_error()->set_code(proto::Error::BAD_REQUEST);
+        m.mutable_error()->set_message("this spdld cannot drain on request");
+      } else if (peer_.uid != 0 && peer_.uid != control_->admin_uid) {
+        m.mutable_error()->set_code(proto::Error::PERMISSION_DENIED);
+        m.mutable_error()->set_message("only root or uid " + std::to_string(control_->admin_uid) +
+                                       " (spdld's user) may drain spdld; you are uid " + std::to_string(peer_.uid));
+      } else {
+        *m.mutable_draining() = control_->request_drain(peer_, msg.drain().seconds());
+      }
+      return out;
+    }
     case proto::ClientMessage::MSG_NOT_SET:
       break;
   }
@@ -140,6 +166,14 @@ Output SessionLogic::OnJobEvent() {
     DropJob();
     state_ = State::kIdle;
   }
+  return out;
+}
+
+Output SessionLogic::OnDrain(const proto::Draining& notice) {
+  Output out;
+  if (state_ != State::kRunning || told_draining_) return out;
+  told_draining_ = true;
+  *out.messages.emplace_back().message.mutable_draining() = notice;
   return out;
 }
 
