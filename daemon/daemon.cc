@@ -109,6 +109,17 @@ Status Daemon::Start() {
       return Status::Ok();
     }));
   }
+  if (config_.metrics_port != 0) {
+    SPDL_RETURN_IF_ERROR(Step("serve metrics", [&] {
+      metrics_ = std::make_unique<ops::MetricsServer>(&io_, [this] {
+        jobs::PeerInfo root;  // uid 0: every job
+        return ops::RenderPrometheus(registry_->Status(root), ops::DaemonFacts{draining_});
+      });
+      SPDL_RETURN_IF_ERROR(metrics_->Start(static_cast<uint16_t>(config_.metrics_port)));
+      spdlog::info("metrics on http://127.0.0.1:{}/metrics", metrics_->port());
+      return Status::Ok();
+    }));
+  }
   ScheduleStatsLog();
   notifier_.Ready();
   last_tick_ = Clock::now();
@@ -174,12 +185,14 @@ void Daemon::Reload() {
   // pipeline::ThreadPool has no resize yet: the thread count is restart-only.
   restart_only("worker_threads", config_.worker_threads, next.worker_threads);
   restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
+  restart_only("metrics_port", config_.metrics_port, next.metrics_port);
   // Keep what only a restart changes, so status and later reloads report what really runs.
   next.socket_path = config_.socket_path;
   next.socket_mode = config_.socket_mode;
   next.socket_group = config_.socket_group;
   next.worker_threads = config_.worker_threads;
   next.max_frame_bytes = config_.max_frame_bytes;
+  next.metrics_port = config_.metrics_port;
 
   spdlog::set_level(spdlog::level::from_str(next.log_level));
   registry_->UpdateLimits(next);
@@ -291,6 +304,7 @@ void Daemon::Run() { io_.run(); }
 void Daemon::Stop() {
   boost::asio::post(io_, [this] {
     if (server_) server_->Stop();
+    if (metrics_) metrics_->Stop();
     boost::system::error_code ec;
     signals_.cancel(ec);
     stats_timer_.cancel();
@@ -304,6 +318,7 @@ void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   notifier_.Stopping();
+  metrics_.reset();
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
   if (pool_) pool_->Join();      // in-flight rows end; the last ones destroy their jobs

@@ -7,7 +7,7 @@
 //                   max jobs per client, max slots per job, allowed roots, stats interval, drain
 //                   time) apply at once, running jobs untouched; a config with errors is refused,
 //                   every error logged, the old one kept. socket_*, worker_threads,
-//                   max_frame_bytes and metrics_port take effect only at restart (logged).
+//                   max_frame_bytes, socket_group and metrics_port take effect only at restart (logged).
 //   SIGTERM/SIGINT  drain: no new jobs (Submit refused), running jobs told (Draining), then exit
 //                   when they end or after drain_seconds. A second one exits at once.
 //
@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "config/daemon_config.h"
+#include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "proto/control.pb.h"
 
@@ -78,6 +79,7 @@ class Daemon {
   boost::asio::steady_timer notify_timer_;
   boost::asio::steady_timer drain_timer_;
   std::unique_ptr<server::ControlServer> server_;
+  std::unique_ptr<ops::MetricsServer> metrics_;  // null when metrics_port is 0
   // io thread only.
   uint64_t last_samples_ = 0;  // samples total and time of the previous notify tick (samples/s)
   std::chrono::steady_clock::time_point last_tick_{};

@@ -153,6 +153,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   }
   // Operations keys.
   if (auto v = internal::ReadString(diag, m.Get("socket_group"))) out->socket_group = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("metrics_port"), 0, 65535)) out->metrics_port = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
     out->drain_seconds = static_cast<int>(*v);
   }

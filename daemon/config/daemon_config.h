@@ -36,6 +36,7 @@ struct DaemonConfig {
   // Operations (see systemd/spdld.service.in).
   std::string socket_group;                  // group that owns the socket file ("" = spdld's own);
                                              // with socket_mode 0660, that group's users may connect
+  int metrics_port = 0;                      // Prometheus /metrics on 127.0.0.1:PORT; 0 = off
   int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
                                              // to end before exiting anyway, 0..86400 (0 = at once)
 

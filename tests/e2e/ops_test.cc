@@ -1,6 +1,8 @@
 // Operations end to end, against the real spdld process: service-manager notification
 // (READY/STATUS/WATCHDOG on a notify socket the test owns), reload, drain, start-up checks and the
 // metrics endpoint.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -259,6 +261,141 @@ TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad
   a->reset();
   b->reset();
   CHECK(d.Stop(SIGTERM, std::chrono::seconds(20)) == std::optional<int>(0));
+}
+
+
+// ---- start-up checks ----
+
+std::string Spdld() { return std::string(SPDL_BIN_DIR) + "/spdld"; }
+
+TEST_CASE("a stale socket file left by a killed daemon is replaced") {
+  TempDir dir;
+  const std::string sock = dir.path + "/spdld.sock";
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, sock.c_str(), sizeof(addr.sun_path) - 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    ::close(fd);  // the file stays, nobody listens: what SIGKILL leaves behind
+  }
+  REQUIRE(fs::exists(sock));
+  DaemonProcess d(sock, {"--allow-root", dir.path});
+  REQUIRE(d.Connectable());
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
+TEST_CASE("a second daemon on a live socket, or on a path that is not a socket, refuses to start") {
+  TempDir dir;
+  const std::string sock = dir.path + "/spdld.sock";
+  DaemonProcess d(sock, {"--allow-root", dir.path});
+  REQUIRE(d.Connectable());
+  std::string out;
+  CHECK(RunCommand({Spdld(), "--socket", sock, "--allow-root", dir.path}, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("another spdld is already serving " + sock));
+  CHECK(d.Connectable());  // the first one is untouched
+  CHECK(d.Stop() == std::optional<int>(0));
+
+  std::ofstream(dir.path + "/file") << "x";
+  out.clear();
+  CHECK(RunCommand({Spdld(), "--socket", dir.path + "/file", "--allow-root", dir.path}, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("exists and is not a socket"));
+  CHECK(fs::is_regular_file(dir.path + "/file"));
+}
+
+TEST_CASE("spdld refuses to start with a budget over the machine's memory or no usable data root, and says why") {
+  TempDir dir;
+  std::ofstream(dir.path + "/big.yaml") << "memory_budget_bytes: 1024TiB\nallowed_roots: [" << dir.path << "]\n";
+  std::string out;
+  CHECK(RunCommand({Spdld(), "--config", dir.path + "/big.yaml", "--socket", dir.path + "/a.sock"}, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("memory_budget_bytes (1048576.0 GiB) is more than"));
+  CHECK_FALSE(fs::exists(dir.path + "/a.sock"));
+
+  out.clear();
+  CHECK(RunCommand({Spdld(), "--socket", dir.path + "/b.sock", "--allow-root", dir.path + "/missing"}, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("allowed root " + dir.path + "/missing does not exist"));
+  CHECK_THAT(out, Catch::Contains("none of the allowed_roots is a readable directory"));
+}
+
+
+// ---- metrics ----
+
+int FreeTcpPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Proto JSON prints 64-bit integers as strings.
+double Num(const nlohmann::json& j) { return j.is_string() ? std::stod(j.get<std::string>()) : j.get<double>(); }
+
+TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text, matches spdlctl") {
+  std::string probe;
+  if (RunCommand({"/usr/bin/python3", "-c", "import prometheus_client"}, &probe) != 0) {
+    WARN("skipped: python3-prometheus-client is not installed (apt-get install python3-prometheus-client)");
+    return;
+  }
+  const int port = FreeTcpPort();
+  OpsFixture f("metrics_port: " + std::to_string(port) + "\n");
+  DaemonProcess d(f.socket(), {"--config", f.config()});
+  REQUIRE(d.Connectable());
+  auto a = client::Loader::Open(f.Job(0));
+  REQUIRE(a.ok());
+  // Hold both slots (prefetch 2): the job stops at backpressure, so its figures stay put.
+  std::vector<client::Batch> held;
+  while (held.size() < 2) {
+    auto ev = (*a)->Next();
+    REQUIRE(ev.ok());
+    if (auto* b = std::get_if<client::Batch>(&*ev)) held.push_back(std::move(*b));
+  }
+  const std::string ctl = std::string(SPDL_BIN_DIR) + "/spdlctl";
+  std::string stats_out, status_out, scrape_out, missing_out;
+  REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "stats"}, &stats_out) == 0);
+  REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "status"}, &status_out) == 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/metrics"},
+                     &scrape_out) == 0);
+  INFO(stats_out);
+  INFO(scrape_out);
+  auto job = nlohmann::json::parse(stats_out);
+  auto status = nlohmann::json::parse(status_out);
+  auto m = nlohmann::json::parse(scrape_out);
+  CHECK(m.at("status") == 200);
+  CHECK_THAT(m.at("content_type").get<std::string>(), Catch::StartsWith("text/plain; version=0.0.4"));
+  const auto& s = m.at("samples");
+  const std::string id = std::to_string(static_cast<uint64_t>(Num(job.at("job_id"))));
+  const std::string jl = "{job=" + id + ",rank=0,uid=" + std::to_string(::geteuid()) + "}";
+  const auto& st = job.at("stats");
+  CHECK(s.at("spdld_jobs").get<double>() == 1);
+  CHECK(s.at("spdld_draining").get<double>() == 0);
+  CHECK(s.at("spdld_memory_in_use_bytes").get<double>() == Num(status.at("memory_in_use_bytes")));
+  CHECK(s.at("spdld_memory_budget_bytes").get<double>() == Num(status.at("memory_budget_bytes")));
+  CHECK(s.at("spdld_job_samples_total" + jl).get<double>() == Num(st.at("samples")));
+  CHECK(Num(st.at("samples")) == 8);
+  CHECK(s.at("spdld_job_batches_total" + jl).get<double>() == Num(st.at("batches")));
+  CHECK(s.at("spdld_job_skipped_total" + jl).get<double>() == Num(st.at("skipped")));
+  CHECK(s.at("spdld_job_batches_ready" + jl).get<double>() == Num(st.at("batches_ready")));
+  CHECK(s.at("spdld_job_memory_bytes" + jl).get<double>() == Num(job.at("region_bytes")));
+  REQUIRE_FALSE(st.at("stages").empty());
+  for (const auto& stage : st.at("stages")) {
+    const std::string sl = "{job=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
+    CHECK(s.at("spdld_stage_tasks_total" + sl).get<double>() == Num(stage.at("tasks")));
+    CHECK(s.at("spdld_stage_failures_total" + sl).get<double>() == Num(stage.at("failures")));
+  }
+  CHECK(m.at("types").at("spdld_job_samples") == "counter");
+  CHECK(m.at("types").at("spdld_job_batches_ready") == "gauge");
+  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/other"},
+                     &missing_out) == 0);
+  CHECK(nlohmann::json::parse(missing_out).at("status") == 404);
+  held.clear();
+  a->reset();
+  CHECK(d.Stop() == std::optional<int>(0));
 }
 
 }  // namespace

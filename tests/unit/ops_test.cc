@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "ops/startup_checks.h"
 
@@ -130,6 +131,36 @@ TEST_CASE("without NOTIFY_SOCKET the notifier sends nothing and has no watchdog"
   CHECK(n.watchdog_interval().count() == 0);
   n.Ready();  // no-ops
   n.SetStatus("x");
+}
+
+TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labels") {
+  proto::DaemonStatus st;
+  st.set_live_jobs(2);
+  st.set_memory_budget_bytes(1 << 30);
+  for (int id : {3, 4}) {
+    auto* j = st.add_jobs();
+    j->set_job_id(id);
+    j->set_uid(1000);
+    j->set_rank(id - 3);
+    j->mutable_stats()->set_samples(100 * id);
+    j->mutable_stats()->set_client_wait_seconds(0.25);
+    auto* stage = j->mutable_stats()->add_stages();
+    stage->set_name(id == 3 ? "read" : "de\"code");
+    stage->set_tasks(7);
+  }
+  const std::string text = RenderPrometheus(st, DaemonFacts{true});
+  CHECK_THAT(text, Catch::Contains("# TYPE spdld_job_samples_total counter\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job=\"3\",uid=\"1000\",rank=\"0\"} 300\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job=\"4\",uid=\"1000\",rank=\"1\"} 400\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_job_client_wait_seconds_total{job=\"3\",uid=\"1000\",rank=\"0\"} 0.25\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_tasks_total{job=\"4\",stage=\"de\\\"code\"} 7\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_jobs 2\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_draining 1\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_memory_budget_bytes 1073741824\n"));
+  size_t n = 0;
+  for (size_t p = 0; (p = text.find("# TYPE spdld_job_samples_total ", p)) != std::string::npos; ++p) ++n;
+  CHECK(n == 1);
+  CHECK(text.back() == '\n');
 }
 
 }  // namespace
