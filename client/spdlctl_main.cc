@@ -46,16 +46,21 @@ void PrintStatus(const DaemonStatus& s) {
               MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
 }
 
+// The table fits 100 columns: a long source path keeps its end ("...ne/train").
 void PrintJobs(const DaemonStatus& s) {
-  std::printf("%6s %6s %8s %9s %6s %10s %10s %9s %9s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
+  constexpr size_t kSourceWidth = 26;
+  std::printf("%6s %6s %7s %7s %6s %10s %9s %5s %8s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
               "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
   for (const auto& j : s.jobs()) {
     char rank[24];
     std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
-    std::printf("%6" PRIu64 " %6u %8u %9s %6u %10" PRIu64 " %10.1f %9u %9.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
+    std::string source = j.source();
+    if (source.size() > kSourceWidth) source = "..." + source.substr(source.size() - (kSourceWidth - 3));
+    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
                 j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds(),
-                j.source().c_str());
+                source.c_str());
   }
+  if (s.jobs_size() == 0) std::printf("no jobs\n");
 }
 
 void PrintStats(const JobSummary& j) {
