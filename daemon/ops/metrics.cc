@@ -214,7 +214,10 @@ void MetricsServer::Accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec != asio::error::operation_aborted && !stopped_) {
-        spdlog::warn("metrics: accept: {}", ec.message());
+        uint64_t dropped = 0;
+        if (log_limiter_.Allow("accept", &dropped)) {
+          spdlog::warn("metrics: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+        }
         Accept();
       }
       return;

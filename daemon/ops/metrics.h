@@ -20,6 +20,7 @@
 #include <functional>
 #include <string>
 
+#include "common/log_limiter.h"
 #include "common/status.h"
 #include "proto/control.pb.h"
 
@@ -56,6 +57,7 @@ class MetricsServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   bool stopped_ = false;
+  LogLimiter log_limiter_;
 };
 
 }  // namespace spdl::ops

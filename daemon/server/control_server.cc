@@ -164,7 +164,9 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options)
-    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {}
+    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {
+  control_.log_limiter = &log_limiter_;
+}
 
 ControlServer::~ControlServer() { Stop(); }
 
@@ -201,7 +203,10 @@ Status ControlServer::Start() {
 void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
-      if (ec != asio::error::operation_aborted) spdlog::error("accept: {}", ec.message());
+      uint64_t dropped = 0;
+      if (ec != asio::error::operation_aborted && log_limiter_.Allow("accept", &dropped)) {
+        spdlog::error("control socket: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+      }
       if (!stopped_ && ec != asio::error::operation_aborted) Accept();
       return;
     }

@@ -62,6 +62,7 @@ class ControlServer {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::set<std::shared_ptr<Session>> sessions_;
   DaemonControl control_;
+  LogLimiter log_limiter_;  // the sessions' and the acceptor's warnings (control_.log_limiter)
   bool stopped_ = false;
   bool bound_ = false;
 };

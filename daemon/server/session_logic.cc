@@ -20,8 +20,23 @@ void SessionLogic::DropJob() {
   record_.reset();
 }
 
+std::string SessionLogic::Who() const {
+  if (job_) return fmt::format("job {} (pid {} uid {})", job_->accepted().job_id(), peer_.pid, peer_.uid);
+  return fmt::format("session pid {} uid {}", peer_.pid, peer_.uid);
+}
+
+bool SessionLogic::MayLog(const std::string& kind, std::string* note) const {
+  uint64_t dropped = 0;
+  if (control_ && control_->log_limiter && !control_->log_limiter->Allow(kind, &dropped)) return false;
+  *note = LogLimiter::Note(dropped);
+  return true;
+}
+
 Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
-  spdlog::warn("session pid {} uid {}: closing: {}", peer_.pid, peer_.uid, message);
+  std::string note;
+  if (MayLog("session closed: " + proto::Error::Code_Name(code), &note)) {
+    spdlog::warn("{}: closing the session: {}{}", Who(), message, note);
+  }
   Output out;
   auto* e = out.messages.emplace_back().message.mutable_error();
   e->set_code(code);
@@ -70,13 +85,17 @@ Output SessionLogic::OnFrame(std::string_view payload) {
         e->set_message("spdld is draining (" + control_->drain_reason +
                        "): it takes no new jobs and exits when the running ones end; submit again once it "
                        "has restarted");
-        spdlog::info("session pid {} uid {}: job refused: draining", peer_.pid, peer_.uid);
+        if (std::string note; MayLog("job refused: draining", &note)) {
+          spdlog::info("{}: job refused: draining{}", Who(), note);
+        }
         return out;  // the session stays open (spdlctl status still works)
       }
       jobs::SubmitResult r = jobs_->Submit(msg.submit(), peer_, notify_);
       Output out;
       if (!r.ok()) {
-        spdlog::info("session pid {} uid {}: job refused: {}", peer_.pid, peer_.uid, r.error.message());
+        if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
+          spdlog::info("{}: job refused: {}{}", Who(), r.error.message(), note);
+        }
         *out.messages.emplace_back().message.mutable_error() = r.error;
         return out;  // the client may fix its config and submit again
       }
@@ -162,7 +181,7 @@ Output SessionLogic::OnJobEvent() {
     auto* e = out.messages.emplace_back().message.mutable_error();
     e->set_code(proto::Error::JOB_FAILED);
     e->set_message("job failed: " + f.message());
-    spdlog::warn("session pid {} uid {}: {}", peer_.pid, peer_.uid, e->message());
+    if (std::string note; MayLog("job failed", &note)) spdlog::warn("{}: {}{}", Who(), e->message(), note);
     DropJob();
     state_ = State::kIdle;
   }

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "jobs/job_service.h"
 #include "proto/control.pb.h"
 
@@ -44,6 +45,8 @@ struct DaemonControl {
   // Starts a drain (or returns the one under way) and returns the notice to answer Drain with.
   // Unset: Drain is refused as unsupported.
   std::function<proto::Draining(const jobs::PeerInfo& by, uint32_t seconds)> request_drain;
+  // Rate-limits the sessions' warnings per kind (a client looping on a bad request); null = log all.
+  LogLimiter* log_limiter = nullptr;
 };
 
 class SessionLogic {
@@ -71,6 +74,10 @@ class SessionLogic {
  private:
   enum class State { kAwaitHello, kIdle, kRunning, kClosed };
   Output Fatal(proto::Error::Code code, std::string message);
+  // "job N (pid P uid U)" with a job, "session pid P uid U" without: the prefix of every log line.
+  std::string Who() const;
+  // Whether a line of `kind` may be logged now; `note` gets the suppressed-lines note.
+  bool MayLog(const std::string& kind, std::string* note) const;
   void DropJob();
 
   jobs::JobService* const jobs_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/log_limiter.h"
 #include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "ops/startup_checks.h"
@@ -161,6 +162,27 @@ TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labe
   for (size_t p = 0; (p = text.find("# TYPE spdld_job_samples_total ", p)) != std::string::npos; ++p) ++n;
   CHECK(n == 1);
   CHECK(text.back() == '\n');
+}
+
+TEST_CASE("the log limiter lets a burst of each kind through per window and counts the rest") {
+  LogLimiter limiter(3, std::chrono::seconds(10));
+  const auto t0 = LogLimiter::Clock::time_point{} + std::chrono::hours(1);
+  uint64_t dropped = 99;
+  for (int i = 0; i < 3; ++i) {
+    CHECK(limiter.Allow("bad frame", &dropped, t0 + std::chrono::milliseconds(i)));
+    CHECK(dropped == 0);
+  }
+  for (int i = 0; i < 7; ++i) CHECK_FALSE(limiter.Allow("bad frame", &dropped, t0 + std::chrono::seconds(1)));
+  CHECK(limiter.Allow("accept", &dropped, t0 + std::chrono::seconds(1)));  // other kinds are separate
+  CHECK(dropped == 0);
+  // A new window: allowed again, and told how many were dropped.
+  CHECK(limiter.Allow("bad frame", &dropped, t0 + std::chrono::seconds(11)));
+  CHECK(dropped == 7);
+  CHECK(LogLimiter::Note(dropped) == " (7 similar lines suppressed)");
+  CHECK(limiter.Allow("bad frame", &dropped, t0 + std::chrono::seconds(12)));
+  CHECK(dropped == 0);
+  CHECK(LogLimiter::Note(0).empty());
+  CHECK(LogLimiter::Note(1) == " (1 similar line suppressed)");
 }
 
 }  // namespace

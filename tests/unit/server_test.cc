@@ -1,6 +1,11 @@
 // The session protocol, without sockets: SessionLogic against a fake job service.
 #include <catch2/catch.hpp>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
 #include "proto/framing.h"
 #include "server/session_logic.h"
 
@@ -392,6 +397,32 @@ TEST_CASE("drain without a daemon control is refused, not fatal") {
   REQUIRE(o.messages.size() == 1);
   CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
   CHECK_FALSE(o.close);
+}
+
+TEST_CASE("session warnings are rate-limited per kind and name the job") {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_st>(log)));
+  FakeService svc;
+  LogLimiter limiter(2, std::chrono::hours(1));
+  DaemonControl control;
+  control.log_limiter = &limiter;
+  for (int i = 0; i < 10; ++i) {
+    SessionLogic s(&svc, Peer(), [] {}, &control);
+    s.OnFrame(Frame(Hello(proto::kProtocolVersion + 1)));  // wrong version: the session is closed
+  }
+  SessionLogic s(&svc, Peer(), [] {}, &control);
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(Submit()));
+  s.OnFrame(Frame(Release(0, 12345)));  // a stale release: fatal, with a job
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  size_t closing = 0;
+  for (size_t p = 0; (p = text.find("session pid 123 uid 1000: closing the session", p)) != std::string::npos; ++p) {
+    ++closing;
+  }
+  CHECK(closing == 2);  // the burst; the other 8 were suppressed
+  CHECK_THAT(text, Catch::Contains("job 7 (pid 123 uid 1000): closing the session: bad Release"));
 }
 
 }  // namespace
