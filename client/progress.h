@@ -12,14 +12,14 @@
 namespace spdl::client {
 
 struct ProgressState {
-  uint32_t epoch = 0;               // the epoch being read (0-based)
-  uint32_t epochs = 0;              // epochs asked for; 0 = until stopped
-  uint64_t batch_in_epoch = 0;      // batches of this epoch delivered so far
+  uint32_t epoch = 0;           // the epoch being read (0-based)
+  uint32_t epochs = 0;          // epochs asked for; 0 = until stopped
+  uint64_t batch_in_epoch = 0;  // batches of this epoch delivered so far
   uint64_t batches_per_epoch = 0;
-  uint64_t batches = 0;             // since the run started (the first may be a resumed epoch)
-  uint64_t samples = 0;             // since the run started
-  double seconds = 0;               // since the run started
-  std::string note;                 // e.g. "daemon draining, 12 s left"; empty = none
+  uint64_t batches = 0;  // since the run started (the first may be a resumed epoch)
+  uint64_t samples = 0;  // since the run started
+  double seconds = 0;    // since the run started
+  std::string note;      // e.g. "daemon draining, 12 s left"; empty = none
 };
 
 // The line for `s` in `columns` terminal columns (no control characters). Pure; tested.

@@ -1,12 +1,11 @@
 #include "daemon.h"
 
-#include <spdlog/spdlog.h>
 #include <grp.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -61,12 +60,14 @@ Status Daemon::Start() {
     for (const auto& w : r.warnings) spdlog::warn("start-up: {}", w);
     for (const auto& e : r.errors) spdlog::error("start-up: {}", e);
     if (r.ok()) return Status::Ok();
-    return FailedPrecondition(r.errors.size() == 1 ? r.errors[0] : std::to_string(r.errors.size()) + " problems (above)");
+    return FailedPrecondition(r.errors.size() == 1 ? r.errors[0]
+                                                   : std::to_string(r.errors.size()) + " problems (above)");
   };
   SPDL_RETURN_IF_ERROR(Step("check the memory for the shared-memory budget", [&] {
     return report(ops::CheckMemoryBudget(config_.memory_budget_bytes, ops::ReadMemoryFacts()));
   }));
-  SPDL_RETURN_IF_ERROR(Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
+  SPDL_RETURN_IF_ERROR(
+      Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
   SPDL_RETURN_IF_ERROR(Step("start the worker pool", [&] {
     pool_ = std::make_unique<pipeline::ThreadPool>(config_.worker_threads);
     return Status::Ok();
@@ -251,7 +252,7 @@ void Daemon::ScheduleStatsLog() {
   if (config_.stats_log_seconds <= 0) return;
   stats_timer_.expires_after(std::chrono::seconds(config_.stats_log_seconds));
   stats_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;  // operation_aborted: shutting down or the interval changed
+    if (ec) return;       // operation_aborted: shutting down or the interval changed
     jobs::PeerInfo root;  // uid 0: every job
     const proto::DaemonStatus status = registry_->Status(root);
     for (const auto& j : status.jobs()) {
@@ -288,8 +289,8 @@ void Daemon::ScheduleNotifyTick() {
     last_samples_ = samples;
     last_tick_ = now;
     if (draining_) {
-      notifier_.SetStatus(fmt::format("draining ({}): {} jobs left, {:.0f} samples/s", drain_reason_,
-                                      status.live_jobs(), rate));
+      notifier_.SetStatus(
+          fmt::format("draining ({}): {} jobs left, {:.0f} samples/s", drain_reason_, status.live_jobs(), rate));
     } else {
       notifier_.SetStatus(fmt::format("{} jobs, {:.0f} samples/s, {} MiB of {} MiB shared memory in use",
                                       status.live_jobs(), rate, status.memory_in_use_bytes() >> 20,
@@ -321,7 +322,7 @@ void Daemon::Shutdown() {
   metrics_.reset();
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
-  if (pool_) pool_->Join();      // in-flight rows end; the last ones destroy their jobs
+  if (pool_) pool_->Join();  // in-flight rows end; the last ones destroy their jobs
   if (registry_ && registry_->live_jobs() != 0) spdlog::error("{} jobs still alive at exit", registry_->live_jobs());
   registry_.reset();
   pool_.reset();

@@ -29,9 +29,16 @@
 #include "proto/control.pb.h"
 
 namespace spdl {
-namespace pipeline { class ThreadPool; }
-namespace jobs { class JobRegistry; struct PeerInfo; }
-namespace server { class ControlServer; }
+namespace pipeline {
+class ThreadPool;
+}
+namespace jobs {
+class JobRegistry;
+struct PeerInfo;
+}  // namespace jobs
+namespace server {
+class ControlServer;
+}
 
 class Daemon {
  public:

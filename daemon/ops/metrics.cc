@@ -170,14 +170,12 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   e.Add("spdld_worker_threads", "gauge", "Decode/transform worker threads.", {}, st.worker_threads());
   e.Add("spdld_memory_budget_bytes", "gauge", "Shared-memory budget for all jobs.", {},
         double(st.memory_budget_bytes()));
-  e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {},
-        double(st.memory_in_use_bytes()));
+  e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {}, double(st.memory_in_use_bytes()));
   e.Add("spdld_jobs", "gauge", "Live jobs (all users).", {}, st.live_jobs());
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
   for (const auto& j : st.jobs()) {
-    const Labels labels = {{"job", std::to_string(j.job_id())},
-                           {"uid", std::to_string(j.uid())},
-                           {"rank", std::to_string(j.rank())}};
+    const Labels labels = {
+        {"job", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
     for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
   }
   for (const auto& j : st.jobs()) {

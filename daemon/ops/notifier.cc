@@ -19,8 +19,9 @@ Notifier::Notifier() {
   if (sd_watchdog_enabled(/*unset_environment=*/0, &usec) > 0) watchdog_ = std::chrono::microseconds(usec);
 #else
   if (std::getenv("NOTIFY_SOCKET") != nullptr) {
-    spdlog::warn("NOTIFY_SOCKET is set but this spdld was built without libsystemd: no READY/STATUS/WATCHDOG "
-                 "(use Type=simple, or rebuild with libsystemd-dev installed)");
+    spdlog::warn(
+        "NOTIFY_SOCKET is set but this spdld was built without libsystemd: no READY/STATUS/WATCHDOG "
+        "(use Type=simple, or rebuild with libsystemd-dev installed)");
   }
 #endif
 }

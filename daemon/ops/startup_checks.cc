@@ -85,7 +85,7 @@ MemoryFacts ReadMemoryFacts(const std::string& proc_root, const std::string& cgr
       break;
     }
   }
-  struct statvfs sv{};
+  struct statvfs sv {};
   if (::statvfs(dev_shm.c_str(), &sv) == 0) f.dev_shm_bytes = static_cast<uint64_t>(sv.f_blocks) * sv.f_frsize;
   return f;
 }

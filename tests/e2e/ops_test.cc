@@ -5,16 +5,17 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
-#include <sys/ioctl.h>
-#include <sys/wait.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -22,8 +23,6 @@
 #include "e2e/dataset.h"
 #include "spdl/client.h"
 #include "spdl/control.h"
-
-#include <nlohmann/json.hpp>
 
 namespace spdl {
 namespace {
@@ -111,11 +110,10 @@ TEST_CASE("spdld tells its notify socket READY then STATUS and WATCHDOG pings, a
   CHECK(Has(msgs, "STATUS=0 jobs, 0 samples/s"));
   CHECK(Has(msgs, "WATCHDOG=1"));
   REQUIRE(d.Stop(SIGTERM) == 0);
-  msgs = notify.ReadUntil([](const std::vector<std::string>& m) { return Has(m, "STOPPING=1"); },
-                          std::chrono::seconds(5));
+  msgs =
+      notify.ReadUntil([](const std::vector<std::string>& m) { return Has(m, "STOPPING=1"); }, std::chrono::seconds(5));
   CHECK(Has(msgs, "STOPPING=1"));
 }
-
 
 // A small image folder, a daemon config file and the socket, all in one temp dir.
 struct OpsFixture {
@@ -130,7 +128,8 @@ struct OpsFixture {
   }
   void WriteConfig(const std::string& extra) const {
     std::ofstream(config()) << "socket_path: " << socket() << "\nallowed_roots: [" << dir.path << "]\n"
-                            << "worker_threads: 2\n" << extra;
+                            << "worker_threads: 2\n"
+                            << extra;
   }
   std::string data_root() const { return dir.path + "/data"; }
   std::string socket() const { return dir.path + "/spdld.sock"; }
@@ -203,9 +202,9 @@ TEST_CASE("spdlctl drain with a deadline: the job that does not end is cancelled
   REQUIRE(a.ok());
   REQUIRE((*a)->Next().ok());
   std::string out;
-  REQUIRE(RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "--socket", f.socket(), "--json", "drain", "--seconds",
-                      "1"},
-                     &out) == 0);
+  REQUIRE(
+      RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "--socket", f.socket(), "--json", "drain", "--seconds", "1"},
+                 &out) == 0);
   INFO(out);
   auto j = nlohmann::json::parse(out);
   CHECK(j.at("deadline_seconds").get<double>() > 0);
@@ -266,7 +265,6 @@ TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad
   CHECK(d.Stop(SIGTERM, std::chrono::seconds(20)) == std::optional<int>(0));
 }
 
-
 // ---- start-up checks ----
 
 std::string Spdld() { return std::string(SPDL_BIN_DIR) + "/spdld"; }
@@ -319,7 +317,6 @@ TEST_CASE("spdld refuses to start with a budget over the machine's memory or no 
   CHECK_THAT(out, Catch::Contains("allowed root " + dir.path + "/missing does not exist"));
   CHECK_THAT(out, Catch::Contains("none of the allowed_roots is a readable directory"));
 }
-
 
 // ---- metrics ----
 
@@ -401,7 +398,6 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
-
 // ---- spdlctl and spdl-client output ----
 
 // Runs `argv` with stdout and stderr captured separately; returns the exit code.
@@ -461,8 +457,8 @@ TEST_CASE("spdl-client draws a progress line on a terminal and none on a pipe or
   REQUIRE(d.Connectable());
   const std::string job = f.dir.path + "/job.yaml";
   std::ofstream(job) << f.Job().config_yaml;
-  const std::vector<std::string> cmd = {std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(),
-                                        "--config", job, "--epochs", "2"};
+  const std::vector<std::string> cmd = {
+      std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config", job, "--epochs", "2"};
   const std::string tty = RunOnTerminal(cmd);
   INFO(tty);
   CHECK_THAT(tty, Catch::Contains("\r"));
@@ -498,7 +494,8 @@ TEST_CASE("spdlctl: every command answers --json, and the status and jobs tables
   REQUIRE((*a)->Next().ok());
   const std::string ctl = std::string(SPDL_BIN_DIR) + "/spdlctl";
   const std::string id = std::to_string((*a)->info().job_id);
-  for (const std::vector<std::string>& sub : std::vector<std::vector<std::string>>{{"status"}, {"jobs"}, {"stats", id}}) {
+  for (const std::vector<std::string>& sub :
+       std::vector<std::vector<std::string>>{{"status"}, {"jobs"}, {"stats", id}}) {
     std::vector<std::string> argv = {ctl, "--socket", f.socket()};
     argv.insert(argv.end(), sub.begin(), sub.end());
     std::string out;

@@ -1,7 +1,7 @@
 // spdl-client's progress line: what it says and that it fits the terminal.
-#include <catch2/catch.hpp>
-
 #include "progress.h"
+
+#include <catch2/catch.hpp>
 
 namespace spdl::client {
 namespace {
@@ -17,7 +17,8 @@ TEST_CASE("the progress line shows the epoch, the share of the run, samples per 
   s.seconds = 15;  // 1 s per batch: 25 batches left
   const std::string line = FormatProgress(s, 100);
   CHECK_THAT(line, Catch::StartsWith("epoch 2/4 ["));
-  CHECK_THAT(line, Catch::Contains("] " " 38% 32 samples/s ETA 0:25"));
+  CHECK_THAT(line, Catch::Contains("] "
+                                   " 38% 32 samples/s ETA 0:25"));
   CHECK(line.size() <= 99);
   CHECK(line.find('#') != std::string::npos);
 }
