@@ -169,6 +169,11 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("stats_log_seconds"), 0, 86400)) {
     out->stats_log_seconds = static_cast<int>(*v);
   }
+  // Operations keys.
+  if (auto v = internal::ReadInt(diag, m.Get("metrics_port"), 0, 65535)) out->metrics_port = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
+    out->drain_seconds = static_cast<int>(*v);
+  }
   m.ReportUnknownKeys();
 }
 

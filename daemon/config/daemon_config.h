@@ -41,6 +41,10 @@ struct DaemonConfig {
   int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
   int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
+  // Operations (see systemd/spdld.service.in).
+  int metrics_port = 0;                      // Prometheus /metrics on 127.0.0.1:PORT; 0 = off
+  int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
+                                             // to end before exiting anyway, 0..86400 (0 = at once)
 
   bool operator==(const DaemonConfig&) const = default;
 };

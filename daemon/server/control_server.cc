@@ -51,15 +51,23 @@ class Session : public std::enable_shared_from_this<Session> {
     // Called from worker threads, possibly after this session is gone (a job's last tasks keep
     // the job alive): touch only what the lambda owns, coalesce wake-ups, continue on the io thread.
     auto pending = event_pending_;
-    logic_ = std::make_unique<SessionLogic>(server_->jobs_, peer_, [weak, io, pending] {
-      if (pending->exchange(true)) return;
-      asio::post(*io, [weak, pending] {
-        pending->store(false);
-        if (auto s = weak.lock()) s->Apply(s->logic_->OnJobEvent());
-      });
-    });
+    logic_ = std::make_unique<SessionLogic>(
+        server_->jobs_, peer_,
+        [weak, io, pending] {
+          if (pending->exchange(true)) return;
+          asio::post(*io, [weak, pending] {
+            pending->store(false);
+            if (auto s = weak.lock()) s->Apply(s->logic_->OnJobEvent());
+          });
+        },
+        &server_->control_);
     spdlog::debug("session pid {} uid {}: connected", peer_.pid, peer_.uid);
     Read();
+  }
+
+  bool has_job() const { return !closed_ && logic_ && logic_->has_job(); }
+  void OnDrain(const proto::Draining& notice) {
+    if (!closed_ && logic_) Apply(logic_->OnDrain(notice));
   }
 
   // Closes the socket and cancels the job. Idempotent.
@@ -175,7 +183,9 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options)
-    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {}
+    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {
+  control_.log_limiter = &log_limiter_;
+}
 
 ControlServer::~ControlServer() { Stop(); }
 
@@ -218,7 +228,10 @@ Status ControlServer::Start() {
 void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
-      if (ec != asio::error::operation_aborted) spdlog::error("accept: {}", ec.message());
+      uint64_t dropped = 0;
+      if (ec != asio::error::operation_aborted && log_limiter_.Allow("accept", &dropped)) {
+        spdlog::error("control socket: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+      }
       if (!stopped_ && ec != asio::error::operation_aborted) Accept();
       return;
     }
@@ -244,6 +257,19 @@ void ControlServer::Remove(Session* s) {
       return;
     }
   }
+}
+
+size_t ControlServer::running_jobs() const {
+  size_t n = 0;
+  for (const auto& s : sessions_) n += s->has_job() ? 1 : 0;
+  return n;
+}
+
+void ControlServer::Drain(const proto::Draining& notice) {
+  control_.draining = true;
+  control_.drain_reason = notice.reason();
+  auto sessions = sessions_;  // Apply may remove a session whose write fails
+  for (auto& s : sessions) s->OnDrain(notice);
 }
 
 void ControlServer::Stop() {
