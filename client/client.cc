@@ -617,7 +617,9 @@ Result<Event> Loader::Next() {
         const auto& js = m.job_end().stats();
         JobStats stats{js.samples(), js.batches(), js.skipped(), js.seconds(), js.first_batch_seconds(), {}, js.client_wait_seconds()};
         for (const auto& st : js.stages()) {
-          stats.stages.push_back(StageStats{st.name(), st.tasks(), st.failures(), st.busy_seconds()});
+          stats.stages.push_back(StageStats{st.name(), st.tasks(), st.failures(), st.busy_seconds(), st.kind(),
+                                            st.avg_ms(), st.p50_ms(), st.p90_ms(), st.p99_ms(), st.put_wait_seconds(),
+                                            st.get_wait_seconds(), st.items_per_s()});
         }
         finished_ = true;
         return Event(std::move(stats));

@@ -317,10 +317,14 @@ int main(int argc, char** argv) {
                      {"batches", stats->batches},
                      {"skipped", stats->skipped},
                      {"seconds", stats->seconds},
-                     {"first_batch_seconds", stats->first_batch_seconds}};
+                     {"first_batch_seconds", stats->first_batch_seconds},
+                     {"client_wait_seconds", stats->client_wait_seconds}};
       for (const auto& st : stats->stages) {
         j["stages"].push_back(
-            {{"name", st.name}, {"tasks", st.tasks}, {"failures", st.failures}, {"busy_seconds", st.busy_seconds}});
+            {{"name", st.name}, {"tasks", st.tasks}, {"failures", st.failures}, {"busy_seconds", st.busy_seconds},
+             {"kind", st.kind}, {"avg_ms", st.avg_ms}, {"p50_ms", st.p50_ms}, {"p90_ms", st.p90_ms},
+             {"p99_ms", st.p99_ms}, {"put_wait_seconds", st.put_wait_seconds},
+             {"get_wait_seconds", st.get_wait_seconds}, {"items_per_s", st.items_per_s}});
       }
     } else {
       j["daemon"] = nullptr;

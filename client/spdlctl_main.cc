@@ -46,19 +46,28 @@ void PrintStatus(const DaemonStatus& s) {
               MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
 }
 
-// The table fits 100 columns: a long source path keeps its end ("...ne/train").
+// The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of
+// its own below the row (cut in the middle, "...", past 100 columns).
 void PrintJobs(const DaemonStatus& s) {
-  constexpr size_t kSourceWidth = 26;
+  constexpr size_t kColumns = 100, kRow = 75, kIndent = 8;
   std::printf("%6s %6s %7s %7s %6s %10s %9s %5s %8s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
               "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
   for (const auto& j : s.jobs()) {
     char rank[24];
     std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
+    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f", j.job_id(), j.uid(), j.pid(), rank,
+                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds());
     std::string source = j.source();
-    if (source.size() > kSourceWidth) source = "..." + source.substr(source.size() - (kSourceWidth - 3));
-    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
-                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds(),
-                source.c_str());
+    if (kRow + source.size() <= kColumns) {
+      std::printf("  %s\n", source.c_str());
+      continue;
+    }
+    const size_t room = kColumns - kIndent;
+    if (source.size() > room) {
+      const size_t head = room / 2 - 2;
+      source = source.substr(0, head) + "..." + source.substr(source.size() - (room - head - 3));
+    }
+    std::printf("\n%*s%s\n", static_cast<int>(kIndent), "", source.c_str());
   }
   if (s.jobs_size() == 0) std::printf("no jobs\n");
 }
@@ -66,15 +75,24 @@ void PrintJobs(const DaemonStatus& s) {
 void PrintStats(const JobSummary& j) {
   const auto& st = j.stats();
   std::printf("job %" PRIu64 " (uid %u, rank %u/%u, %s): %" PRIu64 " samples in %" PRIu64 " batches, %" PRIu64
-              " skipped, %.1f samples/s, first batch %.3f s\n",
+              " skipped, %.1f samples/s (%.1f over the last %.0f s), first batch %.3f s, weight %u\n",
               j.job_id(), j.uid(), j.rank(), j.world_size(), j.source().c_str(), st.samples(), st.batches(), st.skipped(),
-              Rate(j), st.first_batch_seconds());
-  std::printf("  client waited %.2f s for data; %u batches ready and waiting\n", st.client_wait_seconds(),
-              st.batches_ready());
-  std::printf("  %-10s %10s %9s %10s %12s\n", "STAGE", "TASKS", "FAILURES", "BUSY_S", "AVG_MS");
+              Rate(j), st.window_samples_per_s(), st.stages_size() ? st.stages(0).window_seconds() : 0.0,
+              st.first_batch_seconds(), st.weight());
+  std::printf("  client waited %.2f s for data; %u batches ready and waiting, %u filling; %" PRIu64 " of %" PRIu64
+              " samples tried failed\n",
+              st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(), st.samples_tried());
+  // One row per stage: totals, then the recent window. CONC and QCAP 0 = unlimited (the pool / the ring).
+  std::printf("  %-8s %4s %4s %4s %5s %5s %10s %7s %8s %8s %8s %8s %8s %8s %9s | %8s %8s %8s %9s\n", "STAGE", "KIND",
+              "CONC", "RUN", "QUEUE", "QCAP", "TASKS", "FAILED", "AVG_MS", "P50_MS", "P90_MS", "P99_MS", "PUTW_S",
+              "GETW_S", "ITEMS/S", "W_AVG_MS", "W_P50_MS", "W_P99_MS", "W_ITEMS/S");
   for (const auto& s : st.stages()) {
-    std::printf("  %-10s %10" PRIu64 " %9" PRIu64 " %10.2f %12.3f\n", s.name().c_str(), s.tasks(), s.failures(),
-                s.busy_seconds(), s.tasks() ? 1e3 * s.busy_seconds() / s.tasks() : 0.0);
+    std::printf("  %-8s %4s %4u %4" PRIu64 " %5" PRIu64 " %5u %10" PRIu64 " %7" PRIu64
+                " %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f %9.1f | %8.3f %8.3f %8.3f %9.1f\n",
+                s.name().c_str(), s.kind().c_str(), s.concurrency(), s.running(), s.queue_length(), s.queue_capacity(),
+                s.tasks(), s.failures(), s.avg_ms(), s.p50_ms(), s.p90_ms(), s.p99_ms(), s.put_wait_seconds(),
+                s.get_wait_seconds(), s.items_per_s(), s.window_avg_ms(), s.window_p50_ms(), s.window_p99_ms(),
+                s.window_items_per_s());
   }
 }
 

@@ -70,10 +70,11 @@ Status Daemon::Start() {
       Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
   SPDL_RETURN_IF_ERROR(Step("start the worker pool", [&] {
     pool_ = std::make_unique<pipeline::ThreadPool>(config_.worker_threads);
+    io_pool_ = std::make_unique<pipeline::ThreadPool>(config_.io_threads);
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
-    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size());
+    registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("handle SIGTERM, SIGINT and SIGHUP", [&] {
@@ -178,25 +179,28 @@ void Daemon::Reload() {
   note("max_jobs_per_client", config_.max_jobs_per_client, next.max_jobs_per_client);
   note("max_slots_per_job", config_.max_slots_per_job, next.max_slots_per_job);
   note("allowed_roots", Join(config_.allowed_roots), Join(next.allowed_roots));
+  note("allowed_url_prefixes", Join(config_.allowed_url_prefixes), Join(next.allowed_url_prefixes));
+  note("worker_threads", config_.worker_threads, next.worker_threads);
+  note("io_threads", config_.io_threads, next.io_threads);
   note("stats_log_seconds", config_.stats_log_seconds, next.stats_log_seconds);
   note("drain_seconds", config_.drain_seconds, next.drain_seconds);
   restart_only("socket_path", config_.socket_path, next.socket_path);
   restart_only("socket_mode", config_.socket_mode, next.socket_mode);
   restart_only("socket_group", config_.socket_group, next.socket_group);
-  // pipeline::ThreadPool has no resize yet: the thread count is restart-only.
-  restart_only("worker_threads", config_.worker_threads, next.worker_threads);
   restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
   restart_only("metrics_port", config_.metrics_port, next.metrics_port);
   // Keep what only a restart changes, so status and later reloads report what really runs.
   next.socket_path = config_.socket_path;
   next.socket_mode = config_.socket_mode;
   next.socket_group = config_.socket_group;
-  next.worker_threads = config_.worker_threads;
   next.max_frame_bytes = config_.max_frame_bytes;
   next.metrics_port = config_.metrics_port;
 
   spdlog::set_level(spdlog::level::from_str(next.log_level));
-  registry_->UpdateLimits(next);
+  // Resizing waits for removed threads to finish the task they run (milliseconds); jobs go on.
+  if (next.worker_threads != config_.worker_threads) pool_->SetThreads(next.worker_threads);
+  if (next.io_threads != config_.io_threads) io_pool_->SetThreads(next.io_threads);
+  registry_->UpdateLimits(next, pool_->size());
   const bool restart_stats_log = next.stats_log_seconds != config_.stats_log_seconds;
   config_ = std::move(next);
   if (restart_stats_log) {
@@ -322,10 +326,12 @@ void Daemon::Shutdown() {
   metrics_.reset();
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
-  if (pool_) pool_->Join();  // in-flight rows end; the last ones destroy their jobs
+  if (io_pool_) io_pool_->Join();  // in-flight rows end (the jobs are cancelled: no new tasks)
+  if (pool_) pool_->Join();        // ...the last ones destroy their jobs
   if (registry_ && registry_->live_jobs() != 0) spdlog::error("{} jobs still alive at exit", registry_->live_jobs());
   registry_.reset();
   pool_.reset();
+  io_pool_.reset();
   spdlog::info("spdld stopped");
 }
 

@@ -111,6 +111,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("worker_threads"), 0, 1024)) {
     out->worker_threads = static_cast<int>(*v);
   }
+  if (auto v = internal::ReadInt(diag, m.Get("io_threads"), 1, 1024)) out->io_threads = static_cast<int>(*v);
   if (auto v = ReadByteSize(diag, m.Get("memory_budget_bytes"), kMiB,
                             std::numeric_limits<uint64_t>::max())) {
     out->memory_budget_bytes = *v;
@@ -128,6 +129,22 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
       list.push_back(*r);
     }
     out->allowed_roots = std::move(list);
+  }
+  const Field prefixes = m.Get("allowed_url_prefixes");
+  if (auto items = internal::ReadList(diag, prefixes)) {
+    std::vector<std::string> list;
+    for (const Field& item : *items) {
+      std::optional<std::string> r = internal::ReadString(diag, item);
+      if (!r) continue;
+      const size_t scheme = r->rfind("https://", 0) == 0 ? 8 : r->rfind("http://", 0) == 0 ? 7 : 0;
+      if (scheme == 0 || r->size() == scheme || (*r)[scheme] == '/') {
+        diag.Error(item, "must be an http:// or https:// URL with a host, e.g. http://data.local:8000/imagenet (got '" +
+                             *r + "')");
+        continue;
+      }
+      list.push_back(*r);
+    }
+    out->allowed_url_prefixes = std::move(list);
   }
   if (auto v = internal::ReadChoice<std::string>(diag, m.Get("log_level"),
                                                  {{"trace", "trace"},

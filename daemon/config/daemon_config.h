@@ -23,10 +23,16 @@ struct DaemonConfig {
   int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
                                              // "0660" — a leading 0 means octal — or decimal 432)
   int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
+  int io_threads = 16;                       // threads of the I/O pool (file reads), shared by all
+                                             // jobs, so I/O waits never hold a worker; 1..1024
   uint64_t memory_budget_bytes = 4ull << 30; // all jobs' shared slots together, >= 1MiB (YAML:
                                              // 4GiB, 512MiB, 1G or plain bytes)
   std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
                                              // (empty = refuse every job)
+  // URLs http sources may fetch: at or below one of these ("http://host:port/path"; same scheme,
+  // host and port, path by whole segments). Empty = refuse every http source (a daemon fetching
+  // whatever a client names could be made to reach internal services).
+  std::vector<std::string> allowed_url_prefixes;
   std::string log_level = "info";            // trace|debug|info|warn|error|critical|off
   uint32_t max_frame_bytes = 1u << 20;       // largest control message accepted, 1KiB..64MiB
                                              // (YAML: a byte size like memory_budget_bytes)

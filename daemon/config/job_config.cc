@@ -111,35 +111,154 @@ std::optional<Interpolation> ReadInterpolation(Diagnostics& diag, const Field& f
                                               {"area", Interpolation::kArea}});
 }
 
+// Reads a list of file name endings (".jpg"), lower-cased. nullopt when absent or bad.
+std::optional<std::vector<std::string>> ReadExtensions(Diagnostics& diag, const Field& exts) {
+  std::optional<std::vector<Field>> list = internal::ReadList(diag, exts);
+  if (!list) return std::nullopt;
+  if (list->empty()) diag.Error(exts, "must list at least one file name ending, e.g. [.jpg]");
+  std::vector<std::string> lowered;
+  for (const Field& item : *list) {
+    std::optional<std::string> e = internal::ReadString(diag, item);
+    if (!e) continue;
+    if (e->size() < 2 || e->front() != '.') {
+      diag.Error(item, "an extension starts with '.' and is not empty, e.g. .jpg (got '" + *e + "')");
+      continue;
+    }
+    lowered.push_back(Lower(*e));
+  }
+  return lowered;
+}
+
+// A required, non-empty string.
+std::optional<std::string> ReadRequiredString(Diagnostics& diag, MapReader& m, std::string_view key) {
+  const Field f = m.Require(key);
+  std::optional<std::string> v = internal::ReadString(diag, f);
+  if (v && v->empty()) {
+    diag.Error(f, "must not be empty");
+    return std::nullopt;
+  }
+  return v;
+}
+
+// The source keys and the types they belong to (a bit per SourceType).
+constexpr unsigned Bit(SourceType t) { return 1u << static_cast<unsigned>(t); }
+struct SourceKey {
+  const char* name;
+  unsigned types;
+};
+constexpr SourceKey kSourceKeys[] = {
+    {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList)},
+    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar)},
+    {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
+    {"shards", Bit(SourceType::kTar)},
+    {"label_extension", Bit(SourceType::kTar)},
+    {"shuffle_buffer", Bit(SourceType::kTar)},
+    {"base_url", Bit(SourceType::kHttp)},
+    {"timeout_ms", Bit(SourceType::kHttp)},
+    {"connect_timeout_ms", Bit(SourceType::kHttp)},
+    {"max_attempts", Bit(SourceType::kHttp)},
+    {"max_in_flight", Bit(SourceType::kHttp)},
+};
+
+std::string TypesOf(unsigned types) {
+  std::string out;
+  for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp}) {
+    if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
+  }
+  return out;
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
   MapReader m(diag, field);
-  const Field type = m.Get("type");
-  if (auto v = internal::ReadString(diag, type)) {
-    if (*v == "image_folder") {
-      out->type = *v;
-    } else {
-      diag.Error(type, "source type '" + *v + "' is not supported (only image_folder)");
+  const Field type_field = m.Get("type");
+  std::optional<SourceType> type = internal::ReadChoice<SourceType>(diag, type_field,
+                                                                    {{"image_folder", SourceType::kImageFolder},
+                                                                     {"file_list", SourceType::kFileList},
+                                                                     {"tar", SourceType::kTar},
+                                                                     {"http", SourceType::kHttp}});
+  if (!Present(type_field)) type = SourceType::kImageFolder;
+  if (!type) {
+    // Without a type nothing more can be checked; mark every source key as known.
+    for (const SourceKey& k : kSourceKeys) m.Get(k.name);
+    m.ReportUnknownKeys();
+    return;
+  }
+  out->type = *type;
+  const char* type_name = SourceTypeName(*type);
+  switch (*type) {
+    case SourceType::kImageFolder: {
+      if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
+      if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
     }
-  }
-  const Field root = m.Require("root");
-  if (auto v = internal::ReadString(diag, root)) {
-    if (v->empty()) diag.Error(root, "must not be empty");
-    else out->root = *v;
-  }
-  const Field exts = m.Get("extensions");
-  if (auto list = internal::ReadList(diag, exts)) {
-    if (list->empty()) diag.Error(exts, "must list at least one file name ending, e.g. [.jpg]");
-    std::vector<std::string> lowered;
-    for (const Field& item : *list) {
-      std::optional<std::string> e = internal::ReadString(diag, item);
-      if (!e) continue;
-      if (e->size() < 2 || e->front() != '.') {
-        diag.Error(item, "an extension starts with '.' and is not empty, e.g. .jpg (got '" + *e + "')");
-        continue;
+    case SourceType::kFileList: {
+      if (auto v = ReadRequiredString(diag, m, "list")) out->list = *v;
+      const Field root = m.Get("root");
+      if (auto v = internal::ReadString(diag, root)) out->root = *v;
+      break;
+    }
+    case SourceType::kTar: {
+      const Field shards = m.Require("shards");
+      if (Present(shards) && shards.node.IsScalar()) {
+        if (auto v = internal::ReadString(diag, shards)) {
+          if (v->empty())
+            diag.Error(shards, "must not be empty");
+          else
+            out->shards = {*v};
+        }
+      } else if (auto list = internal::ReadList(diag, shards)) {
+        if (list->empty()) diag.Error(shards, "must name at least one shard file or pattern");
+        for (const Field& item : *list) {
+          std::optional<std::string> v = internal::ReadString(diag, item);
+          if (!v) continue;
+          if (v->empty())
+            diag.Error(item, "must not be empty");
+          else
+            out->shards.push_back(*v);
+        }
       }
-      lowered.push_back(Lower(*e));
+      out->extensions = {".jpg", ".jpeg", ".png", ".webp"};
+      if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      const Field label = m.Get("label_extension");
+      if (auto v = internal::ReadString(diag, label)) {
+        if (!v->empty() && (v->size() < 2 || v->front() != '.')) {
+          diag.Error(label, "a label extension starts with '.', e.g. .cls, or is '' for no labels (got '" + *v + "')");
+        } else {
+          out->label_extension = Lower(*v);
+        }
+      }
+      if (auto v = internal::ReadInt(diag, m.Get("shuffle_buffer"), 1, int64_t{1} << 24)) out->shuffle_buffer = *v;
+      break;
     }
-    out->extensions = std::move(lowered);
+    case SourceType::kHttp: {
+      if (auto v = ReadRequiredString(diag, m, "list")) out->list = *v;
+      const Field base = m.Get("base_url");
+      if (auto v = internal::ReadString(diag, base)) {
+        if (v->rfind("http://", 0) != 0 && v->rfind("https://", 0) != 0) {
+          diag.Error(base, "must start with http:// or https:// (got '" + *v + "')");
+        } else {
+          out->base_url = *v;
+        }
+      }
+      if (auto v = internal::ReadInt(diag, m.Get("timeout_ms"), 1, 3'600'000)) out->timeout_ms = *v;
+      if (auto v = internal::ReadInt(diag, m.Get("connect_timeout_ms"), 1, 3'600'000)) out->connect_timeout_ms = *v;
+      if (auto v = internal::ReadInt(diag, m.Get("max_attempts"), 1, 100)) out->max_attempts = static_cast<int>(*v);
+      if (auto v = internal::ReadInt(diag, m.Get("max_in_flight"), 1, 1024)) out->max_in_flight = static_cast<int>(*v);
+      break;
+    }
+  }
+  // A key of another source type: say which type it belongs to rather than "unknown key".
+  std::vector<std::string> present;
+  for (const MapReader::Entry& e : m.entries()) {
+    if (!e.used) present.push_back(e.key);
+  }
+  for (const std::string& key : present) {
+    for (const SourceKey& k : kSourceKeys) {
+      if (key != k.name || (k.types & Bit(*type))) continue;
+      const Field f = m.Get(key);
+      diag.ErrorAtKey(
+          f, "'" + key + "' is not a key of source type " + type_name + " (it belongs to " + TypesOf(k.types) + ")");
+    }
   }
   m.ReportUnknownKeys();
 }
@@ -469,6 +588,46 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   return normalize_item;
 }
 
+void ReadStage(Diagnostics& diag, const Field& field, StageConfig* out) {
+  MapReader m(diag, field);
+  if (auto v = internal::ReadInt(diag, m.Get("concurrency"), 1, 1024)) out->concurrency = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("queue"), 1, 65536)) out->queue = static_cast<int>(*v);
+  m.ReportUnknownKeys();
+}
+
+void ReadStages(Diagnostics& diag, const Field& field, StagesConfig* out) {
+  MapReader m(diag, field);
+  ReadStage(diag, m.Get("read"), &out->read);
+  ReadStage(diag, m.Get("decode"), &out->decode);
+  m.ReportUnknownKeys();
+}
+
+// max_failures: an integer count (100) or a decimal fraction in [0, 1] (0.01).
+void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
+  if (!Present(f)) return;
+  if (f.node.IsScalar()) {
+    const std::string& s = f.node.Scalar();
+    int64_t count = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), count);
+    if (ec == std::errc() && ptr == s.data() + s.size() && !s.empty()) {
+      if (count < 0) {
+        diag.Error(f, "a count must be at least 0 (got " + s + ")");
+      } else {
+        out->count = count;
+      }
+      return;
+    }
+  }
+  std::optional<double> v = ReadNumber(diag, f);
+  if (!v) return;
+  if (*v < 0 || *v > 1) {
+    diag.Error(f, "must be a count (an integer, e.g. 100) or a fraction between 0 and 1 (e.g. 0.01), got " +
+                      FormatNumber(*v));
+    return;
+  }
+  out->fraction = *v;
+}
+
 void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   MapReader m(diag, root);
   if (!m.ok()) return;  // not a map: nothing else can be said
@@ -487,10 +646,39 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
                                              {{"skip", OnError::kSkip}, {"fail", OnError::kFail}})) {
     out->on_error = *v;
   }
+  ReadStages(diag, m.Get("stages"), &out->stages);
+  const Field order = m.Get("order");
+  if (auto v = internal::ReadChoice<Order>(diag, order,
+                                           {{"sampler", Order::kSampler}, {"completion", Order::kCompletion}})) {
+    if (*v == Order::kCompletion) {
+      diag.Error(order, "completion order is not implemented yet; use sampler");
+    } else {
+      out->order = *v;
+    }
+  }
+  ReadMaxFailures(diag, m.Get("max_failures"), &out->max_failures);
+  if (auto v = internal::ReadInt(diag, m.Get("max_failures_warmup"), 0, 1000000000)) {
+    out->max_failures_warmup = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
   m.ReportUnknownKeys();
 }
 
 }  // namespace
+
+const char* SourceTypeName(SourceType type) {
+  switch (type) {
+    case SourceType::kImageFolder:
+      return "image_folder";
+    case SourceType::kFileList:
+      return "file_list";
+    case SourceType::kTar:
+      return "tar";
+    case SourceType::kHttp:
+      return "http";
+  }
+  return "?";
+}
 
 JobConfigResult ParseJobConfig(std::string_view yaml_text, const std::vector<Override>& overrides) {
   std::vector<std::string> override_paths;

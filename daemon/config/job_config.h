@@ -89,14 +89,48 @@ enum class Uneven {
   kDrop,  // drop the tail so that every rank has floor(N / world_size)
 };
 
+// Where a job's samples come from. Which keys apply depends on `type` (the parser refuses a key of
+// another type, and a missing required one):
+//   image_folder  root (required), extensions
+//   file_list     list (required), root
+//   tar           shards (required), extensions, label_extension, shuffle_buffer
+//   http          list (required), base_url, timeout_ms, connect_timeout_ms, max_attempts, max_in_flight
+// Every local path (root, list, shards) must lie below the daemon's allowed_roots, and every URL
+// below its allowed_url_prefixes; that is checked when the job is submitted, not here.
+enum class SourceType {
+  kImageFolder,  // root/<class>/<file>: sub-folder = class, label = index of the sorted folder name
+  kFileList,     // a text/CSV file of "path[,label]" lines; paths relative to `root`
+  kTar,          // WebDataset tar shards, read in place; samples grouped by key (x.jpg + x.cls)
+  kHttp,         // a file of "url[,label]" lines, or of "path[,label]" lines below `base_url`
+};
+
+// The YAML name of a source type ("image_folder", "file_list", "tar", "http").
+const char* SourceTypeName(SourceType type);
+
 struct SourceConfig {
-  std::string type = "image_folder";                      // only image_folder: sub-folder = class,
-                                                          // label = index of the sorted folder name
-  std::string root;                                       // the data directory; required, non-empty
-  std::vector<std::string> extensions = {".jpg", ".jpeg"};  // file name endings to take; matched
-                                                          // case-insensitively, stored lower-case.
+  SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http
+  // image_folder: the data directory (required, non-empty). file_list: the directory relative paths
+  // are below ("" = the list file's directory).
+  std::string root;
+  // image_folder: file name endings to take; tar: member endings taken as the sample's image, in
+  // order of preference (default .jpg .jpeg .png .webp). Matched case-insensitively, stored
+  // lower-case, each starting with '.'.
   // The decoder reads JPEG, PNG, WebP, BMP, TIFF and GIF whatever the name says (by magic bytes);
   // list .png .webp .bmp .tif .tiff .gif here to take those files too.
+  std::vector<std::string> extensions = {".jpg", ".jpeg"};
+  // file_list, http: the list file (required).
+  std::string list;
+  // tar: the shard files, each a path or a brace pattern such as /data/train-{000..127}.tar
+  // (YAML: one string or a list of them); required, non-empty.
+  std::vector<std::string> shards;
+  std::string label_extension = ".cls";  // tar: the member ending holding the label; "" = no labels
+  int64_t shuffle_buffer = 1000;         // tar: samples in the seeded shuffle buffer, 1..16777216
+                                         // (1 = shard order, shuffled shards only)
+  std::string base_url;                  // http: "" = the list holds URLs; else paths below this URL
+  int64_t timeout_ms = 30'000;           // http: one whole request attempt, 1..3600000
+  int64_t connect_timeout_ms = 5'000;    // http: establishing a connection, 1..3600000
+  int max_attempts = 4;                  // http: attempts per sample (retries with backoff), 1..100
+  int max_in_flight = 16;                // http: requests at once for the job, 1..1024
 
   bool operator==(const SourceConfig&) const = default;
 };
@@ -147,6 +181,38 @@ struct DecodeConfig {
   bool operator==(const DecodeConfig&) const = default;
 };
 
+// The engine settings of one pipeline stage (YAML: stages: {read: {...}, decode: {...}}).
+struct StageConfig {
+  int concurrency = 0;  // most tasks of this stage running at once for this job, 1..1024;
+                        // 0 (the default) = as many as the node's pool runs
+  int queue = 0;        // rows the bounded queue in front of the stage holds, 1..65536; 0 (the
+                        // default) = bounded only by the slot ring (prefetch x batch.size rows)
+
+  bool operator==(const StageConfig&) const = default;
+};
+
+struct StagesConfig {
+  StageConfig read;    // io stage: reads each sample's bytes (on the daemon's I/O pool)
+  StageConfig decode;  // cpu stage: decode + fused transforms into the row (on the worker pool)
+
+  bool operator==(const StagesConfig&) const = default;
+};
+
+// In which order ready batches are delivered.
+enum class Order {
+  kSampler,     // the sampler's order: deterministic, resumable
+  kCompletion,  // whichever batch is complete first (not implemented yet: refused)
+};
+
+// When skipped samples fail the job anyway. At most one of count / fraction is set (>= 0).
+struct MaxFailures {
+  int64_t count = -1;     // YAML: an integer, e.g. 100: fail when more samples than this failed
+  double fraction = -1;   // YAML: a decimal in [0, 1], e.g. 0.01: fail when more than this
+                          // fraction of the samples tried failed
+
+  bool operator==(const MaxFailures&) const = default;
+};
+
 struct JobConfig {
   SourceConfig source;                  // where the samples come from
   SamplerConfig sampler;                // the order of the samples
@@ -156,6 +222,11 @@ struct JobConfig {
   OutputConfig output;                  // what a delivered batch looks like
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
+  StagesConfig stages;                  // per-stage concurrency and queue bounds
+  Order order = Order::kSampler;        // YAML: sampler | completion
+  MaxFailures max_failures;             // with on_error: skip; default: no limit
+  int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
+  int weight = 1;                       // share of the node's pools against other jobs, 1..1000
 
   // Output image size after the transforms, computed by the parser (the YAML cannot set these).
   // Both 0 when the chain does not produce a fixed size (never in a config the parser returns).

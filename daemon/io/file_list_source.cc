@@ -53,10 +53,12 @@ std::vector<SampleRef> CheckEntries(std::vector<ListEntry> entries, const std::s
 
 }  // namespace
 
-FileListSource::FileListSource(std::string origin, std::string root, std::vector<SampleRef> samples, uint64_t labelled,
-                               uint64_t max_sample_bytes)
+FileListSource::FileListSource(std::string origin, std::shared_ptr<const RootDir> root,
+                               std::shared_ptr<const RootSet> allowed, std::vector<SampleRef> samples,
+                               uint64_t labelled, uint64_t max_sample_bytes)
     : origin_(std::move(origin)),
       root_(std::move(root)),
+      allowed_(std::move(allowed)),
       samples_(std::move(samples)),
       labelled_(labelled),
       max_sample_bytes_(max_sample_bytes) {}
@@ -76,8 +78,9 @@ Result<std::unique_ptr<FileListSource>> FileListSource::Open(const FileListOptio
       CheckEntries(std::move(parsed.entries), *real_root, o.allowed_roots, &problems, &labelled);
   if (!problems.empty()) return ListProblemsStatus(real_list, std::move(problems), o.max_reported_errors);
   if (samples.empty()) return NotFound(real_list + ": the list names no sample");
-  return std::unique_ptr<FileListSource>(
-      new FileListSource(real_list, *real_root, std::move(samples), labelled, o.max_sample_bytes));
+  SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
+  return std::unique_ptr<FileListSource>(new FileListSource(real_list, std::move(dir), RootSet::Open(o.allowed_roots),
+                                                            std::move(samples), labelled, o.max_sample_bytes));
 }
 
 Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<ListEntry> entries,
@@ -96,8 +99,10 @@ Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<
       CheckEntries(std::move(entries), *real_root, options.allowed_roots, &problems, &labelled);
   if (!problems.empty()) return ListProblemsStatus(origin, std::move(problems), options.max_reported_errors);
   if (samples.empty()) return NotFound(origin + ": the list names no sample");
-  return std::unique_ptr<FileListSource>(
-      new FileListSource(origin, *real_root, std::move(samples), labelled, options.max_sample_bytes));
+  SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
+  return std::unique_ptr<FileListSource>(new FileListSource(origin, std::move(dir),
+                                                            RootSet::Open(options.allowed_roots), std::move(samples),
+                                                            labelled, options.max_sample_bytes));
 }
 
 Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
@@ -107,12 +112,13 @@ Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
                            std::to_string(size()) + " samples)");
   }
   const std::string& key = samples_[index].path;
-  // ReadFile's errors name the whole path, which is or ends with the key.
-  return ReadFile(key.front() == '/' ? key : root_ + "/" + key, out, max_sample_bytes_);
+  // The errors name the whole path, which is or ends with the key.
+  if (key.front() == '/') return allowed_->ReadFile(key, out, max_sample_bytes_);
+  return root_->ReadFile(key, out, max_sample_bytes_);
 }
 
 std::string FileListSource::Describe() const {
-  return "file list " + origin_ + " (" + std::to_string(size()) + " samples below " + root_ + ", " +
+  return "file list " + origin_ + " (" + std::to_string(size()) + " samples below " + root_->path() + ", " +
          std::to_string(labelled_) + " labelled)";
 }
 

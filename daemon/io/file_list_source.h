@@ -23,11 +23,13 @@ struct FileListOptions {
 };
 
 // Keys (sample(i).path):
-//   - a plain relative path (no ".." component) is kept as written and read as root + "/" + path.
-//     Like ImageFolderSource it is not resolved at Open (that would cost a realpath per sample);
-//     a missing file fails its Read, a symbolic link below the root is followed.
+//   - a plain relative path (no ".." component) is kept as written and opened beneath the root
+//     (RootDir). Like ImageFolderSource it is not resolved at Open (that would cost a realpath per
+//     sample); a missing file fails its Read, a symbolic link that stays below the root is
+//     followed, one that leads out of it fails the Read.
 //   - an absolute path, or one with a ".." component, is resolved at Open and must lie below the
-//     allowed roots; its key is the resolved absolute path. A missing one is a bad line.
+//     allowed roots; its key is the resolved absolute path, opened beneath the allowed root that
+//     holds it (RootSet). A missing one is a bad line.
 class FileListSource final : public SampleSource {
  public:
   // Reads and checks the whole list. Errors: the list or the root outside the allowed roots or
@@ -45,16 +47,18 @@ class FileListSource final : public SampleSource {
   const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
+  std::string Identity() const override { return "file_list " + origin_ + " root " + root_->path(); }
 
-  const std::string& root() const { return root_; }  // resolved
+  const std::string& root() const { return root_->path(); }  // resolved
 
  private:
-  FileListSource(std::string origin, std::string root, std::vector<SampleRef> samples, uint64_t labelled,
-                 uint64_t max_sample_bytes);
+  FileListSource(std::string origin, std::shared_ptr<const RootDir> root, std::shared_ptr<const RootSet> allowed,
+                 std::vector<SampleRef> samples, uint64_t labelled, uint64_t max_sample_bytes);
 
   // Constant after construction.
-  const std::string origin_;  // the list file (resolved) or the caller's name for the entries
-  const std::string root_;    // resolved
+  const std::string origin_;                      // the list file (resolved) or the caller's name for the entries
+  const std::shared_ptr<const RootDir> root_;     // resolved
+  const std::shared_ptr<const RootSet> allowed_;  // for absolute keys
   const std::vector<SampleRef> samples_;
   const uint64_t labelled_;  // samples with a label
   const uint64_t max_sample_bytes_;

@@ -90,6 +90,7 @@ class HttpSource final : public SampleSource {
   const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
+  std::string Identity() const override { return "http " + origin_ + " base " + options_.base_url; }
 
   HttpStats stats() const;
 

@@ -13,11 +13,12 @@ Result<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Open(const std::st
                                                                    uint64_t max_sample_bytes) {
   SPDL_ASSIGN_OR_RETURN(std::string real_root, ResolveUnderRoots(root, allowed_roots));
   SPDL_ASSIGN_OR_RETURN(Manifest manifest, ScanImageFolder(real_root, extensions));
-  return std::make_unique<ImageFolderSource>(std::move(manifest), max_sample_bytes);
+  SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(real_root));
+  return std::make_unique<ImageFolderSource>(std::move(manifest), std::move(dir), max_sample_bytes);
 }
 
-ImageFolderSource::ImageFolderSource(Manifest manifest, uint64_t max_sample_bytes)
-    : manifest_(std::move(manifest)), max_sample_bytes_(max_sample_bytes) {}
+ImageFolderSource::ImageFolderSource(Manifest manifest, std::shared_ptr<const RootDir> root, uint64_t max_sample_bytes)
+    : manifest_(std::move(manifest)), root_(std::move(root)), max_sample_bytes_(max_sample_bytes) {}
 
 Status ImageFolderSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
   if (index >= size()) {
@@ -25,8 +26,8 @@ Status ImageFolderSource::Read(uint64_t index, std::vector<uint8_t>* out) const 
     return InvalidArgument("image folder " + manifest_.root + ": sample " + std::to_string(index) +
                            " is out of range (" + std::to_string(size()) + " samples)");
   }
-  // ReadFile's errors name the whole path, which ends with the key.
-  return ReadFile(manifest_.root + "/" + manifest_.samples[index].path, out, max_sample_bytes_);
+  // RootDir's errors name the whole path, which ends with the key.
+  return root_->ReadFile(manifest_.samples[index].path, out, max_sample_bytes_);
 }
 
 std::string ImageFolderSource::Describe() const {

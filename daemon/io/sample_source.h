@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "io/manifest.h"
+#include "io/read_file.h"
 
 namespace spdl::io {
 
@@ -46,13 +47,24 @@ class SampleSource {
 
   // One line for logs and spdlctl, e.g. "image folder /data (1000 samples, 10 classes)".
   virtual std::string Describe() const = 0;
+
+  // A short identity of the dataset for resume fingerprints: the type and what it was opened
+  // from (root, list, shards, base URL), e.g. "image_folder /data/train". Two sources with the
+  // same identity and the same samples are the same dataset.
+  virtual std::string Identity() const = 0;
+
+  // For sources read best in sequence (tar shards): the number of samples in each shard, in
+  // index order (shard 0 holds samples [0, sizes[0]), shard 1 the next sizes[1], ...). Empty for
+  // random-access sources. The sampler uses it for a shard-aware order (sampler.h).
+  virtual std::vector<uint64_t> ShardSizes() const { return {}; }
 };
 
 // The largest sample any source reads by default (the limit io::ReadFile has).
 inline constexpr uint64_t kDefaultMaxSampleBytes = uint64_t{1} << 30;
 
-// An image folder (see ScanImageFolder in manifest.h) read with io::ReadFile. Keys are paths
-// relative to the root; labels are class indices.
+// An image folder (see ScanImageFolder in manifest.h). Keys are paths relative to the root;
+// labels are class indices. Each sample is opened beneath the root (RootDir): a symbolic link in
+// the folder that leads out of it fails that sample's Read, it is not followed.
 class ImageFolderSource final : public SampleSource {
  public:
   // Resolves `root` under `allowed_roots` (ResolveUnderRoots), then scans it (ScanImageFolder).
@@ -62,19 +74,23 @@ class ImageFolderSource final : public SampleSource {
                                                          const std::vector<std::string>& allowed_roots,
                                                          uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
 
-  // Wraps a manifest already scanned (and its root already checked) by the caller.
-  explicit ImageFolderSource(Manifest manifest, uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
+  // Wraps a manifest already scanned (and its root already checked) by the caller; `root` is the
+  // manifest's root, opened. REQUIRES: root != nullptr.
+  ImageFolderSource(Manifest manifest, std::shared_ptr<const RootDir> root,
+                    uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
 
   uint64_t size() const override { return manifest_.samples.size(); }
   const SampleRef& sample(uint64_t index) const override { return manifest_.samples[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
+  std::string Identity() const override { return "image_folder " + manifest_.root; }
 
   const Manifest& manifest() const { return manifest_; }
 
  private:
   // Constant after construction.
   const Manifest manifest_;
+  const std::shared_ptr<const RootDir> root_;
   const uint64_t max_sample_bytes_;
 };
 

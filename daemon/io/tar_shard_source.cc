@@ -16,6 +16,7 @@
 #include "common/unique_fd.h"
 #include "io/allowed_roots.h"
 #include "io/brace_expand.h"
+#include "io/read_file.h"
 #include "io/tar_reader.h"
 
 namespace spdl::io {
@@ -83,6 +84,7 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
 
   std::unique_ptr<TarShardSource> src(new TarShardSource());
   src->max_sample_bytes_ = options.max_sample_bytes;
+  src->allowed_ = RootSet::Open(options.allowed_roots);
   std::vector<std::string> paths;
   for (const std::string& pattern : options.shards) {
     src->description_ += (src->description_.empty() ? "" : " ") + pattern;
@@ -104,9 +106,14 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
       problems.push_back(real.status());
       continue;
     }
-    UniqueFd fd(::open(real->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    auto opened = src->allowed_->OpenBeneath(*real);
+    if (!opened.ok()) {
+      problems.push_back(opened.status().WithPrefix("tar shard " + *real));
+      continue;
+    }
+    UniqueFd fd = std::move(opened).value();
     struct stat st {};
-    if (!fd || ::fstat(fd.get(), &st) != 0) {
+    if (::fstat(fd.get(), &st) != 0) {
       problems.push_back(ErrnoStatus("tar shard " + *real, errno));
       continue;
     }
@@ -225,9 +232,11 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
   if (loc.size > max_sample_bytes_) {
     return ResourceExhausted(where() + ": more than the limit of " + std::to_string(max_sample_bytes_) + " bytes");
   }
-  UniqueFd fd(::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  auto opened = allowed_->OpenBeneath(shard.path);
+  if (!opened.ok()) return opened.status().WithPrefix(where());
+  const UniqueFd fd = std::move(opened).value();
   struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0) return ErrnoStatus(where(), errno);
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(where(), errno);
   if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
       MtimeNs(st) != shard.mtime_ns) {
     return FailedPrecondition(where() + ": the shard changed since it was indexed");
@@ -238,6 +247,18 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return s.WithPrefix(where());
   }
   return Status::Ok();
+}
+
+std::string TarShardSource::Identity() const {
+  std::string id = "tar";
+  for (const Shard& s : shards_) id += " " + s.path;
+  return id;
+}
+
+std::vector<uint64_t> TarShardSource::ShardSizes() const {
+  std::vector<uint64_t> sizes(shards_.size(), 0);
+  for (const Location& l : locations_) ++sizes[l.shard];
+  return sizes;
 }
 
 std::string TarShardSource::Describe() const {

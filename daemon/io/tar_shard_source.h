@@ -12,11 +12,12 @@
 //
 // Open scans the headers of every shard once (tar_reader.h) and keeps an index: per sample its
 // shard, offset and size, so Read is one pread. The index is global and in shard order (each shard's
-// samples in the order their keys first appear), so the sampler's global permutation — shuffle,
-// per-rank sharding, resume — applies unchanged, exactly as for a folder: every rank reads a
-// random sample from any shard. The price: a header scan of all shards at job start, and random
-// reads across shards instead of WebDataset's sequential shard streaming (which assigns whole shards
-// to ranks and shuffles within a buffer, giving only approximate shuffling and uneven ranks).
+// samples in the order their keys first appear); ShardSizes() tells the sampler where each shard's
+// samples are, so a job's order can be shard-aware (ShardedEpochOrder in sampler.h: shuffled
+// shards, a bounded shuffle buffer, contiguous runs per rank) while staying a pure function, and
+// any global permutation still works as for a folder. The price: a header scan of all shards at
+// job start.
+// Shards are opened beneath the allowed root that holds them (RootSet), at Open and at each Read.
 //
 // Keys (sample(i).path) are WebDataset keys; two shards may hold the same key.
 #pragma once
@@ -61,6 +62,8 @@ class TarShardSource final : public SampleSource {
   // 100,000 shards) at the cost of an open/fstat/close (a few microseconds) per sample.
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
+  std::string Identity() const override;
+  std::vector<uint64_t> ShardSizes() const override;
 
   size_t num_shards() const { return shards_.size(); }
   uint64_t skipped_keys() const { return skipped_keys_; }  // keys without an image member
@@ -92,6 +95,7 @@ class TarShardSource final : public SampleSource {
   uint64_t unlabelled_ = 0;
   double scan_seconds_ = 0;
   uint64_t max_sample_bytes_ = kDefaultMaxSampleBytes;
+  std::shared_ptr<const RootSet> allowed_;
 };
 
 }  // namespace spdl::io

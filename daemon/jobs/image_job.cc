@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "io/read_file.h"
 #include "io/sampler.h"
 #include "jobs/resume_token.h"
 #include "proto/framing.h"
@@ -70,7 +69,8 @@ ImageJob::~ImageJob() {
 
 Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::Executor* executor,
                                                   std::unique_ptr<BudgetLease> budget,
-                                                  std::function<void()> notify) {
+                                                  std::function<void()> notify,
+                                                  pipeline::Executor* io_executor) {
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
                         shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes));
@@ -85,7 +85,7 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   auto job = std::make_shared<ImageJob>(std::move(spec), std::move(region), layout, std::move(budget));
   const auto& s = job->spec_;
   const io::SamplerOptions sampler = SamplerFor(s);
-  const uint64_t n = s.manifest.samples.size();
+  const uint64_t n = s.source->size();
   const uint64_t per_rank = io::SamplesPerRank(n, sampler);
   const uint32_t b = static_cast<uint32_t>(s.config.batch.size);
 
@@ -122,44 +122,51 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   popts.epochs = s.epochs;
   popts.fail_on_error = s.config.on_error == config::OnError::kFail;
   popts.resume = s.resume;
+  popts.max_failures_count = s.config.max_failures.count;
+  popts.max_failures_fraction = s.config.max_failures.fraction;
+  popts.max_failures_warmup = static_cast<uint64_t>(s.config.max_failures_warmup);
+  popts.weight = s.config.weight;
+  popts.stages = {{s.config.stages.read.concurrency, s.config.stages.read.queue},
+                  {s.config.stages.decode.concurrency, s.config.stages.decode.queue}};
+  popts.log_name = "job " + std::to_string(s.job_id);
+  // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
+  // bounded shuffle buffer, a contiguous run per rank. Either is a pure function of the epoch, so
+  // a resume point (positions in this order) is exact.
+  pipeline::EpochOrderFn order;
+  if (std::vector<uint64_t> shards = s.source->ShardSizes(); !shards.empty()) {
+    const auto buffer = static_cast<uint64_t>(s.config.source.shuffle_buffer);
+    order = [shards = std::move(shards), buffer, sampler](uint64_t epoch) {
+      return io::ShardedEpochOrder(shards, buffer, sampler, epoch);
+    };
+  } else {
+    order = [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); };
+  }
   job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
-      executor, &job->ring_, job.get(),
-      [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); },
-      popts, std::move(notify), std::weak_ptr<void>(job));
-  spdlog::info("job {}: started for uid {} pid {}: {} samples in {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
-               s.job_id, s.owner.uid, s.owner.pid, n, s.manifest.root, s.rank, s.world_size,
+      executor, io_executor ? io_executor : executor, &job->ring_, job.get(), std::move(order), popts,
+      std::move(notify), std::weak_ptr<void>(job));
+  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
+               s.job_id, s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size,
                a.batches_per_epoch(), b, layout.num_slots, layout.region_bytes >> 20);
   job->pipeline_->Pump();
   return job;
 }
 
-Status ImageJob::Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
-                         std::vector<pipeline::StageStats>& stages) {
-  // One reusable read buffer and decoder per worker thread (decoders are not thread-safe).
-  thread_local std::vector<uint8_t> buffer;
+Status ImageJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
+  const io::SampleRef& sample = spec_.source->sample(t.index);
+  if (stage == 0) return spec_.source->Read(t.index, &t.bytes);  // read: the sample's bytes into the row's buffer
+  // decode: one decoder per worker thread (decoders are not thread-safe).
   thread_local media::ImageDecoder decoder;
-  const io::SampleRef& sample = spec_.manifest.samples[index];
-  const std::string path = spec_.manifest.root + "/" + sample.path;
-
-  auto t0 = Clock::now();
-  Status s = io::ReadFile(path, &buffer);
-  auto t1 = Clock::now();
-  stages[0].Record(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), s.ok());
-  if (!s.ok()) return s;
-
-  uint8_t* base = region_.data() + layout_.SlotOffset(slot);
-  uint8_t* dst = base + layout_.tensor_offsets[0] + row * image_row_bytes_;
+  uint8_t* base = region_.data() + layout_.SlotOffset(t.slot);
+  uint8_t* dst = base + layout_.tensor_offsets[0] + t.row * image_row_bytes_;
   // The random transforms draw from (job seed, epoch, sample index): never from thread timing, so
   // a rerun or a resumed job delivers the same pixels.
   const uint64_t seed = HasRandomOps(spec_.ops)
-                            ? media::SampleSeed(spec_.config.sampler.seed, epoch, index)
+                            ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index)
                             : 0;
-  s = decoder.DecodeInto(std::span<const uint8_t>(buffer.data(), buffer.size()), spec_.ops, dst,
-                         spec_.config.out_width, spec_.config.out_height, seed);
-  auto t2 = Clock::now();
-  stages[1].Record(std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count(), s.ok());
+  Status s = decoder.DecodeInto(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), spec_.ops, dst,
+                                spec_.config.out_width, spec_.config.out_height, seed);
   if (!s.ok()) return s.WithPrefix(sample.path);
-  reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[1])[row] = sample.label;
+  reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[1])[t.row] = sample.label;
   return Status::Ok();
 }
 
@@ -185,7 +192,7 @@ std::optional<Delivery> ImageJob::TakeNext() {
   b.set_rows(m.rows);
   b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
   for (uint64_t idx : m.indices) {
-    const io::SampleRef& s = spec_.manifest.samples[idx];
+    const io::SampleRef& s = spec_.source->sample(idx);
     b.add_paths(s.path);
     b.add_labels(s.label);
   }
@@ -222,20 +229,60 @@ Status ImageJob::Release(uint32_t slot, uint64_t generation) {
 
 void ImageJob::Cancel() { pipeline_->Cancel(); }
 
+namespace {
+
+// One stage's totals and window figures as the control channel carries them.
+void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageSnapshot& window, double seconds,
+                    double window_seconds, proto::StageStats* out) {
+  out->set_name(total.name);
+  out->set_tasks(total.tasks);
+  out->set_failures(total.failures);
+  out->set_busy_seconds(total.busy_seconds);
+  out->set_kind(pipeline::StageKindName(total.kind));
+  out->set_concurrency(total.concurrency);
+  out->set_queue_capacity(total.queue_capacity);
+  out->set_queue_length(total.queue_length);
+  out->set_running(total.running);
+  out->set_avg_ms(total.AvgSeconds() * 1e3);
+  out->set_p50_ms(total.PercentileSeconds(0.5) * 1e3);
+  out->set_p90_ms(total.PercentileSeconds(0.9) * 1e3);
+  out->set_p99_ms(total.PercentileSeconds(0.99) * 1e3);
+  out->set_put_wait_seconds(total.put_wait_seconds);
+  out->set_get_wait_seconds(total.get_wait_seconds);
+  out->set_items_per_s(seconds > 0 ? static_cast<double>(total.tasks) / seconds : 0);
+  out->set_window_seconds(window_seconds);
+  out->set_window_tasks(window.tasks);
+  out->set_window_failures(window.failures);
+  out->set_window_avg_ms(window.AvgSeconds() * 1e3);
+  out->set_window_p50_ms(window.PercentileSeconds(0.5) * 1e3);
+  out->set_window_p90_ms(window.PercentileSeconds(0.9) * 1e3);
+  out->set_window_p99_ms(window.PercentileSeconds(0.99) * 1e3);
+  out->set_window_put_wait_seconds(window.put_wait_seconds);
+  out->set_window_get_wait_seconds(window.get_wait_seconds);
+  out->set_window_items_per_s(window_seconds > 0 ? static_cast<double>(window.tasks) / window_seconds : 0);
+}
+
+}  // namespace
+
 proto::JobStats ImageJob::Stats() const {
   proto::JobStats st;
+  const double seconds = SecondsSince(started_);
   st.set_samples(delivered_samples_);
   st.set_batches(delivered_batches_);
   st.set_skipped(pipeline_->TotalSkipped());
-  st.set_seconds(SecondsSince(started_));
+  st.set_seconds(seconds);
   st.set_first_batch_seconds(first_batch_seconds_ < 0 ? 0 : first_batch_seconds_);
-  st.set_batches_ready(ring_.counts().ready);
-  for (const auto& snap : pipeline_->StageSnapshots()) {
-    auto* sp = st.add_stages();
-    sp->set_name(snap.name);
-    sp->set_tasks(snap.tasks);
-    sp->set_failures(snap.failures);
-    sp->set_busy_seconds(snap.busy_seconds);
+  const shm::SlotRing::Counts counts = ring_.counts();
+  st.set_batches_ready(counts.ready);
+  st.set_batches_filling(counts.filling);
+  st.set_weight(static_cast<uint32_t>(spec_.config.weight));
+  st.set_samples_per_s(seconds > 0 ? static_cast<double>(delivered_samples_) / seconds : 0);
+  const pipeline::PipelineStats ps = pipeline_->Stats();
+  st.set_window_samples_per_s(ps.window_samples_per_second);
+  st.set_samples_failed(ps.samples_failed);
+  st.set_samples_tried(ps.samples_tried);
+  for (size_t i = 0; i < ps.stages.size(); ++i) {
+    FillStageStats(ps.stages[i], ps.window[i], seconds, ps.window_seconds, st.add_stages());
   }
   return st;
 }

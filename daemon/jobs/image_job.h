@@ -1,4 +1,4 @@
-// ImageJob: one running image job — its manifest, shared region, slot ring, row processor and
+// ImageJob: one running image job — its sample source, shared region, slot ring, row processor and
 // pipeline — as a JobHandle for the session that submitted it.
 //
 // Threading: JobHandle methods run on the control thread; the pipeline's row tasks run on the
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/job_config.h"
-#include "io/manifest.h"
+#include "io/sample_source.h"
 #include "jobs/job_service.h"
 #include "media/image_decoder.h"
 #include "pipeline/batch_pipeline.h"
@@ -27,7 +27,7 @@ namespace spdl::jobs {
 struct ImageJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
-  io::Manifest manifest;
+  std::shared_ptr<const io::SampleSource> source;  // the dataset (immutable, read from worker threads)
   media::ImageOps ops;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -47,9 +47,11 @@ class BudgetLease {
 class ImageJob final : public JobHandle, public pipeline::RowProcessor {
  public:
   // Creates the region and ring and starts filling slots. `notify` as in JobService::Submit.
+  // The read stage runs on `io_executor` (nullptr: on `executor`), decode on `executor`.
   static Result<std::shared_ptr<ImageJob>> Start(ImageJobSpec spec, pipeline::Executor* executor,
                                                  std::unique_ptr<BudgetLease> budget,
-                                                 std::function<void()> notify);
+                                                 std::function<void()> notify,
+                                                 pipeline::Executor* io_executor = nullptr);
   // The region size a job with this spec needs (for admission before anything is allocated).
   static proto::SlotLayout LayoutFor(const ImageJobSpec& spec);
   ~ImageJob() override;
@@ -64,10 +66,12 @@ class ImageJob final : public JobHandle, public pipeline::RowProcessor {
   void Abort(Status reason) override { pipeline_->Abort(std::move(reason)); }
   proto::JobStats Stats() const override;
 
-  // RowProcessor (worker threads).
-  std::vector<std::string> StageNames() const override { return {"read", "decode"}; }
-  Status Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
-                 std::vector<pipeline::StageStats>& stages) override;
+  // RowProcessor (worker threads): "read" (io) reads the sample's bytes into the row's buffer,
+  // "decode" (cpu) decodes them with the fused transforms straight into the row.
+  std::vector<pipeline::StageSpec> Stages() const override {
+    return {{"read", pipeline::StageKind::kIo}, {"decode", pipeline::StageKind::kCpu}};
+  }
+  Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
   ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,

@@ -2,9 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include "io/manifest.h"
 #include "io/allowed_roots.h"
+#include "io/file_list_source.h"
+#include "io/http_source.h"
+#include "io/sample_source.h"
 #include "io/sampler.h"
+#include "io/tar_shard_source.h"
 #include "jobs/image_job.h"
 #include "jobs/resume_token.h"
 
@@ -96,6 +99,57 @@ Result<media::ImageOps> OpsFor(const config::JobConfig& c) {
   return ops;
 }
 
+// Opens the job's sample source: scans the folder, reads the list, or indexes the tar shards, with
+// every local path checked against the daemon's allowed roots and every URL against its allowed
+// URL prefixes. Errors say which source key is at fault.
+Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
+                                                           const config::DaemonConfig& daemon) {
+  switch (c.type) {
+    case config::SourceType::kImageFolder: {
+      auto src = io::ImageFolderSource::Open(c.root, c.extensions, daemon.allowed_roots);
+      if (!src.ok()) return src.status().WithPrefix("source.root");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+    case config::SourceType::kFileList: {
+      io::FileListOptions o;
+      o.list = c.list;
+      o.root = c.root;
+      o.allowed_roots = daemon.allowed_roots;
+      auto src = io::FileListSource::Open(o);
+      if (!src.ok()) return src.status().WithPrefix("source.list");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+    case config::SourceType::kTar: {
+      io::TarShardOptions o;
+      o.shards = c.shards;
+      o.image_extensions = c.extensions;
+      o.label_extension = c.label_extension;
+      o.allowed_roots = daemon.allowed_roots;
+      auto src = io::TarShardSource::Open(o);
+      if (!src.ok()) return src.status().WithPrefix("source.shards");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+    case config::SourceType::kHttp: {
+      if (daemon.allowed_url_prefixes.empty()) {
+        return PermissionDenied("source.type http: this spdld fetches no URL (its config has no allowed_url_prefixes)");
+      }
+      io::HttpSourceOptions o;
+      o.list = c.list;
+      o.base_url = c.base_url;
+      o.allowed_roots = daemon.allowed_roots;
+      o.allowed_url_prefixes = daemon.allowed_url_prefixes;
+      o.timeout_ms = c.timeout_ms;
+      o.connect_timeout_ms = c.connect_timeout_ms;
+      o.max_attempts = c.max_attempts;
+      o.max_in_flight = c.max_in_flight;
+      auto src = io::HttpSource::Open(o);
+      if (!src.ok()) return src.status().WithPrefix("source.list");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+  }
+  return InvalidArgument("source.type: unknown");
+}
+
 }  // namespace
 
 class JobRegistry::Lease final : public BudgetLease {
@@ -109,8 +163,12 @@ class JobRegistry::Lease final : public BudgetLease {
   uint64_t bytes_;
 };
 
-JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads)
-    : config_(config), executor_(executor), worker_threads_(worker_threads) {}
+JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads,
+                         pipeline::Executor* io_executor)
+    : config_(config),
+      executor_(executor),
+      io_executor_(io_executor ? io_executor : executor),
+      worker_threads_(worker_threads) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -124,12 +182,14 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
   --live_jobs_;
 }
 
-void JobRegistry::UpdateLimits(const config::DaemonConfig& config) {
+void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.allowed_roots = config.allowed_roots;
+  config_.allowed_url_prefixes = config.allowed_url_prefixes;
+  worker_threads_ = worker_threads;
 }
 
 uint64_t JobRegistry::bytes_in_use() const {
@@ -180,18 +240,13 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   spec.ops = *ops;
 
-  auto root = io::ResolveUnderRoots(spec.config.source.root, config_.allowed_roots);
-  if (!root.ok()) {
-    out.error = MakeError(CodeFor(root.status()), "source.root: " + root.status().message());
+  auto source = OpenSource(spec.config.source, config_);
+  if (!source.ok()) {
+    out.error = MakeError(CodeFor(source.status()), source.status().message());
     return out;
   }
-  auto manifest = io::ScanImageFolder(*root, spec.config.source.extensions);
-  if (!manifest.ok()) {
-    out.error = MakeError(CodeFor(manifest.status()), "source: " + manifest.status().message());
-    return out;
-  }
-  spec.manifest = std::move(*manifest);
-  spec.fingerprint = JobFingerprint(spec.manifest, spec.config, spec.rank, spec.world_size);
+  spec.source = std::move(source).value();
+  spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
     if (!point.ok()) {
@@ -211,13 +266,22 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   so.rank = spec.rank;
   so.world_size = spec.world_size;
   so.uneven = spec.config.sampler.uneven == config::Uneven::kDrop ? io::Uneven::kDrop : io::Uneven::kPad;
-  const uint64_t per_rank = io::SamplesPerRank(spec.manifest.samples.size(), so);
+  const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG,
-                          "the dataset has " + std::to_string(spec.manifest.samples.size()) + " samples, " +
-                              std::to_string(per_rank) + " for this rank: not one batch of " +
-                              std::to_string(spec.config.batch.size) + " with drop_last");
+    out.error =
+        MakeError(proto::Error::INVALID_CONFIG,
+                  "the dataset has " + std::to_string(spec.source->size()) + " samples, " + std::to_string(per_rank) +
+                      " for this rank: not one batch of " + std::to_string(spec.config.batch.size) + " with drop_last");
     return out;
+  }
+  if (spec.resume) {
+    // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.
+    spdl::Status valid = pipeline::CheckResumePoint(*spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size),
+                                              spec.config.batch.drop_last);
+    if (!valid.ok()) {
+      out.error = MakeError(proto::Error::BAD_REQUEST, valid.message());
+      return out;
+    }
   }
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -250,8 +314,9 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     ++live_jobs_;
   }
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
+  const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
-  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify));
+  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
@@ -260,7 +325,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   auto record = std::make_shared<JobRecord>();
   record->job_id = out.job->accepted().job_id();
   record->owner = peer;
-  record->source = root.value();
+  record->source = description;
   record->rank = req.rank();
   record->world_size = req.world_size() == 0 ? 1 : req.world_size();
   record->epochs = req.epochs();

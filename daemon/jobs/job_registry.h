@@ -1,10 +1,13 @@
 // JobRegistry: the daemon's JobService. Turns a SubmitJob request into a running job: validates
-// the config (every problem listed), checks the data root against the allowed roots, scans the
-// source, admits the job against the limits and the node's shared-memory budget (a refused job is
-// never half-started), and starts it on the shared worker pool.
+// the config (every problem listed), opens the job's sample source (an image folder scan, a list,
+// a tar index or a URL list; every local path checked against the allowed roots, every URL
+// against the allowed URL prefixes), admits the job against the limits and the node's
+// shared-memory budget (a refused job is never half-started), and starts it on the shared worker
+// pool.
 //
-// Thread-safe: Submit runs on the control thread; budget leases are returned from whichever thread
-// destroys a job (guarded by mu_).
+// Thread-safe: Submit runs on the control thread (so a large folder scan or tar index delays the
+// other sessions until it ends; moving it off that thread needs an asynchronous Submit); budget
+// leases are returned from whichever thread destroys a job (guarded by mu_).
 #pragma once
 
 #include <atomic>
@@ -21,8 +24,10 @@ namespace spdl::jobs {
 class JobRegistry final : public JobService {
  public:
   // *executor must outlive every job (the daemon joins the pool before destroying the registry).
-  // `worker_threads` is only reported (Status).
-  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads = 0);
+  // `worker_threads` is only reported (Status). io stages run on *io_executor (nullptr: *executor),
+  // which must outlive every job too.
+  JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads = 0,
+              pipeline::Executor* io_executor = nullptr);
   ~JobRegistry() override;
 
   SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) override;
@@ -30,9 +35,10 @@ class JobRegistry final : public JobService {
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
   // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
-  // max_slots_per_job, allowed_roots) that jobs submitted from now on are admitted against; running
-  // jobs keep what they hold, even above a lowered budget. Control thread only.
-  void UpdateLimits(const config::DaemonConfig& config);
+  // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
+  // admitted against; running jobs keep what they hold, even above a lowered budget.
+  // `worker_threads` is the resized pool's size, for Status. Control thread only.
+  void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
@@ -47,8 +53,9 @@ class JobRegistry final : public JobService {
   config::DaemonConfig config_;
   // Constant after construction.
   pipeline::Executor* const executor_;
+  pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  const int worker_threads_;
+  int worker_threads_;  // control thread only (UpdateLimits)
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;

@@ -22,14 +22,20 @@ struct Fnv {
 
 }  // namespace
 
-uint64_t JobFingerprint(const io::Manifest& manifest, const config::JobConfig& config, uint32_t rank,
+uint64_t JobFingerprint(const io::SampleSource& source, const config::JobConfig& config, uint32_t rank,
                         uint32_t world_size) {
   Fnv f;
-  f.U64(manifest.samples.size());
-  for (const auto& s : manifest.samples) {
+  f.Str(source.Identity());
+  f.U64(source.size());
+  for (uint64_t i = 0; i < source.size(); ++i) {
+    const io::SampleRef& s = source.sample(i);
     f.Str(s.path);
     f.U64(static_cast<uint64_t>(s.label));
   }
+  const std::vector<uint64_t> shards = source.ShardSizes();
+  f.U64(shards.size());
+  for (uint64_t n : shards) f.U64(n);
+  if (!shards.empty()) f.U64(static_cast<uint64_t>(config.source.shuffle_buffer));
   f.U64(config.sampler.seed);
   f.U64(config.sampler.shuffle ? 1 : 0);
   f.U64(config.sampler.uneven == config::Uneven::kPad ? 1 : 0);
@@ -57,8 +63,8 @@ Result<pipeline::ResumePoint> DecodeResumeToken(std::string_view token, uint64_t
     return InvalidArgument("the resume token is not a spdld resume token");
   }
   if (s.version() != kTokenVersion) {
-    return InvalidArgument("the resume token has version " + std::to_string(s.version()) + "; this spdld reads version " +
-                           std::to_string(kTokenVersion));
+    return InvalidArgument("the resume token has version " + std::to_string(s.version()) +
+                           "; this spdld reads version " + std::to_string(kTokenVersion));
   }
   if (s.fingerprint() != fingerprint) {
     return InvalidArgument(

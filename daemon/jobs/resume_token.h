@@ -12,14 +12,16 @@
 
 #include "common/status.h"
 #include "config/job_config.h"
-#include "io/manifest.h"
+#include "io/sample_source.h"
 #include "pipeline/batch_pipeline.h"
 
 namespace spdl::jobs {
 
-// A hash of everything the sample order depends on: the manifest (paths and labels), the sampler
-// settings, the batching, the rank and the world size.
-uint64_t JobFingerprint(const io::Manifest& manifest, const config::JobConfig& config, uint32_t rank,
+// A hash of everything the sample order depends on: the source's identity (its type and what it
+// was opened from), its size, every sample's key and label, its shard sizes (tar), the sampler
+// settings (and the tar shuffle buffer), the batching, the rank and the world size. A token of
+// another dataset, or of the same files reached as another source type, is therefore refused.
+uint64_t JobFingerprint(const io::SampleSource& source, const config::JobConfig& config, uint32_t rank,
                         uint32_t world_size);
 
 std::string EncodeResumeToken(const pipeline::ResumePoint& point, uint64_t fingerprint);

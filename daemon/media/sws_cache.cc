@@ -36,6 +36,16 @@ SwsContextPtr Build(const SwsKey& k) {
     if (av_opt_set_int(c.get(), name, value, 0) < 0) return nullptr;
   }
   if (sws_init_context(c.get(), nullptr, nullptr) < 0) return nullptr;
+  if (yuv && k.src_colorspace != SwsKey::kDefaultColorspace) {
+    int *inv_table = nullptr, *table = nullptr;
+    int src_range = 0, dst_range = 0, brightness = 0, contrast = 0, saturation = 0;
+    if (sws_getColorspaceDetails(c.get(), &inv_table, &src_range, &table, &dst_range, &brightness, &contrast,
+                                 &saturation) < 0 ||
+        sws_setColorspaceDetails(c.get(), sws_getCoefficients(k.src_colorspace), src_range, table, dst_range,
+                                 brightness, contrast, saturation) < 0) {
+      return nullptr;
+    }
+  }
   return c;
 }
 
@@ -54,9 +64,7 @@ SwsContext* SwsCache::Get(const SwsKey& key) {
   ++builds_;
   if (entries_.size() >= capacity_) {
     auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                [](const Entry& a, const Entry& b) {
-                                  return a.last_use < b.last_use;
-                                });
+                                [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
     entries_.erase(lru);
   }
   entries_.push_back(Entry{key, clock_, std::move(built)});

@@ -42,6 +42,11 @@ struct SwsKey {
   static constexpr int kDefaultChromaPos = -513;
   int src_h_chroma_pos = kDefaultChromaPos;
   int src_v_chroma_pos = kDefaultChromaPos;
+  // YUV sources only: the YCbCr -> RGB matrix, as an AVColorSpace value (AVCOL_SPC_BT709, ...,
+  // the same numbers as swscale's SWS_CS_*); kDefaultColorspace keeps swscale's BT.601, which
+  // JPEG uses. Video frames set it from their colour tags.
+  static constexpr int kDefaultColorspace = -1;
+  int src_colorspace = kDefaultColorspace;
 
   bool operator==(const SwsKey&) const = default;
 };

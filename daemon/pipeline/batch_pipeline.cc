@@ -1,21 +1,86 @@
 #include "pipeline/batch_pipeline.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <set>
+#include <sstream>
 
 namespace spdl::pipeline {
+namespace {
 
-BatchPipeline::BatchPipeline(Executor* executor, shm::SlotRing* ring, RowProcessor* processor,
+// Skipped samples: the first kLoggedSkips of a job are logged one by one, then one summary line at
+// most every kSkipSummaryInterval.
+constexpr uint64_t kLoggedSkips = 10;
+constexpr auto kSkipSummaryInterval = std::chrono::seconds(10);
+// The stats window: figures over the last ~10 s, from snapshots kept at most once a second.
+constexpr auto kWindow = std::chrono::seconds(10);
+constexpr auto kHistoryStep = std::chrono::seconds(1);
+
+uint64_t Nanos(std::chrono::steady_clock::duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+}
+
+std::string FailureLimit(const PipelineOptions& o) {
+  if (o.max_failures_count >= 0) return std::to_string(o.max_failures_count);
+  std::ostringstream s;
+  s << o.max_failures_fraction;
+  return s.str();
+}
+
+}  // namespace
+
+uint64_t BatchesIn(uint64_t samples, uint32_t batch_size, bool drop_last) {
+  if (batch_size == 0) return 0;
+  return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
+}
+
+Status CheckResumePoint(const ResumePoint& p, uint64_t samples, uint32_t batch_size, bool drop_last) {
+  const uint64_t batches = BatchesIn(samples, batch_size, drop_last);
+  if (p.prefix > samples) {
+    return InvalidArgument("the resume token's position " + std::to_string(p.prefix) + " is past the " +
+                           std::to_string(samples) + " samples of the epoch");
+  }
+  std::set<uint64_t> seen;
+  for (uint64_t e : p.extras) {
+    if (e < p.prefix || e >= samples || !seen.insert(e).second) {
+      return InvalidArgument("the resume token's extra position " + std::to_string(e) + " is not between " +
+                             std::to_string(p.prefix) + " and " + std::to_string(samples) + " (or is repeated)");
+    }
+  }
+  if (p.next_batch >= batches) {
+    return InvalidArgument("the resume token's next batch " + std::to_string(p.next_batch) + " is past the " +
+                           std::to_string(batches) + " batches of the epoch");
+  }
+  if (samples - p.prefix - p.extras.size() == 0) {
+    return InvalidArgument("the resume token leaves no sample in its epoch (it should name the next epoch)");
+  }
+  return Status::Ok();
+}
+
+BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, RowProcessor* processor,
                              EpochOrderFn order, PipelineOptions options, std::function<void()> notify,
                              std::weak_ptr<void> owner)
-    : executor_(executor),
-      ring_(ring),
+    : ring_(ring),
       processor_(processor),
       order_fn_(std::move(order)),
-      options_(options),
+      options_(std::move(options)),
       notify_(std::move(notify)),
-      owner_(std::move(owner)) {
+      owner_(std::move(owner)),
+      specs_(processor_->Stages()),
+      cpu_queue_(cpu->NewQueue(options_.weight)),
+      io_queue_(io->NewQueue(options_.weight)) {
   if (options_.resume) dispatch_epoch_ = options_.resume->epoch;
-  for (auto& name : processor_->StageNames()) stages_.emplace_back(name);
+  stages_.resize(specs_.size());
+  for (size_t s = 0; s < specs_.size(); ++s) {
+    StageState& st = stages_[s];
+    st.executor = specs_[s].kind == StageKind::kIo ? io_queue_.get() : cpu_queue_.get();
+    if (s < options_.stages.size()) {
+      st.concurrency = options_.stages[s].concurrency;
+      st.capacity = s == 0 ? 0 : options_.stages[s].queue;  // the first queue is bounded by the ring
+    }
+    stats_.push_back(std::make_unique<StageStats>(specs_[s].name, specs_[s].kind, st.concurrency, st.capacity));
+  }
 }
 
 BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
@@ -24,6 +89,7 @@ BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
   EpochState st;
   st.order = order_fn_(epoch);
   st.full_size = st.order.size();
+  st.batches = BatchesIn(st.full_size, options_.batch_size, options_.drop_last);
   if (options_.resume && options_.resume->epoch == epoch) {
     // Keep only the positions not yet delivered before the resume point.
     const ResumePoint& r = *options_.resume;
@@ -39,10 +105,10 @@ BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
     st.carried = std::move(extras);
     st.batch_offset = r.next_batch;
     if (st.orig_pos.empty()) st.orig_pos.push_back(st.full_size);  // keep the mapping non-identity
+    // The batches the uninterrupted run still had to deliver: counting them from what is left
+    // instead (with drop_last) would drop a batch the uninterrupted run delivers short.
+    st.batches = st.batches > r.next_batch ? st.batches - r.next_batch : 0;
   }
-  const uint64_t n = st.order.size();
-  const uint64_t b = options_.batch_size;
-  st.batches = options_.drop_last ? n / b : (n + b - 1) / b;
   return epochs_.emplace(epoch, std::move(st)).first->second;
 }
 
@@ -66,18 +132,16 @@ std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch, uint64_t 
 }
 
 void BatchPipeline::Pump() {
-  struct Post {
-    uint32_t slot;
-    uint32_t epoch;
-    std::vector<uint64_t> indices;
-  };
   std::vector<Post> posts;
+  std::vector<uint32_t> empty;  // batches with no row (an epoch with nothing left): ready at once
   {
     std::lock_guard lock(mu_);
     while (!done_dispatching_ && !cancelled_.load() && failure_.ok()) {
       EpochState& st = EpochLocked(dispatch_epoch_);
-      if (st.dispatched >= st.batches || st.next >= st.order.size()) {
-        // This epoch is fully dispatched: move on (or stop after the last epoch).
+      const bool exhausted = st.dispatched >= st.batches || st.next >= st.order.size();
+      if (exhausted && st.dispatched > 0) {
+        // This epoch is fully dispatched (its last batch carries the end mark): move on (or stop
+        // after the last epoch).
         if (options_.epochs != 0 && dispatch_epoch_ + 1 >= options_.epochs) {
           done_dispatching_ = true;
           break;
@@ -97,62 +161,226 @@ void BatchPipeline::Pump() {
       f.meta.batch_in_epoch = st.batch_offset + st.dispatched++;
       st.last_slot = acquired->slot;
       st.batch_start[acquired->seq] = st.next;
-      const size_t take = std::min<size_t>(options_.batch_size, st.order.size() - st.next);
+      // With nothing left (exhausted before its first batch), the epoch still ends: one batch of 0 rows.
+      const size_t take = exhausted ? 0 : std::min<size_t>(options_.batch_size, st.order.size() - st.next);
       f.meta.indices.assign(st.order.begin() + static_cast<ptrdiff_t>(st.next),
                             st.order.begin() + static_cast<ptrdiff_t>(st.next + take));
       st.next += take;
+      if (exhausted) st.batches = st.dispatched;
       f.meta.rows = static_cast<uint32_t>(take);
-      f.meta.last_in_epoch = st.dispatched == st.batches || st.next >= st.order.size();
+      f.meta.last_in_epoch = st.dispatched >= st.batches || st.next >= st.order.size();
       f.meta.last_in_job = f.meta.last_in_epoch && options_.epochs != 0 && dispatch_epoch_ + 1 == options_.epochs;
       f.ok.assign(take, 0);
       f.remaining = static_cast<uint32_t>(take);
-      posts.push_back({acquired->slot, f.meta.epoch, f.meta.indices});
+      const Clock::time_point now = Clock::now();
+      for (uint32_t row = 0; row < take; ++row) {
+        auto r = std::make_unique<Row>();
+        r->task.index = f.meta.indices[row];
+        r->task.epoch = f.meta.epoch;
+        r->task.slot = acquired->slot;
+        r->task.row = row;
+        r->seq = acquired->seq;
+        r->since = now;
+        stages_[0].queue.insert(r.get());
+        f.rows.push_back(std::move(r));
+      }
+      if (take == 0) empty.push_back(acquired->slot);
       slots_[acquired->slot] = std::move(f);
     }
+    ScheduleLocked(&posts);
   }
-  // Post outside the lock: an inline executor runs the row at once.
-  std::shared_ptr<void> owner = owner_.lock();
-  for (auto& p : posts) {
-    for (uint32_t row = 0; row < p.indices.size(); ++row) {
-      in_flight_.fetch_add(1);
-      executor_->Post([owner, this, slot = p.slot, row, index = p.indices[row], epoch = p.epoch] {
-        RunRow(slot, row, index, epoch);
-      });
+  PostAll(posts);
+  for (uint32_t slot : empty) FinishBatch(slot);
+}
+
+void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
+  if (cancelled_.load()) return;
+  const Clock::time_point now = Clock::now();
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    for (size_t s = stages_.size(); s-- > 0;) {
+      StageState& st = stages_[s];
+      // Rows done with the stage before enter this stage's queue while it has room.
+      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() < st.capacity)) {
+        Row* r = *st.blocked.begin();
+        st.blocked.erase(st.blocked.begin());
+        stats_[s - 1]->AddPutWait(Nanos(now - r->since));
+        r->since = now;
+        st.queue.insert(r);
+        --stages_[s - 1].occupied;
+        moved = true;
+      }
+      while (!st.queue.empty() && (st.concurrency == 0 || st.occupied < st.concurrency)) {
+        Row* r = *st.queue.begin();
+        st.queue.erase(st.queue.begin());
+        st.handed.insert(r);
+        ++st.occupied;
+        posts->push_back({static_cast<uint32_t>(s)});
+        moved = true;
+      }
     }
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].blocked.size() + stages_[s].handed.size(),
+                         stages_[s].occupied);
   }
 }
 
-void BatchPipeline::RunRow(uint32_t slot, uint32_t row, uint64_t index, uint32_t epoch) {
-  bool good = false;
-  uint64_t current = index;
-  while (!cancelled_.load()) {
-    Status s = processor_->Process(current, epoch, slot, row, stages_);
-    if (s.ok()) {
-      good = true;
-      break;
-    }
-    if (options_.fail_on_error) {
-      Fail(Status(s.code(), s.message() + " (on_error: fail)"));
-      break;
-    }
-    std::lock_guard lock(mu_);
-    InFlight& f = slots_.at(slot);
-    ++epochs_.at(f.meta.epoch).skipped;
-    skipped_total_.fetch_add(1);
-    auto spare = TakeSpareLocked(f.meta.epoch, f.meta.seq);
-    if (!spare) break;
-    current = *spare;
-    f.meta.indices[row] = current;
+void BatchPipeline::PostAll(std::vector<Post>& posts) {
+  if (posts.empty()) return;
+  std::shared_ptr<void> owner = owner_.lock();
+  for (const Post& p : posts) {
+    in_flight_.fetch_add(1);
+    // Read the executor under no lock: stages_[s].executor is constant after construction.
+    stages_[p.stage].executor->Post([owner, this, stage = p.stage] { RunTask(stage); });
   }
-  bool finished = false;
+  posts.clear();
+}
+
+void BatchPipeline::RunTask(uint32_t stage) {
+  Row* row = nullptr;
   {
     std::lock_guard lock(mu_);
-    InFlight& f = slots_.at(slot);
-    f.ok[row] = good ? 1 : 0;
-    finished = --f.remaining == 0;
+    StageState& st = stages_[stage];
+    if (st.handed.empty()) {  // its row was dropped by a cancel
+      --st.occupied;
+      in_flight_.fetch_sub(1);
+      return;
+    }
+    row = *st.handed.begin();
+    st.handed.erase(st.handed.begin());
+    stats_[stage]->AddGetWait(Nanos(Clock::now() - row->since));
   }
-  if (finished) FinishBatch(slot);
+  Status s;
+  bool ran = false;
+  if (!cancelled_.load()) {
+    const Clock::time_point t0 = Clock::now();
+    s = processor_->RunStage(stage, row->task);
+    stats_[stage]->Record(Nanos(Clock::now() - t0), s.ok());
+    ran = true;
+  }
+  std::vector<Post> posts;
+  std::vector<uint32_t> finished;
+  bool failed_now = false;
+  {
+    std::lock_guard lock(mu_);
+    StageState& st = stages_[stage];
+    if (!ran || cancelled_.load()) {
+      --st.occupied;
+      RowDoneLocked(row, false, &finished);
+    } else if (s.ok() && stage + 1 < stages_.size()) {
+      row->stage = stage + 1;
+      row->since = Clock::now();
+      stages_[stage + 1].blocked.insert(row);  // keeps its place in this stage until it moves on
+    } else if (s.ok()) {
+      --st.occupied;
+      ++tried_;
+      samples_done_.fetch_add(1, std::memory_order_relaxed);
+      RowDoneLocked(row, true, &finished);
+      if (tried_ == options_.max_failures_warmup && failed_ > 0) {
+        Status stop = CountFailureLocked(stage, Status::Ok());
+        if (!stop.ok()) {
+          if (failure_.ok()) failure_ = std::move(stop);
+          CancelLocked(&finished);
+          failed_now = true;
+        }
+      }
+    } else {
+      --st.occupied;
+      ++tried_;
+      ++failed_;
+      Status stop = CountFailureLocked(stage, s);
+      if (!stop.ok()) {
+        if (failure_.ok()) failure_ = std::move(stop);
+        CancelLocked(&finished);
+        RowDoneLocked(row, false, &finished);
+        failed_now = true;
+      } else {
+        InFlight& f = slots_.at(row->task.slot);
+        ++epochs_.at(f.meta.epoch).skipped;
+        skipped_total_.fetch_add(1);
+        auto spare = TakeSpareLocked(f.meta.epoch, f.meta.seq);
+        if (spare) {
+          // The spare starts over at the first stage, ahead of rows of later batches.
+          row->task.index = *spare;
+          row->task.bytes.clear();
+          row->stage = 0;
+          row->since = Clock::now();
+          f.meta.indices[row->task.row] = *spare;
+          stages_[0].queue.insert(row);  // its batch is older than the rows queued after it
+        } else {
+          RowDoneLocked(row, false, &finished);
+        }
+      }
+    }
+    ScheduleLocked(&posts);
+  }
+  PostAll(posts);
+  for (uint32_t slot : finished) FinishBatch(slot);
+  if (failed_now) notify_();
   in_flight_.fetch_sub(1);
+}
+
+Status BatchPipeline::CountFailureLocked(uint32_t stage, const Status& error) {
+  const std::string& stage_name = specs_[stage].name;
+  if (!error.ok()) {
+    if (options_.fail_on_error) {
+      return Status(error.code(), error.message() + " (stage '" + stage_name + "', on_error: fail)");
+    }
+    // Log the skip, rate-limited.
+    const Clock::time_point now = Clock::now();
+    if (logged_skips_ < kLoggedSkips) {
+      ++logged_skips_;
+      spdlog::warn("{}: skipped a sample in stage '{}': {}{}", options_.log_name, stage_name, error.message(),
+                   logged_skips_ == kLoggedSkips ? " (further skips are summed up every 10 s)" : "");
+      last_skip_summary_ = now;
+    } else {
+      ++unlogged_skips_;
+      if (now - last_skip_summary_ >= kSkipSummaryInterval) {
+        spdlog::warn("{}: skipped {} more samples ({} of {} so far); the last in stage '{}': {}", options_.log_name,
+                     unlogged_skips_, failed_, tried_, stage_name, error.message());
+        unlogged_skips_ = 0;
+        last_skip_summary_ = now;
+      }
+    }
+    last_error_ = "stage '" + stage_name + "': " + error.message();
+  }
+  if (tried_ < options_.max_failures_warmup) return Status::Ok();
+  bool over = false;
+  if (options_.max_failures_count >= 0) over = failed_ > static_cast<uint64_t>(options_.max_failures_count);
+  if (options_.max_failures_fraction >= 0) {
+    over = over || static_cast<double>(failed_) > options_.max_failures_fraction * static_cast<double>(tried_);
+  }
+  if (!over) return Status::Ok();
+  return DataLoss("too many bad samples: " + std::to_string(failed_) + " of " + std::to_string(tried_) +
+                  " failed (max_failures: " + FailureLimit(options_) + ", after " +
+                  std::to_string(options_.max_failures_warmup) + " samples); the last in " + last_error_);
+}
+
+void BatchPipeline::RowDoneLocked(Row* row, bool good, std::vector<uint32_t>* finished) {
+  InFlight& f = slots_.at(row->task.slot);
+  f.ok[row->task.row] = good ? 1 : 0;
+  row->task.bytes = {};
+  if (--f.remaining == 0) finished->push_back(row->task.slot);
+}
+
+void BatchPipeline::CancelLocked(std::vector<uint32_t>* finished) {
+  cancelled_.store(true);
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    StageState& st = stages_[s];
+    for (Row* r : st.queue) RowDoneLocked(r, false, finished);
+    st.queue.clear();
+    // Their tasks are posted: each finds `handed` empty and gives back its place in `occupied`.
+    for (Row* r : st.handed) RowDoneLocked(r, false, finished);
+    st.handed.clear();
+    for (Row* r : st.blocked) {
+      --stages_[s - 1].occupied;
+      RowDoneLocked(r, false, finished);
+    }
+    st.blocked.clear();
+    stats_[s]->SetGauges(0, st.occupied);
+  }
 }
 
 void BatchPipeline::FinishBatch(uint32_t slot) {
@@ -169,6 +397,7 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
   {
     std::lock_guard lock(mu_);
     InFlight& f = slots_.at(slot);
+    f.rows.clear();
     // Pack good rows to the front (only when some row had no spare to replace it).
     uint32_t write = 0;
     std::vector<uint64_t> packed;
@@ -187,14 +416,23 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
   notify_();
 }
 
-void BatchPipeline::Cancel() { cancelled_.store(true); }
+void BatchPipeline::Cancel() {
+  std::vector<uint32_t> finished;
+  {
+    std::lock_guard lock(mu_);
+    CancelLocked(&finished);
+  }
+  for (uint32_t slot : finished) FinishBatch(slot);
+}
 
 void BatchPipeline::Fail(Status status) {
+  std::vector<uint32_t> finished;
   {
     std::lock_guard lock(mu_);
     if (failure_.ok()) failure_ = std::move(status);
+    CancelLocked(&finished);
   }
-  cancelled_.store(true);
+  for (uint32_t slot : finished) FinishBatch(slot);
   notify_();
 }
 
@@ -210,7 +448,8 @@ bool BatchPipeline::all_dispatched() const {
 
 SlotMeta BatchPipeline::TakeMeta(uint32_t slot) {
   std::lock_guard lock(mu_);
-  SlotMeta m = slots_.at(slot).meta;
+  InFlight& f = slots_.at(slot);
+  SlotMeta m = f.meta;
   ResumePoint& r = m.resume;
   if (m.last_in_epoch) {
     r.epoch = m.epoch + 1;
@@ -244,7 +483,32 @@ uint64_t BatchPipeline::EpochSkipped(uint32_t epoch) const {
 
 std::vector<StageSnapshot> BatchPipeline::StageSnapshots() const {
   std::vector<StageSnapshot> out;
-  for (auto& s : stages_) out.push_back(s.Snapshot());
+  for (auto& s : stats_) out.push_back(s->Snapshot());
+  return out;
+}
+
+PipelineStats BatchPipeline::Stats() const {
+  PipelineStats out;
+  const Clock::time_point now = Clock::now();
+  out.stages = StageSnapshots();
+  out.samples_done = samples_done_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mu_);
+    out.samples_failed = failed_;
+    out.samples_tried = tried_;
+  }
+  std::lock_guard history_lock(history_mu_);
+  if (history_.empty() || now - history_.back().at >= kHistoryStep) {
+    history_.push_back({now, out.stages, out.samples_done});
+  }
+  // Keep one snapshot at least a window old as the base, none older.
+  while (history_.size() > 1 && now - history_[1].at >= kWindow) history_.pop_front();
+  const History& base = history_.front();
+  out.window_seconds = std::chrono::duration<double>(now - base.at).count();
+  for (size_t s = 0; s < out.stages.size(); ++s) out.window.push_back(Difference(out.stages[s], base.stages[s]));
+  if (out.window_seconds > 0) {
+    out.window_samples_per_second = static_cast<double>(out.samples_done - base.samples_done) / out.window_seconds;
+  }
   return out;
 }
 

@@ -3,17 +3,27 @@
 // Contract between the parts:
 //   - the sample order comes from an EpochOrderFn (a pure function of the epoch);
 //   - a free slot of the SlotRing is taken for each batch (no free slot = backpressure: nothing is
-//     dispatched until the control thread releases one and calls Pump() again);
-//   - each row of the batch is one task on the shared Executor; the RowProcessor writes the sample
-//     straight into its row of the slot (no collate copy);
-//   - when every row is done the slot is marked ready and `notify` is called; the control thread
-//     then takes ready slots from the ring in sequence order and asks meta(slot) what they hold.
+//     dispatched until the control thread releases one and calls Pump() again); the batch's rows
+//     enter the queue of the first stage;
+//   - the RowProcessor declares its stages (e.g. read (io) -> decode (cpu)); each row goes through
+//     them in order, one task per (row, stage). A stage runs at most `concurrency` tasks of this
+//     job at once; the queue in front of each later stage holds at most `queue` rows. A row that
+//     finished a stage whose next queue is full waits there and keeps its place in the stage's
+//     concurrency, so a slow stage throttles the ones before it, and the ring throttles the source.
+//     No buffer is unbounded: every row in flight belongs to a slot.
+//   - io stages run on the I/O executor, cpu stages on the worker executor, each through a queue of
+//     its own (Executor::NewQueue(weight)) so the node-wide pools share out fairly between jobs;
+//   - the last stage writes the sample straight into its row of the slot (no collate copy); when
+//     every row is done the slot is marked ready and `notify` is called; the control thread then
+//     takes ready slots from the ring in sequence order and asks TakeMeta(slot) what they hold.
 // A failed sample (on_error: skip) is replaced by the next sample of the same epoch, so a batch keeps
 // its shape; only when the epoch has no samples left does a batch come out short (its valid rows
-// packed to the front). With on_error: fail the first failure fails the job.
+// packed to the front). With on_error: fail the first failure fails the job; with max_failures the
+// job fails once more samples failed than allowed (after a warm-up). An epoch always ends with a
+// batch marked last_in_epoch, even one left with no sample (a resumed epoch): that batch has 0 rows.
 //
-// Threading: Pump(), Cancel() and the meta/EpochSkipped readers are called from the control thread;
-// row tasks run on the executor; internal state is guarded by mu_. Every posted task holds a
+// Threading: Pump(), Cancel(), TakeMeta and the stats readers are called from the control thread;
+// stage tasks run on the executors; internal state is guarded by mu_. Every posted task holds a
 // shared_ptr to `owner` (the job that owns this pipeline, its ring and its processor), so nothing a
 // task touches is destroyed before the task ends.
 #pragma once
@@ -21,11 +31,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,17 +48,33 @@
 
 namespace spdl::pipeline {
 
-// Produces one sample into one row of one slot. Called concurrently from many workers, each call for
-// a distinct (slot, row). Records its per-stage timings in `stages` (indices it chose itself).
+// One stage as a RowProcessor declares it.
+struct StageSpec {
+  std::string name;                   // e.g. "read", "decode"
+  StageKind kind = StageKind::kCpu;   // io: runs on the I/O pool; cpu: on the worker pool
+};
+
+// One sample on its way through the stages. `bytes` is the row's scratch, carried from one stage
+// to the next (e.g. the encoded file the read stage filled and the decode stage consumes).
+struct RowTask {
+  uint64_t index = 0;   // the sample
+  uint32_t epoch = 0;   // its epoch (random transforms draw from it)
+  uint32_t slot = 0;
+  uint32_t row = 0;
+  std::vector<uint8_t> bytes;
+};
+
+// Produces one sample into one row of one slot, one stage at a time. RunStage is called
+// concurrently from many threads, each call for a distinct row; for one row, stage k+1 runs only
+// after stage k returned OK, possibly on another thread.
 class RowProcessor {
  public:
   virtual ~RowProcessor() = default;
-  // Names of the stages this processor records, in index order (e.g. {"read", "decode"}).
-  virtual std::vector<std::string> StageNames() const = 0;
-  // Writes sample `index` (of epoch `epoch`: random transforms draw from it) into `row` of `slot`.
-  // A non-OK status means the sample is bad; the message must name the sample (e.g. its path).
-  virtual Status Process(uint64_t index, uint32_t epoch, uint32_t slot, uint32_t row,
-                         std::vector<StageStats>& stages) = 0;
+  // The stages, in order. Constant.
+  virtual std::vector<StageSpec> Stages() const = 0;
+  // Runs `stage` of `t`. A non-OK status means the sample is bad; the message must name the sample
+  // (e.g. its path). The last stage writes the row.
+  virtual Status RunStage(uint32_t stage, RowTask& t) = 0;
   // Copies row `from` of `slot` over row `to` (to pack a short batch). REQUIRES: to < from.
   virtual void MoveRow(uint32_t slot, uint32_t from, uint32_t to) = 0;
 };
@@ -64,11 +92,34 @@ struct ResumePoint {
   uint64_t next_batch = 0;           // batch_in_epoch of the next batch
 };
 
+// Batches an epoch of `samples` samples gives in batches of `batch_size`.
+uint64_t BatchesIn(uint64_t samples, uint32_t batch_size, bool drop_last);
+
+// OK when `point` can be resumed in an epoch of `samples` samples batched by `batch_size`: the
+// prefix and every extra lie inside the epoch, the extras are above the prefix and distinct, the
+// next batch is one of the epoch's, and some sample is left for it. kInvalidArgument says which.
+Status CheckResumePoint(const ResumePoint& point, uint64_t samples, uint32_t batch_size, bool drop_last);
+
+// Per-stage settings of a job (by stage index; zero = the default).
+struct StageOptions {
+  uint32_t concurrency = 0;  // most tasks of this stage at once for this job; 0 = as many as the pool runs
+  uint32_t queue = 0;        // rows the queue in front of the stage holds; 0 = bounded by the ring only
+};
+
 struct PipelineOptions {
   uint32_t batch_size = 32;
   bool drop_last = false;        // drop an epoch's last, partial batch
   uint32_t epochs = 1;           // 0 = endless
   bool fail_on_error = false;    // on_error: fail
+  // max_failures: fail the job once more than `max_failures_count` samples failed, or more than
+  // `max_failures_fraction` of the samples tried, counted only once `max_failures_warmup` samples
+  // were tried. Negative = no limit.
+  int64_t max_failures_count = -1;
+  double max_failures_fraction = -1;
+  uint64_t max_failures_warmup = 100;
+  int weight = 1;                     // share of the pools against other jobs
+  std::vector<StageOptions> stages;   // by stage index; missing = defaults
+  std::string log_name = "job";       // prefix of log lines ("job 7")
   std::optional<ResumePoint> resume;  // start from here instead of epoch 0
 };
 
@@ -84,22 +135,40 @@ struct SlotMeta {
   ResumePoint resume;                 // where the job stands once this batch is delivered
 };
 
+// Figures over the recent window (about `window_seconds`), next to the totals.
+struct PipelineStats {
+  std::vector<StageSnapshot> stages;         // totals
+  std::vector<StageSnapshot> window;         // the same over the window
+  double window_seconds = 0;
+  uint64_t samples_done = 0;                 // rows written (good samples), in total
+  double window_samples_per_second = 0;
+  uint64_t samples_failed = 0;
+  uint64_t samples_tried = 0;
+};
+
 class BatchPipeline {
  public:
-  // *executor must outlive every posted task; *ring and *processor are kept alive by `owner`.
-  // `notify` is called (from any thread) whenever a slot became ready or the job failed.
-  BatchPipeline(Executor* executor, shm::SlotRing* ring, RowProcessor* processor, EpochOrderFn order,
+  // *cpu and *io must outlive every posted task (io may be the same as cpu); *ring and *processor
+  // are kept alive by `owner`. `notify` is called (from any thread) whenever a slot became ready
+  // or the job failed.
+  BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, RowProcessor* processor, EpochOrderFn order,
                 PipelineOptions options, std::function<void()> notify, std::weak_ptr<void> owner);
+  // Runs everything on one executor.
+  BatchPipeline(Executor* executor, shm::SlotRing* ring, RowProcessor* processor, EpochOrderFn order,
+                PipelineOptions options, std::function<void()> notify, std::weak_ptr<void> owner)
+      : BatchPipeline(executor, executor, ring, processor, std::move(order), std::move(options), std::move(notify),
+                      std::move(owner)) {}
 
   // Dispatches a batch into every free slot, until the ring is full or the job's samples are
   // all dispatched. Cheap when there is nothing to do. Control thread only.
   void Pump();
-  // Stops dispatching; rows not yet started are skipped and their slots abandoned.
+  // Stops at once: rows not yet started are dropped, running ones end their stage and stop, and
+  // the slots being filled are abandoned (no waiting for the epoch).
   void Cancel();
   // Cancels and records `reason` as the job's failure (unless one is recorded already).
   void Abort(Status reason) { Fail(std::move(reason)); }
   bool cancelled() const { return cancelled_.load(); }
-  // The first error under on_error: fail (OK otherwise).
+  // The failure that stopped the job (on_error: fail, max_failures, Abort); OK otherwise.
   Status failure() const;
   // Every batch of the job has been dispatched.
   bool all_dispatched() const;
@@ -111,10 +180,38 @@ class BatchPipeline {
   uint64_t EpochSkipped(uint32_t epoch) const;
   uint64_t TotalSkipped() const { return skipped_total_.load(); }
   std::vector<StageSnapshot> StageSnapshots() const;
-  // Row tasks posted but not finished (0 when idle).
+  // Totals and the recent window (~10 s). Any thread.
+  PipelineStats Stats() const;
+  // Stage tasks posted but not finished (0 when idle).
   uint64_t tasks_in_flight() const { return in_flight_.load(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Row {
+    RowTask task;
+    uint64_t seq = 0;         // its batch's sequence number: earlier batches go first
+    uint32_t stage = 0;
+    Clock::time_point since;  // when it entered its current queue (or started waiting to)
+  };
+  // Rows are served oldest batch first (then by row), whatever order the stage before finished
+  // them in, so the next batch to deliver is filled first.
+  struct ByBatch {
+    bool operator()(const Row* a, const Row* b) const {
+      return a->seq != b->seq ? a->seq < b->seq : a->task.row < b->task.row;
+    }
+  };
+  using RowSet = std::set<Row*, ByBatch>;
+  // A stage's rows: blocked -> queue (bounded by capacity) -> handed (a task is posted for each;
+  // the task takes the first row of `handed` when it starts) -> running.
+  struct StageState {
+    Executor* executor = nullptr;
+    uint32_t concurrency = 0;  // 0 = no limit
+    uint32_t capacity = 0;     // 0 = no limit
+    RowSet queue;              // rows waiting for this stage
+    RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
+    RowSet handed;             // rows with a task posted, not yet started
+    uint32_t occupied = 0;     // posted or running tasks + rows of this stage blocked before the next
+  };
   struct EpochState {
     std::vector<uint64_t> order;
     size_t next = 0;            // next position of `order` to hand out
@@ -140,9 +237,29 @@ class BatchPipeline {
     SlotMeta meta;
     std::vector<uint8_t> ok;     // per row: 1 when the row holds a good sample
     uint32_t remaining = 0;      // rows not finished
+    std::vector<std::unique_ptr<Row>> rows;
+  };
+  struct Post {
+    uint32_t stage;
+  };
+  struct History {
+    Clock::time_point at;
+    std::vector<StageSnapshot> stages;
+    uint64_t samples_done;
   };
 
-  void RunRow(uint32_t slot, uint32_t row, uint64_t index, uint32_t epoch);
+  // One task of `stage`: runs the first row handed to the stage.
+  void RunTask(uint32_t stage);
+  // Under mu_: moves rows into queues with room and starts the tasks the concurrency allows.
+  void ScheduleLocked(std::vector<Post>* posts);
+  // Under mu_: `row` is finished (good or not); appends its slot to *finished when it was the last.
+  void RowDoneLocked(Row* row, bool good, std::vector<uint32_t>* finished);
+  // Under mu_: a sample failed in `stage`; applies the error policy. Returns the failure that stops
+  // the job, or OK to skip it.
+  Status CountFailureLocked(uint32_t stage, const Status& error);
+  // Under mu_: sets cancelled_ and drops every queued row.
+  void CancelLocked(std::vector<uint32_t>* finished);
+  void PostAll(std::vector<Post>& posts);
   // Under mu_: the epoch's state, computing its order on first use.
   EpochState& EpochLocked(uint32_t epoch);
   // Under mu_: the next unused sample of `epoch`, if any.
@@ -151,27 +268,39 @@ class BatchPipeline {
   void Fail(Status status);
 
   // Constant after construction.
-  Executor* const executor_;
   shm::SlotRing* const ring_;
   RowProcessor* const processor_;
   const EpochOrderFn order_fn_;
   const PipelineOptions options_;
   const std::function<void()> notify_;
   const std::weak_ptr<void> owner_;
-  std::vector<StageStats> stages_;  // the vector is fixed; the counters are atomic
+  const std::vector<StageSpec> specs_;
+  std::unique_ptr<Executor> cpu_queue_;  // this job's queues on the shared pools
+  std::unique_ptr<Executor> io_queue_;
+  std::vector<std::unique_ptr<StageStats>> stats_;  // by stage; the counters are atomic
 
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<uint64_t> skipped_total_{0};
+  std::atomic<uint64_t> samples_done_{0};
 
   mutable std::mutex mu_;
   // Guarded by mu_.
+  std::vector<StageState> stages_;
   std::map<uint32_t, EpochState> epochs_;   // epochs with batches not yet all delivered
   std::map<uint32_t, InFlight> slots_;      // by slot: batches being filled or delivered
   uint32_t dispatch_epoch_ = 0;
-  uint64_t next_seq_ = 0;
   bool done_dispatching_ = false;
   Status failure_;
+  uint64_t tried_ = 0;            // samples finished, good or bad
+  uint64_t failed_ = 0;           // samples that failed
+  uint64_t logged_skips_ = 0;     // skipped samples logged one by one (the first few)
+  uint64_t unlogged_skips_ = 0;   // skipped since the last summary line
+  Clock::time_point last_skip_summary_{};
+  std::string last_error_;        // "stage 'x': message" of the last failed sample
+
+  mutable std::mutex history_mu_;
+  mutable std::deque<History> history_;  // guarded by history_mu_: snapshots for the window
 };
 
 }  // namespace spdl::pipeline

@@ -1,19 +1,122 @@
 #include "pipeline/thread_pool.h"
 
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
-#include <thread>
+#include <algorithm>
 
 namespace spdl::pipeline {
+namespace {
+int Resolve(int threads) {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace
 
-ThreadPool::ThreadPool(int threads)
-    : threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      pool_(std::make_unique<boost::asio::thread_pool>(static_cast<size_t>(threads_))) {}
+class ThreadPool::QueueExecutor final : public Executor {
+ public:
+  QueueExecutor(ThreadPool* pool, std::shared_ptr<Queue> q) : pool_(pool), q_(std::move(q)) {}
+  void Post(std::function<void()> task) override { pool_->PostTo(q_, std::move(task)); }
+
+ private:
+  ThreadPool* const pool_;
+  const std::shared_ptr<Queue> q_;
+};
+
+ThreadPool::ThreadPool(int threads) : default_queue_(std::make_shared<Queue>()) { SetThreads(threads); }
 
 ThreadPool::~ThreadPool() { Join(); }
 
-void ThreadPool::Post(std::function<void()> task) { boost::asio::post(*pool_, std::move(task)); }
+void ThreadPool::Post(std::function<void()> task) { PostTo(default_queue_, std::move(task)); }
 
-void ThreadPool::Join() { pool_->join(); }
+std::unique_ptr<Executor> ThreadPool::NewQueue(int weight) {
+  auto q = std::make_shared<Queue>();
+  q->weight = std::clamp(weight, 1, 1000);
+  return std::make_unique<QueueExecutor>(this, std::move(q));
+}
+
+void ThreadPool::PostTo(const std::shared_ptr<Queue>& q, std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    if (joining_ && workers_.empty()) return;  // joined: dropped (destroyed after the lock, below)
+    q->tasks.push_back(std::move(task));
+    ++queued_;
+    if (!q->active) {
+      q->active = true;
+      q->credit = q->weight;
+      active_.push_back(q);
+    }
+  }
+  cv_.notify_one();
+}
+
+std::function<void()> ThreadPool::PopLocked() {
+  std::shared_ptr<Queue> q = active_.front();
+  std::function<void()> task = std::move(q->tasks.front());
+  q->tasks.pop_front();
+  --queued_;
+  if (q->tasks.empty()) {
+    q->active = false;
+    active_.pop_front();
+  } else if (--q->credit <= 0) {
+    q->credit = q->weight;
+    active_.splice(active_.end(), active_, active_.begin());  // its turn is over
+  }
+  return task;
+}
+
+void ThreadPool::Run(Worker* self) {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return self->stop || !active_.empty() || joining_; });
+    if (self->stop) return;
+    if (active_.empty()) return;  // joining and drained
+    std::function<void()> task = PopLocked();
+    lock.unlock();
+    task();
+    task = nullptr;  // destroy what it holds before taking the lock again
+    lock.lock();
+  }
+}
+
+size_t ThreadPool::queued() const {
+  std::lock_guard lock(mu_);
+  return queued_;
+}
+
+void ThreadPool::SetThreads(int threads) {
+  const int n = Resolve(threads);
+  std::lock_guard resize(resize_mu_);
+  std::list<Worker> removed;
+  {
+    std::lock_guard lock(mu_);
+    if (joining_) return;
+    while (static_cast<int>(workers_.size()) > n) {
+      workers_.back().stop = true;
+      removed.splice(removed.begin(), workers_, std::prev(workers_.end()));
+    }
+    while (static_cast<int>(workers_.size()) < n) {
+      Worker& w = workers_.emplace_back();
+      w.thread = std::thread([this, &w] { Run(&w); });
+    }
+    target_.store(n);
+  }
+  cv_.notify_all();
+  for (Worker& w : removed) w.thread.join();
+}
+
+void ThreadPool::Join() {
+  std::lock_guard resize(resize_mu_);
+  {
+    std::lock_guard lock(mu_);
+    joining_ = true;
+  }
+  cv_.notify_all();
+  for (Worker& w : workers_) {
+    if (w.thread.joinable()) w.thread.join();
+  }
+  std::list<std::shared_ptr<Queue>> left;
+  {
+    std::lock_guard lock(mu_);
+    workers_.clear();
+    left.swap(active_);  // nothing can be left (the last worker drained them); kept for safety
+  }
+}
 
 }  // namespace spdl::pipeline

@@ -228,7 +228,7 @@ TEST_CASE("spdlctl drain on an idle daemon exits at once") {
   CHECK(d.Stop(0, std::chrono::seconds(20)) == std::optional<int>(0));
 }
 
-TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad config keeps the old one") {
+TEST_CASE("SIGHUP applies new limits and thread count without dropping the running job, and a bad config keeps the old one") {
   OpsFixture f("max_jobs_per_client: 1\nmemory_budget_bytes: 64MiB\n");
   DaemonProcess d(f.socket(), {"--config", f.config()});
   REQUIRE(d.Connectable());
@@ -239,13 +239,16 @@ TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == StatusCode::kResourceExhausted);
 
-  f.WriteConfig("max_jobs_per_client: 2\nmemory_budget_bytes: 96MiB\n");
+  // New limits and a bigger worker pool (the fixture starts with 2 threads).
+  std::ofstream(f.config()) << "socket_path: " << f.socket() << "\nallowed_roots: [" << f.dir.path << "]\n"
+                            << "worker_threads: 3\nmax_jobs_per_client: 2\nmemory_budget_bytes: 96MiB\n";
   REQUIRE(::kill(d.pid(), SIGHUP) == 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (StatusOf(f.socket()).memory_budget_bytes() != (96u << 20) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE(StatusOf(f.socket()).memory_budget_bytes() == (96u << 20));
+  CHECK(StatusOf(f.socket()).worker_threads() == 3);
   auto b = client::Loader::Open(f.Job(0));
   REQUIRE(b.ok());             // the new max_jobs_per_client
   REQUIRE((*a)->Next().ok());  // the running job was not dropped

@@ -71,7 +71,18 @@ void CheckErrors(const std::vector<ConfigError>& errors, std::string_view text) 
 bool InRange(double v, double lo, double hi) { return v >= lo && v <= hi; }
 
 void CheckJob(const JobConfig& c) {
-  FUZZ_CHECK(!c.source.root.empty());
+  switch (c.source.type) {
+    case SourceType::kImageFolder:
+      FUZZ_CHECK(!c.source.root.empty());
+      break;
+    case SourceType::kFileList:
+    case SourceType::kHttp:
+      FUZZ_CHECK(!c.source.list.empty());
+      break;
+    case SourceType::kTar:
+      FUZZ_CHECK(!c.source.shards.empty() && c.source.shuffle_buffer >= 1);
+      break;
+  }
   for (const std::string& ext : c.source.extensions) {
     FUZZ_CHECK(std::none_of(ext.begin(), ext.end(), [](unsigned char ch) { return std::isupper(ch); }));
   }

@@ -77,14 +77,11 @@ class FakeProcessor : public pipeline::RowProcessor {
  public:
   FakeProcessor(uint32_t slots, uint32_t batch, uint64_t bad_mask)
       : rows_(slots, std::vector<int64_t>(batch, -1)), bad_mask_(bad_mask) {}
-  std::vector<std::string> StageNames() const override { return {"fake"}; }
-  Status Process(uint64_t index, uint32_t, uint32_t slot, uint32_t row,
-                 std::vector<pipeline::StageStats>& stages) override {
-    FUZZ_CHECK(slot < rows_.size() && row < rows_[slot].size());
-    const bool ok = !bad(index);
-    stages[0].Record(1, ok);
-    if (!ok) return DataLoss("sample " + std::to_string(index) + " is bad");
-    rows_[slot][row] = static_cast<int64_t>(index);
+  std::vector<pipeline::StageSpec> Stages() const override { return {{"fake", pipeline::StageKind::kCpu}}; }
+  Status RunStage(uint32_t, pipeline::RowTask& t) override {
+    FUZZ_CHECK(t.slot < rows_.size() && t.row < rows_[t.slot].size());
+    if (bad(t.index)) return DataLoss("sample " + std::to_string(t.index) + " is bad");
+    rows_[t.slot][t.row] = static_cast<int64_t>(t.index);
     return Status::Ok();
   }
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override {
@@ -275,6 +272,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // What the job registry refuses before starting the job (jobs/job_registry.cc).
   if (job.options.epochs != 0 && decoded->epoch >= job.options.epochs) return 0;
+  // The registry also refuses a point outside its epoch (pipeline::CheckResumePoint); every point
+  // the daemon hands out must pass. Refused points are still run below: the pipeline must end anyway.
+  const Status valid = pipeline::CheckResumePoint(*decoded, job.n, job.options.batch_size, job.options.drop_last);
+  if (mode == 0) FUZZ_CHECK(valid.ok());
 
   TracePoint("resumed from", *decoded);
   const Run rest = RunJob(job, decoded, max_batches);

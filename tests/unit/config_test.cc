@@ -76,7 +76,7 @@ TEST_CASE("job config: a minimal config takes every default") {
   expected.out_height = 224;
   expected.out_width = 224;
   CHECK(c == expected);
-  CHECK(c.source.type == "image_folder");
+  CHECK(c.source.type == SourceType::kImageFolder);
   CHECK(c.source.extensions == std::vector<std::string>{".jpg", ".jpeg"});
   CHECK(c.sampler.shuffle);
   CHECK(c.sampler.seed == 0);
@@ -250,11 +250,125 @@ TEST_CASE("job config: missing or empty root") {
         ParseBadJob("source:\n  root: ''\ntransforms: [{center_crop: {size: 8}}]\n");
     CHECK(ErrorAt(errors, "source.root").message == "must not be empty");
   }
-  SECTION("another source type") {
+  SECTION("an unknown source type") {
     std::vector<ConfigError> errors =
-        ParseBadJob("source:\n  root: /d\n  type: tar\ntransforms: [{center_crop: {size: 8}}]\n");
+        ParseBadJob("source:\n  root: /d\n  type: lmdb\ntransforms: [{center_crop: {size: 8}}]\n");
+    REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
-    CHECK(Contains(ErrorAt(errors, "source.type").message, "only image_folder"));
+    CHECK(ErrorAt(errors, "source.type").message ==
+          "must be one of image_folder | file_list | tar | http (got 'lmdb')");
+  }
+}
+
+TEST_CASE("job config: file_list, tar and http sources") {
+  const std::string t = "transforms: [{center_crop: {size: 8}}]\n";
+  SECTION("file_list") {
+    JobConfig c = ParseGoodJob("source: {type: file_list, list: /data/train.csv, root: /data/img}\n" + t);
+    CHECK(c.source.type == SourceType::kFileList);
+    CHECK(c.source.list == "/data/train.csv");
+    CHECK(c.source.root == "/data/img");
+    c = ParseGoodJob("source: {type: file_list, list: /data/train.txt}\n" + t);
+    CHECK(c.source.root.empty());  // the list's directory
+  }
+  SECTION("tar: a pattern or a list, and its defaults") {
+    JobConfig c = ParseGoodJob("source: {type: tar, shards: '/data/train-{000..127}.tar'}\n" + t);
+    CHECK(c.source.type == SourceType::kTar);
+    CHECK(c.source.shards == std::vector<std::string>{"/data/train-{000..127}.tar"});
+    CHECK(c.source.extensions == std::vector<std::string>{".jpg", ".jpeg", ".png", ".webp"});
+    CHECK(c.source.label_extension == ".cls");
+    CHECK(c.source.shuffle_buffer == 1000);
+    c = ParseGoodJob(
+        "source:\n  type: tar\n  shards: [/d/a.tar, /d/b.tar]\n  extensions: [.PNG]\n  label_extension: ''\n"
+        "  shuffle_buffer: 64\n" +
+        t);
+    CHECK(c.source.shards == std::vector<std::string>{"/d/a.tar", "/d/b.tar"});
+    CHECK(c.source.extensions == std::vector<std::string>{".png"});
+    CHECK(c.source.label_extension.empty());
+    CHECK(c.source.shuffle_buffer == 64);
+  }
+  SECTION("http") {
+    JobConfig c = ParseGoodJob(
+        "source:\n  type: http\n  list: /data/urls.txt\n  base_url: http://127.0.0.1:8000/img\n"
+        "  timeout_ms: 2000\n  connect_timeout_ms: 300\n  max_attempts: 2\n  max_in_flight: 8\n" +
+        t);
+    CHECK(c.source.type == SourceType::kHttp);
+    CHECK(c.source.list == "/data/urls.txt");
+    CHECK(c.source.base_url == "http://127.0.0.1:8000/img");
+    CHECK(c.source.timeout_ms == 2000);
+    CHECK(c.source.connect_timeout_ms == 300);
+    CHECK(c.source.max_attempts == 2);
+    CHECK(c.source.max_in_flight == 8);
+  }
+  SECTION("overrides switch the type") {
+    JobConfig c = ParseGoodJob("source: {type: tar, shards: /d/x.tar}\n" + t,
+                               {{"source.shards", "[/e/y.tar]"}, {"source.shuffle_buffer", "5"}});
+    CHECK(c.source.shards == std::vector<std::string>{"/e/y.tar"});
+    CHECK(c.source.shuffle_buffer == 5);
+  }
+}
+
+TEST_CASE("job config: source errors, each with its line") {
+  SECTION("keys of another type, missing required keys") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  type: tar
+  root: /data
+  list: /data/l.txt
+  max_attempts: 3
+transforms: [{center_crop: {size: 8}}]
+)");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 4);
+    CHECK(ErrorAt(errors, "source.shards").message == "required key is missing");
+    CHECK(ErrorAt(errors, "source.shards").line == 1);
+    CHECK(ErrorAt(errors, "source.root").line == 3);
+    CHECK(ErrorAt(errors, "source.root").message ==
+          "'root' is not a key of source type tar (it belongs to image_folder and file_list)");
+    CHECK(ErrorAt(errors, "source.list").line == 4);
+    CHECK(ErrorAt(errors, "source.max_attempts").line == 5);
+    CHECK(Contains(ErrorAt(errors, "source.max_attempts").message, "belongs to http"));
+  }
+  SECTION("bad values") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  type: http
+  list: ''
+  base_url: ftp://x/
+  timeout_ms: 0
+  max_attempts: 1000
+  max_in_flight: many
+  shuffle: 3
+transforms: [{center_crop: {size: 8}}]
+)");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 6);
+    CHECK(ErrorAt(errors, "source.list").line == 3);
+    CHECK(ErrorAt(errors, "source.list").message == "must not be empty");
+    CHECK(ErrorAt(errors, "source.base_url").line == 4);
+    CHECK(ErrorAt(errors, "source.timeout_ms").line == 5);
+    CHECK(ErrorAt(errors, "source.max_attempts").message == "must be at most 100 (got 1000)");
+    CHECK(ErrorAt(errors, "source.max_in_flight").line == 7);
+    CHECK(ErrorAt(errors, "source.shuffle").line == 8);
+    CHECK(Contains(ErrorAt(errors, "source.shuffle").message, "unknown key 'shuffle'"));
+  }
+  SECTION("tar: bad shards, extension and buffer") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(source:
+  type: tar
+  shards: []
+  label_extension: cls
+  shuffle_buffer: 0
+transforms: [{center_crop: {size: 8}}]
+)");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 3);
+    CHECK(ErrorAt(errors, "source.shards").line == 3);
+    CHECK(ErrorAt(errors, "source.label_extension").line == 4);
+    CHECK(ErrorAt(errors, "source.shuffle_buffer").line == 5);
+  }
+  SECTION("file_list without a list") {
+    std::vector<ConfigError> errors =
+        ParseBadJob("source:\n  type: file_list\n  root: /d\ntransforms: [{center_crop: {size: 8}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "source.list");
+    CHECK(errors[0].line == 1);
   }
 }
 
@@ -557,6 +671,63 @@ TEST_CASE("job config: documents that are not a config") {
   }
 }
 
+// ---------------- job config: the engine (stages, order, max_failures, weight) ----------------
+
+TEST_CASE("job config: engine keys take their defaults and their values") {
+  JobConfig d = ParseGoodJob(kMinimalJob);
+  CHECK(d.stages == StagesConfig{});
+  CHECK(d.order == Order::kSampler);
+  CHECK(d.max_failures == MaxFailures{});
+  CHECK(d.max_failures_warmup == 100);
+  CHECK(d.weight == 1);
+
+  JobConfig c = ParseGoodJob(std::string(kMinimalJob) + R"(stages:
+  read: {concurrency: 8, queue: 100}
+  decode: {concurrency: 2}
+order: sampler
+max_failures: 25
+max_failures_warmup: 0
+weight: 3
+)");
+  CHECK(c.stages.read == StageConfig{8, 100});
+  CHECK(c.stages.decode == StageConfig{2, 0});
+  CHECK(c.max_failures.count == 25);
+  CHECK(c.max_failures.fraction < 0);
+  CHECK(c.max_failures_warmup == 0);
+  CHECK(c.weight == 3);
+
+  JobConfig f = ParseGoodJob(std::string(kMinimalJob) + "max_failures: 0.01\n");
+  CHECK(f.max_failures.count < 0);
+  CHECK(f.max_failures.fraction == 0.01);
+}
+
+TEST_CASE("job config: every bad engine key is reported with its line") {
+  auto errors = ParseBadJob(std::string(kMinimalJob) + R"(stages:
+  read: {concurrency: 0}
+  decode: {queue: big}
+  resize: {concurrency: 2}
+order: completion
+max_failures: 1.5
+max_failures_warmup: -1
+weight: 0
+)");
+  INFO(Dump(errors));
+  CHECK(ErrorAt(errors, "stages.read.concurrency").line == 6);
+  CHECK(ErrorAt(errors, "stages.decode.queue").line == 7);
+  CHECK(ErrorAt(errors, "stages.resize").line == 8);
+  CHECK(ErrorAt(errors, "order").line == 9);
+  CHECK(Contains(ErrorAt(errors, "order").message, "not implemented"));
+  CHECK(ErrorAt(errors, "max_failures").line == 10);
+  CHECK(Contains(ErrorAt(errors, "max_failures").message, "a count"));
+  CHECK(ErrorAt(errors, "max_failures_warmup").line == 11);
+  CHECK(ErrorAt(errors, "weight").line == 12);
+  CHECK(errors.size() == 7);
+
+  errors = ParseBadJob(std::string(kMinimalJob) + "order: random\nmax_failures: -3\n");
+  CHECK(ErrorAt(errors, "order").line == 5);
+  CHECK(ErrorAt(errors, "max_failures").line == 6);
+}
+
 // ---------------- overrides ----------------
 
 TEST_CASE("overrides: scalars, lists, maps and sequence indexes") {
@@ -698,12 +869,14 @@ TEST_CASE("daemon config: defaults and every field") {
 socket_path: /tmp/s.sock
 socket_mode: "0600"
 worker_threads: 12
+io_threads: 4
 memory_budget_bytes: 512MiB
 allowed_roots: [/data, /mnt/x/]
 log_level: debug
 max_frame_bytes: 65536
 max_jobs_per_client: 2
 max_slots_per_job: 16
+allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
 )");
   INFO(Dump(r.errors));
   REQUIRE(r.errors.empty());
@@ -711,12 +884,24 @@ max_slots_per_job: 16
   CHECK(c.socket_path == "/tmp/s.sock");
   CHECK(c.socket_mode == 0600);
   CHECK(c.worker_threads == 12);
+  CHECK(c.io_threads == 4);
   CHECK(c.memory_budget_bytes == (512ull << 20));
   CHECK(c.allowed_roots == std::vector<std::string>{"/data", "/mnt/x/"});
   CHECK(c.log_level == "debug");
   CHECK(c.max_frame_bytes == 65536);
   CHECK(c.max_jobs_per_client == 2);
   CHECK(c.max_slots_per_job == 16);
+  CHECK(c.allowed_url_prefixes == std::vector<std::string>{"http://127.0.0.1:8000/data", "https://cdn.example.com"});
+}
+
+TEST_CASE("daemon config: allowed_url_prefixes") {
+  CHECK(ParseDaemonConfig("socket_mode: 0660\n").config->allowed_url_prefixes.empty());  // default: no URL
+  DaemonConfigResult r = ParseDaemonConfig("allowed_url_prefixes:\n  - http://ok/\n  - ftp://x/\n  - http:///nohost\n");
+  INFO(Dump(r.errors));
+  REQUIRE(r.errors.size() == 2);
+  CHECK(r.errors[0].path == "allowed_url_prefixes.1");
+  CHECK(r.errors[0].line == 3);
+  CHECK(r.errors[1].path == "allowed_url_prefixes.2");
 }
 
 TEST_CASE("daemon config: socket_mode forms") {
@@ -873,6 +1058,16 @@ TEST_CASE("the shipped configs say what the docs say") {
   JobConfig moved = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"),
                                  {{"source.root", "/data/imagenet"}});
   CHECK(moved.source.root == "/data/imagenet");
+  CHECK(d.config->allowed_url_prefixes.empty());
+  JobConfig list = ParseGoodJob(ReadFile(dir + "/examples/file_list.yaml"));
+  CHECK(list.source.type == SourceType::kFileList);
+  JobConfig tar = ParseGoodJob(ReadFile(dir + "/examples/tar_shards.yaml"));
+  CHECK(tar.source.type == SourceType::kTar);
+  CHECK(tar.source.shards == std::vector<std::string>{"/data/imagenet/train-{000000..000127}.tar"});
+  CHECK(tar.source.shuffle_buffer == 1000);
+  JobConfig http = ParseGoodJob(ReadFile(dir + "/examples/http.yaml"));
+  CHECK(http.source.type == SourceType::kHttp);
+  CHECK(http.source.base_url == "http://data.local:8000/train");
 }
 
 }  // namespace

@@ -6,15 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "io/allowed_roots.h"
 #include "io/manifest.h"
@@ -381,6 +382,200 @@ TEST_CASE("BatchesPerEpoch") {
   CHECK(BatchesPerEpoch(0, 3, false) == 0);
   CHECK(BatchesPerEpoch(10, 0, false) == 0);
   CHECK(BatchesPerEpoch(1281167, 256, true) == 5004);
+}
+
+// ---------------------------------------------------------------- ShardedEpochOrder
+
+// Which shard index i belongs to, for shard sizes `sizes`.
+uint64_t ShardOf(const std::vector<uint64_t>& sizes, uint64_t i) {
+  for (uint64_t s = 0; s < sizes.size(); ++s) {
+    if (i < sizes[s]) return s;
+    i -= sizes[s];
+  }
+  return sizes.size();
+}
+
+TEST_CASE("ShardedEpochOrder: the ranks cover every sample once, with equal lengths") {
+  const std::vector<uint64_t> sizes = {7, 0, 13, 5, 9, 1, 12};  // 47 samples, an empty shard
+  const uint64_t n = 47;
+  for (uint32_t world : {1u, 2u, 3u, 5u}) {
+    for (Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
+      for (uint64_t buffer : {uint64_t{1}, uint64_t{4}, uint64_t{100}}) {
+        INFO("world=" << world << " pad=" << (uneven == Uneven::kPad) << " buffer=" << buffer);
+        std::map<uint64_t, int> counts;
+        for (uint32_t r = 0; r < world; ++r) {
+          const auto o = ShardedEpochOrder(sizes, buffer, Opts(3, r, world, uneven), 2);
+          CHECK(o.size() == SamplesPerRank(n, Opts(3, r, world, uneven)));
+          for (uint64_t i : o) ++counts[i];
+        }
+        for (const auto& [i, c] : counts) CHECK(i < n);
+        if (uneven == Uneven::kDrop) {
+          CHECK(counts.size() == (n / world) * world);
+          CHECK(std::all_of(counts.begin(), counts.end(), [](const auto& kv) { return kv.second == 1; }));
+        } else {
+          CHECK(counts.size() == n);  // padding repeats some, every sample is there
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ShardedEpochOrder: a pure function of its inputs, shuffled per epoch") {
+  const std::vector<uint64_t> sizes(20, 10);
+  const auto a = ShardedEpochOrder(sizes, 16, Opts(9, 1, 2), 0);
+  CHECK(a == ShardedEpochOrder(sizes, 16, Opts(9, 1, 2), 0));
+  CHECK(a != ShardedEpochOrder(sizes, 16, Opts(9, 1, 2), 1));   // another epoch
+  CHECK(a != ShardedEpochOrder(sizes, 16, Opts(10, 1, 2), 0));  // another seed
+  CHECK(a != ShardedEpochOrder(sizes, 8, Opts(9, 1, 2), 0));    // another buffer
+  CHECK(a != ShardedEpochOrder(sizes, 16, Opts(9, 0, 2), 0));   // another rank
+  // Pinned: a saved job resumed by a newer daemon must see the same order.
+  CHECK(ShardedEpochOrder({3, 3, 3}, 2, Opts(0, 0, 1), 0) == std::vector<uint64_t>{4, 3, 0, 5, 2, 1, 6, 8, 7});
+  // Without shuffle: shard order, the identity, contiguous per rank.
+  CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 0, 1, Uneven::kPad, false), 4) ==
+        std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 1, 2, Uneven::kPad, false), 4) ==
+        std::vector<uint64_t>{5, 6, 7, 8, 0});  // padded from the start of the order
+  CHECK(ShardedEpochOrder({3, 3, 3}, 5, Opts(0, 1, 2, Uneven::kDrop, false), 4) == std::vector<uint64_t>{4, 5, 6, 7});
+  // Options that break their REQUIRES, and no samples, give nothing.
+  CHECK(ShardedEpochOrder({3}, 2, Opts(0, 2, 2), 0).empty());
+  CHECK(ShardedEpochOrder({0, 0}, 2, Opts(0, 0, 1), 0).empty());
+  CHECK(ShardedEpochOrder({}, 2, Opts(0, 0, 1), 0).empty());
+}
+
+TEST_CASE("ShardedEpochOrder: shard by shard, the buffer bounds how far a sample moves") {
+  const std::vector<uint64_t> sizes(30, 8);  // 240 samples
+  SECTION("buffer 1: whole shards in a shuffled order, each shard in index order") {
+    const auto o = ShardedEpochOrder(sizes, 1, Opts(5, 0, 1), 3);
+    REQUIRE(o.size() == 240);
+    std::vector<uint64_t> shard_order;
+    for (size_t k = 0; k < o.size(); ++k) {
+      if (k % 8 == 0) shard_order.push_back(ShardOf(sizes, o[k]));
+      CHECK(ShardOf(sizes, o[k]) == shard_order.back());
+      if (k % 8 != 0) CHECK(o[k] == o[k - 1] + 1);
+    }
+    std::vector<uint64_t> identity(30);
+    std::iota(identity.begin(), identity.end(), 0);
+    CHECK(shard_order != identity);  // shuffled
+    std::sort(shard_order.begin(), shard_order.end());
+    CHECK(shard_order == identity);  // each shard once
+  }
+  SECTION("buffer B: at any point the shards in use span at most B + 1 samples of the stream") {
+    const uint64_t buffer = 12;
+    const auto o = ShardedEpochOrder(sizes, buffer, Opts(5, 0, 1), 3);
+    REQUIRE(o.size() == 240);
+    // Output k is emitted when stream sample B + k arrives (or later, while draining), so outputs
+    // 0..k come from the first B + k + 1 samples of the stream, which is whole shards of 8: at most
+    // ceil((B + k + 1) / 8) distinct shards among them.
+    std::set<uint64_t> seen;
+    for (size_t k = 0; k < o.size(); ++k) {
+      seen.insert(ShardOf(sizes, o[k]));
+      REQUIRE(seen.size() <= (buffer + k + 1 + 7) / 8);
+    }
+    // And it is a permutation, not the plain stream.
+    std::vector<uint64_t> sorted = o;
+    std::sort(sorted.begin(), sorted.end());
+    for (uint64_t i = 0; i < 240; ++i) REQUIRE(sorted[i] == i);
+    CHECK(o != ShardedEpochOrder(sizes, 1, Opts(5, 0, 1), 3));
+  }
+  SECTION("ranks read contiguous stretches: with buffer 1 each rank touches about 1/world of the shards") {
+    std::set<uint64_t> r0, r1;
+    for (uint64_t i : ShardedEpochOrder(sizes, 1, Opts(5, 0, 2), 0)) r0.insert(ShardOf(sizes, i));
+    for (uint64_t i : ShardedEpochOrder(sizes, 1, Opts(5, 1, 2), 0)) r1.insert(ShardOf(sizes, i));
+    CHECK(r0.size() == 15);
+    CHECK(r1.size() == 15);
+    std::vector<uint64_t> both;
+    std::set_intersection(r0.begin(), r0.end(), r1.begin(), r1.end(), std::back_inserter(both));
+    CHECK(both.empty());
+  }
+}
+
+// ---------------------------------------------------------------- RootDir
+
+TEST_CASE("RootDir: reads beneath the root, refuses every way out") {
+  TempDir t;
+  t.Write("root/a/img.jpg", "inside");
+  t.Write("outside/secret.txt", "secret");
+  t.Write("root/b/real.jpg", "real");
+  fs::create_symlink(t / "outside/secret.txt", t / "root/a/escape.jpg");        // absolute target
+  fs::create_symlink("../../outside/secret.txt", t / "root/a/escape_rel.jpg");  // relative target
+  fs::create_symlink(t / "outside", t / "root/outdir");                         // a directory link
+  fs::create_symlink("../b/real.jpg", t / "root/a/inside_link.jpg");            // stays inside
+  fs::create_symlink("loop2", t / "root/loop1");
+  fs::create_symlink("loop1", t / "root/loop2");
+
+  auto opened = RootDir::Open(t / "root");
+  REQUIRE(opened.ok());
+  const RootDir& root = **opened;
+  std::vector<uint8_t> buf;
+  auto text = [&] { return std::string(buf.begin(), buf.end()); };
+
+  SECTION("inside, and a link that stays inside") {
+    REQUIRE(root.ReadFile("a/img.jpg", &buf).ok());
+    CHECK(text() == "inside");
+    REQUIRE(root.ReadFile("a/inside_link.jpg", &buf).ok());
+    CHECK(text() == "real");
+    REQUIRE(root.ReadFile("a/../b/real.jpg", &buf).ok());  // '..' that stays inside is fine
+  }
+  SECTION("'..' out of the root") {
+    Status s = root.ReadFile("../outside/secret.txt", &buf);
+    CHECK(s.code() == StatusCode::kPermissionDenied);
+    CHECK(s.message().find("escapes its root " + t / "root") != std::string::npos);
+    CHECK(s.message().find("../outside/secret.txt") != std::string::npos);
+    CHECK(buf.empty());
+  }
+  SECTION("an absolute path") {
+    Status s = root.ReadFile(t / "outside/secret.txt", &buf);
+    CHECK(s.code() == StatusCode::kPermissionDenied);
+    CHECK(s.message().find("escapes its root") != std::string::npos);
+  }
+  SECTION("symbolic links leading out, to a file or through a directory") {
+    for (const char* rel : {"a/escape.jpg", "a/escape_rel.jpg", "outdir/secret.txt"}) {
+      INFO(rel);
+      Status s = root.ReadFile(rel, &buf);
+      CHECK(s.code() == StatusCode::kPermissionDenied);
+      CHECK(s.message().find(rel) != std::string::npos);
+      CHECK(buf.empty());
+    }
+  }
+  SECTION("a symbolic link loop") {
+    Status s = root.ReadFile("loop1", &buf);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(s.message().find("loop") != std::string::npos);
+  }
+  SECTION("missing files and directories keep their codes") {
+    CHECK(root.ReadFile("a/nope.jpg", &buf).code() == StatusCode::kNotFound);
+    CHECK(root.ReadFile("a", &buf).code() == StatusCode::kInvalidArgument);
+    CHECK(root.ReadFile("a/img.jpg", &buf, 3).code() == StatusCode::kResourceExhausted);
+  }
+  SECTION("the realpath fallback (kernels without openat2) refuses the same escapes") {
+    auto code = [&](const std::string& rel) {
+      auto fd = root.OpenBeneathFallback(rel);
+      return fd.ok() ? StatusCode::kOk : fd.status().code();
+    };
+    CHECK(code("a/img.jpg") == StatusCode::kOk);
+    CHECK(code("a/inside_link.jpg") == StatusCode::kOk);
+    CHECK(code("../outside/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code(t / "outside/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code("a/escape.jpg") == StatusCode::kPermissionDenied);
+    CHECK(code("a/escape_rel.jpg") == StatusCode::kPermissionDenied);
+    CHECK(code("outdir/secret.txt") == StatusCode::kPermissionDenied);
+    CHECK(code("loop1") == StatusCode::kInvalidArgument);
+    CHECK(code("a/nope.jpg") == StatusCode::kNotFound);
+    auto escaped = root.OpenBeneathFallback("a/escape.jpg");
+    CHECK(escaped.status().message().find("a/escape.jpg") != std::string::npos);
+  }
+  SECTION("Open: missing, not a directory") {
+    CHECK(RootDir::Open(t / "nope").status().code() == StatusCode::kNotFound);
+    CHECK(RootDir::Open(t / "root/a/img.jpg").status().code() == StatusCode::kInvalidArgument);
+  }
+  SECTION("RootSet: an absolute path beneath the allowed root that holds it") {
+    auto set = RootSet::Open({t / "root", t / "nope"});
+    REQUIRE(set->ReadFile(t / "root/a/img.jpg", &buf).ok());
+    CHECK(text() == "inside");
+    CHECK(set->ReadFile(t / "outside/secret.txt", &buf).code() == StatusCode::kPermissionDenied);
+    CHECK(set->ReadFile(t / "root/a/escape.jpg", &buf).code() == StatusCode::kPermissionDenied);
+    CHECK(set->ReadFile(t / "root/../outside/secret.txt", &buf).code() == StatusCode::kPermissionDenied);
+  }
 }
 
 }  // namespace

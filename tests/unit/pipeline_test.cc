@@ -1,6 +1,8 @@
 // The batch pipeline with a fake row processor: order, backpressure, skip-and-replace, packing,
 // the fail policy, epochs and cancellation. Runs inline (InlineExecutor) and on a real pool.
 #include <catch2/catch.hpp>
+#include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -11,22 +13,33 @@
 namespace spdl::pipeline {
 namespace {
 
-// Writes the sample index into its row of a fake slot memory; fails indices in `bad`.
+// Two stages like a real job: "read" (io) fills the row's buffer, "decode" (cpu) writes the sample
+// index into its row of a fake slot memory. Fails indices in `bad` at decode, in `bad_read` at read.
 class FakeProcessor : public RowProcessor {
  public:
   FakeProcessor(uint32_t slots, uint32_t batch) : rows_(slots, std::vector<int64_t>(batch, -1)) {}
-  std::vector<std::string> StageNames() const override { return {"fake"}; }
-  Status Process(uint64_t index, uint32_t /*epoch*/, uint32_t slot, uint32_t row,
-                 std::vector<StageStats>& stages) override {
-    const bool ok = !bad.count(index);
-    stages[0].Record(1000, ok);
-    if (!ok) return DataLoss("sample " + std::to_string(index) + " is bad");
-    rows_[slot][row] = static_cast<int64_t>(index);
+  std::vector<StageSpec> Stages() const override { return {{"read", StageKind::kIo}, {"decode", StageKind::kCpu}}; }
+  Status RunStage(uint32_t stage, RowTask& t) override {
+    if (stage == 0) {
+      if (bad_read.count(t.index)) return NotFound("sample " + std::to_string(t.index) + " is missing");
+      t.bytes.assign(8, 0);
+      std::memcpy(t.bytes.data(), &t.index, 8);
+      return Status::Ok();
+    }
+    if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    if (bad.count(t.index)) return DataLoss("sample " + std::to_string(t.index) + " is bad");
+    uint64_t read = 0;
+    if (t.bytes.size() != 8) return Internal("decode ran before read");
+    std::memcpy(&read, t.bytes.data(), 8);
+    if (read != t.index) return Internal("the read buffer holds another sample");
+    rows_[t.slot][t.row] = static_cast<int64_t>(t.index);
     return Status::Ok();
   }
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override { rows_[slot][to] = rows_[slot][from]; }
   int64_t at(uint32_t slot, uint32_t row) const { return rows_[slot][row]; }
   std::set<uint64_t> bad;
+  std::set<uint64_t> bad_read;
+  int delay_us = 0;
 
  private:
   std::vector<std::vector<int64_t>> rows_;
@@ -132,8 +145,12 @@ TEST_CASE("a bad sample is replaced by the next one, keeping batches full") {
   CHECK(h.pipe->EpochSkipped(0) == 2);
   CHECK(h.pipe->TotalSkipped() == 2);
   auto stats = h.pipe->StageSnapshots();
-  CHECK(stats[0].failures == 2);
+  CHECK(stats[0].name == "read");
   CHECK(stats[0].tasks == 10);
+  CHECK(stats[0].failures == 0);
+  CHECK(stats[1].name == "decode");
+  CHECK(stats[1].failures == 2);
+  CHECK(stats[1].tasks == 10);
 }
 
 TEST_CASE("with no spare left, a short batch packs its good rows to the front") {
@@ -241,7 +258,7 @@ TEST_CASE("on_error: fail stops the job with the sample's error") {
   h.proc.bad = {2};
   h.pipe->Pump();
   CHECK(h.pipe->failure().code() == StatusCode::kDataLoss);
-  CHECK(h.pipe->failure().message() == "sample 2 is bad (on_error: fail)");
+  CHECK(h.pipe->failure().message() == "sample 2 is bad (stage 'decode', on_error: fail)");
   CHECK(h.pipe->cancelled());
   CHECK(h.notified > 0);
 }
@@ -291,6 +308,384 @@ TEST_CASE("cancel abandons the batches being filled") {
   auto c = h.ring.counts();
   CHECK(c.filling == 0);
   CHECK(c.free + c.ready == 4);
+}
+
+// ---- resume: the two fuzzer findings (tests/fuzz/corpus/resume) ----
+
+TEST_CASE("a resumed epoch left with fewer samples than a batch still ends, as the full run does") {
+  // 14 samples, batch 6, drop_last, 1 slot, samples 0 2 3 4 bad: the full run delivers
+  // [6,1,7,8,9,5] then [10..13] short with the end of the job.
+  PipelineOptions o;
+  o.batch_size = 6;
+  o.drop_last = true;
+  const std::set<uint64_t> bad = {0, 2, 3, 4};
+  InlineExecutor ex;
+  Harness full(1, 14, o, &ex);
+  full.proc.bad = bad;
+  full.pipe->Pump();
+  auto all = full.Drain();
+  REQUIRE(all.size() == 2);
+  REQUIRE(all[1].last_in_job);
+  PipelineOptions ro = o;
+  ro.resume = all[0].resume;
+  CHECK(ro.resume->prefix == 10);
+  Harness rest(1, 14, ro, &ex);
+  rest.proc.bad = bad;
+  rest.pipe->Pump();
+  auto got = rest.Drain();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].indices == all[1].indices);
+  CHECK(got[0].batch_in_epoch == 1);
+  CHECK(got[0].last_in_epoch);
+  CHECK(got[0].last_in_job);
+  CHECK(rest.pipe->all_dispatched());
+}
+
+TEST_CASE("a resume point past the end of the epoch is refused, and the pipeline still ends") {
+  PipelineOptions o;
+  o.batch_size = 5;
+  o.drop_last = true;
+  o.epochs = 2;
+  ResumePoint p;
+  p.epoch = 0;
+  p.prefix = 70;  // past the 63 samples
+  Status check = CheckResumePoint(p, 63, 5, true);
+  CHECK(check.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(check.message(), Catch::Contains("past the 63 samples"));
+  // The registry refuses it; should one reach the pipeline anyway, the epoch ends with an empty batch.
+  o.resume = p;
+  InlineExecutor ex;
+  Harness h(2, 63, o, &ex);
+  h.pipe->Pump();
+  auto got = h.Drain();
+  REQUIRE(got.size() == 1 + 12);
+  CHECK(got[0].rows == 0);
+  CHECK(got[0].epoch == 0);
+  CHECK(got[0].last_in_epoch);
+  CHECK_FALSE(got[0].last_in_job);
+  CHECK(got[0].resume.epoch == 1);
+  CHECK(got.back().last_in_job);
+}
+
+TEST_CASE("resume points the daemon hands out pass the check, made-up ones do not") {
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.epochs = 1;
+  auto full = RunAll(2, 23, o, {5, 6});
+  for (auto& m : full) {
+    if (m.last_in_job) continue;
+    CHECK(CheckResumePoint(m.resume, 23, 4, false).ok());
+  }
+  ResumePoint p;
+  p.prefix = 8;
+  p.extras = {3};
+  CHECK_FALSE(CheckResumePoint(p, 23, 4, false).ok());  // an extra below the prefix
+  p.extras = {30};
+  CHECK_FALSE(CheckResumePoint(p, 23, 4, false).ok());  // an extra past the end
+  p.extras = {};
+  p.next_batch = 6;
+  CHECK_FALSE(CheckResumePoint(p, 23, 4, false).ok());  // 23 samples make 6 batches: 0..5
+  p.next_batch = 2;
+  p.prefix = 23;
+  CHECK_FALSE(CheckResumePoint(p, 23, 4, false).ok());  // nothing left
+}
+
+// ---- stages: concurrency, bounded queues, the I/O pool ----
+
+// Counts how many rows are between stages and how many decodes run at once.
+class MeteredProcessor : public FakeProcessor {
+ public:
+  using FakeProcessor::FakeProcessor;
+  Status RunStage(uint32_t stage, RowTask& t) override {
+    if (stage == 0) {
+      Status s = FakeProcessor::RunStage(0, t);
+      std::lock_guard lock(mu);
+      ++between;
+      max_between = std::max(max_between, between);
+      return s;
+    }
+    {
+      std::lock_guard lock(mu);
+      --between;
+      ++decoding;
+      max_decoding = std::max(max_decoding, decoding);
+    }
+    Status s = FakeProcessor::RunStage(1, t);
+    std::lock_guard lock(mu);
+    --decoding;
+    return s;
+  }
+  std::mutex mu;
+  int between = 0, max_between = 0, decoding = 0, max_decoding = 0;
+};
+
+TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the stage before it") {
+  ThreadPool cpu(4);
+  ThreadPool io(4);
+  PipelineOptions o;
+  o.batch_size = 8;
+  o.epochs = 1;
+  o.stages = {{/*concurrency=*/2, 0}, {/*concurrency=*/1, /*queue=*/3}};
+  shm::SlotRing ring(4);
+  MeteredProcessor proc(4, 8);
+  proc.delay_us = 300;
+  auto owner = std::make_shared<int>(0);
+  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(200); }, o, [] {}, owner);
+  pipe.Pump();
+  uint64_t rows = 0;
+  bool last = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!last && std::chrono::steady_clock::now() < deadline) {
+    while (auto l = ring.TakeNextReady()) {
+      SlotMeta m = pipe.TakeMeta(l->slot);
+      rows += m.rows;
+      last = m.last_in_job;
+      REQUIRE(ring.Release(l->slot, l->generation).ok());
+      pipe.Pump();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(last);
+  CHECK(rows == 200);
+  CHECK(proc.max_decoding == 1);
+  // Rows read but not yet decoding: at most the queue (3), the reads holding their place (2) and the
+  // one decode handed to the pool but not yet started (1).
+  CHECK(proc.max_between <= 6);
+  CHECK(proc.max_between >= 1);
+  auto st = pipe.StageSnapshots();
+  CHECK(st[0].kind == StageKind::kIo);
+  CHECK(st[1].concurrency == 1);
+  CHECK(st[1].queue_capacity == 3);
+  CHECK(st[0].put_wait_seconds > 0);  // the slow decode held reads back
+  io.Join();
+  cpu.Join();
+  CHECK(pipe.tasks_in_flight() == 0);
+}
+
+TEST_CASE("stats add up: every sample read once, decoded once if read, delivered or skipped") {
+  ThreadPool pool(3);
+  PipelineOptions o;
+  o.batch_size = 5;
+  o.epochs = 2;
+  const uint64_t n = 57;
+  Harness h(3, n, o, &pool);
+  h.proc.bad = {4, 9, 33};
+  h.proc.bad_read = {10, 50};
+  h.pipe->Pump();
+  std::vector<SlotMeta> all;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!(all.size() && all.back().last_in_job) && std::chrono::steady_clock::now() < deadline) {
+    auto got = h.Drain();
+    all.insert(all.end(), got.begin(), got.end());
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(all.back().last_in_job);
+  pool.Join();
+  uint64_t delivered = 0;
+  for (auto& m : all) delivered += m.rows;
+  const uint64_t skipped = h.pipe->TotalSkipped();
+  CHECK(skipped == 2 * 5);
+  CHECK(delivered == 2 * (n - 5));
+  auto st = h.pipe->StageSnapshots();
+  CHECK(st[0].tasks == delivered + skipped);
+  CHECK(st[0].failures == 2 * 2);
+  CHECK(st[1].tasks == st[0].tasks - st[0].failures);
+  CHECK(st[1].tasks - st[1].failures == delivered);
+  PipelineStats ps = h.pipe->Stats();
+  CHECK(ps.samples_done == delivered);
+  CHECK(ps.samples_tried == delivered + skipped);
+  CHECK(ps.samples_failed == skipped);
+  CHECK(ps.window.size() == 2);
+  CHECK(st[1].PercentileSeconds(0.5) > 0);
+  CHECK(st[1].PercentileSeconds(0.5) <= st[1].PercentileSeconds(0.99));
+}
+
+TEST_CASE("the task-time histogram: buckets grow with the time and bound it within a quarter octave") {
+  CHECK(StageStats::Bucket(500) == 0);
+  int last = 0;
+  for (uint64_t ns = 2000; ns < 100'000'000'000ull; ns = ns * 5 / 4 + 1) {
+    const int b = StageStats::Bucket(ns);
+    CHECK(b >= last);
+    last = b;
+    CHECK(StageStats::BucketUpperNanos(b) > static_cast<double>(ns));
+    CHECK(StageStats::BucketUpperNanos(b) <= static_cast<double>(ns) * 1.26);
+  }
+  StageStats s("x", StageKind::kCpu, 0, 0);
+  for (int i = 0; i < 90; ++i) s.Record(1'000'000, true);     // 1 ms
+  for (int i = 0; i < 10; ++i) s.Record(100'000'000, false);  // 100 ms
+  StageSnapshot snap = s.Snapshot();
+  CHECK(snap.PercentileSeconds(0.5) == Approx(1e-3).epsilon(0.26));
+  CHECK(snap.PercentileSeconds(0.99) == Approx(0.1).epsilon(0.26));
+  CHECK(snap.AvgSeconds() == Approx(0.0109));
+  CHECK(snap.failures == 10);
+}
+
+// ---- error policy ----
+
+TEST_CASE("max_failures: a count fails the job after the warm-up, naming the stage, the sample and the counts") {
+  InlineExecutor ex;
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.max_failures_count = 2;
+  o.max_failures_warmup = 10;
+  Harness h(2, 40, o, &ex);
+  h.proc.bad = {1, 2, 3, 25};  // three failures in the warm-up: the job fails when it ends
+  h.pipe->Pump();
+  h.Drain();
+  Status f = h.pipe->failure();
+  REQUIRE_FALSE(f.ok());
+  CHECK_THAT(f.message(), Catch::Contains("3 of 10 failed"));
+  CHECK_THAT(f.message(), Catch::Contains("max_failures: 2"));
+  CHECK_THAT(f.message(), Catch::Contains("stage 'decode': sample 3 is bad"));
+  CHECK(h.pipe->cancelled());
+}
+
+TEST_CASE("max_failures: a fraction not exceeded lets the job finish, an exceeded one fails it") {
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.max_failures_fraction = 0.1;
+  o.max_failures_warmup = 20;
+  {
+    InlineExecutor ex;
+    Harness h(2, 100, o, &ex);
+    h.proc.bad = {3, 40, 77};  // 3 %
+    h.pipe->Pump();
+    auto got = h.Drain();
+    CHECK(h.pipe->failure().ok());
+    REQUIRE(!got.empty());
+    CHECK(got.back().last_in_job);
+  }
+  {
+    InlineExecutor ex;
+    Harness h(2, 100, o, &ex);
+    h.proc.bad_read = {30, 31, 32, 33};  // 4 of ~35 tried = 11 % once the 4th fails
+    h.pipe->Pump();
+    h.Drain();
+    Status f = h.pipe->failure();
+    REQUIRE_FALSE(f.ok());
+    CHECK_THAT(f.message(), Catch::Contains("stage 'read': sample 3"));
+    CHECK_THAT(f.message(), Catch::Contains("4 of 3"));  // 4 of the first 30-odd tried
+    CHECK_THAT(f.message(), Catch::Contains("max_failures: 0.1,"));
+  }
+}
+
+TEST_CASE("cancel drops the rows not started instead of finishing the epoch") {
+  ThreadPool pool(1);
+  PipelineOptions o;
+  o.batch_size = 16;
+  o.epochs = 0;
+  Harness h(4, 100000, o, &pool);
+  h.proc.delay_us = 2000;
+  h.pipe->Pump();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  h.pipe->Cancel();
+  pool.Join();
+  CHECK(h.pipe->tasks_in_flight() == 0);
+  auto st = h.pipe->StageSnapshots();
+  CHECK(st[1].tasks < 64);  // 4 slots x 16 rows were queued; only the few started ran
+  CHECK(h.ring.counts().filling == 0);
+  CHECK(h.ring.counts().free == 4);
+}
+
+// ---- the node-wide pool: fairness and resizing ----
+
+TEST_CASE("thread pool: queues of weight 1 and 3 share one thread 1 to 3") {
+  ThreadPool pool(1);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  // Hold the thread until both queues are full, so the order is decided by the weights alone.
+  pool.Post([&] {
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
+  });
+  auto a = pool.NewQueue(1);
+  auto b = pool.NewQueue(3);
+  std::atomic<int> done_a{0}, done_b{0}, at_a{0}, at_b{0};
+  std::atomic<int> total{0};
+  for (int i = 0; i < 4000; ++i) {
+    auto task = [&](std::atomic<int>& mine) {
+      mine.fetch_add(1);
+      if (total.fetch_add(1) + 1 == 2000) {
+        at_a = done_a.load();
+        at_b = done_b.load();
+      }
+    };
+    a->Post([&, task] { task(done_a); });
+    b->Post([&, task] { task(done_b); });
+  }
+  {
+    std::lock_guard lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  pool.Join();
+  CHECK(done_a == 4000);
+  CHECK(done_b == 4000);
+  INFO("after 2000 tasks: a " << at_a << ", b " << at_b);
+  const double ratio = static_cast<double>(at_b) / std::max(1, at_a.load());
+  CHECK(ratio == Approx(3.0).epsilon(0.1));
+}
+
+TEST_CASE("thread pool: two jobs of weights 1 and 3 on one thread get samples in 1 to 3") {
+  ThreadPool pool(1);
+  PipelineOptions o1;
+  o1.batch_size = 8;
+  o1.epochs = 0;
+  o1.weight = 1;
+  PipelineOptions o3 = o1;
+  o3.weight = 3;
+  Harness a(8, 1000, o1, &pool);
+  Harness b(8, 1000, o3, &pool);
+  a.proc.delay_us = 50;
+  b.proc.delay_us = 50;
+  a.pipe->Pump();
+  b.pipe->Pump();
+  uint64_t at_a = 0, at_b = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    a.Drain();
+    b.Drain();
+    at_a = a.pipe->Stats().samples_done;
+    at_b = b.pipe->Stats().samples_done;
+    if (at_a + at_b >= 3000) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  a.pipe->Cancel();
+  b.pipe->Cancel();
+  pool.Join();
+  INFO("samples: weight 1: " << at_a << ", weight 3: " << at_b);
+  REQUIRE(at_a + at_b >= 3000);
+  CHECK(static_cast<double>(at_b) / static_cast<double>(at_a) == Approx(3.0).epsilon(0.1));
+}
+
+TEST_CASE("thread pool: SetThreads grows and shrinks the pool while tasks run") {
+  ThreadPool pool(1);
+  CHECK(pool.size() == 1);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 200; ++i) pool.Post([&] { ran++; });
+  pool.SetThreads(4);
+  CHECK(pool.size() == 4);
+  std::atomic<int> running{0}, max_running{0};
+  for (int i = 0; i < 40; ++i) {
+    pool.Post([&] {
+      int now = ++running;
+      int m = max_running.load();
+      while (now > m && !max_running.compare_exchange_weak(m, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      --running;
+      ran++;
+    });
+  }
+  pool.SetThreads(2);
+  CHECK(pool.size() == 2);
+  for (int i = 0; i < 100; ++i) pool.Post([&] { ran++; });
+  pool.Join();
+  CHECK(ran == 340);
+  CHECK(max_running <= 4);
+  pool.Post([&] { ran++; });  // after Join: dropped
+  CHECK(ran == 340);
 }
 
 }  // namespace

@@ -435,6 +435,43 @@ TEST_CASE("ImageFolderSource: keys, labels, bytes, Describe, roots") {
 
   auto denied = ImageFolderSource::Open(t / "outside", {".jpg"}, {t / "data"});
   CHECK(denied.status().code() == StatusCode::kPermissionDenied);
+  CHECK(s.Identity() == "image_folder " + t / "data");
+  CHECK(s.ShardSizes().empty());
+}
+
+TEST_CASE("ImageFolderSource and FileListSource: a symbolic link leading out of the root is not followed") {
+  TempDir t;
+  t.Write("data/cat/a.jpg", "cat-a");
+  t.Write("outside/secret.jpg", "secret");
+  fs::create_symlink(t / "outside/secret.jpg", t / "data/cat/b.jpg");  // scanned, but leads out
+  fs::create_symlink("a.jpg", t / "data/cat/c.jpg");                   // stays inside: fine
+  auto src = ImageFolderSource::Open(t / "data", {".jpg"}, {t / "data"});
+  REQUIRE(src.ok());
+  const SampleSource& s = **src;
+  REQUIRE(s.size() == 3);
+  std::vector<uint8_t> buf;
+  REQUIRE(s.sample(1).path == "cat/b.jpg");
+  Status escaped = s.Read(1, &buf);
+  CHECK(escaped.code() == StatusCode::kPermissionDenied);
+  CHECK_THAT(escaped.message(), Contains("cat/b.jpg") && Contains("escapes its root"));
+  CHECK(buf.empty());
+  REQUIRE(s.Read(2, &buf).ok());
+  CHECK(Str(buf) == "cat-a");
+
+  // A file list below the same root: a relative entry through the link is refused at Read; an entry
+  // with '..' or an absolute path is resolved at Open and refused there (outside the allowed roots).
+  t.Write("data/list.txt", "cat/a.jpg,1\ncat/b.jpg,2\n");
+  FileListOptions o;
+  o.list = t / "data/list.txt";
+  o.allowed_roots = {t / "data"};
+  auto list = FileListSource::Open(o);
+  REQUIRE(list.ok());
+  REQUIRE((*list)->Read(0, &buf).ok());
+  CHECK((*list)->Read(1, &buf).code() == StatusCode::kPermissionDenied);
+  CHECK_THAT((*list)->Identity(), Contains("file_list " + t / "data/list.txt"));
+  t.Write("data/list2.txt", "../outside/secret.jpg\n");
+  o.list = t / "data/list2.txt";
+  CHECK(FileListSource::Open(o).status().code() == StatusCode::kInvalidArgument);
 }
 
 // ================================================================ sample lists
@@ -791,6 +828,9 @@ TEST_CASE("TarShardSource: WebDataset grouping, labels, brace patterns, reads") 
   CHECK(s.unlabelled() == 2);
   CHECK_THAT(s.Describe(), Contains("3 shards, 5 samples, 2 without a label, 2 keys without an image skipped"));
   CHECK(s.Read(5, &buf).code() == StatusCode::kInvalidArgument);
+  CHECK(s.ShardSizes() == std::vector<uint64_t>{3, 1, 1});
+  CHECK(s.Identity() ==
+        "tar " + t / "data/shard-000000.tar " + t / "data/shard-000001.tar " + t / "data/shard-000002.tar");
 
   SECTION("a list of shards, and other extensions") {
     TarShardOptions o2 = o;

@@ -89,6 +89,14 @@ struct StageStats {
   uint64_t tasks = 0;
   uint64_t failures = 0;
   double busy_seconds = 0;
+  std::string kind;               // "io" or "cpu"
+  double avg_ms = 0;              // task time
+  double p50_ms = 0;
+  double p90_ms = 0;
+  double p99_ms = 0;
+  double put_wait_seconds = 0;    // rows done here waited for room in the next stage's queue
+  double get_wait_seconds = 0;    // rows waited in this stage's queue
+  double items_per_s = 0;         // tasks per second of the job's life
 };
 
 // The job's totals, sent once when the job is done. As an Event it means "no more events".

@@ -1,0 +1,225 @@
+// spdl-ops-bench: single-thread cost of spdld's media functions, one operation at a time, on
+// files held in memory (no I/O in the timed loop). Driven by bench/ops/run_ops.py, which runs
+// the same operations with PIL / torchvision and writes the comparison; not run by the tests.
+//
+//   spdl-ops-bench image [--repeats N] FILE...   # JPEG decode and each transform
+//   spdl-ops-bench audio [--repeats N] [--rate R] [--seconds S] FILE...
+//   spdl-ops-bench video [--repeats N] [--frames T] [--stride S] [--size P] FILE...
+//
+// Prints one JSON object per line and operation: {"kind", "op", "items", "cpu_s": [...],
+// "wall_s": [...], "units": ...} with one figure per repeat. CPU time is the process's
+// (CLOCK_PROCESS_CPUTIME_ID; the decoders use one thread), so a busy machine does not inflate it.
+#include <time.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "media/audio_decoder.h"
+#include "media/image_decoder.h"
+#include "media/image_ops.h"
+#include "media/sample_random.h"
+#include "media/video_decoder.h"
+
+namespace {
+
+using spdl::media::ImageOps;
+
+double Now(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    std::cerr << "cannot read " << path << "\n";
+    std::exit(2);
+  }
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Runs `pass` (one pass over every item, returning false on an error) `repeats` times after one
+// warm-up pass and prints the timings.
+void Measure(const std::string& kind, const std::string& op, size_t items, double units_per_pass,
+             const std::string& unit, int repeats, const std::function<bool()>& pass) {
+  if (!pass()) std::exit(1);  // warm-up: caches, page faults, first-use allocations
+  nlohmann::json cpu = nlohmann::json::array(), wall = nlohmann::json::array();
+  for (int r = 0; r < repeats; ++r) {
+    const double c0 = Now(CLOCK_PROCESS_CPUTIME_ID), w0 = Now(CLOCK_MONOTONIC);
+    if (!pass()) std::exit(1);
+    cpu.push_back(Now(CLOCK_PROCESS_CPUTIME_ID) - c0);
+    wall.push_back(Now(CLOCK_MONOTONIC) - w0);
+  }
+  nlohmann::json j = {{"kind", kind}, {"op", op},     {"items", items}, {"units", units_per_pass},
+                      {"unit", unit}, {"cpu_s", cpu}, {"wall_s", wall}};
+  std::cout << j.dump() << std::endl;
+}
+
+int Images(const std::vector<std::vector<uint8_t>>& files, int repeats) {
+  struct Op {
+    const char* name;
+    ImageOps ops;
+  };
+  std::vector<Op> ops;
+  ImageOps o;
+  ops.push_back({"decode", o});
+  o.resize_shorter = 256;
+  ops.push_back({"decode+resize256", o});
+  o.crop_height = o.crop_width = 224;
+  ops.push_back({"decode+resize256+crop224", o});
+  ImageOps r;
+  r.random_crop_height = r.random_crop_width = 224;
+  ops.push_back({"decode+random_resized_crop224", r});
+  r.flip_probability = 0.5;
+  ops.push_back({"decode+random_resized_crop224+flip", r});
+  r.dtype = spdl::media::OutputDType::kFloat32;
+  r.layout = spdl::media::OutputLayout::kNCHW;
+  r.normalize = true;
+  r.mean = {0.485, 0.456, 0.406};
+  r.stddev = {0.229, 0.224, 0.225};
+  ops.push_back({"decode+random_resized_crop224+flip+normalize_f32", r});
+
+  spdl::media::ImageDecoder decoder;
+  std::vector<uint8_t> out;
+  for (const Op& op : ops) {
+    uint64_t epoch = 0;
+    Measure("image", op.name, files.size(), static_cast<double>(files.size()), "images", repeats, [&] {
+      ++epoch;
+      for (size_t i = 0; i < files.size(); ++i) {
+        spdl::media::ImageInfo info;
+        if (!decoder.ReadJpegHeader(files[i], &info).ok()) {
+          std::cerr << "file " << i << ": not a JPEG\n";
+          return false;
+        }
+        int w = 0, h = 0;
+        spdl::media::OutputSize(op.ops, info.width, info.height, &w, &h);
+        const size_t bytes = spdl::media::OutputImageBytes(op.ops, w, h);
+        if (out.size() < bytes) out.resize(bytes);
+        spdl::Status s = decoder.DecodeInto(files[i], op.ops, out.data(), w, h, spdl::media::SampleSeed(1, epoch, i));
+        if (!s.ok()) {
+          std::cerr << "file " << i << ": " << s.ToString() << "\n";
+          return false;
+        }
+      }
+      return true;
+    });
+  }
+  return 0;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%gs", s);
+  return buf;
+}
+
+int Audio(const std::vector<std::vector<uint8_t>>& files, int repeats, int rate, double seconds) {
+  spdl::media::AudioDecoder decoder;
+  // The sources' total duration, for the "whole file" figure.
+  double total_seconds = 0;
+  {
+    spdl::media::AudioOps probe;
+    probe.num_samples = 1;
+    std::vector<float> one(1);
+    for (const auto& f : files) {
+      spdl::media::AudioInfo info;
+      if (!decoder.DecodeInto(f, probe, one.data(), 0, &info).ok()) return 1;
+      total_seconds += info.duration_seconds;
+    }
+  }
+  struct Op {
+    std::string name;
+    spdl::media::AudioOps ops;
+    double units;
+  };
+  spdl::media::AudioOps whole;
+  whole.sample_rate = rate;
+  whole.channels = 1;
+  whole.num_samples = static_cast<int64_t>(total_seconds / files.size() * rate * 1.1) + rate;
+  spdl::media::AudioOps crop = whole;
+  crop.num_samples = static_cast<int64_t>(seconds * rate);
+  crop.crop = spdl::media::AudioCrop::kRandom;
+  std::vector<Op> ops = {
+      {"decode+resample_mono" + std::to_string(rate) + "(whole file)", whole, total_seconds},
+      {"decode+resample_mono" + std::to_string(rate) + "+random_crop" + Seconds(seconds), crop,
+       seconds * files.size()},
+  };
+  std::vector<float> out;
+  for (const Op& op : ops) {
+    out.resize(spdl::media::AudioOutputBytes(op.ops) / sizeof(float));
+    uint64_t epoch = 0;
+    Measure("audio", op.name, files.size(), op.units, "seconds of audio", repeats, [&] {
+      ++epoch;
+      for (size_t i = 0; i < files.size(); ++i) {
+        auto r = decoder.DecodeInto(files[i], op.ops, out.data(), spdl::media::SampleSeed(1, epoch, i));
+        if (!r.ok()) {
+          std::cerr << "file " << i << ": " << r.status().ToString() << "\n";
+          return false;
+        }
+      }
+      return true;
+    });
+  }
+  return 0;
+}
+
+int Video(const std::vector<std::vector<uint8_t>>& files, int repeats, int frames, int stride, int size) {
+  spdl::media::VideoDecoder decoder;
+  spdl::media::VideoOps ops;
+  ops.num_frames = frames;
+  ops.frame_stride = stride;
+  ops.height = ops.width = size;
+  ops.start = spdl::media::VideoStart::kRandom;
+  std::vector<uint8_t> out(spdl::media::VideoOutputBytes(ops));
+  for (bool seek : {true, false}) {
+    ops.allow_seek = seek;
+    uint64_t epoch = 0;
+    const std::string name = "clip" + std::to_string(frames) + "x" + std::to_string(size) + "px_stride" +
+                             std::to_string(stride) + "_random_start" + (seek ? "" : "(no seek)");
+    Measure("video", name, files.size(), static_cast<double>(files.size()), "clips", repeats, [&] {
+      ++epoch;
+      for (size_t i = 0; i < files.size(); ++i) {
+        auto r = decoder.DecodeInto(files[i], ops, out.data(), spdl::media::SampleSeed(1, epoch, i));
+        if (!r.ok()) {
+          std::cerr << "file " << i << ": " << r.status().ToString() << "\n";
+          return false;
+        }
+      }
+      return true;
+    });
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"single-thread cost of spdld's media operations"};
+  std::string kind;
+  std::vector<std::string> paths;
+  int repeats = 5, rate = 16000, frames = 16, stride = 2, size = 112;
+  double seconds = 1.0;
+  app.add_option("kind", kind, "image | audio | video")->required()->check(CLI::IsMember({"image", "audio", "video"}));
+  app.add_option("files", paths, "input files")->required();
+  app.add_option("--repeats", repeats, "timed passes over all files (after one warm-up)");
+  app.add_option("--rate", rate, "audio: output sample rate");
+  app.add_option("--seconds", seconds, "audio: crop length");
+  app.add_option("--frames", frames, "video: frames per clip");
+  app.add_option("--stride", stride, "video: frame stride");
+  app.add_option("--size", size, "video: output height and width");
+  CLI11_PARSE(app, argc, argv);
+  std::vector<std::vector<uint8_t>> files;
+  for (const auto& p : paths) files.push_back(ReadFile(p));
+  if (kind == "image") return Images(files, repeats);
+  if (kind == "audio") return Audio(files, repeats, rate, seconds);
+  return Video(files, repeats, frames, stride, size);
+}

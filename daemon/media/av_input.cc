@@ -1,0 +1,174 @@
+#include "media/av_input.h"
+
+extern "C" {
+#include <libavutil/error.h>
+#include <libavutil/log.h>
+#include <libavutil/mem.h>
+}
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+namespace spdl::media {
+
+std::string AvErrorString(int rc) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
+  av_strerror(rc, buf, sizeof(buf));
+  return buf;
+}
+
+struct AvInput::Reader {
+  std::span<const uint8_t> data;
+  int64_t pos = 0;
+
+  static int Read(void* opaque, uint8_t* buf, int size) {
+    auto* r = static_cast<Reader*>(opaque);
+    const int64_t left = static_cast<int64_t>(r->data.size()) - r->pos;
+    if (left <= 0) return AVERROR_EOF;
+    const int n = static_cast<int>(std::min<int64_t>(left, size));
+    std::memcpy(buf, r->data.data() + r->pos, n);
+    r->pos += n;
+    return n;
+  }
+
+  static int64_t Seek(void* opaque, int64_t offset, int whence) {
+    auto* r = static_cast<Reader*>(opaque);
+    const int64_t size = static_cast<int64_t>(r->data.size());
+    switch (whence & ~AVSEEK_FORCE) {
+      case AVSEEK_SIZE:
+        return size;
+      case SEEK_SET:
+        break;
+      case SEEK_CUR:
+        offset += r->pos;
+        break;
+      case SEEK_END:
+        offset += size;
+        break;
+      default:
+        return AVERROR(EINVAL);
+    }
+    if (offset < 0 || offset > size) return AVERROR(EINVAL);
+    r->pos = offset;
+    return offset;
+  }
+};
+
+namespace {
+
+// Does `stream` say everything a decoder needs without probing packets?
+bool ParametersComplete(const AVStream* s) {
+  const AVCodecParameters* p = s->codecpar;
+  if (p->codec_id == AV_CODEC_ID_NONE) return false;
+  if (p->codec_type == AVMEDIA_TYPE_AUDIO) return p->sample_rate > 0 && p->ch_layout.nb_channels > 0;
+  if (p->codec_type == AVMEDIA_TYPE_VIDEO) return p->width > 0 && p->height > 0 && p->format >= 0;
+  return true;
+}
+
+}  // namespace
+
+Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed, const char* what) {
+  const std::string kind = what;
+  if (data.empty()) return DataLoss("not an " + kind + " file: no data");
+  if (data.size() > static_cast<size_t>(INT64_MAX / 2)) {
+    return ResourceExhausted(kind + " file of " + std::to_string(data.size()) + " bytes is too large");
+  }
+  AvInput in;
+  in.reader_ = std::make_unique<Reader>();
+  in.reader_->data = data;
+  constexpr int kIoBufferSize = 32 * 1024;
+  auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBufferSize));
+  if (buffer == nullptr) return ResourceExhausted("av_malloc: out of memory");
+  in.io_ = avio_alloc_context(buffer, kIoBufferSize, /*write_flag=*/0, in.reader_.get(), &Reader::Read, nullptr,
+                              &Reader::Seek);
+  if (in.io_ == nullptr) {
+    av_free(buffer);
+    return ResourceExhausted("avio_alloc_context: out of memory");
+  }
+  AVFormatContext* fmt = avformat_alloc_context();
+  if (fmt == nullptr) return ResourceExhausted("avformat_alloc_context: out of memory");
+  fmt->pb = in.io_;
+  fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+  // Never follow references to other files (HLS playlists, concat lists, image sequences): the
+  // sample is these bytes and nothing else.
+  fmt->protocol_whitelist = av_strdup("");
+  int rc = avformat_open_input(&fmt, nullptr, nullptr, nullptr);  // frees fmt on failure
+  if (rc < 0) return DataLoss("not an " + kind + " file FFmpeg reads: " + AvErrorString(rc));
+  in.format_ = fmt;
+  bool complete = false;
+  for (unsigned i = 0; i < fmt->nb_streams; ++i) {
+    if (fmt->streams[i]->codecpar->codec_type == needed) complete = ParametersComplete(fmt->streams[i]);
+    if (complete) break;
+  }
+  if (!complete) {
+    rc = avformat_find_stream_info(fmt, nullptr);
+    if (rc < 0) return DataLoss("cannot read the " + kind + " stream parameters: " + AvErrorString(rc));
+  }
+  // The container is identified and its streams described: stop libavformat from probing the
+  // codec again from packet data. (WAV with PCM asks for it, to catch AC-3/DTS carried as PCM:
+  // the generic code then re-runs every demuxer's probe over the packets read so far at each
+  // doubling up to probesize, 5 MB by default — most of the cost of a WAV clip, and ~100 ms for
+  // the first packet after a seek. Measured with bench/ops.) Such S/PDIF-in-WAV files decode as
+  // the PCM their header says.
+  fmt->probesize = 4096;
+  return in;
+}
+
+AvInput::AvInput(AvInput&& o) noexcept
+    : reader_(std::move(o.reader_)), io_(std::exchange(o.io_, nullptr)), format_(std::exchange(o.format_, nullptr)) {}
+
+AvInput& AvInput::operator=(AvInput&& o) noexcept {
+  if (this != &o) {
+    Close();
+    reader_ = std::move(o.reader_);
+    io_ = std::exchange(o.io_, nullptr);
+    format_ = std::exchange(o.format_, nullptr);
+  }
+  return *this;
+}
+
+AvInput::~AvInput() { Close(); }
+
+void AvInput::Close() noexcept {
+  if (format_ != nullptr) avformat_close_input(&format_);  // leaves a custom pb alone
+  if (io_ != nullptr) {
+    av_freep(&io_->buffer);  // may have been replaced by libavformat: free the current one
+    avio_context_free(&io_);
+  }
+  reader_.reset();
+}
+
+Result<AVStream*> AvInput::BestStream(AVMediaType type, const char* what) const {
+  const int index = av_find_best_stream(format_, type, -1, -1, nullptr, 0);
+  if (index < 0) return DataLoss(std::string("no ") + what + " stream in the file");
+  return format_->streams[index];
+}
+
+Result<AvCodecContextPtr> AvInput::OpenDecoder(const AVStream* stream, const char* what) {
+  const AVCodec* codec = avcodec_find_decoder(stream->codecpar->codec_id);
+  if (codec == nullptr) {
+    return FailedPrecondition(std::string("this FFmpeg build has no decoder for the ") + what + " codec " +
+                              avcodec_get_name(stream->codecpar->codec_id));
+  }
+  AvCodecContextPtr ctx(avcodec_alloc_context3(codec));
+  if (!ctx) return ResourceExhausted("avcodec_alloc_context3: out of memory");
+  int rc = avcodec_parameters_to_context(ctx.get(), stream->codecpar);
+  if (rc < 0) return DataLoss(std::string("bad ") + what + " codec parameters: " + AvErrorString(rc));
+  ctx->pkt_timebase = stream->time_base;
+  ctx->thread_count = 1;
+  ctx->log_level_offset = AV_LOG_DEBUG - AV_LOG_ERROR;
+  rc = avcodec_open2(ctx.get(), codec, nullptr);
+  if (rc < 0) {
+    return DataLoss(std::string("cannot open the ") + codec->name + " decoder: " + AvErrorString(rc));
+  }
+  return ctx;
+}
+
+double StreamSeconds(const AVStream* stream, int64_t ts) {
+  const int64_t start = stream->start_time == AV_NOPTS_VALUE ? 0 : stream->start_time;
+  return static_cast<double>(ts - start) * av_q2d(stream->time_base);
+}
+
+}  // namespace spdl::media
