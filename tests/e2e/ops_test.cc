@@ -390,6 +390,7 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
     const std::string sl = "{job=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
     CHECK(s.at("spdld_stage_tasks_total" + sl).get<double>() == Num(stage.at("tasks")));
     CHECK(s.at("spdld_stage_failures_total" + sl).get<double>() == Num(stage.at("failures")));
+    CHECK(s.at("spdld_stage_queue_length" + sl).get<double>() == Num(stage.at("queue_length")));
   }
   CHECK(m.at("types").at("spdld_job_samples") == "counter");
   CHECK(m.at("types").at("spdld_job_batches_ready") == "gauge");
