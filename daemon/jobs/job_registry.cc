@@ -182,12 +182,14 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
   --live_jobs_;
 }
 
-void JobRegistry::UpdateLimits(const config::DaemonConfig& config) {
+void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.allowed_roots = config.allowed_roots;
+  config_.allowed_url_prefixes = config.allowed_url_prefixes;
+  worker_threads_ = worker_threads;
 }
 
 uint64_t JobRegistry::bytes_in_use() const {

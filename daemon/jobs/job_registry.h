@@ -35,11 +35,10 @@ class JobRegistry final : public JobService {
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
   // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
-  // max_slots_per_job, allowed_roots) that jobs submitted from now on are admitted against; running
-  // jobs keep what they hold, even above a lowered budget. Control thread only.
-  void UpdateLimits(const config::DaemonConfig& config);
-  // The worker pool's size after a reload resized it (reported by Status). Control thread only.
-  void SetWorkerThreads(int threads) { worker_threads_ = threads; }
+  // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
+  // admitted against; running jobs keep what they hold, even above a lowered budget.
+  // `worker_threads` is the resized pool's size, for Status. Control thread only.
+  void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
@@ -56,7 +55,7 @@ class JobRegistry final : public JobService {
   pipeline::Executor* const executor_;
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  int worker_threads_;  // control thread only (SetWorkerThreads)
+  int worker_threads_;  // control thread only (UpdateLimits)
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
