@@ -39,6 +39,10 @@ struct DaemonConfig {
   int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
   int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
+  // Node-wide cache of encoded sample bytes (io/sample_cache.h: LRU, shared by every job, keyed by
+  // dataset identity + sample); 0 = off. A byte size like memory_budget_bytes. It assumes datasets
+  // do not change on disk while the daemon runs.
+  uint64_t cache_bytes = 0;
 
   bool operator==(const DaemonConfig&) const = default;
 };
