@@ -70,11 +70,11 @@ void PrintStats(const JobSummary& j) {
               st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(), st.samples_tried());
   if (st.cache_budget_bytes() > 0) {
     const uint64_t reads = st.cache_hits() + st.cache_misses();
-    std::printf("  sample cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f%% hit rate); node-wide %.1f of %.1f MiB held, %" PRIu64
-                " evictions\n",
-                st.cache_hits(), st.cache_misses(), reads ? 100.0 * static_cast<double>(st.cache_hits()) / static_cast<double>(reads) : 0.0,
-                static_cast<double>(st.cache_bytes()) / (1 << 20), static_cast<double>(st.cache_budget_bytes()) / (1 << 20),
-                st.cache_evictions());
+    const double hit_rate = reads ? 100.0 * static_cast<double>(st.cache_hits()) / static_cast<double>(reads) : 0.0;
+    std::printf("  sample cache: %" PRIu64 " hits, %" PRIu64
+                " misses (%.1f%% hit rate); node-wide %.1f of %.1f MiB held, %" PRIu64 " evictions\n",
+                st.cache_hits(), st.cache_misses(), hit_rate, static_cast<double>(st.cache_bytes()) / (1 << 20),
+                static_cast<double>(st.cache_budget_bytes()) / (1 << 20), st.cache_evictions());
   }
   if (st.share_members() > 0) {
     std::printf("  shared: one pipeline (job %" PRIu64 ") for %u members; the figures above are the group's\n",

@@ -192,7 +192,8 @@ class CacheStatsJob final : public JobHandle {
 // Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
 // (dataset, sampler, batching, rank, world size) and epochs.
 std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
-  std::string key = std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
+  std::string key =
+      std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
   for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";
   key += "\n";
   key += req.config_yaml();
@@ -351,7 +352,8 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     if (group && group->joinable()) {
       const uint64_t member_id = next_job_id_.fetch_add(1);
       std::shared_ptr<JobHandle> member = group->Join(member_id, std::move(notify));
-      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(), group->members());
+      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(),
+                   group->members());
       const uint64_t region_bytes = member->accepted().region_bytes();
       return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
     }
@@ -410,7 +412,9 @@ SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& pe
                                  uint64_t region_bytes, std::shared_ptr<JobHandle> job,
                                  std::shared_ptr<const io::CachedSource> cached) {
   // Drop expired share groups now and then (the map is only read by Submit).
-  for (auto it = groups_.begin(); it != groups_.end();) it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
+  }
   SubmitResult out;
   if (cached) job = std::make_shared<CacheStatsJob>(std::move(job), std::move(cached));
   out.job = std::move(job);

@@ -73,7 +73,8 @@ std::optional<Delivery> ShareGroup::TakeNext(uint64_t member) {
 void ShareGroup::DropHold(Entry& e, uint64_t member) {
   if (e.holders.erase(member) == 0 || !e.holders.empty()) return;
   Status s = job_->Release(e.delivery.batch.slot(), e.delivery.batch.generation());
-  if (!s.ok()) spdlog::warn("share group of job {}: releasing slot {}: {}", job_id(), e.delivery.batch.slot(), s.message());
+  if (!s.ok())
+    spdlog::warn("share group of job {}: releasing slot {}: {}", job_id(), e.delivery.batch.slot(), s.message());
 }
 
 void ShareGroup::PopReleased() {

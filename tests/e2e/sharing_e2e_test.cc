@@ -42,7 +42,8 @@ struct Fixture {
     o.max_side = 120;
     REQUIRE(testdata::MakeImageFolder(dir + "/data", o).ok());
     std::ofstream(dir + "/spdld.yaml") << "allowed_roots: [" << dir << "]\n" << daemon_extra;
-    daemon = std::make_unique<DaemonProcess>(dir + "/spdld.sock", std::vector<std::string>{"--config", dir + "/spdld.yaml"});
+    daemon =
+        std::make_unique<DaemonProcess>(dir + "/spdld.sock", std::vector<std::string>{"--config", dir + "/spdld.yaml"});
     REQUIRE(daemon->Connectable());
   }
   ~Fixture() {
@@ -62,8 +63,9 @@ struct Fixture {
   }
   // Starts a client writing its JSON to `name`.json and its record to `name`.csv.
   pid_t Start(const std::string& job, const std::string& name, int epochs) const {
-    const std::vector<std::string> argv = {kClient,   "--socket", dir + "/spdld.sock", "--config", job, "--json",
-                                           "--epochs", std::to_string(epochs), "--record", dir + "/" + name + ".csv"};
+    const std::vector<std::string> argv = {
+        kClient,  "--socket", dir + "/spdld.sock",    "--config", job,
+        "--json", "--epochs", std::to_string(epochs), "--record", dir + "/" + name + ".csv"};
     const std::string out = dir + "/" + name + ".json";
     const pid_t pid = ::fork();
     if (pid == 0) {

@@ -280,7 +280,7 @@ TEST_CASE("share: the group waits for its slowest member up to the ring's depth"
   slow.held.erase(slow.held.begin() + 1);  // keeps its second batch
   slow.ReleaseAll();
   fast.Take();
-  CHECK(fast.got.size() == 3);  // one slot came back
+  CHECK(fast.got.size() == 3);                // one slot came back
   CHECK_FALSE(fast.job->Release(7, 1).ok());  // not a slot it holds
 }
 
