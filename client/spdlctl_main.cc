@@ -82,6 +82,18 @@ void PrintStats(const JobSummary& j) {
   std::printf("  client waited %.2f s for data; %u batches ready and waiting, %u filling; %" PRIu64 " of %" PRIu64
               " samples tried failed\n",
               st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(), st.samples_tried());
+  if (st.cache_budget_bytes() > 0) {
+    const uint64_t reads = st.cache_hits() + st.cache_misses();
+    const double hit_rate = reads ? 100.0 * static_cast<double>(st.cache_hits()) / static_cast<double>(reads) : 0.0;
+    std::printf("  sample cache: %" PRIu64 " hits, %" PRIu64
+                " misses (%.1f%% hit rate); node-wide %.1f of %.1f MiB held, %" PRIu64 " evictions\n",
+                st.cache_hits(), st.cache_misses(), hit_rate, static_cast<double>(st.cache_bytes()) / (1 << 20),
+                static_cast<double>(st.cache_budget_bytes()) / (1 << 20), st.cache_evictions());
+  }
+  if (st.share_members() > 0) {
+    std::printf("  shared: one pipeline (job %" PRIu64 ") for %u members; the figures above are the group's\n",
+                st.share_group_job_id(), st.share_members());
+  }
   // One row per stage: totals, then the recent window. CONC and QCAP 0 = unlimited (the pool / the ring).
   std::printf("  %-8s %4s %4s %4s %5s %5s %10s %7s %8s %8s %8s %8s %8s %8s %9s | %8s %8s %8s %9s\n", "STAGE", "KIND",
               "CONC", "RUN", "QUEUE", "QCAP", "TASKS", "FAILED", "AVG_MS", "P50_MS", "P90_MS", "P99_MS", "PUTW_S",

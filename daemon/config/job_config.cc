@@ -663,6 +663,8 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->max_failures_warmup = static_cast<int>(*v);
   }
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
+  if (auto v = internal::ReadBool(diag, m.Get("share"))) out->share = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("share_members"), 1, 1024)) out->share_members = static_cast<int>(*v);
   m.ReportUnknownKeys();
 }
 

@@ -231,6 +231,11 @@ struct JobConfig {
   MaxFailures max_failures;             // with on_error: skip; default: no limit
   int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
   int weight = 1;                       // share of the node's pools against other jobs, 1..1000
+  // Identical jobs decode once (jobs/shared_job.h): jobs of one uid with share: true and the same
+  // config text, dataset, rank, world size and epochs run one pipeline and every member gets every
+  // batch. share_members: the group holds its first batch until this many have joined (1..1024).
+  bool share = false;
+  int share_members = 1;
 
   // Output image size after the transforms, computed by the parser (the YAML cannot set these).
   // Both 0 when the chain does not produce a fixed size (never in a config the parser returns).

@@ -10,6 +10,7 @@
 #include "io/tar_shard_source.h"
 #include "jobs/image_job.h"
 #include "jobs/resume_token.h"
+#include "jobs/shared_job.h"
 
 namespace spdl::jobs {
 namespace {
@@ -150,6 +151,55 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
   return InvalidArgument("source.type: unknown");
 }
 
+// Adds the sample cache's figures to a job's stats (in Stats() and in the JobEnd of its last
+// delivery); everything else goes to the wrapped job. Control thread, like any JobHandle.
+class CacheStatsJob final : public JobHandle {
+ public:
+  CacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::CachedSource> source)
+      : inner_(std::move(inner)), source_(std::move(source)) {}
+
+  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
+  int region_fd() const override { return inner_->region_fd(); }
+  std::optional<Delivery> TakeNext() override {
+    auto d = inner_->TakeNext();
+    if (d && d->job_end) Add(d->job_end->mutable_stats());
+    return d;
+  }
+  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
+  spdl::Status failure() const override { return inner_->failure(); }
+  void Cancel() override { inner_->Cancel(); }
+  proto::JobStats Stats() const override {
+    proto::JobStats s = inner_->Stats();
+    Add(&s);
+    return s;
+  }
+  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
+
+ private:
+  void Add(proto::JobStats* s) const {
+    const io::SampleCache::Counters c = source_->cache().counters();
+    s->set_cache_hits(source_->hits());
+    s->set_cache_misses(source_->misses());
+    s->set_cache_evictions(c.evictions);
+    s->set_cache_bytes(c.bytes);
+    s->set_cache_budget_bytes(c.budget);
+  }
+
+  const std::shared_ptr<JobHandle> inner_;
+  const std::shared_ptr<const io::CachedSource> source_;
+};
+
+// Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
+// (dataset, sampler, batching, rank, world size) and epochs.
+std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
+  std::string key =
+      std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
+  for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";
+  key += "\n";
+  key += req.config_yaml();
+  return key;
+}
+
 }  // namespace
 
 class JobRegistry::Lease final : public BudgetLease {
@@ -168,7 +218,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
     : config_(config),
       executor_(executor),
       io_executor_(io_executor ? io_executor : executor),
-      worker_threads_(worker_threads) {}
+      worker_threads_(worker_threads),
+      cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -246,6 +297,11 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
   spec.source = std::move(source).value();
+  std::shared_ptr<const io::CachedSource> cached;
+  if (cache_) {
+    cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache_);
+    spec.source = cached;
+  }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
     out.error = MakeError(proto::Error::BAD_REQUEST,
@@ -296,6 +352,24 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
+  // Identical jobs decode once: join a group that has not started yet, or start one below.
+  std::shared_ptr<ShareGroup> group;
+  std::string share_key;
+  if (spec.config.share && !spec.resume) {
+    share_key = ShareKey(req, peer, spec.fingerprint, spec.epochs);
+    auto it = groups_.find(share_key);
+    group = it == groups_.end() ? nullptr : it->second.group.lock();
+    if (group && group->joinable()) {
+      const uint64_t member_id = next_job_id_.fetch_add(1);
+      std::shared_ptr<JobHandle> member = group->Join(member_id, std::move(notify));
+      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(),
+                   group->members());
+      const uint64_t region_bytes = member->accepted().region_bytes();
+      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
+    }
+    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members));
+  }
+
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
   const uint64_t bytes = ImageJob::LayoutFor(spec).region_bytes;
   {
@@ -322,12 +396,38 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
+  std::function<void()> member_notify;
+  if (group) {
+    member_notify = std::move(notify);
+    notify = [weak = std::weak_ptr<ShareGroup>(group)] {
+      if (auto g = weak.lock()) g->Notify();
+    };
+  }
   auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
   }
-  out.job = std::move(job).value();
+  std::shared_ptr<JobHandle> handle = std::move(job).value();
+  if (group) {
+    group->SetJob(std::move(handle));
+    groups_[share_key] = GroupEntry{group, cached};
+    handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
+    spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
+  }
+  return Finish(req, peer, description, bytes, std::move(handle), cached);
+}
+
+SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
+                                 uint64_t region_bytes, std::shared_ptr<JobHandle> job,
+                                 std::shared_ptr<const io::CachedSource> cached) {
+  // Drop expired share groups now and then (the map is only read by Submit).
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
+  }
+  SubmitResult out;
+  if (cached) job = std::make_shared<CacheStatsJob>(std::move(job), std::move(cached));
+  out.job = std::move(job);
   auto record = std::make_shared<JobRecord>();
   record->job_id = out.job->accepted().job_id();
   record->owner = peer;
@@ -335,7 +435,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   record->rank = req.rank();
   record->world_size = req.world_size() == 0 ? 1 : req.world_size();
   record->epochs = req.epochs();
-  record->region_bytes = bytes;
+  record->region_bytes = region_bytes;
   record->job = out.job;
   records_[record->job_id] = record;
   out.record = std::move(record);
