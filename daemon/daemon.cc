@@ -89,6 +89,7 @@ Status Daemon::Start() {
     server::ServerOptions so;
     so.socket_path = config_.socket_path;
     so.socket_mode = config_.socket_mode;
+    so.socket_group = config_.socket_group;
     so.max_frame_bytes = config_.max_frame_bytes;
     server_ = std::make_unique<server::ControlServer>(&io_, registry_.get(), so);
     server_->control().admin_uid = ::geteuid();
