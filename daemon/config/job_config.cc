@@ -653,8 +653,8 @@ void ReadAudio(Diagnostics& diag, const Field& field, AudioConfig* out) {
     if (auto v = ReadNumber(diag, seconds)) {
       const double samples = std::round(*v * out->sample_rate);
       if (!(*v > 0) || samples < 1 || samples > static_cast<double>(kMaxLength)) {
-        diag.Error(seconds, "must be > 0 and at most 2^31 samples at sample_rate " +
-                                std::to_string(out->sample_rate) + " (got " + FormatNumber(*v) + ")");
+        diag.Error(seconds, "must be > 0 and at most 2^31 samples at sample_rate " + std::to_string(out->sample_rate) +
+                                " (got " + FormatNumber(*v) + ")");
       } else {
         out->length = static_cast<int64_t>(samples);
       }
@@ -672,8 +672,10 @@ void ReadAudio(Diagnostics& diag, const Field& field, AudioConfig* out) {
   }
   const Field max_seconds = m.Get("max_seconds");
   if (auto v = ReadNumber(diag, max_seconds)) {
-    if (*v <= 0) diag.Error(max_seconds, "must be > 0 (got " + FormatNumber(*v) + ")");
-    else out->max_seconds = *v;
+    if (*v <= 0)
+      diag.Error(max_seconds, "must be > 0 (got " + FormatNumber(*v) + ")");
+    else
+      out->max_seconds = *v;
   }
   m.ReportUnknownKeys();
 }
@@ -689,8 +691,10 @@ void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
   } else if (auto v = internal::ReadInt(diag, stride, 1, 10000)) {
     out->stride = static_cast<int>(*v);
   } else if (auto f = ReadNumber(diag, fps)) {
-    if (!(*f > 0 && *f <= 1000)) diag.Error(fps, "must be in (0, 1000] (got " + FormatNumber(*f) + ")");
-    else out->fps = *f;
+    if (!(*f > 0 && *f <= 1000))
+      diag.Error(fps, "must be in (0, 1000] (got " + FormatNumber(*f) + ")");
+    else
+      out->fps = *f;
   }
   const Field start = m.Get("start");
   if (Present(start)) {
@@ -752,12 +756,16 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     }
   }
   if (out->media == Media::kAudio) {
-    if (Present(audio)) ReadAudio(diag, audio, &out->audio);
-    else diag.ErrorAtKey(m.Get("media"), "media: audio needs an audio block with 'length' or 'seconds'");
+    if (Present(audio))
+      ReadAudio(diag, audio, &out->audio);
+    else
+      diag.ErrorAtKey(m.Get("media"), "media: audio needs an audio block with 'length' or 'seconds'");
   }
   if (out->media == Media::kVideo) {
-    if (Present(video)) ReadVideo(diag, video, &out->video);
-    else diag.ErrorAtKey(m.Get("media"), "media: video needs a video block with 'height' and 'width'");
+    if (Present(video))
+      ReadVideo(diag, video, &out->video);
+    else
+      diag.ErrorAtKey(m.Get("media"), "media: video needs a video block with 'height' and 'width'");
   }
   ReadSource(diag, m.Get("source"), out->media, &out->source);
   ReadSampler(diag, m.Get("sampler"), &out->sampler);

@@ -231,14 +231,14 @@ enum class AudioDType { kFloat32, kInt16 };
 // media: audio. Any audio FFmpeg reads (WAV, FLAC, MP3, Ogg/Opus, ...), resampled and mixed to
 // `channels`, cropped or zero-padded to `length` samples per channel.
 struct AudioConfig {
-  int sample_rate = 16000;          // output rate in Hz, 1..768000
-  int channels = 1;                 // 1 (mono: downmixed) or 2 (stereo)
-  int64_t length = 0;               // samples per channel, 1..2^31 (YAML: length: N, or seconds: S
-                                    // = round(S x sample_rate)); exactly one of the two is required
-  AudioCrop crop = AudioCrop::kStart;  // YAML: start | random (uniform within the file, drawn
-                                       // from (sampler.seed, epoch, sample index))
+  int sample_rate = 16000;                  // output rate in Hz, 1..768000
+  int channels = 1;                         // 1 (mono: downmixed) or 2 (stereo)
+  int64_t length = 0;                       // samples per channel, 1..2^31 (YAML: length: N, or seconds: S
+                                            // = round(S x sample_rate)); exactly one of the two is required
+  AudioCrop crop = AudioCrop::kStart;       // YAML: start | random (uniform within the file, drawn
+                                            // from (sampler.seed, epoch, sample index))
   AudioDType dtype = AudioDType::kFloat32;  // YAML: float32 ([-1, 1]) | int16
-  double max_seconds = 3 * 3600.0;  // refuse longer files (from the header), > 0
+  double max_seconds = 3 * 3600.0;          // refuse longer files (from the header), > 0
 
   bool operator==(const AudioConfig&) const = default;
 };
@@ -246,13 +246,13 @@ struct AudioConfig {
 // media: video. Any video FFmpeg reads (MP4/H.264, WebM/VP9, ...): `frames` frames at a stride or
 // a target fps from a start, each resized to height x width RGB.
 struct VideoConfig {
-  int frames = 8;              // T, 1..4096
-  int stride = 1;              // every stride-th source frame, 1..10000 (YAML: stride or fps, not both)
-  double fps = 0;              // > 0: sample at this rate instead of by stride (0 < fps <= 1000)
-  bool random_start = false;   // YAML start: random (uniform within the clip, drawn from
-                               // (sampler.seed, epoch, sample index)) or a time in seconds >= 0
-  double start_seconds = 0;    // when not random_start
-  int height = 0;              // output frame size, 1..16384 each (required)
+  int frames = 8;             // T, 1..4096
+  int stride = 1;             // every stride-th source frame, 1..10000 (YAML: stride or fps, not both)
+  double fps = 0;             // > 0: sample at this rate instead of by stride (0 < fps <= 1000)
+  bool random_start = false;  // YAML start: random (uniform within the clip, drawn from
+                              // (sampler.seed, epoch, sample index)) or a time in seconds >= 0
+  double start_seconds = 0;   // when not random_start
+  int height = 0;             // output frame size, 1..16384 each (required)
   int width = 0;
   Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area
 

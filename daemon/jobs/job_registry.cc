@@ -9,8 +9,8 @@
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
 #include "jobs/media_job.h"
-#include "jobs/sample_decoder.h"
 #include "jobs/resume_token.h"
+#include "jobs/sample_decoder.h"
 
 namespace spdl::jobs {
 namespace {

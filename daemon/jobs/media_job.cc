@@ -14,9 +14,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 io::SamplerOptions SamplerFor(const MediaJobSpec& spec) {
   io::SamplerOptions o;
@@ -60,8 +58,7 @@ MediaJob::~MediaJob() {
 }
 
 Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::Executor* executor,
-                                                  std::unique_ptr<BudgetLease> budget,
-                                                  std::function<void()> notify,
+                                                  std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                   pipeline::Executor* io_executor) {
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
@@ -126,12 +123,12 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   } else {
     order = [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); };
   }
-  job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
-      executor, io_executor ? io_executor : executor, &job->ring_, job.get(), std::move(order), popts,
-      std::move(notify), std::weak_ptr<void>(job));
-  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
-               s.job_id, s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size,
-               a.batches_per_epoch(), b, layout.num_slots, layout.region_bytes >> 20);
+  job->pipeline_ =
+      std::make_unique<pipeline::BatchPipeline>(executor, io_executor ? io_executor : executor, &job->ring_, job.get(),
+                                                std::move(order), popts, std::move(notify), std::weak_ptr<void>(job));
+  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)", s.job_id,
+               s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size, a.batches_per_epoch(), b,
+               layout.num_slots, layout.region_bytes >> 20);
   job->pipeline_->Pump();
   return job;
 }
@@ -146,8 +143,7 @@ Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   for (size_t i = 0; i < n; ++i) rows[i] = base + layout_.tensor_offsets[i] + t.row * tensors_[i].row_bytes;
   // Random crops and starts draw from (job seed, epoch, sample index): never from thread timing,
   // so a rerun or a resumed job delivers the same values.
-  const uint64_t seed =
-      spec_.decoder->random() ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index) : 0;
+  const uint64_t seed = spec_.decoder->random() ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index) : 0;
   Status s = spec_.decoder->Decode(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), seed, rows);
   if (!s.ok()) return s.WithPrefix(sample.path);
   reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[n])[t.row] = sample.label;
@@ -201,7 +197,8 @@ std::optional<Delivery> MediaJob::TakeNext() {
     *end.mutable_stats() = Stats();
     d.job_end = end;
     spdlog::info("job {}: all {} epochs delivered: {} batches, {} samples, {} skipped, {:.2f} s", spec_.job_id,
-                 spec_.epochs, delivered_batches_, delivered_samples_, pipeline_->TotalSkipped(), SecondsSince(started_));
+                 spec_.epochs, delivered_batches_, delivered_samples_, pipeline_->TotalSkipped(),
+                 SecondsSince(started_));
   }
   return d;
 }

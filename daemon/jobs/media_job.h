@@ -30,13 +30,13 @@ struct MediaJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
   std::shared_ptr<const io::SampleSource> source;  // the dataset (immutable, read from worker threads)
-  std::shared_ptr<const SampleDecoder> decoder;     // MakeSampleDecoder(config)
+  std::shared_ptr<const SampleDecoder> decoder;    // MakeSampleDecoder(config)
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t epochs = 1;  // 0 = endless
   PeerInfo owner;
-  uint64_t fingerprint = 0;                       // JobFingerprint(): ties resume tokens to this job
-  std::optional<pipeline::ResumePoint> resume;    // continue from a resume token
+  uint64_t fingerprint = 0;                     // JobFingerprint(): ties resume tokens to this job
+  std::optional<pipeline::ResumePoint> resume;  // continue from a resume token
 };
 
 // Returned by the registry's admission; releases the job's share of the memory budget when
@@ -51,8 +51,7 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   // Creates the region and ring and starts filling slots. `notify` as in JobService::Submit.
   // The read stage runs on `io_executor` (nullptr: on `executor`), decode on `executor`.
   static Result<std::shared_ptr<MediaJob>> Start(MediaJobSpec spec, pipeline::Executor* executor,
-                                                 std::unique_ptr<BudgetLease> budget,
-                                                 std::function<void()> notify,
+                                                 std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                  pipeline::Executor* io_executor = nullptr);
   // The region size a job with this spec needs (for admission before anything is allocated).
   static proto::SlotLayout LayoutFor(const MediaJobSpec& spec);
@@ -77,11 +76,9 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
-  MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,
-           std::unique_ptr<BudgetLease> budget);
+  MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget);
 
  private:
-
   // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
   // but one, the budget lease last (so the budget is freed only once the memory is).
   std::unique_ptr<BudgetLease> budget_;

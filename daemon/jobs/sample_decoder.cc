@@ -12,29 +12,40 @@ namespace {
 
 media::Interpolation ToMedia(config::Interpolation i) {
   switch (i) {
-    case config::Interpolation::kBilinear: return media::Interpolation::kBilinear;
-    case config::Interpolation::kBicubic: return media::Interpolation::kBicubic;
-    case config::Interpolation::kArea: return media::Interpolation::kArea;
+    case config::Interpolation::kBilinear:
+      return media::Interpolation::kBilinear;
+    case config::Interpolation::kBicubic:
+      return media::Interpolation::kBicubic;
+    case config::Interpolation::kArea:
+      return media::Interpolation::kArea;
   }
   return media::Interpolation::kBilinear;
 }
 
 media::OutputDType ToMedia(config::DType d) {
   switch (d) {
-    case config::DType::kUInt8: return media::OutputDType::kUInt8;
-    case config::DType::kFloat32: return media::OutputDType::kFloat32;
-    case config::DType::kFloat16: return media::OutputDType::kFloat16;
-    case config::DType::kBFloat16: return media::OutputDType::kBFloat16;
+    case config::DType::kUInt8:
+      return media::OutputDType::kUInt8;
+    case config::DType::kFloat32:
+      return media::OutputDType::kFloat32;
+    case config::DType::kFloat16:
+      return media::OutputDType::kFloat16;
+    case config::DType::kBFloat16:
+      return media::OutputDType::kBFloat16;
   }
   return media::OutputDType::kUInt8;
 }
 
 proto::DType ImageDType(const media::ImageOps& ops) {
   switch (ops.dtype) {
-    case media::OutputDType::kUInt8: return proto::UINT8;
-    case media::OutputDType::kFloat32: return proto::FLOAT32;
-    case media::OutputDType::kFloat16: return proto::FLOAT16;
-    case media::OutputDType::kBFloat16: return proto::BFLOAT16;
+    case media::OutputDType::kUInt8:
+      return proto::UINT8;
+    case media::OutputDType::kFloat32:
+      return proto::FLOAT32;
+    case media::OutputDType::kFloat16:
+      return proto::FLOAT16;
+    case media::OutputDType::kBFloat16:
+      return proto::BFLOAT16;
   }
   return proto::UINT8;
 }
@@ -113,8 +124,10 @@ class ImageSampleDecoder final : public SampleDecoder {
 class AudioSampleDecoder final : public SampleDecoder {
  public:
   explicit AudioSampleDecoder(media::AudioOps ops) : ops_(ops) {
-    tensors_ = {{"audio", ops.dtype == media::AudioDType::kInt16 ? proto::INT16 : proto::FLOAT32,
-                 {ops.channels, ops.num_samples}, media::AudioOutputBytes(ops)},
+    tensors_ = {{"audio",
+                 ops.dtype == media::AudioDType::kInt16 ? proto::INT16 : proto::FLOAT32,
+                 {ops.channels, ops.num_samples},
+                 media::AudioOutputBytes(ops)},
                 {"length", proto::INT64, {}, sizeof(int64_t)}};
   }
   const std::vector<RowTensor>& tensors() const override { return tensors_; }

@@ -30,7 +30,7 @@ constexpr RandomStream kAudioStartStream = static_cast<RandomStream>(0x61756469)
 
 constexpr int64_t kMaxOutputSamples = int64_t{1} << 31;
 constexpr int kScratchSamples = 4096;  // per channel, for output that is dropped
-constexpr int kTailSamples = 64;        // the clip's last samples per channel go through scratch
+constexpr int kTailSamples = 64;       // the clip's last samples per channel go through scratch
 
 size_t SampleBytes(AudioDType d) { return d == AudioDType::kFloat32 ? 4 : 2; }
 

@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "e2e/daemon_process.h"
@@ -52,10 +52,10 @@ void Ffmpeg(const std::string& args) {
 // One generated file: its label and what it holds.
 struct Item {
   int64_t label = 0;
-  double seconds = 0;     // audio: duration
-  double frequency = 0;   // audio: the sine's frequency (Hz)
-  bool lossy = false;     // MP3: the decoded length and waveform are approximate
-  int frames = 0;         // video: source frames
+  double seconds = 0;      // audio: duration
+  double frequency = 0;    // audio: the sine's frequency (Hz)
+  bool lossy = false;      // MP3: the decoded length and waveform are approximate
+  int frames = 0;          // video: source frames
   int rgb[3] = {0, 0, 0};  // video: the solid colour
 };
 
@@ -77,8 +77,8 @@ struct AudioFolder {
         const std::string src = "-f lavfi -i \"" + expr + tail;
         // Stereo with the sine in both channels (aevalsrc: one expression per channel; `-ac 2`
         // would scale each by 1/sqrt(2)), so the mono mix (L + R) / 2 is the sine again.
-        Ffmpeg("-f lavfi -i \"" + expr + "|" + expr.substr(std::string("aevalsrc=").size()) + tail +
-               "-c:a pcm_s16le " + dir + "/" + stem + ".wav");
+        Ffmpeg("-f lavfi -i \"" + expr + "|" + expr.substr(std::string("aevalsrc=").size()) + tail + "-c:a pcm_s16le " +
+               dir + "/" + stem + ".wav");
         Ffmpeg(src + "-ar 16000 -c:a flac " + dir + "/" + stem + ".flac");
         Ffmpeg(src + "-c:a libmp3lame -b:a 128k " + dir + "/" + stem + ".mp3");
         for (const char* ext : {".wav", ".flac", ".mp3"}) {
@@ -146,8 +146,9 @@ std::vector<std::vector<std::string>> ReadCsv(const std::string& path) {
 // that every one of `items` came once per epoch with its label.
 void CheckRecordedEpochs(const std::string& socket, const std::string& config, const std::vector<std::string>& sets,
                          const std::map<std::string, Item>& items, const std::string& record, int epochs) {
-  std::vector<std::string> argv = {kClient, "--socket", socket, "--config", config, "--epochs", std::to_string(epochs),
-                                   "--json", "--quiet", "--record", record};
+  std::vector<std::string> argv = {
+      kClient,  "--socket", socket,     "--config", config, "--epochs", std::to_string(epochs),
+      "--json", "--quiet",  "--record", record};
   for (const std::string& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
