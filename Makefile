@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-cpp test-python bench clean fuzz sanitize
+.PHONY: all deps configure build demo test test-cpp test-python bench clean fuzz sanitize ci-extra ci-fuzz ci-sanitize
 
 all: build
 
@@ -42,9 +42,23 @@ bench: build
 clean:
 	rm -rf $(BUILD_DIR)
 
-# Not part of `make test` (yet): libFuzzer targets (clang, own build dir) and sanitizer builds.
+# Not part of `make test`: libFuzzer targets (clang, own build dir) and sanitizer builds, in full.
 fuzz:
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 sanitize:
 	scripts/sanitize.sh
+
+# CI only (.ci/run runs `make test`, then this): each fuzz target for CI_FUZZ_SECONDS from its seed
+# corpus (build-fuzz), a subset of the tests under ASan+UBSan (build-asan) and the concurrency
+# tests under TSan (build-tsan); see scripts/sanitize.sh for the subsets and .ci/README.md for
+# the time each step takes. resume_fuzz joins CI_FUZZ_TARGETS once its findings are fixed.
+CI_FUZZ_SECONDS ?= 60
+CI_FUZZ_TARGETS ?= control_fuzz config_fuzz
+ci-extra: ci-fuzz ci-sanitize
+
+ci-fuzz:
+	FUZZ_TARGETS="$(CI_FUZZ_TARGETS)" scripts/fuzz.sh $(CI_FUZZ_SECONDS)
+
+ci-sanitize:
+	SANITIZE_SUBSET=ci scripts/sanitize.sh asan tsan

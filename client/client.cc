@@ -624,12 +624,25 @@ Result<Event> Loader::Next() {
         finished_ = true;
         return Event(std::move(stats));
       }
+      case proto::DaemonMessage::kDraining: {  // not an event: noted, and the job goes on
+        draining_ = true;
+        drain_reason_ = m.draining().reason();
+        drain_deadline_ = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(m.draining().deadline_seconds()));
+        continue;
+      }
       case proto::DaemonMessage::kError:
         return fail(FromDaemonError(m.error(), config_name_));
       default:
         return fail(ProtocolError("unexpected message #" + std::to_string(m.msg_case()) + " during the job"));
     }
   }
+}
+
+double Loader::drain_seconds_left() const {
+  if (!draining_) return 0;
+  return std::max(0.0, std::chrono::duration<double>(drain_deadline_ - std::chrono::steady_clock::now()).count());
 }
 
 Status Loader::End() {

@@ -1,7 +1,9 @@
 // spdl-client: runs one job on the local spdld from the command line and reports what a trainer
 // would see: samples/s, time to first batch, totals; optionally every delivered sample (--record)
 // and a checksum of the pixels (for end-to-end integrity checks). Each batch is released as soon as
-// it has been looked at, so this measures the daemon, not a training step.
+// it has been looked at, so this measures the daemon, not a training step. On a terminal a progress
+// line (epoch, bar, samples/s, ETA) is redrawn on stderr; not on a terminal, or with --json or
+// --quiet, there is none.
 //
 // Exit status: 0 done, 1 an error (message on stderr; config errors one per line), 2 bad usage.
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "progress.h"
 #include "spdl/client.h"
 
 namespace {
@@ -197,9 +200,23 @@ int main(int argc, char** argv) {
   bool have_image = false, ended_early = false;
   std::optional<spdl::client::JobStats> stats;
   std::string line;
+  spdl::client::ProgressBar bar(stderr, progress);
+  spdl::client::ProgressState ps;
+  ps.epochs = epochs;
+  ps.batches_per_epoch = info.batches_per_epoch;
+  bool told_draining = false;
   for (;;) {
     auto ev = loader.Next();
+    if (loader.draining() && !told_draining) {
+      told_draining = true;
+      bar.Clear();
+      if (!json && !quiet) {
+        std::fprintf(stderr, "spdl-client: spdld is draining (%s): the job is cancelled in %.0f s unless it ends first\n",
+                     loader.drain_reason().c_str(), loader.drain_seconds_left());
+      }
+    }
     if (!ev.ok()) {
+      bar.Clear();
       if (ended_early && ev.status().code() == spdl::StatusCode::kCancelled) break;  // no final stats
       return Fail(ev.status().message());
     }
@@ -233,6 +250,13 @@ int main(int argc, char** argv) {
         }
       }
       b->Release();
+      ps.epoch = b->epoch();
+      ps.batch_in_epoch = b->batch_in_epoch() + 1;
+      ps.batches = batches;
+      ps.samples = samples;
+      ps.seconds = SecondsSince(t_start);
+      if (loader.draining()) ps.note = "daemon draining, " + std::to_string(int(loader.drain_seconds_left())) + " s left";
+      bar.Update(ps);
       if (max_batches != 0 && batches == max_batches && !ended_early) {
         ended_early = true;
         if (auto s = loader.End(); !s.ok()) return Fail(s.message());
@@ -241,6 +265,7 @@ int main(int argc, char** argv) {
       ++epochs_done;
       epoch_skipped += e->skipped;
       if (progress) {
+        bar.Clear();
         std::printf("epoch %u: %" PRIu64 " samples, %" PRIu64 " batches, %" PRIu64 " skipped, %.2f s, %.1f samples/s\n",
                     e->epoch, e->samples, e->batches, e->skipped, e->seconds,
                     e->seconds > 0 ? static_cast<double>(e->samples) / e->seconds : 0.0);
@@ -252,6 +277,9 @@ int main(int argc, char** argv) {
     }
   }
   seconds = SecondsSince(t_start);
+  ps.seconds = seconds;
+  bar.Update(ps, /*force=*/true);
+  bar.Finish();
   if (record != nullptr && std::fclose(record) != 0) return Fail("writing " + record_path + ": " + std::strerror(errno));
 
   const double rate = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;

@@ -1,5 +1,5 @@
 // spdlctl: what an operator or a user asks the node's spdld — the daemon's state, the jobs it runs
-// and their per-stage figures — and cancelling a job. Each uid sees and cancels only its own jobs
+// and their per-stage figures — cancelling a job, and draining the daemon. Each uid sees and cancels only its own jobs
 // (root: all). `--json` prints the daemon's answer as JSON instead of tables.
 #include <google/protobuf/util/json_util.h>
 
@@ -46,16 +46,30 @@ void PrintStatus(const DaemonStatus& s) {
               MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
 }
 
+// The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of
+// its own below the row (cut in the middle, "...", past 100 columns).
 void PrintJobs(const DaemonStatus& s) {
-  std::printf("%6s %6s %8s %9s %6s %10s %10s %9s %9s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
+  constexpr size_t kColumns = 100, kRow = 75, kIndent = 8;
+  std::printf("%6s %6s %7s %7s %6s %10s %9s %5s %8s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
               "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
   for (const auto& j : s.jobs()) {
     char rank[24];
     std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
-    std::printf("%6" PRIu64 " %6u %8u %9s %6u %10" PRIu64 " %10.1f %9u %9.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
-                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds(),
-                j.source().c_str());
+    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f", j.job_id(), j.uid(), j.pid(), rank,
+                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds());
+    std::string source = j.source();
+    if (kRow + source.size() <= kColumns) {
+      std::printf("  %s\n", source.c_str());
+      continue;
+    }
+    const size_t room = kColumns - kIndent;
+    if (source.size() > room) {
+      const size_t head = room / 2 - 2;
+      source = source.substr(0, head) + "..." + source.substr(source.size() - (room - head - 3));
+    }
+    std::printf("\n%*s%s\n", static_cast<int>(kIndent), "", source.c_str());
   }
+  if (s.jobs_size() == 0) std::printf("no jobs\n");
 }
 
 void PrintStats(const JobSummary& j) {
@@ -99,11 +113,17 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "stop a job of yours; its trainer gets an error");
   uint64_t cancel_job = 0;
   cancel->add_option("job", cancel_job, "job id")->required();
+  auto* drain = app.add_subcommand(
+      "drain", "stop taking jobs, tell running ones, exit when they end or at the deadline (root or spdld's user)");
+  uint32_t drain_seconds = 0;
+  drain->add_option("--seconds", drain_seconds, "deadline from now (default: the daemon's drain_seconds)");
   CLI11_PARSE(app, argc, argv);
 
   ClientMessage req;
   if (*cancel) {
     req.mutable_cancel()->set_job_id(cancel_job);
+  } else if (*drain) {
+    req.mutable_drain()->set_seconds(drain_seconds);
   } else {
     req.mutable_status();
   }
@@ -115,6 +135,16 @@ int main(int argc, char** argv) {
       PrintJson(reply->cancelled());
     } else {
       std::printf("cancelled job %" PRIu64 "\n", reply->cancelled().job_id());
+    }
+    return 0;
+  }
+  if (*drain) {
+    const auto& d = reply->draining();
+    if (json) {
+      PrintJson(d);
+    } else {
+      std::printf("spdld is draining (%s): %u jobs running; it exits when they end or in %.0f s\n",
+                  d.reason().c_str(), d.live_jobs(), d.deadline_seconds());
     }
     return 0;
   }

@@ -1,24 +1,31 @@
 #include "daemon.h"
 
+#include <grp.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 
 #include "jobs/job_registry.h"
+#include "ops/startup_checks.h"
 #include "pipeline/thread_pool.h"
 #include "server/control_server.h"
 
 namespace spdl {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // Runs one start-up step and logs how long it took.
 template <typename F>
 Status Step(const char* name, F&& f) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   Status s = f();
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (s.ok()) {
     spdlog::debug("start-up: {} ({:.1f} ms)", name, ms);
   } else {
@@ -27,23 +34,40 @@ Status Step(const char* name, F&& f) {
   return s.WithPrefix(name);
 }
 
+std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return "[" + out + "]";
+}
+
 }  // namespace
 
-Daemon::Daemon(config::DaemonConfig config) : config_(std::move(config)), signals_(io_), stats_timer_(io_) {}
+Daemon::Daemon(config::DaemonConfig config, ConfigLoader loader, std::string config_name)
+    : config_(std::move(config)),
+      loader_(std::move(loader)),
+      config_name_(std::move(config_name)),
+      signals_(io_),
+      stats_timer_(io_),
+      notify_timer_(io_),
+      drain_timer_(io_) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
 Status Daemon::Start() {
-  SPDL_RETURN_IF_ERROR(Step("check allowed data roots", [&] {
-    if (config_.allowed_roots.empty()) {
-      spdlog::warn("no allowed_roots configured: every job will be refused (set allowed_roots or --allow-root)");
-    }
-    for (const auto& root : config_.allowed_roots) {
-      std::error_code ec;
-      if (!std::filesystem::is_directory(root, ec)) spdlog::warn("allowed root {} is not a directory", root);
-    }
-    return Status::Ok();
+  // Each check logs every problem it finds (with what to do) and fails on the fatal ones.
+  auto report = [](const ops::CheckReport& r) -> Status {
+    for (const auto& n : r.notes) spdlog::info("start-up: {}", n);
+    for (const auto& w : r.warnings) spdlog::warn("start-up: {}", w);
+    for (const auto& e : r.errors) spdlog::error("start-up: {}", e);
+    if (r.ok()) return Status::Ok();
+    return FailedPrecondition(r.errors.size() == 1 ? r.errors[0]
+                                                   : std::to_string(r.errors.size()) + " problems (above)");
+  };
+  SPDL_RETURN_IF_ERROR(Step("check the memory for the shared-memory budget", [&] {
+    return report(ops::CheckMemoryBudget(config_.memory_budget_bytes, ops::ReadMemoryFacts()));
   }));
+  SPDL_RETURN_IF_ERROR(
+      Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
   SPDL_RETURN_IF_ERROR(Step("start the worker pool", [&] {
     pool_ = std::make_unique<pipeline::ThreadPool>(config_.worker_threads);
     io_pool_ = std::make_unique<pipeline::ThreadPool>(config_.io_threads);
@@ -53,15 +77,12 @@ Status Daemon::Start() {
     registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
     return Status::Ok();
   }));
-  SPDL_RETURN_IF_ERROR(Step("handle SIGTERM and SIGINT", [&] {
+  SPDL_RETURN_IF_ERROR(Step("handle SIGTERM, SIGINT and SIGHUP", [&] {
     std::signal(SIGPIPE, SIG_IGN);
     signals_.add(SIGTERM);
     signals_.add(SIGINT);
-    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      spdlog::info("signal {}: shutting down", sig);
-      Stop();
-    });
+    signals_.add(SIGHUP);
+    WaitForSignal();
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("open the control socket", [&] {
@@ -70,19 +91,172 @@ Status Daemon::Start() {
     so.socket_mode = config_.socket_mode;
     so.max_frame_bytes = config_.max_frame_bytes;
     server_ = std::make_unique<server::ControlServer>(&io_, registry_.get(), so);
+    server_->control().admin_uid = ::geteuid();
+    server_->control().request_drain = [this](const jobs::PeerInfo& by, uint32_t seconds) {
+      return BeginDrain("spdlctl drain by uid " + std::to_string(by.uid), seconds);
+    };
     return server_->Start();
   }));
+  if (!config_.socket_group.empty()) {
+    SPDL_RETURN_IF_ERROR(Step("give the socket to its group", [&]() -> Status {
+      std::vector<char> buf(16384);
+      group gr{};
+      group* found = nullptr;
+      if (::getgrnam_r(config_.socket_group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) {
+        return NotFound("socket_group '" + config_.socket_group + "' is not a group on this machine (getent group)");
+      }
+      if (::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+        return ErrnoStatus("chown " + config_.socket_path + " to group " + config_.socket_group, errno);
+      }
+      return Status::Ok();
+    }));
+  }
+  if (config_.metrics_port != 0) {
+    SPDL_RETURN_IF_ERROR(Step("serve metrics", [&] {
+      metrics_ = std::make_unique<ops::MetricsServer>(&io_, [this] {
+        jobs::PeerInfo root;  // uid 0: every job
+        return ops::RenderPrometheus(registry_->Status(root), ops::DaemonFacts{draining_});
+      });
+      SPDL_RETURN_IF_ERROR(metrics_->Start(static_cast<uint16_t>(config_.metrics_port)));
+      spdlog::info("metrics on http://127.0.0.1:{}/metrics", metrics_->port());
+      return Status::Ok();
+    }));
+  }
   ScheduleStatsLog();
+  notifier_.Ready();
+  last_tick_ = Clock::now();
+  ScheduleNotifyTick();
   spdlog::info("spdld ready on {} with {} worker threads, memory budget {} MiB", config_.socket_path, pool_->size(),
                config_.memory_budget_bytes >> 20);
   return Status::Ok();
+}
+
+void Daemon::WaitForSignal() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;  // operation_aborted: shutting down
+    if (sig == SIGHUP) {
+      Reload();
+    } else if (!draining_) {
+      BeginDrain(sig == SIGTERM ? "SIGTERM" : "SIGINT", 0);
+    } else {
+      spdlog::warn("signal {} while draining: stopping now, cancelling {} running jobs", sig,
+                   server_ ? server_->running_jobs() : 0);
+      Stop();
+      return;
+    }
+    WaitForSignal();
+  });
+}
+
+void Daemon::Reload() {
+  if (!loader_) {
+    spdlog::info("SIGHUP: started without --config, nothing to reload");
+    return;
+  }
+  notifier_.Reloading();
+  config::DaemonConfigResult r = loader_();
+  if (!r.config) {
+    for (const auto& e : r.errors) {
+      spdlog::error("reload: {}", config::FormatConfigErrors({e}, config_name_));
+    }
+    spdlog::error("reload: {} errors in {}; keeping the running config", r.errors.size(), config_name_);
+    notifier_.Ready();
+    return;
+  }
+  config::DaemonConfig next = *r.config;
+  int changes = 0;
+  auto note = [&](const char* key, const auto& from, const auto& to) {
+    if (from == to) return;
+    ++changes;
+    spdlog::info("reload: {} {} -> {}", key, from, to);
+  };
+  auto restart_only = [&](const char* key, const auto& from, const auto& to) {
+    if (from == to) return;
+    spdlog::warn("reload: {} changed ({} -> {}) but takes effect only when spdld restarts", key, from, to);
+  };
+  note("log_level", config_.log_level, next.log_level);
+  note("memory_budget_bytes", config_.memory_budget_bytes, next.memory_budget_bytes);
+  note("max_jobs_per_client", config_.max_jobs_per_client, next.max_jobs_per_client);
+  note("max_slots_per_job", config_.max_slots_per_job, next.max_slots_per_job);
+  note("allowed_roots", Join(config_.allowed_roots), Join(next.allowed_roots));
+  note("allowed_url_prefixes", Join(config_.allowed_url_prefixes), Join(next.allowed_url_prefixes));
+  note("worker_threads", config_.worker_threads, next.worker_threads);
+  note("io_threads", config_.io_threads, next.io_threads);
+  note("stats_log_seconds", config_.stats_log_seconds, next.stats_log_seconds);
+  note("drain_seconds", config_.drain_seconds, next.drain_seconds);
+  restart_only("socket_path", config_.socket_path, next.socket_path);
+  restart_only("socket_mode", config_.socket_mode, next.socket_mode);
+  restart_only("socket_group", config_.socket_group, next.socket_group);
+  restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
+  restart_only("metrics_port", config_.metrics_port, next.metrics_port);
+  // Keep what only a restart changes, so status and later reloads report what really runs.
+  next.socket_path = config_.socket_path;
+  next.socket_mode = config_.socket_mode;
+  next.socket_group = config_.socket_group;
+  next.max_frame_bytes = config_.max_frame_bytes;
+  next.metrics_port = config_.metrics_port;
+
+  spdlog::set_level(spdlog::level::from_str(next.log_level));
+  // Resizing waits for removed threads to finish the task they run (milliseconds); jobs go on.
+  if (next.worker_threads != config_.worker_threads) pool_->SetThreads(next.worker_threads);
+  if (next.io_threads != config_.io_threads) io_pool_->SetThreads(next.io_threads);
+  registry_->UpdateLimits(next, pool_->size());
+  const bool restart_stats_log = next.stats_log_seconds != config_.stats_log_seconds;
+  config_ = std::move(next);
+  if (restart_stats_log) {
+    stats_timer_.cancel();
+    ScheduleStatsLog();
+  }
+  spdlog::info("reload: {} applied ({} changes); running jobs untouched", config_name_, changes);
+  notifier_.Ready();
+}
+
+proto::Draining Daemon::BeginDrain(const std::string& reason, uint32_t seconds) {
+  const auto now = Clock::now();
+  if (!draining_) {
+    draining_ = true;
+    drain_reason_ = reason;
+    drain_deadline_ = now + std::chrono::seconds(seconds != 0 ? seconds : static_cast<uint32_t>(config_.drain_seconds));
+  }
+  proto::Draining notice;
+  notice.set_deadline_seconds(std::max(0.0, std::chrono::duration<double>(drain_deadline_ - now).count()));
+  notice.set_live_jobs(static_cast<uint32_t>(registry_->live_jobs()));
+  notice.set_reason(drain_reason_);
+  if (server_ && !server_->control().draining) {
+    spdlog::info("draining ({}): no new jobs; {} jobs running are told; exiting when they end or in {:.0f} s",
+                 drain_reason_, notice.live_jobs(), notice.deadline_seconds());
+    notifier_.Stopping();
+    notifier_.SetStatus(fmt::format("draining ({}): {} jobs left", drain_reason_, notice.live_jobs()));
+    server_->Drain(notice);
+    ScheduleDrainCheck();
+  }
+  return notice;
+}
+
+void Daemon::ScheduleDrainCheck() {
+  // Checked right away, then every 50 ms: an idle daemon exits at once.
+  const int jobs = registry_->live_jobs();
+  if (jobs == 0) {
+    spdlog::info("drained: no job left; exiting");
+    Stop();
+    return;
+  }
+  if (Clock::now() >= drain_deadline_) {
+    spdlog::warn("drain deadline passed with {} jobs still running; cancelling them and exiting", jobs);
+    Stop();
+    return;
+  }
+  drain_timer_.expires_after(std::chrono::milliseconds(50));
+  drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) ScheduleDrainCheck();
+  });
 }
 
 void Daemon::ScheduleStatsLog() {
   if (config_.stats_log_seconds <= 0) return;
   stats_timer_.expires_after(std::chrono::seconds(config_.stats_log_seconds));
   stats_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;  // operation_aborted: shutting down
+    if (ec) return;       // operation_aborted: shutting down or the interval changed
     jobs::PeerInfo root;  // uid 0: every job
     const proto::DaemonStatus status = registry_->Status(root);
     for (const auto& j : status.jobs()) {
@@ -99,14 +273,48 @@ void Daemon::ScheduleStatsLog() {
   });
 }
 
+void Daemon::ScheduleNotifyTick() {
+  if (!notifier_.enabled()) return;
+  // STATUS every 2 s; with a watchdog, at half its interval when that is shorter.
+  std::chrono::microseconds period = std::chrono::seconds(2);
+  if (notifier_.watchdog_interval().count() > 0) period = std::min(period, notifier_.watchdog_interval() / 2);
+  notify_timer_.expires_after(period);
+  notify_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // operation_aborted: shutting down
+    if (notifier_.watchdog_interval().count() > 0) notifier_.Watchdog();
+    jobs::PeerInfo root;  // uid 0: every job
+    const proto::DaemonStatus status = registry_->Status(root);
+    uint64_t samples = 0;
+    for (const auto& j : status.jobs()) samples += j.stats().samples();
+    const auto now = Clock::now();
+    const double dt = std::chrono::duration<double>(now - last_tick_).count();
+    // Jobs that ended take their samples with them: count only growth.
+    const double rate = dt > 0 && samples > last_samples_ ? (samples - last_samples_) / dt : 0.0;
+    last_samples_ = samples;
+    last_tick_ = now;
+    if (draining_) {
+      notifier_.SetStatus(
+          fmt::format("draining ({}): {} jobs left, {:.0f} samples/s", drain_reason_, status.live_jobs(), rate));
+    } else {
+      notifier_.SetStatus(fmt::format("{} jobs, {:.0f} samples/s, {} MiB of {} MiB shared memory in use",
+                                      status.live_jobs(), rate, status.memory_in_use_bytes() >> 20,
+                                      status.memory_budget_bytes() >> 20));
+    }
+    ScheduleNotifyTick();
+  });
+}
+
 void Daemon::Run() { io_.run(); }
 
 void Daemon::Stop() {
   boost::asio::post(io_, [this] {
     if (server_) server_->Stop();
+    if (metrics_) metrics_->Stop();
     boost::system::error_code ec;
     signals_.cancel(ec);
     stats_timer_.cancel();
+    notify_timer_.cancel();
+    drain_timer_.cancel();
     io_.stop();
   });
 }
@@ -114,6 +322,8 @@ void Daemon::Stop() {
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  notifier_.Stopping();
+  metrics_.reset();
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
   if (io_pool_) io_pool_->Join();  // in-flight rows end (the jobs are cancelled: no new tasks)

@@ -1,6 +1,16 @@
 // Daemon: the composition root. Owns every long-lived component of spdld and wires them together;
 // nothing else creates threads or holds global state. Start() reads as the ordered list of
-// start-up steps (each timed in the log); Run() serves until SIGTERM/SIGINT or Stop().
+// start-up steps (each timed in the log); Run() serves until it is stopped.
+//
+// Signals (handled on the io_context thread):
+//   SIGHUP          re-reads the config through the loader: log level, limits (memory budget,
+//                   max jobs per client, max slots per job, allowed roots and URL prefixes, stats
+//                   interval, drain time) and the worker / I/O thread counts (pools resized) apply
+//                   at once, running jobs untouched; a config with errors is refused, every error
+//                   logged, the old one kept. socket_*, max_frame_bytes and metrics_port take
+//                   effect only at restart (logged).
+//   SIGTERM/SIGINT  drain: no new jobs (Submit refused), running jobs told (Draining), then exit
+//                   when they end or after drain_seconds. A second one exits at once.
 //
 // Threading: construct, Start() and Run() on the main thread; Stop() may be called from any thread.
 #pragma once
@@ -8,45 +18,83 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 #include "config/daemon_config.h"
+#include "ops/metrics.h"
+#include "ops/notifier.h"
+#include "proto/control.pb.h"
 
 namespace spdl {
-namespace pipeline { class ThreadPool; }
-namespace jobs { class JobRegistry; }
-namespace server { class ControlServer; }
+namespace pipeline {
+class ThreadPool;
+}
+namespace jobs {
+class JobRegistry;
+struct PeerInfo;
+}  // namespace jobs
+namespace server {
+class ControlServer;
+}
 
 class Daemon {
  public:
-  explicit Daemon(config::DaemonConfig config);
+  // Re-reads the daemon config for SIGHUP (file + command-line overrides). `config_name` names it
+  // in error messages.
+  using ConfigLoader = std::function<config::DaemonConfigResult()>;
+
+  // An empty `loader` makes SIGHUP a logged no-op.
+  explicit Daemon(config::DaemonConfig config, ConfigLoader loader = {}, std::string config_name = "");
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
   Status Start();
-  // Serves until a signal or Stop(); then closes every session, lets in-flight work finish and
+  // Serves until drained or Stop(); then closes every session, lets in-flight work finish and
   // removes the socket file.
   void Run();
   void Stop();
 
  private:
   void Shutdown();
+  void WaitForSignal();
+  // SIGHUP: re-read and apply the config (see the header comment).
+  void Reload();
+  // Starts draining (or returns the drain under way); `seconds` 0 = config drain_seconds.
+  proto::Draining BeginDrain(const std::string& reason, uint32_t seconds);
+  void ScheduleDrainCheck();
   // Logs one line per live job every stats_log_seconds.
   void ScheduleStatsLog();
+  // Every tick: STATUS= (jobs, samples/s) to the service manager, and WATCHDOG=1 when it asked.
+  void ScheduleNotifyTick();
 
   // Declared in teardown order (destroyed bottom-up): the server (sessions, and so their jobs)
   // goes first, then the io_context; the worker pool is joined explicitly in Shutdown() before the
   // registry, which must outlive every job, is destroyed.
-  const config::DaemonConfig config_;
+  config::DaemonConfig config_;  // io thread only after Start() (Reload replaces it)
+  const ConfigLoader loader_;
+  const std::string config_name_;
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   std::unique_ptr<jobs::JobRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   boost::asio::steady_timer stats_timer_;
+  ops::Notifier notifier_;
+  boost::asio::steady_timer notify_timer_;
+  boost::asio::steady_timer drain_timer_;
   std::unique_ptr<server::ControlServer> server_;
+  std::unique_ptr<ops::MetricsServer> metrics_;  // null when metrics_port is 0
+  // io thread only.
+  uint64_t last_samples_ = 0;  // samples total and time of the previous notify tick (samples/s)
+  std::chrono::steady_clock::time_point last_tick_{};
+  bool draining_ = false;
+  std::string drain_reason_;
+  std::chrono::steady_clock::time_point drain_deadline_{};
   bool shut_down_ = false;
 };
 

@@ -1,5 +1,6 @@
 // spdld: the per-node data-loading daemon. Parses the command line, loads the config, sets up
-// logging (before any thread starts), builds the Daemon and runs it until SIGTERM/SIGINT.
+// logging (before any thread starts), builds the Daemon and runs it until it has drained
+// (SIGTERM/SIGINT, spdlctl drain). SIGHUP re-reads --config with the same command-line overrides.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -22,19 +23,28 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off (overrides the config)");
   CLI11_PARSE(app, argc, argv);
 
-  spdl::config::DaemonConfig config;
-  if (!config_path.empty()) {
-    auto r = spdl::config::LoadDaemonConfig(config_path);
-    if (!r.config) {
-      std::cerr << "spdld: invalid config:\n" << spdl::config::FormatConfigErrors(r.errors, config_path) << "\n";
-      return 2;
+  // The config file (if any) with the command line on top; SIGHUP runs this again.
+  auto load = [=]() -> spdl::config::DaemonConfigResult {
+    spdl::config::DaemonConfigResult r;
+    if (config_path.empty()) {
+      r.config.emplace();
+    } else {
+      r = spdl::config::LoadDaemonConfig(config_path);
+      if (!r.config) return r;
     }
-    config = *r.config;
+    auto& config = *r.config;
+    if (socket_path) config.socket_path = *socket_path;
+    for (auto& root : allow_roots) config.allowed_roots.push_back(root);
+    if (threads) config.worker_threads = *threads;
+    if (log_level) config.log_level = *log_level;
+    return r;
+  };
+  auto loaded = load();
+  if (!loaded.config) {
+    std::cerr << "spdld: invalid config:\n" << spdl::config::FormatConfigErrors(loaded.errors, config_path) << "\n";
+    return 2;
   }
-  if (socket_path) config.socket_path = *socket_path;
-  for (auto& r : allow_roots) config.allowed_roots.push_back(r);
-  if (threads) config.worker_threads = *threads;
-  if (log_level) config.log_level = *log_level;
+  spdl::config::DaemonConfig config = *loaded.config;
 
   auto level = spdlog::level::from_str(config.log_level);
   if (level == spdlog::level::off && config.log_level != "off") {
@@ -44,7 +54,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(level);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ spdld: %v");
 
-  spdl::Daemon daemon(config);
+  spdl::Daemon daemon(config, config_path.empty() ? spdl::Daemon::ConfigLoader{} : load, config_path);
   if (auto s = daemon.Start(); !s.ok()) {
     spdlog::critical("{}", s.message());
     return 1;

@@ -10,8 +10,9 @@ packages=(
   libboost-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev
+  libsystemd-dev
   # tests
-  catch2 ffmpeg
+  catch2 ffmpeg python3-prometheus-client
   # the Python client, its tests and the benchmark (Debian's python3 has torch)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   python3-torchvision python3-pil python3-psutil python3-matplotlib

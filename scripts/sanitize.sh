@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Runs the C++ tests under sanitizers, each in its own build directory (CUDA off, -O1 -g, asserts on):
-#   asan  every ctest test, built with SPDL_SANITIZE=address,undefined     (build-asan)
-#   tsan  the concurrency-heavy tests: shm_test pipeline_test client_test e2e_test, built with
-#         SPDL_SANITIZE=thread                                            (build-tsan)
+#   asan  the tests in ASAN_TESTS (default: every ctest test), built with
+#         SPDL_SANITIZE=address,undefined                                (build-asan)
+#   tsan  the concurrency-heavy tests in TSAN_TESTS, built with SPDL_SANITIZE=thread (build-tsan)
+# Only the test executables named (and the tools the end-to-end tests start) are built.
 # Sanitizer reports fail the run even when the test that provoked them passed (a daemon or client
 # process started by an end-to-end test reports into the test's output): after ctest, the full
 # output of every test is searched for reports. Prints the wall and CPU time of each step and the load.
 #
 #   scripts/sanitize.sh [asan] [tsan]      (default: both)
+#   SANITIZE_SUBSET=ci       the subsets CI runs (make ci-sanitize): ASan+UBSan on the unit tests
+#                            and e2e_test, TSan on shm_test pipeline_test server_test
+#   ASAN_TESTS, TSAN_TESTS   test executables to build and run ("all" = every test, asan only)
 #   JOBS=N                   build and ctest parallelism (default nproc)
 #   ASAN_BUILD_DIR, TSAN_BUILD_DIR         (default build-asan, build-tsan)
 #   CTEST_ARGS="-R config_test"            extra ctest arguments for both parts
@@ -19,9 +23,16 @@ parts=("$@")
 jobs="${JOBS:-$(nproc)}"
 asan_dir="${ASAN_BUILD_DIR:-build-asan}"
 tsan_dir="${TSAN_BUILD_DIR:-build-tsan}"
-tsan_tests=(shm_test pipeline_test client_test e2e_test)
+if [ "${SANITIZE_SUBSET:-}" = ci ]; then
+  # Chosen to fit CI's time budget (.ci/README.md): the unit tests and the main end-to-end test
+  # under ASan+UBSan; the thread pool, pipeline, slot ring and control server under TSan.
+  : "${ASAN_TESTS:=common_test config_test io_test source_test media_test shm_test codec_test pipeline_test server_test client_test e2e_test}"
+  : "${TSAN_TESTS:=shm_test pipeline_test server_test}"
+fi
+read -r -a asan_tests <<<"${ASAN_TESTS:-all}"
+read -r -a tsan_tests <<<"${TSAN_TESTS:-shm_test pipeline_test server_test client_test e2e_test}"
 # Binaries the end-to-end tests start (tests/e2e: spdld, spdl-client, spdlctl).
-tsan_tools=(spdld spdl-client spdlctl)
+tools=(spdld spdl-client spdlctl)
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -78,6 +89,12 @@ run_ctest() {  # DIR ARGS...
      --test-output-size-failed 4194304 "$@" ${CTEST_ARGS:-})
 }
 
+# The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing).
+tools_for() { case " $* " in *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*) echo "${tools[@]}" ;; esac; }
+
+# A ctest -R regex for whole test executables (ctest names are "EXECUTABLE/TEST CASE").
+test_regex() { echo "^($(IFS='|'; echo "$*"))/"; }
+
 failed=0
 check_reports() {  # DIR PART
   local found
@@ -94,18 +111,22 @@ check_reports() {  # DIR PART
 for part in "${parts[@]}"; do
   case "$part" in
     asan)
-      echo "sanitize: asan: building every test in $asan_dir (address,undefined)"
+      echo "sanitize: asan: building ${asan_tests[*]} in $asan_dir (address,undefined)"
       timed "asan configure" configure "$asan_dir" address,undefined || failed=1
-      timed "asan build" cmake --build "$asan_dir" -j "$jobs" || failed=1
-      timed "asan ctest" run_ctest "$asan_dir" || failed=1
+      if [ "${asan_tests[*]}" = all ]; then
+        timed "asan build" cmake --build "$asan_dir" -j "$jobs" || failed=1
+        timed "asan ctest" run_ctest "$asan_dir" || failed=1
+      else
+        timed "asan build" cmake --build "$asan_dir" -j "$jobs" --target "${asan_tests[@]}" $(tools_for "${asan_tests[@]}") || failed=1
+        timed "asan ctest" run_ctest "$asan_dir" -R "$(test_regex "${asan_tests[@]}")" || failed=1
+      fi
       check_reports "$asan_dir" asan
       ;;
     tsan)
       echo "sanitize: tsan: building ${tsan_tests[*]} in $tsan_dir (thread)"
       timed "tsan configure" configure "$tsan_dir" thread || failed=1
-      timed "tsan build" cmake --build "$tsan_dir" -j "$jobs" --target "${tsan_tests[@]}" "${tsan_tools[@]}" || failed=1
-      regex="^($(IFS='|'; echo "${tsan_tests[*]}"))/"
-      timed "tsan ctest" run_ctest "$tsan_dir" -R "$regex" || failed=1
+      timed "tsan build" cmake --build "$tsan_dir" -j "$jobs" --target "${tsan_tests[@]}" $(tools_for "${tsan_tests[@]}") || failed=1
+      timed "tsan ctest" run_ctest "$tsan_dir" -R "$(test_regex "${tsan_tests[@]}")" || failed=1
       check_reports "$tsan_dir" tsan
       ;;
     *)

@@ -108,6 +108,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
     }
   }
   if (auto v = ReadMode(diag, m.Get("socket_mode"))) out->socket_mode = *v;
+  if (auto v = internal::ReadString(diag, m.Get("socket_group"))) out->socket_group = *v;
   if (auto v = internal::ReadInt(diag, m.Get("worker_threads"), 0, 1024)) {
     out->worker_threads = static_cast<int>(*v);
   }
@@ -167,6 +168,11 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   }
   if (auto v = internal::ReadInt(diag, m.Get("stats_log_seconds"), 0, 86400)) {
     out->stats_log_seconds = static_cast<int>(*v);
+  }
+  // Operations keys.
+  if (auto v = internal::ReadInt(diag, m.Get("metrics_port"), 0, 65535)) out->metrics_port = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
+    out->drain_seconds = static_cast<int>(*v);
   }
   m.ReportUnknownKeys();
 }

@@ -22,6 +22,8 @@ struct DaemonConfig {
   std::string socket_path = "/run/spdld/spdld.sock";  // control socket; absolute, < 108 bytes
   int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
                                              // "0660" — a leading 0 means octal — or decimal 432)
+  std::string socket_group;                  // group of the socket file, a name or a number;
+                                             // empty = the daemon's own group
   int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
   int io_threads = 16;                       // threads of the I/O pool (file reads), shared by all
                                              // jobs, so I/O waits never hold a worker; 1..1024
@@ -39,6 +41,10 @@ struct DaemonConfig {
   int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
   int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
+  // Operations (see systemd/spdld.service.in).
+  int metrics_port = 0;                      // Prometheus /metrics on 127.0.0.1:PORT; 0 = off
+  int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
+                                             // to end before exiting anyway, 0..86400 (0 = at once)
 
   bool operator==(const DaemonConfig&) const = default;
 };

@@ -596,17 +596,24 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   return normalize_item;
 }
 
-void ReadStage(Diagnostics& diag, const Field& field, StageConfig* out) {
+// `first`: the first stage, whose queue is the slot ring's rows (not configurable).
+void ReadStage(Diagnostics& diag, const Field& field, bool first, StageConfig* out) {
   MapReader m(diag, field);
   if (auto v = internal::ReadInt(diag, m.Get("concurrency"), 1, 1024)) out->concurrency = static_cast<int>(*v);
-  if (auto v = internal::ReadInt(diag, m.Get("queue"), 1, 65536)) out->queue = static_cast<int>(*v);
+  const Field queue = m.Get("queue");
+  if (first && Present(queue)) {
+    diag.ErrorAtKey(queue, "the first stage is fed by the slot ring (prefetch x batch.size rows): set prefetch "
+                           "instead");
+  } else if (auto v = internal::ReadInt(diag, queue, 1, 65536)) {
+    out->queue = static_cast<int>(*v);
+  }
   m.ReportUnknownKeys();
 }
 
 void ReadStages(Diagnostics& diag, const Field& field, StagesConfig* out) {
   MapReader m(diag, field);
-  ReadStage(diag, m.Get("read"), &out->read);
-  ReadStage(diag, m.Get("decode"), &out->decode);
+  ReadStage(diag, m.Get("read"), /*first=*/true, &out->read);
+  ReadStage(diag, m.Get("decode"), /*first=*/false, &out->decode);
   m.ReportUnknownKeys();
 }
 
@@ -788,14 +795,9 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->on_error = *v;
   }
   ReadStages(diag, m.Get("stages"), &out->stages);
-  const Field order = m.Get("order");
-  if (auto v = internal::ReadChoice<Order>(diag, order,
+  if (auto v = internal::ReadChoice<Order>(diag, m.Get("order"),
                                            {{"sampler", Order::kSampler}, {"completion", Order::kCompletion}})) {
-    if (*v == Order::kCompletion) {
-      diag.Error(order, "completion order is not implemented yet; use sampler");
-    } else {
-      out->order = *v;
-    }
+    out->order = *v;
   }
   ReadMaxFailures(diag, m.Get("max_failures"), &out->max_failures);
   if (auto v = internal::ReadInt(diag, m.Get("max_failures_warmup"), 0, 1000000000)) {

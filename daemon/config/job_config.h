@@ -186,8 +186,10 @@ struct DecodeConfig {
 struct StageConfig {
   int concurrency = 0;  // most tasks of this stage running at once for this job, 1..1024;
                         // 0 (the default) = as many as the node's pool runs
-  int queue = 0;        // rows the bounded queue in front of the stage holds, 1..65536; 0 (the
-                        // default) = bounded only by the slot ring (prefetch x batch.size rows)
+  int queue = 0;        // rows that may wait to start in the stage, 1..65536; 0 (the default) =
+                        // bounded only by the slot ring (prefetch x batch.size rows). A full
+                        // queue holds back the stage before. Not for the first stage (read):
+                        // the ring feeds it
 
   bool operator==(const StageConfig&) const = default;
 };
@@ -202,7 +204,9 @@ struct StagesConfig {
 // In which order ready batches are delivered.
 enum class Order {
   kSampler,     // the sampler's order: deterministic, resumable
-  kCompletion,  // whichever batch is complete first (not implemented yet: refused)
+  kCompletion,  // whichever batch of the current epoch is complete first (a slow sample does not
+                // hold back later batches); the epoch's last batch still comes last. Such a job
+                // hands out no resume token and cannot be resumed
 };
 
 // When skipped samples fail the job anyway. At most one of count / fraction is set (>= 0).

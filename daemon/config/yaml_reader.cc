@@ -4,9 +4,27 @@
 #include <cctype>
 #include <charconv>
 #include <limits>
+#include <sstream>
+
+#include <yaml-cpp/eventhandler.h>
 
 namespace spdl::config::internal {
 namespace {
+
+// Records where each document of a YAML stream starts, and nothing else.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  std::vector<YAML::Mark> starts;
+};
 
 std::string JoinPath(const std::string& parent, std::string_view key) {
   if (parent.empty()) return std::string(key);
@@ -185,19 +203,35 @@ std::vector<ConfigError> Diagnostics::Take() {
 
 std::optional<YAML::Node> LoadDocument(std::string_view text,
                                        const std::vector<Override>& overrides, Diagnostics* diag) {
-  std::vector<YAML::Node> docs;
+  // Not YAML::LoadAll: in yaml-cpp 0.7 it never returns on some inputs (a ',' at the top level:
+  // the parser yields empty documents forever without consuming it, allocating as it goes — found
+  // by tests/fuzz/config_fuzz, and any client could send it). The documents are walked here and
+  // the walk stops when one starts where the previous one did; then the first one is loaded.
+  DocumentStarts docs;
+  YAML::Node first;
   try {
-    docs = YAML::LoadAll(std::string(text));
+    std::istringstream in{std::string(text)};
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(docs)) {
+      const size_t n = docs.starts.size();
+      if (n >= 2 && docs.starts[n - 1].pos <= docs.starts[n - 2].pos) {
+        const YAML::Mark& m = docs.starts[n - 1];
+        const char c = m.pos >= 0 && static_cast<size_t>(m.pos) < text.size() ? text[static_cast<size_t>(m.pos)] : '?';
+        diag->ErrorAtMark(m, std::string("unexpected '") + c + "' outside any list or map");
+        return std::nullopt;
+      }
+    }
+    if (!docs.starts.empty()) first = YAML::Load(std::string(text));
   } catch (const YAML::ParserException& e) {
     diag->ErrorAtMark(e.mark, e.msg);
     return std::nullopt;
   }
-  if (docs.size() > 1) {
-    diag->ErrorAtMark(MarkOf(docs[1]), "expected one YAML document, found " +
-                                           std::to_string(docs.size()) + " (remove the '---')");
+  if (docs.starts.size() > 1) {
+    diag->ErrorAtMark(docs.starts[1], "expected one YAML document, found " + std::to_string(docs.starts.size()) +
+                                          " (remove the '---')");
   }
   // A real (not empty-handle) node, so that overrides can turn an empty document into a map.
-  YAML::Node root = docs.empty() ? YAML::Node(YAML::NodeType::Null) : docs.front();
+  YAML::Node root = docs.starts.empty() ? YAML::Node(YAML::NodeType::Null) : first;
   for (const Override& o : overrides) {
     YAML::Node value;
     try {

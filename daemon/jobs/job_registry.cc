@@ -117,6 +117,16 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
   --live_jobs_;
 }
 
+void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
+  std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
+  config_.memory_budget_bytes = config.memory_budget_bytes;
+  config_.max_jobs_per_client = config.max_jobs_per_client;
+  config_.max_slots_per_job = config.max_slots_per_job;
+  config_.allowed_roots = config.allowed_roots;
+  config_.allowed_url_prefixes = config.allowed_url_prefixes;
+  worker_threads_ = worker_threads;
+}
+
 uint64_t JobRegistry::bytes_in_use() const {
   std::lock_guard lock(mu_);
   return bytes_in_use_;
@@ -172,6 +182,12 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   spec.source = std::move(source).value();
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
+  if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
+    out.error = MakeError(proto::Error::BAD_REQUEST,
+                          "a job in order: completion cannot be resumed (it delivers batches out of order and "
+                          "hands out no state token); use order: sampler");
+    return out;
+  }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
     if (!point.ok()) {
@@ -230,7 +246,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
       if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "the job needs " + MiB(bytes) + " of shared memory (" + std::to_string(spec.config.prefetch) +
-                                " slots) but only " + MiB(config_.memory_budget_bytes - bytes_in_use_) + " of the daemon's memory_budget of " +
+                                " slots) but only " + MiB(config_.memory_budget_bytes > bytes_in_use_ ? config_.memory_budget_bytes - bytes_in_use_ : 0) + " of the daemon's memory_budget of " +
                                 MiB(config_.memory_budget_bytes) + " is free");
       return out;
     }

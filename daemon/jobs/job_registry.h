@@ -34,6 +34,12 @@ class JobRegistry final : public JobService {
   proto::DaemonStatus Status(const PeerInfo& peer) override;
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
+  // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
+  // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
+  // admitted against; running jobs keep what they hold, even above a lowered budget.
+  // `worker_threads` is the resized pool's size, for Status. Control thread only.
+  void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
+
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
   // Jobs alive (including ones whose last tasks are still finishing).
@@ -43,12 +49,13 @@ class JobRegistry final : public JobService {
   class Lease;
   void Return(uid_t uid, uint64_t bytes);
 
+  // Written by UpdateLimits and read by Submit/Status, all on the control thread.
+  config::DaemonConfig config_;
   // Constant after construction.
-  const config::DaemonConfig config_;
   pipeline::Executor* const executor_;
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  const int worker_threads_;
+  int worker_threads_;  // control thread only (UpdateLimits)
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;

@@ -111,6 +111,7 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   popts.stages = {{s.config.stages.read.concurrency, s.config.stages.read.queue},
                   {s.config.stages.decode.concurrency, s.config.stages.decode.queue}};
   popts.log_name = "job " + std::to_string(s.job_id);
+  popts.completion_order = s.config.order == config::Order::kCompletion;
   // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
   // bounded shuffle buffer, a contiguous run per rank. Either is a pure function of the epoch, so
   // a resume point (positions in this order) is exact.
@@ -160,7 +161,11 @@ void MediaJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
 }
 
 std::optional<Delivery> MediaJob::TakeNext() {
-  auto lease = ring_.TakeNextReady();
+  auto lease = spec_.config.order == config::Order::kCompletion
+                   ? ring_.TakeFirstReady([this](uint32_t slot, uint64_t seq) {
+                       return pipeline_->ClaimForDelivery(slot, seq);
+                     })
+                   : ring_.TakeNextReady();
   if (!lease) return std::nullopt;
   pipeline::SlotMeta m = pipeline_->TakeMeta(lease->slot);
   Delivery d;
@@ -171,7 +176,10 @@ std::optional<Delivery> MediaJob::TakeNext() {
   b.set_epoch(m.epoch);
   b.set_batch_in_epoch(m.batch_in_epoch);
   b.set_rows(m.rows);
-  b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
+  // In completion order there is no exact point to resume from: no token (the client's state stays empty).
+  if (spec_.config.order != config::Order::kCompletion) {
+    b.set_resume_token(EncodeResumeToken(m.resume, spec_.fingerprint));
+  }
   for (uint64_t idx : m.indices) {
     const io::SampleRef& s = spec_.source->sample(idx);
     b.add_paths(s.path);

@@ -81,6 +81,8 @@ BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, R
     }
     stats_.push_back(std::make_unique<StageStats>(specs_[s].name, specs_[s].kind, st.concurrency, st.capacity));
   }
+  // The window starts at zero: until it is ~10 s old it covers the job's whole life.
+  history_.push_back({Clock::now(), std::vector<StageSnapshot>(specs_.size()), 0});
 }
 
 BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
@@ -120,13 +122,18 @@ std::optional<uint64_t> BatchPipeline::TakeSpareLocked(uint32_t epoch, uint64_t 
   st.spare_taker[st.next] = taker_seq;
   const uint64_t spare = st.order[st.next++];
   if (st.next == st.order.size() && st.dispatched < st.batches) {
-    // Spares used up the samples of batches not yet dispatched: the epoch ends with the batch
-    // dispatched last. It cannot have been delivered yet (delivery is in order and the batch
-    // taking this spare is still being filled), so its end-of-epoch mark is still seen.
+    // Spares used up the samples of batches not yet dispatched: the epoch ends with the batch of
+    // the highest sequence number not yet delivered. In sampler order that is the batch dispatched
+    // last (delivery is in order and the batch taking this spare is still being filled); in
+    // completion order the one dispatched last may be delivered already. There is always one: the
+    // batch taking this spare.
     st.batches = st.dispatched;
-    SlotMeta& last = slots_.at(st.last_slot).meta;
-    last.last_in_epoch = true;
-    last.last_in_job = options_.epochs != 0 && epoch + 1 == options_.epochs;
+    InFlight* last = nullptr;
+    for (auto& [slot, f] : slots_) {
+      if (f.meta.epoch == epoch && !f.delivered && (!last || f.meta.seq > last->meta.seq)) last = &f;
+    }
+    last->meta.last_in_epoch = true;
+    last->meta.last_in_job = options_.epochs != 0 && epoch + 1 == options_.epochs;
   }
   return spare;
 }
@@ -189,8 +196,10 @@ void BatchPipeline::Pump() {
     }
     ScheduleLocked(&posts);
   }
-  PostAll(posts);
+  // An empty batch is ready at once, before the rows of later batches start (so it is never
+  // abandoned by a failure of theirs while they are delivered).
   for (uint32_t slot : empty) FinishBatch(slot);
+  PostAll(posts);
 }
 
 void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
@@ -202,7 +211,8 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
     for (size_t s = stages_.size(); s-- > 0;) {
       StageState& st = stages_[s];
       // Rows done with the stage before enter this stage's queue while it has room.
-      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() < st.capacity)) {
+      // The bound counts every row waiting to start here: queued, or handed to the pool.
+      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() + st.handed.size() < st.capacity)) {
         Row* r = *st.blocked.begin();
         st.blocked.erase(st.blocked.begin());
         stats_[s - 1]->AddPutWait(Nanos(now - r->since));
@@ -222,8 +232,8 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
     }
   }
   for (size_t s = 0; s < stages_.size(); ++s) {
-    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].blocked.size() + stages_[s].handed.size(),
-                         stages_[s].occupied);
+    stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].handed.size(),
+                         stages_[s].occupied - stages_[s].handed.size());
   }
 }
 
@@ -446,9 +456,25 @@ bool BatchPipeline::all_dispatched() const {
   return done_dispatching_;
 }
 
+bool BatchPipeline::ClaimForDelivery(uint32_t slot, uint64_t seq) {
+  std::lock_guard lock(mu_);
+  auto it = slots_.find(slot);
+  if (it == slots_.end() || it->second.meta.seq != seq || it->second.delivered) return false;
+  const InFlight* lowest = nullptr;  // the undelivered batch with the lowest sequence number
+  for (const auto& [s, f] : slots_) {
+    if (!f.delivered && (!lowest || f.meta.seq < lowest->meta.seq)) lowest = &f;
+  }
+  const InFlight& f = it->second;
+  if (f.meta.epoch != lowest->meta.epoch) return false;    // a later epoch waits for this one
+  if (f.meta.last_in_epoch && lowest != &f) return false;  // the epoch's end comes last
+  it->second.delivered = true;
+  return true;
+}
+
 SlotMeta BatchPipeline::TakeMeta(uint32_t slot) {
   std::lock_guard lock(mu_);
   InFlight& f = slots_.at(slot);
+  f.delivered = true;
   SlotMeta m = f.meta;
   ResumePoint& r = m.resume;
   if (m.last_in_epoch) {
@@ -456,6 +482,10 @@ SlotMeta BatchPipeline::TakeMeta(uint32_t slot) {
     return m;
   }
   EpochState& st = epochs_.at(m.epoch);
+  if (options_.completion_order) {  // no resume points: batches are delivered out of order
+    st.batch_start.erase(m.seq);
+    return m;
+  }
   // Every position below P belongs to a batch up to this one: later batches start at or after P
   // and take spares only after they start. Spares at or above P taken by batches up to this one
   // are the extras.

@@ -103,7 +103,8 @@ Status CheckResumePoint(const ResumePoint& point, uint64_t samples, uint32_t bat
 // Per-stage settings of a job (by stage index; zero = the default).
 struct StageOptions {
   uint32_t concurrency = 0;  // most tasks of this stage at once for this job; 0 = as many as the pool runs
-  uint32_t queue = 0;        // rows the queue in front of the stage holds; 0 = bounded by the ring only
+  uint32_t queue = 0;        // rows waiting to start in the stage (queued or handed to the pool, not
+                             // started); 0 = bounded by the ring only. Ignored for the first stage.
 };
 
 struct PipelineOptions {
@@ -120,6 +121,11 @@ struct PipelineOptions {
   int weight = 1;                     // share of the pools against other jobs
   std::vector<StageOptions> stages;   // by stage index; missing = defaults
   std::string log_name = "job";       // prefix of log lines ("job 7")
+  // order: completion — batches of the current epoch are delivered as they complete (see
+  // ClaimForDelivery); the epoch's last batch still comes last, and a later epoch's batches only
+  // after it. Resume points are not kept (TakeMeta leaves them empty): a job in completion order
+  // cannot be resumed exactly, so it hands out no state token.
+  bool completion_order = false;
   std::optional<ResumePoint> resume;  // start from here instead of epoch 0
 };
 
@@ -173,8 +179,14 @@ class BatchPipeline {
   // Every batch of the job has been dispatched.
   bool all_dispatched() const;
 
-  // What a delivered slot holds, with its resume point. Call once per delivery, in delivery order.
-  // REQUIRES: `slot` was returned by TakeNextReady and not yet released.
+  // Completion order: whether the ready batch in `slot` may be delivered now, ahead of earlier ones
+  // still filling: it must belong to the epoch being delivered, and the epoch's last batch must
+  // wait for every other batch of its epoch. When true the batch counts as delivered. For
+  // SlotRing::TakeFirstReady's predicate (called under the ring's lock; takes only mu_).
+  bool ClaimForDelivery(uint32_t slot, uint64_t seq);
+  // What a delivered slot holds, with its resume point (none in completion order). Call once per
+  // delivery, in delivery order. REQUIRES: `slot` was returned by TakeNextReady or TakeFirstReady
+  // and not yet released.
   SlotMeta TakeMeta(uint32_t slot);
   // Samples skipped so far in `epoch`.
   uint64_t EpochSkipped(uint32_t epoch) const;
@@ -206,7 +218,7 @@ class BatchPipeline {
   struct StageState {
     Executor* executor = nullptr;
     uint32_t concurrency = 0;  // 0 = no limit
-    uint32_t capacity = 0;     // 0 = no limit
+    uint32_t capacity = 0;     // bound of queue + handed; 0 = no limit
     RowSet queue;              // rows waiting for this stage
     RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
     RowSet handed;             // rows with a task posted, not yet started
@@ -235,6 +247,7 @@ class BatchPipeline {
   };
   struct InFlight {
     SlotMeta meta;
+    bool delivered = false;      // taken by the control thread (TakeMeta or ClaimForDelivery)
     std::vector<uint8_t> ok;     // per row: 1 when the row holds a good sample
     uint32_t remaining = 0;      // rows not finished
     std::vector<std::unique_ptr<Row>> rows;

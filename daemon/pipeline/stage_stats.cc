@@ -8,9 +8,9 @@ namespace spdl::pipeline {
 const char* StageKindName(StageKind kind) { return kind == StageKind::kIo ? "io" : "cpu"; }
 
 int StageStats::Bucket(uint64_t nanos) {
-  const uint64_t us4 = nanos / 250;  // quarter microseconds: 4 = 1 µs
-  if (us4 < 8) return 0;             // below 2 µs
-  const int log = 63 - std::countl_zero(us4);           // floor(log2), >= 3
+  const uint64_t us4 = nanos / 250;                          // quarter microseconds: 4 = 1 µs
+  if (us4 < 8) return 0;                                     // below 2 µs
+  const int log = 63 - std::countl_zero(us4);                // floor(log2), >= 3
   const int sub = static_cast<int>((us4 >> (log - 2)) & 3);  // the next two bits: quarter of the octave
   const int b = (log - 3) * 4 + sub + 1;
   return b < kHistogramBuckets ? b : kHistogramBuckets - 1;

@@ -3,7 +3,7 @@
 // many worker threads at once with relaxed atomics (lock-free) and read as a consistent-enough
 // snapshot by the control thread.
 //
-// The histogram has fixed log-scale buckets: 4 per power of two from 1 µs to ~137 s, so a
+// The histogram has fixed log-scale buckets: 4 per power of two from 2 µs to ~9 min, so a
 // percentile is exact to within ~19 % (the width of a bucket), whatever the distribution.
 // A "window" figure is the difference of two snapshots (see StageWindow).
 #pragma once
@@ -18,20 +18,22 @@ namespace spdl::pipeline {
 enum class StageKind { kCpu, kIo };
 const char* StageKindName(StageKind kind);  // "cpu" or "io"
 
-inline constexpr int kHistogramBuckets = 4 * 28;  // 1 µs * 2^28 ~ 268 s; the last bucket is open
+inline constexpr int kHistogramBuckets = 4 * 28;  // 4 per octave from 2 µs; the last one is open
 
 struct StageSnapshot {
   std::string name;
   StageKind kind = StageKind::kCpu;
-  uint32_t concurrency = 0;        // most tasks of the stage running at once
-  uint32_t queue_capacity = 0;     // bound of the queue in front of the stage (0: bounded by the ring)
-  uint64_t queue_length = 0;       // rows waiting in that queue now
-  uint64_t running = 0;            // tasks running now (or finished and waiting to put their row)
-  uint64_t tasks = 0;              // tasks finished, failed ones included
+  uint32_t concurrency = 0;     // most tasks of the stage running at once
+  uint32_t queue_capacity = 0;  // bound of the queue in front of the stage (0: bounded by the ring)
+  uint64_t queue_length = 0;    // rows waiting to start here now, queued or handed to the pool
+                                // (<= queue_capacity when set)
+  uint64_t running = 0;         // tasks running now, and rows done here waiting for room in the
+                                // next queue
+  uint64_t tasks = 0;           // tasks finished, failed ones included
   uint64_t failures = 0;
-  double busy_seconds = 0;         // task time summed over workers
-  double put_wait_seconds = 0;     // rows finished here waited this long for room in the next queue
-  double get_wait_seconds = 0;     // rows waited this long in this stage's queue to be picked up
+  double busy_seconds = 0;      // task time summed over workers
+  double put_wait_seconds = 0;  // rows finished here waited this long for room in the next queue
+  double get_wait_seconds = 0;  // rows waited this long in this stage's queue to be picked up
   std::array<uint64_t, kHistogramBuckets> histogram{};  // task times
 
   // Average task time and percentile (q in 0..1) in seconds; 0 with no tasks.

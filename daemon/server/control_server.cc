@@ -1,5 +1,6 @@
 #include "server/control_server.h"
 
+#include <grp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -7,8 +8,10 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
+#include <vector>
 
 #include "proto/framing.h"
 #include "server/session_logic.h"
@@ -16,6 +19,22 @@
 namespace spdl::server {
 
 namespace asio = boost::asio;
+
+namespace {
+// A group name or number -> its gid; kNotFound for an unknown group.
+Result<gid_t> GroupId(const std::string& name) {
+  unsigned long n = 0;
+  auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec == std::errc() && ptr == name.data() + name.size()) return static_cast<gid_t>(n);
+  std::vector<char> buf(16384);
+  struct group g {};
+  struct group* found = nullptr;
+  if (::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return NotFound("socket_group: no group named '" + name + "'");
+  }
+  return found->gr_gid;
+}
+}  // namespace
 using boost::system::error_code;
 using Socket = asio::local::stream_protocol::socket;
 
@@ -32,15 +51,23 @@ class Session : public std::enable_shared_from_this<Session> {
     // Called from worker threads, possibly after this session is gone (a job's last tasks keep
     // the job alive): touch only what the lambda owns, coalesce wake-ups, continue on the io thread.
     auto pending = event_pending_;
-    logic_ = std::make_unique<SessionLogic>(server_->jobs_, peer_, [weak, io, pending] {
-      if (pending->exchange(true)) return;
-      asio::post(*io, [weak, pending] {
-        pending->store(false);
-        if (auto s = weak.lock()) s->Apply(s->logic_->OnJobEvent());
-      });
-    });
+    logic_ = std::make_unique<SessionLogic>(
+        server_->jobs_, peer_,
+        [weak, io, pending] {
+          if (pending->exchange(true)) return;
+          asio::post(*io, [weak, pending] {
+            pending->store(false);
+            if (auto s = weak.lock()) s->Apply(s->logic_->OnJobEvent());
+          });
+        },
+        &server_->control_);
     spdlog::debug("session pid {} uid {}: connected", peer_.pid, peer_.uid);
     Read();
+  }
+
+  bool has_job() const { return !closed_ && logic_ && logic_->has_job(); }
+  void OnDrain(const proto::Draining& notice) {
+    if (!closed_ && logic_) Apply(logic_->OnDrain(notice));
   }
 
   // Closes the socket and cancels the job. Idempotent.
@@ -156,7 +183,9 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options)
-    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {}
+    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {
+  control_.log_limiter = &log_limiter_;
+}
 
 ControlServer::~ControlServer() { Stop(); }
 
@@ -184,6 +213,12 @@ Status ControlServer::Start() {
   if (::chmod(path.c_str(), static_cast<mode_t>(options_.socket_mode)) != 0) {
     return ErrnoStatus("chmod " + path, errno);
   }
+  if (!options_.socket_group.empty()) {
+    SPDL_ASSIGN_OR_RETURN(gid_t gid, GroupId(options_.socket_group));
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      return ErrnoStatus("socket_group: chown " + path + " to group " + options_.socket_group, errno);
+    }
+  }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Internal("cannot listen on " + path + ": " + ec.message());
   Accept();
@@ -193,7 +228,10 @@ Status ControlServer::Start() {
 void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
-      if (ec != asio::error::operation_aborted) spdlog::error("accept: {}", ec.message());
+      uint64_t dropped = 0;
+      if (ec != asio::error::operation_aborted && log_limiter_.Allow("accept", &dropped)) {
+        spdlog::error("control socket: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+      }
       if (!stopped_ && ec != asio::error::operation_aborted) Accept();
       return;
     }
@@ -219,6 +257,19 @@ void ControlServer::Remove(Session* s) {
       return;
     }
   }
+}
+
+size_t ControlServer::running_jobs() const {
+  size_t n = 0;
+  for (const auto& s : sessions_) n += s->has_job() ? 1 : 0;
+  return n;
+}
+
+void ControlServer::Drain(const proto::Draining& notice) {
+  control_.draining = true;
+  control_.drain_reason = notice.reason();
+  auto sessions = sessions_;  // Apply may remove a session whose write fails
+  for (auto& s : sessions) s->OnDrain(notice);
 }
 
 void ControlServer::Stop() {

@@ -17,12 +17,15 @@
 
 #include "common/status.h"
 #include "jobs/job_service.h"
+#include "proto/control.pb.h"
+#include "server/session_logic.h"
 
 namespace spdl::server {
 
 struct ServerOptions {
   std::string socket_path;
   int socket_mode = 0660;
+  std::string socket_group;  // group to give the socket file (name or number); empty = leave it
   uint32_t max_frame_bytes = 1u << 20;
 };
 
@@ -40,6 +43,14 @@ class ControlServer {
   // Stops accepting, closes every session (their jobs are cancelled) and removes the socket file.
   void Stop();
   size_t session_count() const { return sessions_.size(); }
+  // Sessions with a job running right now.
+  size_t running_jobs() const;
+
+  // Daemon-wide state and actions the sessions see (draining, the drain request hook).
+  DaemonControl& control() { return control_; }
+  // Marks the server as draining (Submit refused from now on) and sends `notice` to every
+  // session that runs a job. New connections are still accepted (spdlctl keeps working).
+  void Drain(const proto::Draining& notice);
 
  private:
   friend class Session;
@@ -51,6 +62,8 @@ class ControlServer {
   const ServerOptions options_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::set<std::shared_ptr<Session>> sessions_;
+  DaemonControl control_;
+  LogLimiter log_limiter_;  // the sessions' and the acceptor's warnings (control_.log_limiter)
   bool stopped_ = false;
   bool bound_ = false;
 };

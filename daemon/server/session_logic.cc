@@ -6,8 +6,9 @@
 
 namespace spdl::server {
 
-SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify)
-    : jobs_(jobs), peer_(peer), notify_(std::move(notify)) {}
+SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify,
+                           DaemonControl* control)
+    : jobs_(jobs), peer_(peer), notify_(std::move(notify)), control_(control) {}
 
 SessionLogic::~SessionLogic() { DropJob(); }
 
@@ -19,8 +20,23 @@ void SessionLogic::DropJob() {
   record_.reset();
 }
 
+std::string SessionLogic::Who() const {
+  if (job_) return fmt::format("job {} (pid {} uid {})", job_->accepted().job_id(), peer_.pid, peer_.uid);
+  return fmt::format("session pid {} uid {}", peer_.pid, peer_.uid);
+}
+
+bool SessionLogic::MayLog(const std::string& kind, std::string* note) const {
+  uint64_t dropped = 0;
+  if (control_ && control_->log_limiter && !control_->log_limiter->Allow(kind, &dropped)) return false;
+  *note = LogLimiter::Note(dropped);
+  return true;
+}
+
 Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
-  spdlog::warn("session pid {} uid {}: closing: {}", peer_.pid, peer_.uid, message);
+  std::string note;
+  if (MayLog("session closed: " + proto::Error::Code_Name(code), &note)) {
+    spdlog::warn("{}: closing the session: {}{}", Who(), message, note);
+  }
   Output out;
   auto* e = out.messages.emplace_back().message.mutable_error();
   e->set_code(code);
@@ -33,7 +49,7 @@ Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
 
 Output SessionLogic::OnOversizedFrame(uint32_t length, uint32_t max) {
   return Fatal(proto::Error::BAD_REQUEST, "a control message of " + std::to_string(length) +
-                                              " bytes exceeds the limit of " + std::to_string(max) + " bytes");
+                                              " bytes exceeds the daemon's max_frame_bytes of " + std::to_string(max) + " bytes");
 }
 
 Output SessionLogic::OnFrame(std::string_view payload) {
@@ -62,10 +78,24 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       return Fatal(proto::Error::BAD_REQUEST, "Hello sent twice");
     case proto::ClientMessage::kSubmit: {
       if (state_ == State::kRunning) return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
+      if (control_ && control_->draining) {
+        Output out;
+        auto* e = out.messages.emplace_back().message.mutable_error();
+        e->set_code(proto::Error::SHUTTING_DOWN);
+        e->set_message("spdld is draining (" + control_->drain_reason +
+                       "): it takes no new jobs and exits when the running ones end; submit again once it "
+                       "has restarted");
+        if (std::string note; MayLog("job refused: draining", &note)) {
+          spdlog::info("{}: job refused: draining{}", Who(), note);
+        }
+        return out;  // the session stays open (spdlctl status still works)
+      }
       jobs::SubmitResult r = jobs_->Submit(msg.submit(), peer_, notify_);
       Output out;
       if (!r.ok()) {
-        spdlog::info("session pid {} uid {}: job refused: {}", peer_.pid, peer_.uid, r.error.message());
+        if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
+          spdlog::info("{}: job refused: {}{}", Who(), r.error.message(), note);
+        }
         *out.messages.emplace_back().message.mutable_error() = r.error;
         return out;  // the client may fix its config and submit again
       }
@@ -110,6 +140,21 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       }
       return out;
     }
+    case proto::ClientMessage::kDrain: {
+      Output out;
+      auto& m = out.messages.emplace_back().message;
+      if (!control_ || !control_->request_drain) {
+        m.mutable_error()->set_code(proto::Error::BAD_REQUEST);
+        m.mutable_error()->set_message("this spdld cannot drain on request");
+      } else if (peer_.uid != 0 && peer_.uid != control_->admin_uid) {
+        m.mutable_error()->set_code(proto::Error::PERMISSION_DENIED);
+        m.mutable_error()->set_message("only root or uid " + std::to_string(control_->admin_uid) +
+                                       " (spdld's user) may drain spdld; you are uid " + std::to_string(peer_.uid));
+      } else {
+        *m.mutable_draining() = control_->request_drain(peer_, msg.drain().seconds());
+      }
+      return out;
+    }
     case proto::ClientMessage::MSG_NOT_SET:
       break;
   }
@@ -136,10 +181,18 @@ Output SessionLogic::OnJobEvent() {
     auto* e = out.messages.emplace_back().message.mutable_error();
     e->set_code(proto::Error::JOB_FAILED);
     e->set_message("job failed: " + f.message());
-    spdlog::warn("session pid {} uid {}: {}", peer_.pid, peer_.uid, e->message());
+    if (std::string note; MayLog("job failed", &note)) spdlog::warn("{}: {}{}", Who(), e->message(), note);
     DropJob();
     state_ = State::kIdle;
   }
+  return out;
+}
+
+Output SessionLogic::OnDrain(const proto::Draining& notice) {
+  Output out;
+  if (state_ != State::kRunning || told_draining_) return out;
+  told_draining_ = true;
+  *out.messages.emplace_back().message.mutable_draining() = notice;
   return out;
 }
 

@@ -91,6 +91,28 @@ std::optional<SlotRing::Lease> SlotRing::TakeNextReady() {
   return Lease{slot, s.seq, s.generation};
 }
 
+std::optional<SlotRing::Lease> SlotRing::TakeFirstReady(
+    const std::function<bool(uint32_t slot, uint64_t seq)>& eligible) {
+  std::lock_guard lock(mu_);
+  SkipAbandonedLocked();
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+    const auto [seq, slot] = *it;
+    if (!eligible(slot, seq)) continue;
+    ready_.erase(it);
+    Slot& s = slots_[slot];
+    s.state = SlotState::kLeased;
+    s.generation = next_generation_++;
+    if (seq == next_deliver_) {
+      ++next_deliver_;
+    } else {
+      abandoned_.insert(seq);  // delivered early: in-order delivery must not wait for it
+    }
+    SkipAbandonedLocked();
+    return Lease{slot, seq, s.generation};
+  }
+  return std::nullopt;
+}
+
 Status SlotRing::Release(uint32_t slot, uint64_t generation) {
   SPDL_RETURN_IF_ERROR(CheckRange(slot, "release"));
   std::lock_guard lock(mu_);

@@ -10,6 +10,7 @@
 //                       it is never delivered, and later batches are not held back by it.
 //   ready   -> leased   TakeNextReady: strictly in sequence order. A later batch that is ready
 //                       first waits until every earlier one was delivered or abandoned.
+//                       (TakeFirstReady: the first ready one a predicate accepts, for completion order.)
 //   leased  -> free     Release(slot, generation): the generation handed out with the lease must
 //                       match, so a stale or duplicated release is refused and changes nothing.
 //                       ReleaseAll frees every leased slot (the client went away).
@@ -26,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -71,6 +73,12 @@ class SlotRing {
   // ready -> leased for the slot holding the lowest undelivered (and not abandoned) sequence
   // number, if that slot is ready; nullopt otherwise (even when later batches are ready).
   std::optional<Lease> TakeNextReady();
+
+  // Completion order: ready -> leased for the ready slot with the lowest sequence number that
+  // `eligible(slot, seq)` accepts, even while earlier batches are still filling; TakeNextReady then
+  // skips its sequence number, as an abandoned one. `eligible` runs under the ring's lock: it must
+  // not call the ring. nullopt when no ready slot is accepted.
+  std::optional<Lease> TakeFirstReady(const std::function<bool(uint32_t slot, uint64_t seq)>& eligible);
 
   // leased -> free. Out of range, not leased, or a generation other than the current lease's ->
   // kInvalidArgument saying which, and nothing changes.

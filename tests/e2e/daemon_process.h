@@ -1,7 +1,9 @@
 // DaemonProcess: a real spdld process for end-to-end tests: started with fork/exec on a private
-// socket, stopped with a signal, its exit status checked. Not thread-safe.
+// socket, stopped with a signal, its exit status checked. RunCommand / RunCommandAs: run a tool
+// and collect its stdout. A RunAs starts either as another user (root only). Not thread-safe.
 #pragma once
 
+#include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,12 +19,31 @@
 
 namespace spdl::testing {
 
-// Runs `argv` and returns its exit code (-signal when killed) and its stdout.
-inline int RunCommand(const std::vector<std::string>& argv, std::string* out = nullptr) {
+// Who a child process runs as: uid < 0 = as the test itself. Setting another uid needs root.
+struct RunAs {
+  int uid = -1;
+  int gid = -1;
+};
+
+// In a forked child: drops to `as` (supplementary groups cleared); exits 126 if that fails.
+inline void BecomeInChild(const RunAs& as) {
+  if (as.uid < 0) return;
+  if (::setgroups(0, nullptr) != 0 || ::setgid(static_cast<gid_t>(as.gid)) != 0 ||
+      ::setuid(static_cast<uid_t>(as.uid)) != 0) {
+    _exit(126);
+  }
+}
+
+// Runs `argv` as `as` and returns its exit code (-signal when killed); its stdout goes to *out
+// (and, with `merge_stderr`, its stderr too).
+inline int RunCommandAs(const RunAs& as, const std::vector<std::string>& argv, std::string* out,
+                        bool merge_stderr = false) {
   int pipefd[2];
   if (::pipe(pipefd) != 0) return -1000;
   pid_t pid = ::fork();
   if (pid == 0) {
+    BecomeInChild(as);
+    if (merge_stderr) ::dup2(pipefd[1], 2);
     ::dup2(pipefd[1], 1);
     ::close(pipefd[0]);
     ::close(pipefd[1]);
@@ -44,14 +65,21 @@ inline int RunCommand(const std::vector<std::string>& argv, std::string* out = n
   return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
 }
 
+// Runs `argv` and returns its exit code (-signal when killed) and its stdout.
+inline int RunCommand(const std::vector<std::string>& argv, std::string* out = nullptr) {
+  return RunCommandAs(RunAs{}, argv, out);
+}
+
 class DaemonProcess {
  public:
-  // Starts build/bin/spdld with `args` and waits until its socket accepts connections.
-  DaemonProcess(std::string socket_path, std::vector<std::string> args) : socket_(std::move(socket_path)) {
+  // Starts build/bin/spdld with `args` (as `as`) and waits until its socket accepts connections.
+  DaemonProcess(std::string socket_path, std::vector<std::string> args, RunAs as = {})
+      : socket_(std::move(socket_path)) {
     std::vector<std::string> argv = {std::string(SPDL_BIN_DIR) + "/spdld", "--socket", socket_, "--log-level", "warn"};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = ::fork();
     if (pid_ == 0) {
+      BecomeInChild(as);
       std::vector<char*> a;
       for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
       a.push_back(nullptr);
@@ -59,7 +87,7 @@ class DaemonProcess {
       _exit(127);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline && !Connectable()) {
+    while (std::chrono::steady_clock::now() < deadline && !Connectable() && Running()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
@@ -83,6 +111,7 @@ class DaemonProcess {
   // Sends `sig` and waits (up to `timeout`) for the exit; returns the exit code (-signal when killed
   // by one), or nullopt on timeout.
   std::optional<int> Stop(int sig = SIGTERM, std::chrono::seconds timeout = std::chrono::seconds(10)) {
+    if (exit_code_) return exit_code_;
     ::kill(pid_, sig);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -95,6 +124,19 @@ class DaemonProcess {
     }
     return std::nullopt;
   }
+
+  // True while the process has not exited (reaps it, and keeps its exit code, if it has).
+  bool Running() {
+    if (exit_code_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+  // The exit code once Running() or Stop() has seen the exit.
+  std::optional<int> exit_code() const { return exit_code_; }
 
   pid_t pid() const { return pid_; }
   const std::string& socket() const { return socket_; }

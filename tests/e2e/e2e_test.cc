@@ -314,6 +314,12 @@ TEST_CASE("spdlctl shows the caller's jobs and stage figures and cancels a job")
   REQUIRE(j.at("stats").at("stages").size() == 2);
   CHECK(j.at("stats").at("stages")[1].at("name") == "decode");
   CHECK(j.at("stats").at("client_wait_seconds").get<double>() >= 0);
+  const auto& dec = j.at("stats").at("stages")[1];
+  CHECK(dec.at("kind") == "cpu");
+  CHECK(dec.at("p50_ms").get<double>() > 0);
+  CHECK(dec.at("items_per_s").get<double>() > 0);
+  CHECK(dec.contains("window_p99_ms"));
+  CHECK(j.at("stats").at("samples_per_s").get<double>() > 0);
   out.clear();
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "jobs"}, &out) == 0);
   CHECK_THAT(out, Catch::Contains(f.data_root()));
@@ -383,11 +389,58 @@ TEST_CASE("a corrupt file is skipped and counted, or fails the job naming it") {
       CHECK(std::set<std::string>(e.begin(), e.end()).size() == 12);
     }
     CHECK(r.stats.skipped == 4);  // 2 bad files x 2 epochs
+    // Stats add up: every sample tried was read once; what was read was decoded; what decoded was
+    // delivered. The client's wait for data is reported back.
+    uint64_t delivered = 0;
+    for (auto& e : r.epochs) delivered += e.size();
+    REQUIRE(r.stats.stages.size() == 2);
+    const auto& read = r.stats.stages[0];
+    const auto& decode = r.stats.stages[1];
+    CHECK(read.name == "read");
+    CHECK(read.kind == "io");
+    CHECK(decode.kind == "cpu");
+    CHECK(read.tasks == delivered + r.stats.skipped);
+    CHECK(decode.tasks == read.tasks - read.failures);
+    CHECK(decode.tasks - decode.failures == delivered);
+    CHECK(decode.failures == 4);
+    CHECK(decode.p50_ms > 0);
+    CHECK(decode.p50_ms <= decode.p99_ms);
+    CHECK(decode.avg_ms > 0);
+    CHECK(r.stats.client_wait_seconds > 0);
+  }
+  SECTION("max_failures") {
+    RankRun r = RunRank(f, Opts(f, JobYaml(f.data_root(), 4, 2, "max_failures: 1\nmax_failures_warmup: 0\n"), 0, 1, 2),
+                        false);
+    CHECK_THAT(r.error, Catch::Contains("too many bad samples: 2 of"));
+    CHECK_THAT(r.error, Catch::Contains("max_failures: 1"));
+    CHECK_THAT(r.error, Catch::Contains("stage 'decode'"));
+    CHECK_THAT(r.error, Catch::Contains("broken.jpg") || Catch::Contains("truncated.jpg"));
   }
   SECTION("fail") {
     RankRun r = RunRank(f, Opts(f, JobYaml(f.data_root(), 4, 2, "on_error: fail\n"), 0, 1, 1), false);
     CHECK_THAT(r.error, Catch::Contains("broken.jpg") || Catch::Contains("truncated.jpg"));
   }
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
+TEST_CASE("order: completion delivers every sample once per epoch, with the right pixels, and cannot be resumed") {
+  Fixture f(3, 9);  // 27 images
+  DaemonProcess d(f.socket(), {"--allow-root", f.data_root(), "--threads", "2"});
+  REQUIRE(d.Connectable());
+  const std::string yaml = JobYaml(f.data_root(), 4, 3, "order: completion\n");
+  RankRun r = RunRank(f, Opts(f, yaml, 0, 1, 2), /*check_pixels=*/true);
+  REQUIRE(r.error.empty());
+  REQUIRE(r.epochs.size() == 2);
+  for (auto& e : r.epochs) {
+    CHECK(e.size() == 27);
+    CHECK(std::set<std::string>(e.begin(), e.end()).size() == 27);
+  }
+  CHECK(r.pixel_mismatches == 0);
+  client::Options o = Opts(f, yaml, 0, 1, 2);
+  o.resume_token = "anything";
+  auto l = client::Loader::Open(o);
+  REQUIRE_FALSE(l.ok());
+  CHECK_THAT(l.status().message(), Catch::Contains("order: completion cannot be resumed"));
   CHECK(d.Stop() == std::optional<int>(0));
 }
 

@@ -27,6 +27,7 @@ class FakeProcessor : public RowProcessor {
       return Status::Ok();
     }
     if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    if (on_decode) on_decode(t.index);
     if (bad.count(t.index)) return DataLoss("sample " + std::to_string(t.index) + " is bad");
     uint64_t read = 0;
     if (t.bytes.size() != 8) return Internal("decode ran before read");
@@ -40,6 +41,7 @@ class FakeProcessor : public RowProcessor {
   std::set<uint64_t> bad;
   std::set<uint64_t> bad_read;
   int delay_us = 0;
+  std::function<void(uint64_t)> on_decode;  // called at the start of each decode
 
  private:
   std::vector<std::vector<int64_t>> rows_;
@@ -585,6 +587,107 @@ TEST_CASE("cancel drops the rows not started instead of finishing the epoch") {
   CHECK(st[1].tasks < 64);  // 4 slots x 16 rows were queued; only the few started ran
   CHECK(h.ring.counts().filling == 0);
   CHECK(h.ring.counts().free == 4);
+}
+
+// ---- order: completion ----
+
+TEST_CASE("completion order: later batches overtake a held-up one, but the epoch's end comes last") {
+  ThreadPool pool(2);
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.epochs = 2;
+  o.completion_order = true;
+  Harness h(4, 20, o, &pool);  // 5 batches per epoch
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  h.proc.on_decode = [&](uint64_t index) {  // sample 1 (batch 0 of epoch 0) waits for the gate, once
+    if (index != 1) return;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return open; });
+  };
+  h.pipe->Pump();
+  std::vector<SlotMeta> got;
+  auto take = [&] {
+    while (auto l = h.ring.TakeFirstReady([&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
+      SlotMeta m = h.pipe->TakeMeta(l->slot);
+      for (uint32_t r = 0; r < m.rows; ++r) REQUIRE(h.proc.at(l->slot, r) == static_cast<int64_t>(m.indices[r]));
+      got.push_back(m);
+      REQUIRE(h.ring.Release(l->slot, l->generation).ok());
+      h.pipe->Pump();
+    }
+  };
+  // Batches 1, 2, 3 fill while batch 0 is held; they are delivered at once. Batch 4 (the epoch's
+  // last) waits for batch 0, and epoch 1 waits for the end of epoch 0.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (got.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    take();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(got.size() == 3);
+  for (auto& m : got) {
+    CHECK(m.epoch == 0);
+    CHECK(m.seq != 0);
+    CHECK_FALSE(m.last_in_epoch);
+    CHECK(m.resume.extras.empty());
+  }
+  {
+    std::lock_guard lock(mu);
+    open = true;
+    h.proc.on_decode = nullptr;
+  }
+  cv.notify_all();
+  while (!(got.size() && got.back().last_in_job) && std::chrono::steady_clock::now() < deadline) {
+    take();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(got.back().last_in_job);
+  REQUIRE(got.size() == 10);
+  std::vector<std::set<uint64_t>> per_epoch(2);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].epoch == (i < 5 ? 0u : 1u));  // no batch of epoch 1 before the end of epoch 0
+    CHECK(got[i].last_in_epoch == (i == 4 || i == 9));
+    per_epoch[got[i].epoch].insert(got[i].indices.begin(), got[i].indices.end());
+  }
+  CHECK(per_epoch[0].size() == 20);
+  CHECK(per_epoch[1].size() == 20);
+  pool.Join();
+}
+
+TEST_CASE("completion order with skipped samples: the epoch still ends with its last batch") {
+  ThreadPool pool(3);
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.epochs = 3;
+  o.completion_order = true;
+  Harness h(3, 30, o, &pool, /*shuffle=*/true);
+  h.proc.bad = {2, 3, 11, 17, 18, 19, 28};
+  h.proc.delay_us = 200;
+  h.pipe->Pump();
+  std::vector<SlotMeta> got;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!(got.size() && got.back().last_in_job) && std::chrono::steady_clock::now() < deadline) {
+    while (auto l = h.ring.TakeFirstReady([&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
+      got.push_back(h.pipe->TakeMeta(l->slot));
+      REQUIRE(h.ring.Release(l->slot, l->generation).ok());
+      h.pipe->Pump();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  REQUIRE(got.back().last_in_job);
+  std::vector<std::multiset<uint64_t>> per_epoch(3);
+  uint32_t epoch = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].epoch == epoch);
+    per_epoch[got[i].epoch].insert(got[i].indices.begin(), got[i].indices.end());
+    if (got[i].last_in_epoch) ++epoch;
+  }
+  CHECK(epoch == 3);
+  for (auto& e : per_epoch) {
+    CHECK(e.size() == 23);
+    CHECK(std::set<uint64_t>(e.begin(), e.end()).size() == 23);
+  }
+  pool.Join();
 }
 
 // ---- the node-wide pool: fairness and resizing ----

@@ -1,6 +1,11 @@
 // The session protocol, without sockets: SessionLogic against a fake job service.
 #include <catch2/catch.hpp>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
 #include "proto/framing.h"
 #include "server/session_logic.h"
 
@@ -267,6 +272,157 @@ TEST_CASE("a disconnect cancels the job") {
   (void)s.OnFrame(Frame(Submit()));
   s.OnDisconnect();
   CHECK(svc.job->cancelled);
+}
+
+
+// ---- draining ----
+
+proto::ClientMessage DrainMsg(uint32_t seconds = 0) {
+  proto::ClientMessage m;
+  m.mutable_drain()->set_seconds(seconds);
+  return m;
+}
+
+// A DaemonControl whose drain request records who asked and flips `draining`, as the daemon does.
+struct ControlFixture {
+  ControlFixture() {
+    control.admin_uid = 999;
+    control.request_drain = [this](const jobs::PeerInfo& by, uint32_t seconds) {
+      requests.push_back({by.uid, seconds});
+      control.draining = true;
+      control.drain_reason = "spdlctl drain by uid " + std::to_string(by.uid);
+      proto::Draining d;
+      d.set_deadline_seconds(seconds ? seconds : 20);
+      d.set_live_jobs(1);
+      d.set_reason(control.drain_reason);
+      return d;
+    };
+  }
+  DaemonControl control;
+  std::vector<std::pair<uid_t, uint32_t>> requests;
+};
+
+TEST_CASE("while draining a submit is refused with SHUTTING_DOWN and the session stays open") {
+  FakeService svc;
+  ControlFixture cf;
+  cf.control.draining = true;
+  cf.control.drain_reason = "SIGTERM";
+  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::SHUTTING_DOWN);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("draining (SIGTERM)"));
+  CHECK_FALSE(o.close);
+  CHECK_FALSE(s.has_job());
+  CHECK_FALSE(svc.job);  // the job service was never asked
+  // Status still answers.
+  proto::ClientMessage st;
+  st.mutable_status();
+  o = s.OnFrame(Frame(st));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.has_status());
+}
+
+TEST_CASE("a running job is told once that the daemon drains, and its batches keep coming") {
+  FakeService svc;
+  ControlFixture cf;
+  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(Submit()));
+  REQUIRE(s.has_job());
+  proto::Draining notice;
+  notice.set_deadline_seconds(12.5);
+  notice.set_reason("SIGTERM");
+  Output o = s.OnDrain(notice);
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.draining().deadline_seconds() == 12.5);
+  CHECK(o.messages[0].message.draining().reason() == "SIGTERM");
+  CHECK_FALSE(o.close);
+  CHECK(s.OnDrain(notice).messages.empty());  // once
+  svc.job->ready = 2;
+  o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 4);  // batch, batch, epoch end, job end
+  CHECK(o.messages[3].message.has_job_end());
+  CHECK_FALSE(s.has_job());
+}
+
+TEST_CASE("a session without a job gets no drain notice") {
+  FakeService svc;
+  ControlFixture cf;
+  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  s.OnFrame(Frame(Hello()));
+  CHECK(s.OnDrain(proto::Draining()).messages.empty());
+}
+
+TEST_CASE("drain is allowed to root and to the daemon's uid and refused to others") {
+  FakeService svc;
+  ControlFixture cf;
+  {
+    SessionLogic other(&svc, Peer(), [] {}, &cf.control);  // uid 1000
+    other.OnFrame(Frame(Hello()));
+    Output o = other.OnFrame(Frame(DrainMsg()));
+    REQUIRE(o.messages.size() == 1);
+    CHECK(o.messages[0].message.error().code() == proto::Error::PERMISSION_DENIED);
+    CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("only root or uid 999"));
+    CHECK_FALSE(o.close);
+    CHECK(cf.requests.empty());
+    CHECK_FALSE(cf.control.draining);
+  }
+  {
+    SessionLogic admin(&svc, jobs::PeerInfo{5, 999, 999}, [] {}, &cf.control);
+    admin.OnFrame(Frame(Hello()));
+    Output o = admin.OnFrame(Frame(DrainMsg(7)));
+    REQUIRE(o.messages.size() == 1);
+    CHECK(o.messages[0].message.draining().deadline_seconds() == 7);
+    CHECK(o.messages[0].message.draining().reason() == "spdlctl drain by uid 999");
+  }
+  {
+    SessionLogic root(&svc, jobs::PeerInfo{6, 0, 0}, [] {}, &cf.control);
+    root.OnFrame(Frame(Hello()));
+    Output o = root.OnFrame(Frame(DrainMsg()));
+    REQUIRE(o.messages.size() == 1);
+    CHECK(o.messages[0].message.has_draining());
+  }
+  REQUIRE(cf.requests.size() == 2);
+  CHECK(cf.requests[0] == std::pair<uid_t, uint32_t>{999, 7});
+  CHECK(cf.requests[1] == std::pair<uid_t, uint32_t>{0, 0});
+}
+
+TEST_CASE("drain without a daemon control is refused, not fatal") {
+  FakeService svc;
+  SessionLogic s(&svc, jobs::PeerInfo{1, 0, 0}, [] {});
+  s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(DrainMsg()));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
+  CHECK_FALSE(o.close);
+}
+
+TEST_CASE("session warnings are rate-limited per kind and name the job") {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_st>(log)));
+  FakeService svc;
+  LogLimiter limiter(2, std::chrono::hours(1));
+  DaemonControl control;
+  control.log_limiter = &limiter;
+  for (int i = 0; i < 10; ++i) {
+    SessionLogic s(&svc, Peer(), [] {}, &control);
+    s.OnFrame(Frame(Hello(proto::kProtocolVersion + 1)));  // wrong version: the session is closed
+  }
+  SessionLogic s(&svc, Peer(), [] {}, &control);
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(Submit()));
+  s.OnFrame(Frame(Release(0, 12345)));  // a stale release: fatal, with a job
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  size_t closing = 0;
+  for (size_t p = 0; (p = text.find("session pid 123 uid 1000: closing the session", p)) != std::string::npos; ++p) {
+    ++closing;
+  }
+  CHECK(closing == 2);  // the burst; the other 8 were suppressed
+  CHECK_THAT(text, Catch::Contains("job 7 (pid 123 uid 1000): closing the session: bad Release"));
 }
 
 }  // namespace

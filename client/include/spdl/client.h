@@ -28,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -236,6 +237,14 @@ class Loader {
   const std::string& state() const { return state_; }
   // Total time Next() has spent waiting for batches: the figure that says whether the trainer starves.
   double wait_seconds() const;
+  // Whether the daemon said it is draining (SIGTERM, spdlctl drain): batches keep coming until the
+  // job ends or the deadline passes, when the daemon exits and Next() returns kUnavailable. Save
+  // state() and resume on the restarted daemon. Seen by Next() (the notice is not an event).
+  bool draining() const { return draining_; }
+  // Seconds from now until the draining daemon exits (0 when not draining or already past).
+  double drain_seconds_left() const;
+  // Why the daemon drains ("SIGTERM", "spdlctl drain by uid 0"); empty when not draining.
+  const std::string& drain_reason() const { return drain_reason_; }
 
   // The shared mapping, so tests can check that a tensor's pointer lies inside it.
   const void* region_data() const;
@@ -263,6 +272,9 @@ class Loader {
   bool finished_ = false;  // JobStats was returned
   std::string state_;      // resume token of the last Batch returned
   bool ended_ = false;     // End() sent EndJob
+  bool draining_ = false;  // the daemon sent Draining
+  std::string drain_reason_;
+  std::chrono::steady_clock::time_point drain_deadline_{};
 };
 
 }  // namespace spdl::client

@@ -1,0 +1,255 @@
+#include "ops/metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace spdl::ops {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+std::string Escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Collects samples per family so each family is written once with its HELP and TYPE.
+class Exposition {
+ public:
+  void Add(const std::string& name, const char* type, const char* help, const Labels& labels, double value) {
+    Family& f = families_[name];
+    if (f.type.empty()) {
+      order_.push_back(name);
+      f.type = type;
+      f.help = help;
+    }
+    std::string line = name;
+    if (!labels.empty()) {
+      line += '{';
+      for (size_t i = 0; i < labels.size(); ++i) {
+        line += (i ? "," : "") + labels[i].first + "=\"" + Escape(labels[i].second) + "\"";
+      }
+      line += '}';
+    }
+    line += ' ' + fmt::format("{}", value) + '\n';
+    f.lines += line;
+  }
+  std::string Text() const {
+    std::string out;
+    for (const auto& name : order_) {
+      const Family& f = families_.at(name);
+      out += "# HELP " + name + " " + f.help + "\n# TYPE " + name + " " + f.type + "\n" + f.lines;
+    }
+    return out;
+  }
+
+ private:
+  struct Family {
+    std::string type, help, lines;
+  };
+  std::map<std::string, Family> families_;
+  std::vector<std::string> order_;
+};
+
+struct JobMetric {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*get)(const proto::JobSummary&);
+};
+struct StageMetric {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*get)(const proto::StageStats&);
+};
+
+// One line per exported JobStats / StageStats field: extend here.
+const JobMetric kJobMetrics[] = {
+    {"spdld_job_samples_total", "counter", "Samples delivered into batches.",
+     [](const proto::JobSummary& j) { return double(j.stats().samples()); }},
+    {"spdld_job_batches_total", "counter", "Batches filled.",
+     [](const proto::JobSummary& j) { return double(j.stats().batches()); }},
+    {"spdld_job_skipped_total", "counter", "Bad samples skipped and replaced (on_error: skip).",
+     [](const proto::JobSummary& j) { return double(j.stats().skipped()); }},
+    {"spdld_job_client_wait_seconds_total", "counter", "Time the client waited for data, as it last reported.",
+     [](const proto::JobSummary& j) { return j.stats().client_wait_seconds(); }},
+    {"spdld_job_age_seconds", "gauge", "Seconds since the job was accepted.",
+     [](const proto::JobSummary& j) { return j.stats().seconds(); }},
+    {"spdld_job_first_batch_seconds", "gauge", "Seconds from acceptance to the first batch.",
+     [](const proto::JobSummary& j) { return j.stats().first_batch_seconds(); }},
+    {"spdld_job_batches_ready", "gauge", "Batches filled and waiting for the client.",
+     [](const proto::JobSummary& j) { return double(j.stats().batches_ready()); }},
+    {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
+     [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
+    {"spdld_job_batches_filling", "gauge", "Batches being filled by the pipeline.",
+     [](const proto::JobSummary& j) { return double(j.stats().batches_filling()); }},
+    {"spdld_job_samples_tried_total", "counter", "Samples that went through the stages, good or bad.",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_tried()); }},
+    {"spdld_job_samples_failed_total", "counter", "Samples that failed in some stage (skipped or fatal).",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_failed()); }},
+};
+const StageMetric kStageMetrics[] = {
+    {"spdld_stage_tasks_total", "counter", "Tasks run by the stage.",
+     [](const proto::StageStats& s) { return double(s.tasks()); }},
+    {"spdld_stage_failures_total", "counter", "Tasks of the stage that failed.",
+     [](const proto::StageStats& s) { return double(s.failures()); }},
+    {"spdld_stage_busy_seconds_total", "counter", "Worker time spent in the stage.",
+     [](const proto::StageStats& s) { return s.busy_seconds(); }},
+    {"spdld_stage_queue_length", "gauge", "Rows waiting in the queue in front of the stage.",
+     [](const proto::StageStats& s) { return double(s.queue_length()); }},
+    {"spdld_stage_running", "gauge", "Tasks of the stage running now.",
+     [](const proto::StageStats& s) { return double(s.running()); }},
+    {"spdld_stage_queue_wait_seconds_total", "counter", "Time rows waited in the stage's queue.",
+     [](const proto::StageStats& s) { return s.get_wait_seconds(); }},
+    {"spdld_stage_put_wait_seconds_total", "counter", "Time rows done here waited for room downstream.",
+     [](const proto::StageStats& s) { return s.put_wait_seconds(); }},
+    {"spdld_stage_task_p50_ms", "gauge", "Median task time over the job.",
+     [](const proto::StageStats& s) { return s.p50_ms(); }},
+    {"spdld_stage_task_p90_ms", "gauge", "90th percentile task time over the job.",
+     [](const proto::StageStats& s) { return s.p90_ms(); }},
+    {"spdld_stage_task_p99_ms", "gauge", "99th percentile task time over the job.",
+     [](const proto::StageStats& s) { return s.p99_ms(); }},
+};
+
+// One scrape: read the request, answer, close.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, const std::function<std::string()>* render)
+      : stream_(std::move(socket)), render_(render) {}
+
+  void Start() {
+    stream_.expires_after(std::chrono::seconds(10));
+    http::async_read(stream_, buffer_, request_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return;  // the scraper went away or sent garbage: nothing to answer
+      self->Answer();
+    });
+  }
+
+ private:
+  void Answer() {
+    response_.version(request_.version());
+    response_.keep_alive(false);
+    response_.set(http::field::server, "spdld");
+    const std::string target(request_.target());
+    if (request_.method() != http::verb::get && request_.method() != http::verb::head) {
+      response_.result(http::status::method_not_allowed);
+      response_.set(http::field::content_type, "text/plain");
+      response_.body() = "only GET /metrics\n";
+    } else if (target != "/metrics" && target.rfind("/metrics?", 0) != 0) {
+      response_.result(http::status::not_found);
+      response_.set(http::field::content_type, "text/plain");
+      response_.body() = "spdld serves /metrics\n";
+    } else {
+      response_.result(http::status::ok);
+      response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      response_.body() = (*render_)();
+    }
+    response_.prepare_payload();
+    if (request_.method() == http::verb::head) response_.body().clear();
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
+      beast::error_code ec;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    });
+  }
+
+  beast::tcp_stream stream_;
+  const std::function<std::string()>* render_;
+  beast::flat_buffer buffer_;
+  http::request<http::string_body> request_;
+  http::response<http::string_body> response_;
+};
+
+}  // namespace
+
+std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& facts) {
+  Exposition e;
+  e.Add("spdld_uptime_seconds", "gauge", "Seconds since spdld started.", {}, st.uptime_seconds());
+  e.Add("spdld_worker_threads", "gauge", "Decode/transform worker threads.", {}, st.worker_threads());
+  e.Add("spdld_memory_budget_bytes", "gauge", "Shared-memory budget for all jobs.", {},
+        double(st.memory_budget_bytes()));
+  e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {}, double(st.memory_in_use_bytes()));
+  e.Add("spdld_jobs", "gauge", "Live jobs (all users).", {}, st.live_jobs());
+  e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
+  for (const auto& j : st.jobs()) {
+    const Labels labels = {
+        {"job", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
+    for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
+  }
+  for (const auto& j : st.jobs()) {
+    for (const auto& s : j.stats().stages()) {
+      const Labels labels = {{"job", std::to_string(j.job_id())}, {"stage", s.name()}};
+      for (const auto& m : kStageMetrics) e.Add(m.name, m.type, m.help, labels, m.get(s));
+    }
+  }
+  return e.Text();
+}
+
+MetricsServer::MetricsServer(asio::io_context* io, std::function<std::string()> render)
+    : io_(io), render_(std::move(render)), acceptor_(*io) {}
+
+MetricsServer::~MetricsServer() { Stop(); }
+
+Status MetricsServer::Start(uint16_t port) {
+  const tcp::endpoint ep(asio::ip::address_v4::loopback(), port);
+  boost::system::error_code ec;
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Unavailable("cannot serve metrics on 127.0.0.1:" + std::to_string(port) + ": " + ec.message() +
+                       " (choose another metrics_port, or 0 to turn metrics off)");
+  }
+  port_ = acceptor_.local_endpoint(ec).port();
+  Accept();
+  return Status::Ok();
+}
+
+void MetricsServer::Accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec != asio::error::operation_aborted && !stopped_) {
+        uint64_t dropped = 0;
+        if (log_limiter_.Allow("accept", &dropped)) {
+          spdlog::warn("metrics: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+        }
+        Accept();
+      }
+      return;
+    }
+    std::make_shared<Connection>(std::move(socket), &render_)->Start();
+    Accept();
+  });
+}
+
+void MetricsServer::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+}
+
+}  // namespace spdl::ops

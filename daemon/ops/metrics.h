@@ -1,0 +1,66 @@
+// Prometheus metrics: the registry's status (proto DaemonStatus / JobSummary / JobStats /
+// StageStats) as Prometheus text exposition (format 0.0.4), served over HTTP on a loopback port
+// (daemon config metrics_port; 0 = off) with Boost.Beast on the daemon's io_context.
+//
+// Exported families (labels: job, uid, rank on job series; job, stage on stage series):
+//   spdld_uptime_seconds, spdld_worker_threads, spdld_memory_budget_bytes,
+//   spdld_memory_in_use_bytes, spdld_jobs, spdld_draining                        (gauges)
+//   spdld_job_{samples,batches,skipped}_total, spdld_job_client_wait_seconds_total (counters)
+//   spdld_job_{age,first_batch}_seconds, spdld_job_batches_ready, spdld_job_memory_bytes (gauges)
+//   spdld_job_batches_filling (gauge), spdld_job_samples_{tried,failed}_total     (counters)
+//   spdld_stage_{tasks,failures}_total, spdld_stage_busy_seconds_total,
+//   spdld_stage_{queue,put}_wait_seconds_total                                    (counters)
+//   spdld_stage_queue_length, spdld_stage_running, spdld_stage_task_p{50,90,99}_ms (gauges)
+// A new JobStats / StageStats field is one line in the tables in metrics.cc.
+//
+// RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one
+// io_context thread it is given; handlers never throw.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/log_limiter.h"
+#include "common/status.h"
+#include "proto/control.pb.h"
+
+namespace spdl::ops {
+
+// Daemon-wide facts that are not in DaemonStatus.
+struct DaemonFacts {
+  bool draining = false;
+};
+
+// The text exposition of `status` (every job in it; pass the root view for all users').
+std::string RenderPrometheus(const proto::DaemonStatus& status, const DaemonFacts& facts = {});
+
+class MetricsServer {
+ public:
+  // `render` produces the body of each scrape, on the io thread. *io must outlive this object.
+  MetricsServer(boost::asio::io_context* io, std::function<std::string()> render);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // Binds 127.0.0.1:`port` and starts serving GET /metrics (anything else: 404; not GET: 405).
+  // kUnavailable when the port is taken.
+  Status Start(uint16_t port);
+  // Stops accepting; connections in flight finish on their own.
+  void Stop();
+  uint16_t port() const { return port_; }
+
+ private:
+  void Accept();
+
+  boost::asio::io_context* const io_;
+  const std::function<std::string()> render_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  bool stopped_ = false;
+  LogLimiter log_limiter_;
+};
+
+}  // namespace spdl::ops
