@@ -8,9 +8,10 @@
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
-#include "jobs/image_job.h"
+#include "jobs/media_job.h"
 #include "jobs/resume_token.h"
 #include "jobs/shared_job.h"
+#include "jobs/sample_decoder.h"
 
 namespace spdl::jobs {
 namespace {
@@ -33,72 +34,6 @@ proto::Error::Code CodeFor(const Status& s) {
 }
 
 std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
-
-media::Interpolation ToMedia(config::Interpolation i) {
-  switch (i) {
-    case config::Interpolation::kBilinear: return media::Interpolation::kBilinear;
-    case config::Interpolation::kBicubic: return media::Interpolation::kBicubic;
-    case config::Interpolation::kArea: return media::Interpolation::kArea;
-  }
-  return media::Interpolation::kBilinear;
-}
-
-media::OutputDType ToMedia(config::DType d) {
-  switch (d) {
-    case config::DType::kUInt8: return media::OutputDType::kUInt8;
-    case config::DType::kFloat32: return media::OutputDType::kFloat32;
-    case config::DType::kFloat16: return media::OutputDType::kFloat16;
-    case config::DType::kBFloat16: return media::OutputDType::kBFloat16;
-  }
-  return media::OutputDType::kUInt8;
-}
-
-// Maps the job's transform chain, decode and output settings onto the image decoder's ops: one
-// fused resize + center crop (or one random resized crop), then the flip and the normalization
-// in the output pass.
-Result<media::ImageOps> OpsFor(const config::JobConfig& c) {
-  media::ImageOps ops;
-  bool seen_crop = false;
-  for (const auto& t : c.transforms) {
-    if (const auto* r = std::get_if<config::ResizeOp>(&t)) {
-      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
-        return InvalidArgument("transforms: only one resize, before center_crop, is supported in this version");
-      ops.resize_shorter = r->shorter;
-      ops.resize_height = r->height;
-      ops.resize_width = r->width;
-      ops.interpolation = ToMedia(r->interpolation);
-    } else if (const auto* cc = std::get_if<config::CenterCropOp>(&t)) {
-      if (seen_crop || ops.random_crop())
-        return InvalidArgument("transforms: only one center_crop is supported in this version");
-      seen_crop = true;
-      ops.crop_height = cc->height;
-      ops.crop_width = cc->width;
-    } else if (const auto* rc = std::get_if<config::RandomResizedCropOp>(&t)) {
-      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
-        return InvalidArgument("transforms: random_resized_crop cannot be combined with resize or center_crop");
-      ops.random_crop_height = rc->height;
-      ops.random_crop_width = rc->width;
-      ops.random_crop_scale = {rc->scale_min, rc->scale_max};
-      ops.random_crop_ratio = {rc->ratio_min, rc->ratio_max};
-      ops.interpolation = ToMedia(rc->interpolation);
-    } else if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
-      ops.flip_probability = f->p;
-    } else if (const auto* n = std::get_if<config::NormalizeOp>(&t)) {
-      ops.normalize = true;
-      ops.mean = n->mean;
-      ops.stddev = n->stddev;
-    }
-  }
-  ops.dtype = ToMedia(c.output.dtype);
-  ops.layout = c.output.layout == config::Layout::kNCHW ? media::OutputLayout::kNCHW : media::OutputLayout::kNHWC;
-  ops.exif_orientation = c.decode.exif_orientation;
-  ops.alpha = c.decode.alpha == config::AlphaMode::kComposite ? media::AlphaMode::kComposite : media::AlphaMode::kDrop;
-  for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(c.decode.background[i]);
-  ops.max_pixels = c.decode.max_pixels;
-  Status valid = media::ValidateImageOps(ops);
-  if (!valid.ok()) return InvalidArgument("transforms: " + valid.message());
-  return ops;
-}
 
 // Opens the job's sample source: scans the folder, reads the list, or indexes the tar shards, with
 // every local path checked against the daemon's allowed roots and every URL against its allowed
@@ -273,7 +208,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
-  ImageJobSpec spec;
+  MediaJobSpec spec;
   spec.config = std::move(*parsed.config);
   spec.owner = peer;
   spec.world_size = req.world_size() == 0 ? 1 : req.world_size();
@@ -284,12 +219,12 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
                                                          " is not below world_size " + std::to_string(spec.world_size));
     return out;
   }
-  auto ops = OpsFor(spec.config);
-  if (!ops.ok()) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG, ops.status().message());
+  auto decoder = MakeSampleDecoder(spec.config);
+  if (!decoder.ok()) {
+    out.error = MakeError(proto::Error::INVALID_CONFIG, decoder.status().message());
     return out;
   }
-  spec.ops = *ops;
+  spec.decoder = std::move(decoder).value();
 
   auto source = OpenSource(spec.config.source, config_);
   if (!source.ok()) {
@@ -371,7 +306,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
 
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
-  const uint64_t bytes = ImageJob::LayoutFor(spec).region_bytes;
+  const uint64_t bytes = MediaJob::LayoutFor(spec).region_bytes;
   {
     std::lock_guard lock(mu_);
     if (jobs_per_uid_[peer.uid] >= config_.max_jobs_per_client) {
@@ -403,7 +338,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
       if (auto g = weak.lock()) g->Notify();
     };
   }
-  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
+  auto job = MediaJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
