@@ -313,41 +313,10 @@ Status AudioDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, AudioInfo& in
   };
 
   auto done = [&] { return p.overshoot || p.written >= capacity; };
-  auto receive = [&]() -> Status {
-    while (!done()) {
-      const int rc = avcodec_receive_frame(ctx.get(), frame.get());
-      if (rc == AVERROR(EAGAIN) || rc == AVERROR_EOF) return Status::Ok();
-      if (rc < 0) return DataLoss("corrupt " + info.codec + " audio: " + AvErrorString(rc));
-      Status s = consume(frame.get());
-      av_frame_unref(frame.get());
-      SPDL_RETURN_IF_ERROR(s);
-    }
-    return Status::Ok();
-  };
-
-  Status status;
-  bool eof = false;
-  while (status.ok() && !done() && !eof) {
-    int rc = av_read_frame(in.format(), packet.get());
-    if (rc == AVERROR_EOF) {
-      eof = true;
-      rc = avcodec_send_packet(ctx.get(), nullptr);
-    } else if (rc < 0) {
-      status = DataLoss("cannot read the audio: " + AvErrorString(rc));
-      break;
-    } else if (packet->stream_index != st->index) {
-      av_packet_unref(packet.get());
-      continue;
-    } else {
-      rc = avcodec_send_packet(ctx.get(), packet.get());
-      av_packet_unref(packet.get());
-    }
-    if (rc < 0 && rc != AVERROR(EAGAIN) && rc != AVERROR_EOF) {
-      status = DataLoss("corrupt " + info.codec + " audio: " + AvErrorString(rc));
-      break;
-    }
-    status = receive();
-  }
+  DecodeLoopEnd end = DecodeStream(in, ctx.get(), st->index, info.codec + " audio", packet.get(), frame.get(), done,
+                                   consume);
+  Status status = std::move(end.status);
+  const bool eof = end.eof;
   if (status.ok() && eof && swr_ready && !done() && skip >= 0) status = push(nullptr, 0);  // the resampler's tail
   av_channel_layout_uninit(&in_layout);
   av_packet_unref(packet.get());

@@ -171,4 +171,43 @@ double StreamSeconds(const AVStream* stream, int64_t ts) {
   return static_cast<double>(ts - start) * av_q2d(stream->time_base);
 }
 
+DecodeLoopEnd DecodeStream(const AvInput& in, AVCodecContext* decoder, int stream_index, const std::string& what,
+                           AVPacket* packet, AVFrame* frame, const std::function<bool()>& done,
+                           const std::function<Status(AVFrame*)>& consume) {
+  auto receive = [&]() -> Status {
+    while (!done()) {
+      const int rc = avcodec_receive_frame(decoder, frame);
+      if (rc == AVERROR(EAGAIN) || rc == AVERROR_EOF) return Status::Ok();
+      if (rc < 0) return DataLoss("corrupt " + what + ": " + AvErrorString(rc));
+      Status s = consume(frame);
+      av_frame_unref(frame);
+      SPDL_RETURN_IF_ERROR(s);
+    }
+    return Status::Ok();
+  };
+  DecodeLoopEnd end;
+  while (end.status.ok() && !done() && !end.eof) {
+    int rc = av_read_frame(in.format(), packet);
+    if (rc == AVERROR_EOF) {
+      end.eof = true;
+      rc = avcodec_send_packet(decoder, nullptr);
+    } else if (rc < 0) {
+      end.status = DataLoss("cannot read the " + what + ": " + AvErrorString(rc));
+      break;
+    } else if (packet->stream_index != stream_index) {
+      av_packet_unref(packet);
+      continue;
+    } else {
+      rc = avcodec_send_packet(decoder, packet);
+      av_packet_unref(packet);
+    }
+    if (rc < 0 && rc != AVERROR(EAGAIN) && rc != AVERROR_EOF) {
+      end.status = DataLoss("corrupt " + what + ": " + AvErrorString(rc));
+      break;
+    }
+    end.status = receive();
+  }
+  return end;
+}
+
 }  // namespace spdl::media

@@ -12,6 +12,7 @@ extern "C" {
 }
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -59,6 +60,22 @@ class AvInput {
   AVIOContext* io_ = nullptr;
   AVFormatContext* format_ = nullptr;
 };
+
+// How DecodeStream ended: `status` not OK on a read or decode error; `eof` when the stream was read
+// to its end (the decoder flushed) rather than stopped by `done`.
+struct DecodeLoopEnd {
+  Status status;
+  bool eof = false;
+};
+
+// The demux/decode loop both decoders run: reads packets of `stream_index` from `in` into `decoder`
+// and hands every decoded frame to `consume` (which must not keep it: the frame is unreferenced
+// after), until `done()` or the end of the stream (then flushes the decoder). `what` names the
+// media in messages, e.g. "FLAC audio" -> "corrupt FLAC audio: ...". `packet` and `frame` are the
+// caller's reusable buffers.
+DecodeLoopEnd DecodeStream(const AvInput& in, AVCodecContext* decoder, int stream_index, const std::string& what,
+                           AVPacket* packet, AVFrame* frame, const std::function<bool()>& done,
+                           const std::function<Status(AVFrame*)>& consume);
 
 // A stream's timestamps in seconds: (ts - start) * time_base, where start is the stream's
 // start_time (0 when unknown), so the first sample or frame of the stream is at about 0.

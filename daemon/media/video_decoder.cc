@@ -212,41 +212,9 @@ Status VideoDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, VideoInfo& in
   };
 
   auto done = [&] { return p.overshoot || p.emitted >= total; };
-  auto receive = [&]() -> Status {
-    while (!done()) {
-      const int rc = avcodec_receive_frame(ctx.get(), frame.get());
-      if (rc == AVERROR(EAGAIN) || rc == AVERROR_EOF) return Status::Ok();
-      if (rc < 0) return DataLoss("corrupt " + info.codec + " video: " + AvErrorString(rc));
-      Status s = consume(frame.get());
-      av_frame_unref(frame.get());
-      SPDL_RETURN_IF_ERROR(s);
-    }
-    return Status::Ok();
-  };
-
-  Status status;
-  bool eof = false;
-  while (status.ok() && !done() && !eof) {
-    int rc = av_read_frame(in.format(), packet.get());
-    if (rc == AVERROR_EOF) {
-      eof = true;
-      rc = avcodec_send_packet(ctx.get(), nullptr);
-    } else if (rc < 0) {
-      status = DataLoss("cannot read the video: " + AvErrorString(rc));
-      break;
-    } else if (packet->stream_index != st->index) {
-      av_packet_unref(packet.get());
-      continue;
-    } else {
-      rc = avcodec_send_packet(ctx.get(), packet.get());
-      av_packet_unref(packet.get());
-    }
-    if (rc < 0 && rc != AVERROR(EAGAIN) && rc != AVERROR_EOF) {
-      status = DataLoss("corrupt " + info.codec + " video: " + AvErrorString(rc));
-      break;
-    }
-    status = receive();
-  }
+  Status status = DecodeStream(in, ctx.get(), st->index, info.codec + " video", packet.get(), frame.get(), done,
+                               consume)
+                      .status;
   av_packet_unref(packet.get());
   av_frame_unref(frame.get());
   SPDL_RETURN_IF_ERROR(status);
