@@ -52,9 +52,9 @@ sanitize:
 # CI only (.ci/run runs `make test`, then this): each fuzz target for CI_FUZZ_SECONDS from its seed
 # corpus (build-fuzz), a subset of the tests under ASan+UBSan (build-asan) and the concurrency
 # tests under TSan (build-tsan); see scripts/sanitize.sh for the subsets and .ci/README.md for
-# the time each step takes. resume_fuzz joins CI_FUZZ_TARGETS once its findings are fixed.
-CI_FUZZ_SECONDS ?= 60
-CI_FUZZ_TARGETS ?= control_fuzz config_fuzz
+# the time each step takes.
+CI_FUZZ_SECONDS ?= 30
+CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz
 ci-extra: ci-fuzz ci-sanitize
 
 ci-fuzz:

@@ -182,7 +182,7 @@ class BatchPipeline {
   // Completion order: whether the ready batch in `slot` may be delivered now, ahead of earlier ones
   // still filling: it must belong to the epoch being delivered, and the epoch's last batch must
   // wait for every other batch of its epoch. When true the batch counts as delivered. For
-  // SlotRing::TakeFirstReady's predicate (called under the ring's lock; takes only mu_).
+  // SlotRing::TakeFirstReady's predicate (called without the ring's lock; takes only mu_).
   bool ClaimForDelivery(uint32_t slot, uint64_t seq);
   // What a delivered slot holds, with its resume point (none in completion order). Call once per
   // delivery, in delivery order. REQUIRES: `slot` was returned by TakeNextReady or TakeFirstReady

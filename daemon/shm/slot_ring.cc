@@ -2,6 +2,7 @@
 
 #include <cassert>
 #include <string>
+#include <vector>
 
 namespace spdl::shm {
 
@@ -93,11 +94,20 @@ std::optional<SlotRing::Lease> SlotRing::TakeNextReady() {
 
 std::optional<SlotRing::Lease> SlotRing::TakeFirstReady(
     const std::function<bool(uint32_t slot, uint64_t seq)>& eligible) {
-  std::lock_guard lock(mu_);
-  SkipAbandonedLocked();
-  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-    const auto [seq, slot] = *it;
+  // The predicate runs without mu_ held (it takes its caller's own lock: holding ours around it
+  // would order the two locks against the producers' order). A ready slot stays ready until the
+  // consumer — the only caller of the Take* functions — takes it, so the snapshot stays valid.
+  std::vector<std::pair<uint64_t, uint32_t>> candidates;
+  {
+    std::lock_guard lock(mu_);
+    SkipAbandonedLocked();
+    candidates.assign(ready_.begin(), ready_.end());
+  }
+  for (const auto& [seq, slot] : candidates) {
     if (!eligible(slot, seq)) continue;
+    std::lock_guard lock(mu_);
+    auto it = ready_.find(seq);
+    if (it == ready_.end() || it->second != slot) return std::nullopt;  // not the consumer's own snapshot
     ready_.erase(it);
     Slot& s = slots_[slot];
     s.state = SlotState::kLeased;

@@ -76,8 +76,9 @@ class SlotRing {
 
   // Completion order: ready -> leased for the ready slot with the lowest sequence number that
   // `eligible(slot, seq)` accepts, even while earlier batches are still filling; TakeNextReady then
-  // skips its sequence number, as an abandoned one. `eligible` runs under the ring's lock: it must
-  // not call the ring. nullopt when no ready slot is accepted.
+  // skips its sequence number, as an abandoned one. `eligible` runs without the ring's lock held
+  // (it may take its own locks); it is called only for slots that were ready, and a slot it accepts
+  // is taken: the caller must be the ring's only consumer. nullopt when no ready slot is accepted.
   std::optional<Lease> TakeFirstReady(const std::function<bool(uint32_t slot, uint64_t seq)>& eligible);
 
   // leased -> free. Out of range, not leased, or a generation other than the current lease's ->
