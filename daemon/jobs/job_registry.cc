@@ -294,6 +294,13 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
+  if (spec.config.output.cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon) {
+    out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                          "output.device " + spec.config.output.device +
+                              " with copy: daemon needs GPU delivery, which this spdld does not wire yet; use "
+                              "copy: client or device: cpu");
+    return out;
+  }
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
   const uint64_t bytes = ImageJob::LayoutFor(spec).region_bytes;
   {
