@@ -8,6 +8,8 @@
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
+#include "cuda/device_slot_pool.h"
+#include "jobs/gpu_delivery.h"
 #include "jobs/image_job.h"
 #include "jobs/resume_token.h"
 
@@ -294,12 +296,39 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
-  if (spec.config.output.cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon) {
-    out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                          "output.device " + spec.config.output.device +
-                              " with copy: daemon needs GPU delivery, which this spdld does not wire yet; use "
-                              "copy: client or device: cpu");
-    return out;
+  // GPU delivery (copy: daemon): the device's backend (made lazily by the daemon) and its budget.
+  const int cuda_device = spec.config.output.cuda_device;
+  const bool daemon_copy = cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon;
+  cuda::DeviceBackend* backend = nullptr;
+  uint64_t device_bytes = 0;
+  if (daemon_copy) {
+    if (!device_backends_) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device +
+                                ": this spdld was built without CUDA, so it cannot copy batches to a GPU; use "
+                                "output.copy: client (the client copies) or output.device: cpu");
+      return out;
+    }
+    auto b = device_backends_(cuda_device);
+    if (!b.ok()) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device + ": " + b.status().message() +
+                                "; use output.copy: client or output.device: cpu");
+      return out;
+    }
+    backend = *b;
+    if (!req.device_uuid().empty()) {
+      auto uuid = backend->Uuid();
+      if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {
+        out.error = MakeError(proto::Error::BAD_REQUEST,
+                              "output.device " + spec.config.output.device +
+                                  " is not the client's GPU (their UUIDs differ: CUDA_VISIBLE_DEVICES may number "
+                                  "the GPUs differently in the daemon and the trainer); name the daemon's number");
+        return out;
+      }
+    }
+    const proto::SlotLayout layout = ImageJob::LayoutFor(spec);
+    device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
   }
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
   const uint64_t bytes = ImageJob::LayoutFor(spec).region_bytes;
@@ -320,6 +349,21 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
                                 MiB(config_.memory_budget_bytes) + " is free");
       return out;
     }
+    if (daemon_copy) {
+      const uint64_t used = device_bytes_in_use_[cuda_device];
+      if (used + device_bytes > config_.device_memory_budget_bytes) {
+        if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
+        out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                              "the job needs " + MiB(device_bytes) + " of GPU memory on " + spec.config.output.device +
+                                  " but only " + MiB(config_.device_memory_budget_bytes > used
+                                                         ? config_.device_memory_budget_bytes - used
+                                                         : 0) +
+                                  " of the daemon's device_memory_budget_bytes of " +
+                                  MiB(config_.device_memory_budget_bytes) + " is free");
+        return out;
+      }
+      device_bytes_in_use_[cuda_device] += device_bytes;
+    }
     bytes_in_use_ += bytes;
     ++jobs_per_uid_[peer.uid];
     ++live_jobs_;
@@ -327,12 +371,31 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
-  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
+  auto return_device = [this, cuda_device, device_bytes] {
+    if (device_bytes == 0) return;
+    std::lock_guard lock(mu_);
+    device_bytes_in_use_[cuda_device] -= device_bytes;
+  };
+  const config::OutputConfig output = spec.config.output;
+  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), notify, io_executor_);
   if (!job.ok()) {
+    return_device();
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
   }
   out.job = std::move(job).value();
+  if (output.cuda_device >= 0) {
+    GpuDeliveryOptions g;
+    g.output = output;
+    g.notify = std::move(notify);
+    g.on_close = return_device;
+    auto wrapped = WrapGpuJob(std::move(out.job), backend, std::move(g));
+    if (!wrapped.ok()) {
+      out.error = MakeError(CodeFor(wrapped.status()), wrapped.status().message());
+      return out;
+    }
+    out.job = std::move(wrapped).value();
+  }
   auto record = std::make_shared<JobRecord>();
   record->job_id = out.job->accepted().job_id();
   record->owner = peer;

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "config/daemon_config.h"
+#include "cuda/device_backend.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
 
@@ -41,6 +42,18 @@ class JobRegistry final : public JobService {
   // The worker pool's size after a reload resized it (reported by Status). Control thread only.
   void SetWorkerThreads(int threads) { worker_threads_ = threads; }
 
+  // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
+  // the registry); an error says why there is none. Unset (a daemon built without CUDA): output.device
+  // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
+  using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
+  void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  // Device bytes held by live copy: daemon jobs on CUDA device N.
+  uint64_t device_bytes_in_use(int device) const {
+    std::lock_guard lock(mu_);
+    auto it = device_bytes_in_use_.find(device);
+    return it == device_bytes_in_use_.end() ? 0 : it->second;
+  }
+
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
   // Jobs alive (including ones whose last tasks are still finishing).
@@ -57,6 +70,7 @@ class JobRegistry final : public JobService {
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (SetWorkerThreads)
+  DeviceBackendFn device_backends_;  // set before the first Submit
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
@@ -66,6 +80,7 @@ class JobRegistry final : public JobService {
   // Guarded by mu_.
   uint64_t bytes_in_use_ = 0;
   std::map<uid_t, int> jobs_per_uid_;
+  std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   int live_jobs_ = 0;
 };
 
