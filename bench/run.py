@@ -88,6 +88,11 @@ def build_configs(a, have_py, have_spdl):
         out.append(Config(f"spdld-cli-r{ranks}", "spdld + spdl-client (C++)", "spdld-cli", ranks, threads=a.threads))
         if have_spdl and ranks == 1:
             out.append(Config(f"spdl-r{ranks}", f"SPDL, {a.threads} threads", "spdl", ranks, threads=a.threads))
+    for n in a.identical:
+        out.append(Config(f"spdld-cli-same{n}-noshare", f"{n} identical spdl-client jobs, no sharing", "spdld-cli", n,
+                          threads=a.threads, role="identical", identical="noshare"))
+        out.append(Config(f"spdld-cli-same{n}-share", f"{n} identical spdl-client jobs, share: true", "spdld-cli", n,
+                          threads=a.threads, role="identical", identical="share"))
     out.append(Config("spdld-cli-t1-r1", "spdld --threads 1 + spdl-client", "spdld-cli", 1, threads=1, role="limit"))
     return out
 
@@ -114,7 +119,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=2, help="epochs per run")
     ap.add_argument("--repeats", type=int, help="runs per configuration; the median is reported (default 3; quick 1)")
     ap.add_argument("--workers", default="1,2,3,4", help="DataLoader num_workers values to try")
-    ap.add_argument("--ranks", default="1,4", help="scenarios: ranks on the node")
+    ap.add_argument("--ranks", default="1,4,8", help="scenarios: ranks on the node")
+    ap.add_argument("--identical", default="4",
+                    help="scenarios: N identical spdl-client jobs with and without share: true (comma list; '' = none)")
     ap.add_argument("--threads", type=int, default=2, help="spdld --threads (and SPDL's)")
     ap.add_argument("--job-config", default=os.path.join(REPO, "config", "examples", "imagenet.yaml"))
     ap.add_argument("--data-dir", help="dataset location (default ~/.cache/spdld-bench/data-...)")
@@ -133,6 +140,7 @@ def main():
     a.repeats = a.repeats or (1 if a.quick else 3)
     a.workers = [int(x) for x in a.workers.split(",") if x]
     a.ranks = [int(x) for x in a.ranks.split(",") if x]
+    a.identical = [int(x) for x in a.identical.split(",") if x]
     a.build_dir = os.path.abspath(a.build_dir)
     a.out = os.path.abspath(a.out or (os.path.join(HERE, "out") if a.quick else HERE))
     a.job_config = os.path.abspath(a.job_config)

@@ -46,19 +46,28 @@ void PrintStatus(const DaemonStatus& s) {
               MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
 }
 
-// The table fits 100 columns: a long source path keeps its end ("...ne/train").
+// The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of
+// its own below the row (cut in the middle, "...", past 100 columns).
 void PrintJobs(const DaemonStatus& s) {
-  constexpr size_t kSourceWidth = 26;
+  constexpr size_t kColumns = 100, kRow = 75, kIndent = 8;
   std::printf("%6s %6s %7s %7s %6s %10s %9s %5s %8s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
               "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
   for (const auto& j : s.jobs()) {
     char rank[24];
     std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
+    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f", j.job_id(), j.uid(), j.pid(), rank,
+                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds());
     std::string source = j.source();
-    if (source.size() > kSourceWidth) source = "..." + source.substr(source.size() - (kSourceWidth - 3));
-    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f  %s\n", j.job_id(), j.uid(), j.pid(), rank,
-                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds(),
-                source.c_str());
+    if (kRow + source.size() <= kColumns) {
+      std::printf("  %s\n", source.c_str());
+      continue;
+    }
+    const size_t room = kColumns - kIndent;
+    if (source.size() > room) {
+      const size_t head = room / 2 - 2;
+      source = source.substr(0, head) + "..." + source.substr(source.size() - (room - head - 3));
+    }
+    std::printf("\n%*s%s\n", static_cast<int>(kIndent), "", source.c_str());
   }
   if (s.jobs_size() == 0) std::printf("no jobs\n");
 }
@@ -73,6 +82,18 @@ void PrintStats(const JobSummary& j) {
   std::printf("  client waited %.2f s for data; %u batches ready and waiting, %u filling; %" PRIu64 " of %" PRIu64
               " samples tried failed\n",
               st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(), st.samples_tried());
+  if (st.cache_budget_bytes() > 0) {
+    const uint64_t reads = st.cache_hits() + st.cache_misses();
+    const double hit_rate = reads ? 100.0 * static_cast<double>(st.cache_hits()) / static_cast<double>(reads) : 0.0;
+    std::printf("  sample cache: %" PRIu64 " hits, %" PRIu64
+                " misses (%.1f%% hit rate); node-wide %.1f of %.1f MiB held, %" PRIu64 " evictions\n",
+                st.cache_hits(), st.cache_misses(), hit_rate, static_cast<double>(st.cache_bytes()) / (1 << 20),
+                static_cast<double>(st.cache_budget_bytes()) / (1 << 20), st.cache_evictions());
+  }
+  if (st.share_members() > 0) {
+    std::printf("  shared: one pipeline (job %" PRIu64 ") for %u members; the figures above are the group's\n",
+                st.share_group_job_id(), st.share_members());
+  }
   // One row per stage: totals, then the recent window. CONC and QCAP 0 = unlimited (the pool / the ring).
   std::printf("  %-8s %4s %4s %4s %5s %5s %10s %7s %8s %8s %8s %8s %8s %8s %9s | %8s %8s %8s %9s\n", "STAGE", "KIND",
               "CONC", "RUN", "QUEUE", "QCAP", "TASKS", "FAILED", "AVG_MS", "P50_MS", "P90_MS", "P99_MS", "PUTW_S",

@@ -119,6 +119,20 @@ Status Daemon::Start() {
     };
     return server_->Start();
   }));
+  if (!config_.socket_group.empty()) {
+    SPDL_RETURN_IF_ERROR(Step("give the socket to its group", [&]() -> Status {
+      std::vector<char> buf(16384);
+      group gr{};
+      group* found = nullptr;
+      if (::getgrnam_r(config_.socket_group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) {
+        return NotFound("socket_group '" + config_.socket_group + "' is not a group on this machine (getent group)");
+      }
+      if (::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+        return ErrnoStatus("chown " + config_.socket_path + " to group " + config_.socket_group, errno);
+      }
+      return Status::Ok();
+    }));
+  }
   if (config_.metrics_port != 0) {
     SPDL_RETURN_IF_ERROR(Step("serve metrics", [&] {
       metrics_ = std::make_unique<ops::MetricsServer>(&io_, [this] {
@@ -187,13 +201,14 @@ void Daemon::Reload() {
   note("max_jobs_per_client", config_.max_jobs_per_client, next.max_jobs_per_client);
   note("max_slots_per_job", config_.max_slots_per_job, next.max_slots_per_job);
   note("allowed_roots", Join(config_.allowed_roots), Join(next.allowed_roots));
+  note("allowed_url_prefixes", Join(config_.allowed_url_prefixes), Join(next.allowed_url_prefixes));
+  note("worker_threads", config_.worker_threads, next.worker_threads);
+  note("io_threads", config_.io_threads, next.io_threads);
   note("stats_log_seconds", config_.stats_log_seconds, next.stats_log_seconds);
   note("drain_seconds", config_.drain_seconds, next.drain_seconds);
   restart_only("socket_path", config_.socket_path, next.socket_path);
   restart_only("socket_mode", config_.socket_mode, next.socket_mode);
   restart_only("socket_group", config_.socket_group, next.socket_group);
-  note("worker_threads", config_.worker_threads, next.worker_threads);
-  note("io_threads", config_.io_threads, next.io_threads);
   restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
   restart_only("metrics_port", config_.metrics_port, next.metrics_port);
   // Keep what only a restart changes, so status and later reloads report what really runs.
@@ -204,13 +219,10 @@ void Daemon::Reload() {
   next.metrics_port = config_.metrics_port;
 
   spdlog::set_level(spdlog::level::from_str(next.log_level));
-  // Resizing waits only for a removed thread's current task (one sample) to finish.
-  if (next.worker_threads != config_.worker_threads) {
-    pool_->SetThreads(next.worker_threads);
-    registry_->SetWorkerThreads(pool_->size());
-  }
+  // Resizing waits for removed threads to finish the task they run (milliseconds); jobs go on.
+  if (next.worker_threads != config_.worker_threads) pool_->SetThreads(next.worker_threads);
   if (next.io_threads != config_.io_threads) io_pool_->SetThreads(next.io_threads);
-  registry_->UpdateLimits(next);
+  registry_->UpdateLimits(next, pool_->size());
   const bool restart_stats_log = next.stats_log_seconds != config_.stats_log_seconds;
   config_ = std::move(next);
   if (restart_stats_log) {

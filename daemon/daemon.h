@@ -3,11 +3,12 @@
 // start-up steps (each timed in the log); Run() serves until it is stopped.
 //
 // Signals (handled on the io_context thread):
-//   SIGHUP          re-reads the config through the loader: log level and limits (memory budget,
-//                   max jobs per client, max slots per job, allowed roots, stats interval, drain
-//                   time) apply at once, running jobs untouched; a config with errors is refused,
-//                   every error logged, the old one kept. socket_*, worker_threads,
-//                   max_frame_bytes, socket_group and metrics_port take effect only at restart (logged).
+//   SIGHUP          re-reads the config through the loader: log level, limits (memory budget,
+//                   max jobs per client, max slots per job, allowed roots and URL prefixes, stats
+//                   interval, drain time) and the worker / I/O thread counts (pools resized) apply
+//                   at once, running jobs untouched; a config with errors is refused, every error
+//                   logged, the old one kept. socket_*, max_frame_bytes and metrics_port take
+//                   effect only at restart (logged).
 //   SIGTERM/SIGINT  drain: no new jobs (Submit refused), running jobs told (Draining), then exit
 //                   when they end or after drain_seconds. A second one exits at once.
 //

@@ -436,11 +436,23 @@ def write_markdown(data, plot_name):
         L.append("")
 
     L.append(f"![results]({plot_name})\n")
-    for ranks in (1, 4):
+    for ranks in sorted({c["ranks"] for c in R.cfg.values()}):
         if not R.keys(ranks):
             continue
         L.append(f"## {ranks} rank{'s' if ranks > 1 else ''} on the node\n")
         L.append(scenario_table(R, ranks) + "\n")
+    same = [k for k, c in R.cfg.items() if c.get("role") == "identical" and R.runs[k]]
+    if same:
+        L.append("## Identical jobs, with and without `share: true`\n")
+        L.append("| clients | sharing | samples/s (all clients) | daemon CPU s | daemon CPU × vs no sharing |")
+        L.append("|---|---|---|---|---|")
+        for k in sorted(same):
+            c = R.cfg[k]
+            base = next((b for b in same if R.cfg[b]["ranks"] == c["ranks"] and R.cfg[b]["identical"] == "noshare"), None)
+            d, db = R.m(k, "cpu_daemon_s"), R.m(base, "cpu_daemon_s")
+            L.append(f"| {c['ranks']} | {c['identical']} | {R.m(k, 'samples_per_s') or 0:.0f} | {d or 0:.2f} | "
+                     + (f"{d / db:.2f}×" if d and db else "n/a") + " |")
+        L.append("")
     L.append("## Ratios against the DataLoader's best (its highest-throughput `num_workers`, per scenario)\n")
     L.append(ratio_table(R) + "\n")
 

@@ -30,6 +30,17 @@ class Config:
     workers: int = 0  # DataLoader num_workers per rank
     threads: int = 2  # spdld --threads, or SPDL pipeline threads
     role: str = ""    # "limit" for the single-thread decode-limit run
+    # "": the ranks are ranks of one run (each its own shard). "share" / "noshare": `ranks` identical
+    # clients (each rank 0 of 1, the whole dataset), with job config share: true (one pipeline for
+    # all) or without (one pipeline each). spdld-cli only.
+    identical: str = ""
+
+
+def clients_samples(env, cfg):
+    """Samples all clients of `cfg` receive together."""
+    if cfg.identical:
+        return expected_samples(env, 1) * cfg.ranks
+    return expected_samples(env, cfg.ranks)
 
 
 @dataclass
@@ -140,7 +151,7 @@ def measure(env, cfg, rep):
             except RuntimeError:
                 pass
     r["warmed_bytes"] = warmed
-    r["expected_samples"] = expected_samples(env, cfg.ranks)
+    r["expected_samples"] = clients_samples(env, cfg)
     if r["samples"] != r["expected_samples"]:
         raise RuntimeError(f"{cfg.label}: delivered {r['samples']} samples, expected {r['expected_samples']}")
     return r
@@ -264,10 +275,16 @@ def _measure_cli(env, cfg, daemon, errlog, started):
     err = open(errlog, "ab")
     clients = []
     for rank in range(cfg.ranks):
+        if cfg.identical:  # the same job N times: rank 0 of 1 each
+            shard = ["--rank", "0", "--world-size", "1"]
+            if cfg.identical == "share":
+                shard += ["--set", "share=true", "--set", f"share_members={cfg.ranks}"]
+        else:
+            shard = ["--rank", str(rank), "--world-size", str(cfg.ranks)]
         p = subprocess.Popen(
             [env.bin("spdl-client"), "--socket", daemon.socket, "--config", env.job_config,
-             "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs), "--rank", str(rank),
-             "--world-size", str(cfg.ranks), "--json", "--no-checksum", "--quiet"],
+             "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs)] + shard +
+            ["--json", "--no-checksum", "--quiet"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         started.append(p)
         clients.append(p)

@@ -178,6 +178,9 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
     out->drain_seconds = static_cast<int>(*v);
   }
+  if (auto v = ReadByteSize(diag, m.Get("cache_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
+    out->cache_bytes = *v;
+  }
   m.ReportUnknownKeys();
 }
 

@@ -47,6 +47,10 @@ struct DaemonConfig {
   int metrics_port = 0;                      // Prometheus /metrics on 127.0.0.1:PORT; 0 = off
   int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
                                              // to end before exiting anyway, 0..86400 (0 = at once)
+  // Node-wide cache of encoded sample bytes (io/sample_cache.h: LRU, shared by every job, keyed by
+  // dataset identity + sample); 0 = off. A byte size like memory_budget_bytes. It assumes datasets
+  // do not change on disk while the daemon runs.
+  uint64_t cache_bytes = 0;
 
   bool operator==(const DaemonConfig&) const = default;
 };

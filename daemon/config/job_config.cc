@@ -168,7 +168,13 @@ std::string TypesOf(unsigned types) {
   return out;
 }
 
-void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
+// The file name endings a source takes by default for audio and video jobs.
+std::vector<std::string> DefaultExtensions(Media media) {
+  if (media == Media::kAudio) return {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a"};
+  return {".mp4", ".webm", ".mkv", ".mov", ".avi"};
+}
+
+void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
   std::optional<SourceType> type = internal::ReadChoice<SourceType>(diag, type_field,
@@ -188,6 +194,7 @@ void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
   switch (*type) {
     case SourceType::kImageFolder: {
       if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
+      if (media != Media::kImage) out->extensions = DefaultExtensions(media);
       if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
       break;
     }
@@ -217,7 +224,8 @@ void ReadSource(Diagnostics& diag, const Field& field, SourceConfig* out) {
             out->shards.push_back(*v);
         }
       }
-      out->extensions = {".jpg", ".jpeg", ".png", ".webp"};
+      out->extensions = media == Media::kImage ? std::vector<std::string>{".jpg", ".jpeg", ".png", ".webp"}
+                                               : DefaultExtensions(media);
       if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
       const Field label = m.Get("label_extension");
       if (auto v = internal::ReadString(diag, label)) {
@@ -647,14 +655,147 @@ void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
   out->fraction = *v;
 }
 
+// audio: {sample_rate, channels, length | seconds, crop, dtype, max_seconds}.
+void ReadAudio(Diagnostics& diag, const Field& field, AudioConfig* out) {
+  MapReader m(diag, field);
+  if (auto v = internal::ReadInt(diag, m.Get("sample_rate"), 1, 768000)) out->sample_rate = static_cast<int>(*v);
+  const Field channels = m.Get("channels");
+  if (auto v = internal::ReadInt(diag, channels, 1, 2)) out->channels = static_cast<int>(*v);
+  const Field length = m.Get("length");
+  const Field seconds = m.Get("seconds");
+  constexpr int64_t kMaxLength = int64_t{1} << 31;
+  if (Present(length) && Present(seconds)) {
+    diag.ErrorAtKey(seconds, "audio takes either 'length' (samples) or 'seconds', not both");
+  } else if (Present(length)) {
+    if (auto v = internal::ReadInt(diag, length, 1, kMaxLength)) out->length = *v;
+  } else if (Present(seconds)) {
+    if (auto v = ReadNumber(diag, seconds)) {
+      const double samples = std::round(*v * out->sample_rate);
+      if (!(*v > 0) || samples < 1 || samples > static_cast<double>(kMaxLength)) {
+        diag.Error(seconds, "must be > 0 and at most 2^31 samples at sample_rate " + std::to_string(out->sample_rate) +
+                                " (got " + FormatNumber(*v) + ")");
+      } else {
+        out->length = static_cast<int64_t>(samples);
+      }
+    }
+  } else if (m.ok()) {
+    diag.ErrorAtKey(field, "audio needs 'length' (samples per channel) or 'seconds'");
+  }
+  if (auto v = internal::ReadChoice<AudioCrop>(diag, m.Get("crop"),
+                                               {{"start", AudioCrop::kStart}, {"random", AudioCrop::kRandom}})) {
+    out->crop = *v;
+  }
+  if (auto v = internal::ReadChoice<AudioDType>(diag, m.Get("dtype"),
+                                                {{"float32", AudioDType::kFloat32}, {"int16", AudioDType::kInt16}})) {
+    out->dtype = *v;
+  }
+  const Field max_seconds = m.Get("max_seconds");
+  if (auto v = ReadNumber(diag, max_seconds)) {
+    if (*v <= 0)
+      diag.Error(max_seconds, "must be > 0 (got " + FormatNumber(*v) + ")");
+    else
+      out->max_seconds = *v;
+  }
+  m.ReportUnknownKeys();
+}
+
+// video: {frames, stride | fps, start, height, width, interpolation}.
+void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
+  MapReader m(diag, field);
+  if (auto v = internal::ReadInt(diag, m.Get("frames"), 1, 4096)) out->frames = static_cast<int>(*v);
+  const Field stride = m.Get("stride");
+  const Field fps = m.Get("fps");
+  if (Present(stride) && Present(fps)) {
+    diag.ErrorAtKey(fps, "video takes either 'stride' or 'fps', not both");
+  } else if (auto v = internal::ReadInt(diag, stride, 1, 10000)) {
+    out->stride = static_cast<int>(*v);
+  } else if (auto f = ReadNumber(diag, fps)) {
+    if (!(*f > 0 && *f <= 1000))
+      diag.Error(fps, "must be in (0, 1000] (got " + FormatNumber(*f) + ")");
+    else
+      out->fps = *f;
+  }
+  const Field start = m.Get("start");
+  if (Present(start)) {
+    if (start.node.IsScalar() && start.node.Scalar() == "random") {
+      out->random_start = true;
+    } else if (start.node.IsScalar()) {
+      const std::string& s = start.node.Scalar();
+      double value = 0;
+      const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+      if (ec != std::errc() || ptr != s.data() + s.size() || s.empty() || !std::isfinite(value) || value < 0) {
+        diag.Error(start, "must be a time in seconds >= 0 or 'random' (got '" + s + "')");
+      } else {
+        out->start_seconds = value;
+      }
+    } else {
+      diag.Error(start, "must be a time in seconds >= 0 or 'random', got " + internal::Describe(start.node));
+    }
+  }
+  const Field height = m.Require("height");
+  const Field width = m.Require("width");
+  if (auto v = internal::ReadInt(diag, height, 1, kMaxImageSide)) out->height = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, width, 1, kMaxImageSide)) out->width = static_cast<int>(*v);
+  if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) out->interpolation = *v;
+  m.ReportUnknownKeys();
+}
+
+// Image-only keys in an audio or video job: each is an error at its key.
+void RefuseImageKeys(Diagnostics& diag, MapReader& m, Media media) {
+  const std::string why = std::string(" applies to media: image only (this job's media is ") + MediaName(media) + ")";
+  for (const char* key : {"transforms", "decode"}) {
+    const Field f = m.Get(key);
+    if (Present(f)) diag.ErrorAtKey(f, std::string("'") + key + "'" + why);
+  }
+  const Field output = m.Get("output");
+  if (!Present(output) || !output.node.IsMap()) return;
+  MapReader o(diag, output);
+  for (const char* key : {"dtype", "layout"}) {
+    const Field f = o.Get(key);
+    if (Present(f)) {
+      diag.ErrorAtKey(f, std::string("output.") + key + why +
+                             (media == Media::kAudio ? "; audio sets its dtype in audio.dtype" : "; video is uint8"));
+    }
+  }
+}
+
 void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   MapReader m(diag, root);
   if (!m.ok()) return;  // not a map: nothing else can be said
-  ReadSource(diag, m.Get("source"), &out->source);
+  if (auto v = internal::ReadChoice<Media>(
+          diag, m.Get("media"), {{"image", Media::kImage}, {"audio", Media::kAudio}, {"video", Media::kVideo}})) {
+    out->media = *v;
+  }
+  const Field audio = m.Get("audio");
+  const Field video = m.Get("video");
+  for (const auto& [f, kind] : {std::pair{audio, Media::kAudio}, std::pair{video, Media::kVideo}}) {
+    if (Present(f) && out->media != kind) {
+      diag.ErrorAtKey(f, std::string("'") + MediaName(kind) + "' applies to media: " + MediaName(kind) +
+                             " only (this job's media is " + MediaName(out->media) + ")");
+    }
+  }
+  if (out->media == Media::kAudio) {
+    if (Present(audio))
+      ReadAudio(diag, audio, &out->audio);
+    else
+      diag.ErrorAtKey(m.Get("media"), "media: audio needs an audio block with 'length' or 'seconds'");
+  }
+  if (out->media == Media::kVideo) {
+    if (Present(video))
+      ReadVideo(diag, video, &out->video);
+    else
+      diag.ErrorAtKey(m.Get("media"), "media: video needs a video block with 'height' and 'width'");
+  }
+  ReadSource(diag, m.Get("source"), out->media, &out->source);
   ReadSampler(diag, m.Get("sampler"), &out->sampler);
   ReadBatch(diag, m.Get("batch"), &out->batch);
-  ReadDecode(diag, m.Get("decode"), &out->decode);
-  const std::optional<Field> normalize = ReadTransforms(diag, m.Get("transforms"), out);
+  std::optional<Field> normalize;
+  if (out->media == Media::kImage) {
+    ReadDecode(diag, m.Get("decode"), &out->decode);
+    normalize = ReadTransforms(diag, m.Get("transforms"), out);
+  } else {
+    RefuseImageKeys(diag, m, out->media);
+  }
   ReadOutput(diag, m.Get("output"), &out->output);
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
@@ -675,10 +816,24 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->max_failures_warmup = static_cast<int>(*v);
   }
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
+  if (auto v = internal::ReadBool(diag, m.Get("share"))) out->share = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("share_members"), 1, 1024)) out->share_members = static_cast<int>(*v);
   m.ReportUnknownKeys();
 }
 
 }  // namespace
+
+const char* MediaName(Media media) {
+  switch (media) {
+    case Media::kImage:
+      return "image";
+    case Media::kAudio:
+      return "audio";
+    case Media::kVideo:
+      return "video";
+  }
+  return "?";
+}
 
 const char* SourceTypeName(SourceType type) {
   switch (type) {

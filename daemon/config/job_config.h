@@ -113,8 +113,9 @@ struct SourceConfig {
   // are below ("" = the list file's directory).
   std::string root;
   // image_folder: file name endings to take; tar: member endings taken as the sample's image, in
-  // order of preference (default .jpg .jpeg .png .webp). Matched case-insensitively, stored
-  // lower-case, each starting with '.'.
+  // order of preference (default .jpg .jpeg .png .webp). For media: audio the default of both is
+  // .wav .flac .mp3 .ogg .opus .m4a; for media: video .mp4 .webm .mkv .mov .avi. Matched
+  // case-insensitively, stored lower-case, each starting with '.'.
   // The decoder reads JPEG, PNG, WebP, BMP, TIFF and GIF whatever the name says (by magic bytes);
   // list .png .webp .bmp .tif .tiff .gif here to take those files too.
   std::vector<std::string> extensions = {".jpg", ".jpeg"};
@@ -222,13 +223,63 @@ struct MaxFailures {
   bool operator==(const MaxFailures&) const = default;
 };
 
+// What one sample is, and so which decoder runs and which tensors a batch holds:
+//   image  `image` (transforms, output.dtype/layout) + `label`
+//   audio  `audio` float32|int16 [B, C, L] (channels first, as torchaudio) + `length` int64 [B]
+//          (valid samples per channel; the rest is zero padding) + `label` int64 [B]
+//   video  `video` uint8 [B, T, H, W, 3] RGB + `frames` int64 [B] (real frames; the rest repeat
+//          the last) + `label` int64 [B]
+enum class Media { kImage, kAudio, kVideo };
+
+// The YAML name of a media kind ("image", "audio", "video").
+const char* MediaName(Media media);
+
+enum class AudioCrop { kStart, kRandom };
+enum class AudioDType { kFloat32, kInt16 };
+
+// media: audio. Any audio FFmpeg reads (WAV, FLAC, MP3, Ogg/Opus, ...), resampled and mixed to
+// `channels`, cropped or zero-padded to `length` samples per channel.
+struct AudioConfig {
+  int sample_rate = 16000;                  // output rate in Hz, 1..768000
+  int channels = 1;                         // 1 (mono: downmixed) or 2 (stereo)
+  int64_t length = 0;                       // samples per channel, 1..2^31 (YAML: length: N, or seconds: S
+                                            // = round(S x sample_rate)); exactly one of the two is required
+  AudioCrop crop = AudioCrop::kStart;       // YAML: start | random (uniform within the file, drawn
+                                            // from (sampler.seed, epoch, sample index))
+  AudioDType dtype = AudioDType::kFloat32;  // YAML: float32 ([-1, 1]) | int16
+  double max_seconds = 3 * 3600.0;          // refuse longer files (from the header), > 0
+
+  bool operator==(const AudioConfig&) const = default;
+};
+
+// media: video. Any video FFmpeg reads (MP4/H.264, WebM/VP9, ...): `frames` frames at a stride or
+// a target fps from a start, each resized to height x width RGB.
+struct VideoConfig {
+  int frames = 8;             // T, 1..4096
+  int stride = 1;             // every stride-th source frame, 1..10000 (YAML: stride or fps, not both)
+  double fps = 0;             // > 0: sample at this rate instead of by stride (0 < fps <= 1000)
+  bool random_start = false;  // YAML start: random (uniform within the clip, drawn from
+                              // (sampler.seed, epoch, sample index)) or a time in seconds >= 0
+  double start_seconds = 0;   // when not random_start
+  int height = 0;             // output frame size, 1..16384 each (required)
+  int width = 0;
+  Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area
+
+  bool operator==(const VideoConfig&) const = default;
+};
+
 struct JobConfig {
+  Media media = Media::kImage;          // YAML: image | audio | video
+  AudioConfig audio;                    // media: audio only (YAML: audio: {...})
+  VideoConfig video;                    // media: video only (YAML: video: {...})
   SourceConfig source;                  // where the samples come from
   SamplerConfig sampler;                // the order of the samples
   BatchConfig batch;                    // how samples are grouped
-  DecodeConfig decode;                  // how each sample is decoded
-  std::vector<TransformOp> transforms;  // applied to each decoded image, in order; never empty
-  OutputConfig output;                  // what a delivered batch looks like
+  DecodeConfig decode;                  // how each image is decoded (media: image only)
+  std::vector<TransformOp> transforms;  // applied to each decoded image, in order; never empty for
+                                        // media: image, always empty (refused) for audio and video
+  OutputConfig output;                  // what a delivered batch looks like (dtype and layout:
+                                        // media: image only)
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
   StagesConfig stages;                  // per-stage concurrency and queue bounds
@@ -236,9 +287,15 @@ struct JobConfig {
   MaxFailures max_failures;             // with on_error: skip; default: no limit
   int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
   int weight = 1;                       // share of the node's pools against other jobs, 1..1000
+  // Identical jobs decode once (jobs/shared_job.h): jobs of one uid with share: true and the same
+  // config text, dataset, rank, world size and epochs run one pipeline and every member gets every
+  // batch. share_members: the group holds its first batch until this many have joined (1..1024).
+  bool share = false;
+  int share_members = 1;
 
   // Output image size after the transforms, computed by the parser (the YAML cannot set these).
-  // Both 0 when the chain does not produce a fixed size (never in a config the parser returns).
+  // Both 0 when the chain does not produce a fixed size (never in an image config the parser
+  // returns); 0 for audio and video jobs.
   int out_height = 0;
   int out_width = 0;
 

@@ -10,8 +10,10 @@
 #include "io/tar_shard_source.h"
 #include "cuda/device_slot_pool.h"
 #include "jobs/gpu_delivery.h"
-#include "jobs/image_job.h"
+#include "jobs/media_job.h"
 #include "jobs/resume_token.h"
+#include "jobs/shared_job.h"
+#include "jobs/sample_decoder.h"
 
 namespace spdl::jobs {
 namespace {
@@ -34,72 +36,6 @@ proto::Error::Code CodeFor(const Status& s) {
 }
 
 std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
-
-media::Interpolation ToMedia(config::Interpolation i) {
-  switch (i) {
-    case config::Interpolation::kBilinear: return media::Interpolation::kBilinear;
-    case config::Interpolation::kBicubic: return media::Interpolation::kBicubic;
-    case config::Interpolation::kArea: return media::Interpolation::kArea;
-  }
-  return media::Interpolation::kBilinear;
-}
-
-media::OutputDType ToMedia(config::DType d) {
-  switch (d) {
-    case config::DType::kUInt8: return media::OutputDType::kUInt8;
-    case config::DType::kFloat32: return media::OutputDType::kFloat32;
-    case config::DType::kFloat16: return media::OutputDType::kFloat16;
-    case config::DType::kBFloat16: return media::OutputDType::kBFloat16;
-  }
-  return media::OutputDType::kUInt8;
-}
-
-// Maps the job's transform chain, decode and output settings onto the image decoder's ops: one
-// fused resize + center crop (or one random resized crop), then the flip and the normalization
-// in the output pass.
-Result<media::ImageOps> OpsFor(const config::JobConfig& c) {
-  media::ImageOps ops;
-  bool seen_crop = false;
-  for (const auto& t : c.transforms) {
-    if (const auto* r = std::get_if<config::ResizeOp>(&t)) {
-      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
-        return InvalidArgument("transforms: only one resize, before center_crop, is supported in this version");
-      ops.resize_shorter = r->shorter;
-      ops.resize_height = r->height;
-      ops.resize_width = r->width;
-      ops.interpolation = ToMedia(r->interpolation);
-    } else if (const auto* cc = std::get_if<config::CenterCropOp>(&t)) {
-      if (seen_crop || ops.random_crop())
-        return InvalidArgument("transforms: only one center_crop is supported in this version");
-      seen_crop = true;
-      ops.crop_height = cc->height;
-      ops.crop_width = cc->width;
-    } else if (const auto* rc = std::get_if<config::RandomResizedCropOp>(&t)) {
-      if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
-        return InvalidArgument("transforms: random_resized_crop cannot be combined with resize or center_crop");
-      ops.random_crop_height = rc->height;
-      ops.random_crop_width = rc->width;
-      ops.random_crop_scale = {rc->scale_min, rc->scale_max};
-      ops.random_crop_ratio = {rc->ratio_min, rc->ratio_max};
-      ops.interpolation = ToMedia(rc->interpolation);
-    } else if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
-      ops.flip_probability = f->p;
-    } else if (const auto* n = std::get_if<config::NormalizeOp>(&t)) {
-      ops.normalize = true;
-      ops.mean = n->mean;
-      ops.stddev = n->stddev;
-    }
-  }
-  ops.dtype = ToMedia(c.output.dtype);
-  ops.layout = c.output.layout == config::Layout::kNCHW ? media::OutputLayout::kNCHW : media::OutputLayout::kNHWC;
-  ops.exif_orientation = c.decode.exif_orientation;
-  ops.alpha = c.decode.alpha == config::AlphaMode::kComposite ? media::AlphaMode::kComposite : media::AlphaMode::kDrop;
-  for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(c.decode.background[i]);
-  ops.max_pixels = c.decode.max_pixels;
-  Status valid = media::ValidateImageOps(ops);
-  if (!valid.ok()) return InvalidArgument("transforms: " + valid.message());
-  return ops;
-}
 
 // Opens the job's sample source: scans the folder, reads the list, or indexes the tar shards, with
 // every local path checked against the daemon's allowed roots and every URL against its allowed
@@ -152,6 +88,59 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
   return InvalidArgument("source.type: unknown");
 }
 
+// Adds the sample cache's figures to a job's stats (in Stats() and in the JobEnd of its last
+// delivery); everything else goes to the wrapped job. Control thread, like any JobHandle.
+class CacheStatsJob final : public JobHandle {
+ public:
+  CacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::CachedSource> source)
+      : inner_(std::move(inner)), source_(std::move(source)) {}
+
+  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
+  int region_fd() const override { return inner_->region_fd(); }
+  std::optional<Delivery> TakeNext() override {
+    auto d = inner_->TakeNext();
+    if (d && d->job_end) Add(d->job_end->mutable_stats());
+    return d;
+  }
+  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
+  spdl::Status failure() const override { return inner_->failure(); }
+  void Cancel() override { inner_->Cancel(); }
+  proto::JobStats Stats() const override {
+    proto::JobStats s = inner_->Stats();
+    Add(&s);
+    return s;
+  }
+  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
+  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
+  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
+    return inner_->ImportConsumerEvents(events);
+  }
+
+ private:
+  void Add(proto::JobStats* s) const {
+    const io::SampleCache::Counters c = source_->cache().counters();
+    s->set_cache_hits(source_->hits());
+    s->set_cache_misses(source_->misses());
+    s->set_cache_evictions(c.evictions);
+    s->set_cache_bytes(c.bytes);
+    s->set_cache_budget_bytes(c.budget);
+  }
+
+  const std::shared_ptr<JobHandle> inner_;
+  const std::shared_ptr<const io::CachedSource> source_;
+};
+
+// Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
+// (dataset, sampler, batching, rank, world size) and epochs.
+std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
+  std::string key =
+      std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
+  for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";
+  key += "\n";
+  key += req.config_yaml();
+  return key;
+}
+
 }  // namespace
 
 class JobRegistry::Lease final : public BudgetLease {
@@ -170,7 +159,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
     : config_(config),
       executor_(executor),
       io_executor_(io_executor ? io_executor : executor),
-      worker_threads_(worker_threads) {}
+      worker_threads_(worker_threads),
+      cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -184,12 +174,14 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
   --live_jobs_;
 }
 
-void JobRegistry::UpdateLimits(const config::DaemonConfig& config) {
+void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.allowed_roots = config.allowed_roots;
+  config_.allowed_url_prefixes = config.allowed_url_prefixes;
+  worker_threads_ = worker_threads;
 }
 
 uint64_t JobRegistry::bytes_in_use() const {
@@ -222,7 +214,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
-  ImageJobSpec spec;
+  MediaJobSpec spec;
   spec.config = std::move(*parsed.config);
   spec.owner = peer;
   spec.world_size = req.world_size() == 0 ? 1 : req.world_size();
@@ -233,12 +225,12 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
                                                          " is not below world_size " + std::to_string(spec.world_size));
     return out;
   }
-  auto ops = OpsFor(spec.config);
-  if (!ops.ok()) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG, ops.status().message());
+  auto decoder = MakeSampleDecoder(spec.config);
+  if (!decoder.ok()) {
+    out.error = MakeError(proto::Error::INVALID_CONFIG, decoder.status().message());
     return out;
   }
-  spec.ops = *ops;
+  spec.decoder = std::move(decoder).value();
 
   auto source = OpenSource(spec.config.source, config_);
   if (!source.ok()) {
@@ -246,6 +238,11 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
   spec.source = std::move(source).value();
+  std::shared_ptr<const io::CachedSource> cached;
+  if (cache_) {
+    cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache_);
+    spec.source = cached;
+  }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
     out.error = MakeError(proto::Error::BAD_REQUEST,
@@ -327,11 +324,30 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
         return out;
       }
     }
-    const proto::SlotLayout layout = ImageJob::LayoutFor(spec);
+    const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
     device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
   }
+
+  // Identical jobs decode once: join a group that has not started yet, or start one below.
+  std::shared_ptr<ShareGroup> group;
+  std::string share_key;
+  if (spec.config.share && !spec.resume && cuda_device < 0) {  // a GPU job is never shared
+    share_key = ShareKey(req, peer, spec.fingerprint, spec.epochs);
+    auto it = groups_.find(share_key);
+    group = it == groups_.end() ? nullptr : it->second.group.lock();
+    if (group && group->joinable()) {
+      const uint64_t member_id = next_job_id_.fetch_add(1);
+      std::shared_ptr<JobHandle> member = group->Join(member_id, std::move(notify));
+      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(),
+                   group->members());
+      const uint64_t region_bytes = member->accepted().region_bytes();
+      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
+    }
+    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members));
+  }
+
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
-  const uint64_t bytes = ImageJob::LayoutFor(spec).region_bytes;
+  const uint64_t bytes = MediaJob::LayoutFor(spec).region_bytes;
   {
     std::lock_guard lock(mu_);
     if (jobs_per_uid_[peer.uid] >= config_.max_jobs_per_client) {
@@ -377,25 +393,53 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     device_bytes_in_use_[cuda_device] -= device_bytes;
   };
   const config::OutputConfig output = spec.config.output;
-  auto job = ImageJob::Start(std::move(spec), executor_, std::move(lease), notify, io_executor_);
+  std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
+  std::function<void()> member_notify;
+  if (group) {
+    member_notify = std::move(notify);
+    notify = [weak = std::weak_ptr<ShareGroup>(group)] {
+      if (auto g = weak.lock()) g->Notify();
+    };
+  }
+  auto job = MediaJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
     return_device();
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
   }
-  out.job = std::move(job).value();
+  std::shared_ptr<JobHandle> handle = std::move(job).value();
+  if (group) {
+    group->SetJob(std::move(handle));
+    groups_[share_key] = GroupEntry{group, cached};
+    handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
+    spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
+  }
   if (output.cuda_device >= 0) {
     GpuDeliveryOptions g;
     g.output = output;
-    g.notify = std::move(notify);
+    g.notify = std::move(gpu_notify);
     g.on_close = return_device;
-    auto wrapped = WrapGpuJob(std::move(out.job), backend, std::move(g));
+    auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
     if (!wrapped.ok()) {
-      out.error = MakeError(CodeFor(wrapped.status()), wrapped.status().message());
-      return out;
+      SubmitResult refused;
+      refused.error = MakeError(CodeFor(wrapped.status()), wrapped.status().message());
+      return refused;
     }
-    out.job = std::move(wrapped).value();
+    handle = std::move(wrapped).value();
   }
+  return Finish(req, peer, description, bytes, std::move(handle), cached);
+}
+
+SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
+                                 uint64_t region_bytes, std::shared_ptr<JobHandle> job,
+                                 std::shared_ptr<const io::CachedSource> cached) {
+  // Drop expired share groups now and then (the map is only read by Submit).
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
+  }
+  SubmitResult out;
+  if (cached) job = std::make_shared<CacheStatsJob>(std::move(job), std::move(cached));
+  out.job = std::move(job);
   auto record = std::make_shared<JobRecord>();
   record->job_id = out.job->accepted().job_id();
   record->owner = peer;
@@ -403,7 +447,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   record->rank = req.rank();
   record->world_size = req.world_size() == 0 ? 1 : req.world_size();
   record->epochs = req.epochs();
-  record->region_bytes = bytes;
+  record->region_bytes = region_bytes;
   record->job = out.job;
   records_[record->job_id] = record;
   out.record = std::move(record);

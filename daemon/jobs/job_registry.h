@@ -5,6 +5,13 @@
 // shared-memory budget (a refused job is never half-started), and starts it on the shared worker
 // pool.
 //
+// With the daemon config's cache_bytes > 0 every job's source reads through one node-wide
+// io::SampleCache (io/sample_cache.h), and the job's stats carry its hits and misses. A job with
+// share: true joins a live ShareGroup (jobs/shared_job.h) of the same uid, config text (and
+// overrides), dataset fingerprint, rank, world size and epochs that has not handed out a batch yet,
+// instead of starting its own pipeline; a member that joins takes no memory budget and does not
+// count against max_jobs_per_client (the group's one job holds both). Resumed jobs never share.
+//
 // Thread-safe: Submit runs on the control thread (so a large folder scan or tar index delays the
 // other sessions until it ends; moving it off that thread needs an asynchronous Submit); budget
 // leases are returned from whichever thread destroys a job (guarded by mu_).
@@ -17,10 +24,13 @@
 
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
+#include "io/sample_cache.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
 
 namespace spdl::jobs {
+
+class ShareGroup;
 
 class JobRegistry final : public JobService {
  public:
@@ -36,11 +46,10 @@ class JobRegistry final : public JobService {
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
   // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
-  // max_slots_per_job, allowed_roots) that jobs submitted from now on are admitted against; running
-  // jobs keep what they hold, even above a lowered budget. Control thread only.
-  void UpdateLimits(const config::DaemonConfig& config);
-  // The worker pool's size after a reload resized it (reported by Status). Control thread only.
-  void SetWorkerThreads(int threads) { worker_threads_ = threads; }
+  // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
+  // admitted against; running jobs keep what they hold, even above a lowered budget.
+  // `worker_threads` is the resized pool's size, for Status. Control thread only.
+  void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
   // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
   // the registry); an error says why there is none. Unset (a daemon built without CUDA): output.device
@@ -61,6 +70,10 @@ class JobRegistry final : public JobService {
 
  private:
   class Lease;
+  // Wraps `job` for its session (cache stats) and records it for Status / Cancel.
+  SubmitResult Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
+                      uint64_t region_bytes, std::shared_ptr<JobHandle> job,
+                      std::shared_ptr<const io::CachedSource> cached);
   void Return(uid_t uid, uint64_t bytes);
 
   // Written by UpdateLimits and read by Submit/Status, all on the control thread.
@@ -69,11 +82,20 @@ class JobRegistry final : public JobService {
   pipeline::Executor* const executor_;
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  int worker_threads_;  // control thread only (SetWorkerThreads)
+  int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
+
+  const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
+  // Control thread only: share groups by their key (see Submit), each with the cached source its
+  // job reads (for the members' cache figures; nullptr without a cache). Expired entries are dropped.
+  struct GroupEntry {
+    std::weak_ptr<ShareGroup> group;
+    std::shared_ptr<const io::CachedSource> cached;
+  };
+  std::map<std::string, GroupEntry> groups_;
 
   std::atomic<uint64_t> next_job_id_{1};
   mutable std::mutex mu_;

@@ -30,6 +30,7 @@ constexpr RandomStream kAudioStartStream = static_cast<RandomStream>(0x61756469)
 
 constexpr int64_t kMaxOutputSamples = int64_t{1} << 31;
 constexpr int kScratchSamples = 4096;  // per channel, for output that is dropped
+constexpr int kTailSamples = 64;       // the clip's last samples per channel go through scratch
 
 size_t SampleBytes(AudioDType d) { return d == AudioDType::kFloat32 ? 4 : 2; }
 
@@ -170,12 +171,32 @@ Status AudioDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, AudioInfo& in
       if (got == 0) return Status::Ok();
     }
     while (p.written < capacity) {
+      const int64_t left = capacity - p.written;
+      if (!keep_all && left <= kTailSamples) {
+        // The clip's last samples go through scratch: libswresample's vector converters may store
+        // past the `room` they were given (seen: one int16 sample past the end of the second
+        // plane, 22.05 kHz stereo -> 8 kHz stereo int16), which in a batch is the next row.
+        uint8_t* tail[2] = {scratch.data(), scratch.data() + kScratchSamples * es};
+        const int got = convert(tail, static_cast<int>(left));
+        if (got < 0) return Internal("swr_convert: " + AvErrorString(got));
+        const int64_t n = std::min<int64_t>(got, left);
+        uint8_t* ptrs[2];
+        out_ptrs(ptrs);
+        if (planar) {
+          for (int c = 0; c < out_channels; ++c) std::memcpy(ptrs[c], tail[c], n * es);
+        } else {
+          std::memcpy(ptrs[0], tail[0], n * out_channels * es);
+        }
+        p.written += n;
+        if (got == 0) break;
+        continue;
+      }
       int room;
       if (keep_all) {
         room = swr_get_out_samples(swr.get(), count) + 32;
         whole.resize((p.written + room) * out_channels * es);
       } else {
-        room = static_cast<int>(std::min<int64_t>(capacity - p.written, INT32_MAX / 8));
+        room = static_cast<int>(std::min<int64_t>(left - kTailSamples, INT32_MAX / 8));  // the tail: above
       }
       uint8_t* ptrs[2];
       out_ptrs(ptrs);

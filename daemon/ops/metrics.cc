@@ -104,6 +104,12 @@ const JobMetric kJobMetrics[] = {
      [](const proto::JobSummary& j) { return double(j.stats().batches_ready()); }},
     {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
      [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
+    {"spdld_job_batches_filling", "gauge", "Batches being filled by the pipeline.",
+     [](const proto::JobSummary& j) { return double(j.stats().batches_filling()); }},
+    {"spdld_job_samples_tried_total", "counter", "Samples that went through the stages, good or bad.",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_tried()); }},
+    {"spdld_job_samples_failed_total", "counter", "Samples that failed in some stage (skipped or fatal).",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_failed()); }},
 };
 const StageMetric kStageMetrics[] = {
     {"spdld_stage_tasks_total", "counter", "Tasks run by the stage.",
@@ -112,6 +118,20 @@ const StageMetric kStageMetrics[] = {
      [](const proto::StageStats& s) { return double(s.failures()); }},
     {"spdld_stage_busy_seconds_total", "counter", "Worker time spent in the stage.",
      [](const proto::StageStats& s) { return s.busy_seconds(); }},
+    {"spdld_stage_queue_length", "gauge", "Rows waiting in the queue in front of the stage.",
+     [](const proto::StageStats& s) { return double(s.queue_length()); }},
+    {"spdld_stage_running", "gauge", "Tasks of the stage running now.",
+     [](const proto::StageStats& s) { return double(s.running()); }},
+    {"spdld_stage_queue_wait_seconds_total", "counter", "Time rows waited in the stage's queue.",
+     [](const proto::StageStats& s) { return s.get_wait_seconds(); }},
+    {"spdld_stage_put_wait_seconds_total", "counter", "Time rows done here waited for room downstream.",
+     [](const proto::StageStats& s) { return s.put_wait_seconds(); }},
+    {"spdld_stage_task_p50_ms", "gauge", "Median task time over the job.",
+     [](const proto::StageStats& s) { return s.p50_ms(); }},
+    {"spdld_stage_task_p90_ms", "gauge", "90th percentile task time over the job.",
+     [](const proto::StageStats& s) { return s.p90_ms(); }},
+    {"spdld_stage_task_p99_ms", "gauge", "99th percentile task time over the job.",
+     [](const proto::StageStats& s) { return s.p99_ms(); }},
 };
 
 // One scrape: read the request, answer, close.

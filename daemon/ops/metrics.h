@@ -7,7 +7,10 @@
 //   spdld_memory_in_use_bytes, spdld_jobs, spdld_draining                        (gauges)
 //   spdld_job_{samples,batches,skipped}_total, spdld_job_client_wait_seconds_total (counters)
 //   spdld_job_{age,first_batch}_seconds, spdld_job_batches_ready, spdld_job_memory_bytes (gauges)
-//   spdld_stage_{tasks,failures}_total, spdld_stage_busy_seconds_total            (counters)
+//   spdld_job_batches_filling (gauge), spdld_job_samples_{tried,failed}_total     (counters)
+//   spdld_stage_{tasks,failures}_total, spdld_stage_busy_seconds_total,
+//   spdld_stage_{queue,put}_wait_seconds_total                                    (counters)
+//   spdld_stage_queue_length, spdld_stage_running, spdld_stage_task_p{50,90,99}_ms (gauges)
 // A new JobStats / StageStats field is one line in the tables in metrics.cc.
 //
 // RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one

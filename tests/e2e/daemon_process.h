@@ -110,11 +110,19 @@ class DaemonProcess {
 
   // Sends `sig` and waits (up to `timeout`) for the exit; returns the exit code (-signal when killed
   // by one), or nullopt on timeout.
+  // SIGTERM starts a drain that waits for running jobs (drain_seconds); when the daemon has not
+  // exited a second after it, a second SIGTERM stops it at once, cancelling what still runs.
   std::optional<int> Stop(int sig = SIGTERM, std::chrono::seconds timeout = std::chrono::seconds(10)) {
     if (exit_code_) return exit_code_;
     ::kill(pid_, sig);
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto start = std::chrono::steady_clock::now();
+    auto deadline = start + timeout;
+    bool repeated = sig != SIGTERM;
     while (std::chrono::steady_clock::now() < deadline) {
+      if (!repeated && std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) {
+        ::kill(pid_, SIGTERM);
+        repeated = true;
+      }
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);

@@ -128,7 +128,7 @@ struct OpsFixture {
   }
   void WriteConfig(const std::string& extra) const {
     std::ofstream(config()) << "socket_path: " << socket() << "\nallowed_roots: [" << dir.path << "]\n"
-                            << (extra.find("worker_threads") == std::string::npos ? "worker_threads: 2\n" : "")
+                            << "worker_threads: 2\n"
                             << extra;
   }
   std::string data_root() const { return dir.path + "/data"; }
@@ -228,7 +228,7 @@ TEST_CASE("spdlctl drain on an idle daemon exits at once") {
   CHECK(d.Stop(0, std::chrono::seconds(20)) == std::optional<int>(0));
 }
 
-TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad config keeps the old one") {
+TEST_CASE("SIGHUP applies new limits and thread count without dropping the running job, and a bad config keeps the old one") {
   OpsFixture f("max_jobs_per_client: 1\nmemory_budget_bytes: 64MiB\n");
   DaemonProcess d(f.socket(), {"--config", f.config()});
   REQUIRE(d.Connectable());
@@ -239,15 +239,16 @@ TEST_CASE("SIGHUP applies new limits without dropping the running job, and a bad
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == StatusCode::kResourceExhausted);
 
-  CHECK(StatusOf(f.socket()).worker_threads() == 2);
-  f.WriteConfig("max_jobs_per_client: 2\nmemory_budget_bytes: 96MiB\nworker_threads: 1\n");
+  // New limits and a bigger worker pool (the fixture starts with 2 threads).
+  std::ofstream(f.config()) << "socket_path: " << f.socket() << "\nallowed_roots: [" << f.dir.path << "]\n"
+                            << "worker_threads: 3\nmax_jobs_per_client: 2\nmemory_budget_bytes: 96MiB\n";
   REQUIRE(::kill(d.pid(), SIGHUP) == 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (StatusOf(f.socket()).memory_budget_bytes() != (96u << 20) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE(StatusOf(f.socket()).memory_budget_bytes() == (96u << 20));
-  CHECK(StatusOf(f.socket()).worker_threads() == 1);  // the pool was resized in place
+  CHECK(StatusOf(f.socket()).worker_threads() == 3);
   auto b = client::Loader::Open(f.Job(0));
   REQUIRE(b.ok());             // the new max_jobs_per_client
   REQUIRE((*a)->Next().ok());  // the running job was not dropped
@@ -389,6 +390,7 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
     const std::string sl = "{job=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
     CHECK(s.at("spdld_stage_tasks_total" + sl).get<double>() == Num(stage.at("tasks")));
     CHECK(s.at("spdld_stage_failures_total" + sl).get<double>() == Num(stage.at("failures")));
+    CHECK(s.at("spdld_stage_queue_length" + sl).get<double>() == Num(stage.at("queue_length")));
   }
   CHECK(m.at("types").at("spdld_job_samples") == "counter");
   CHECK(m.at("types").at("spdld_job_batches_ready") == "gauge");

@@ -88,6 +88,16 @@ void CheckJob(const JobConfig& c) {
   }
   FUZZ_CHECK(c.batch.size >= 1 && c.batch.size <= 65536);
   FUZZ_CHECK(c.prefetch >= 1 && c.prefetch <= 64);
+  if (c.media == Media::kAudio) {
+    FUZZ_CHECK(c.transforms.empty() && c.audio.length >= 1 && (c.audio.channels == 1 || c.audio.channels == 2));
+    FUZZ_CHECK(c.audio.sample_rate >= 1 && c.audio.sample_rate <= 768000 && c.audio.max_seconds > 0);
+    return;
+  }
+  if (c.media == Media::kVideo) {
+    FUZZ_CHECK(c.transforms.empty() && c.video.frames >= 1 && c.video.stride >= 1 && c.video.fps >= 0);
+    FUZZ_CHECK(c.video.height >= 1 && c.video.width >= 1 && c.video.start_seconds >= 0);
+    return;
+  }
   FUZZ_CHECK(!c.transforms.empty());
   FUZZ_CHECK(c.out_height > 0 && c.out_width > 0);
   for (int b : c.decode.background) FUZZ_CHECK(b >= 0 && b <= 255);

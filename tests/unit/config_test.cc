@@ -1029,6 +1029,148 @@ TEST_CASE("FormatConfigErrors") {
   CHECK(FormatConfigErrors({}, "x.yaml").empty());
 }
 
+// ---------------- job config: media kinds ----------------
+
+TEST_CASE("job config: media audio and video take their blocks and defaults") {
+  SECTION("audio") {
+    JobConfig c = ParseGoodJob(R"(media: audio
+source: {root: /data/speech}
+audio: {length: 8000}
+)");
+    CHECK(c.media == Media::kAudio);
+    CHECK(c.audio.sample_rate == 16000);
+    CHECK(c.audio.channels == 1);
+    CHECK(c.audio.length == 8000);
+    CHECK(c.audio.crop == AudioCrop::kStart);
+    CHECK(c.audio.dtype == AudioDType::kFloat32);
+    CHECK(c.transforms.empty());
+    CHECK(c.out_height == 0);
+    CHECK(c.source.extensions == std::vector<std::string>{".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a"});
+    JobConfig s = ParseGoodJob(R"(media: audio
+source: {type: tar, shards: /data/a.tar}
+audio: {sample_rate: 22050, channels: 2, seconds: 0.5, crop: random, dtype: int16, max_seconds: 60}
+)");
+    CHECK(s.audio.length == 11025);
+    CHECK(s.audio.channels == 2);
+    CHECK(s.audio.crop == AudioCrop::kRandom);
+    CHECK(s.audio.dtype == AudioDType::kInt16);
+    CHECK(s.audio.max_seconds == 60);
+    CHECK(s.source.extensions.front() == ".wav");
+  }
+  SECTION("video") {
+    JobConfig c = ParseGoodJob(R"(media: video
+source: {root: /data/clips}
+video: {height: 64, width: 48}
+)");
+    CHECK(c.media == Media::kVideo);
+    CHECK(c.video.frames == 8);
+    CHECK(c.video.stride == 1);
+    CHECK(c.video.fps == 0);
+    CHECK_FALSE(c.video.random_start);
+    CHECK(c.video.height == 64);
+    CHECK(c.video.width == 48);
+    CHECK(c.source.extensions == std::vector<std::string>{".mp4", ".webm", ".mkv", ".mov", ".avi"});
+    JobConfig f = ParseGoodJob(R"(media: video
+source: {root: /data/clips, extensions: [.MP4]}
+video: {frames: 16, fps: 12.5, start: random, height: 32, width: 32, interpolation: area}
+)");
+    CHECK(f.video.frames == 16);
+    CHECK(f.video.fps == 12.5);
+    CHECK(f.video.random_start);
+    CHECK(f.video.interpolation == Interpolation::kArea);
+    CHECK(f.source.extensions == std::vector<std::string>{".mp4"});
+    CHECK(ParseGoodJob("media: video\nsource: {root: /d}\nvideo: {start: 1.5, stride: 3, height: 8, width: 8}\n")
+              .video.start_seconds == 1.5);
+  }
+  SECTION("image stays the default, and media: image is the same job") {
+    CHECK(ParseGoodJob(kMinimalJob).media == Media::kImage);
+    CHECK(ParseGoodJob(std::string("media: image\n") + kMinimalJob) == ParseGoodJob(kMinimalJob));
+  }
+}
+
+TEST_CASE("job config: every media error with its line") {
+  SECTION("bad audio values") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(media: audio
+source: {root: /d}
+audio:
+  sample_rate: 0
+  channels: 3
+  length: 100
+  seconds: 1
+  crop: middle
+  dtype: float64
+  max_seconds: -1
+  hop: 3
+)");
+    INFO(Dump(errors));
+    CHECK(errors.size() == 7);
+    CHECK(ErrorAt(errors, "audio.sample_rate").line == 4);
+    CHECK(ErrorAt(errors, "audio.channels").line == 5);
+    CHECK(ErrorAt(errors, "audio.seconds").line == 7);
+    CHECK(Contains(ErrorAt(errors, "audio.seconds").message, "either 'length' (samples) or 'seconds'"));
+    CHECK(ErrorAt(errors, "audio.crop").line == 8);
+    CHECK(ErrorAt(errors, "audio.dtype").line == 9);
+    CHECK(ErrorAt(errors, "audio.max_seconds").line == 10);
+    CHECK(ErrorAt(errors, "audio.hop").line == 11);
+  }
+  SECTION("audio without a length, or without a block") {
+    std::vector<ConfigError> errors = ParseBadJob("media: audio\nsource: {root: /d}\naudio: {channels: 2}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].line == 3);
+    CHECK(Contains(errors[0].message, "audio needs 'length'"));
+    errors = ParseBadJob("source: {root: /d}\nmedia: audio\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].line == 2);
+    CHECK(Contains(errors[0].message, "needs an audio block"));
+    errors = ParseBadJob("media: audio\nsource: {root: /d}\naudio: {seconds: 0}\n");
+    CHECK(ErrorAt(errors, "audio.seconds").line == 3);
+  }
+  SECTION("bad video values") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(media: video
+source: {root: /d}
+video:
+  frames: 0
+  stride: 2
+  fps: 10
+  start: later
+  height: 0
+)");
+    INFO(Dump(errors));
+    CHECK(errors.size() == 5);
+    CHECK(ErrorAt(errors, "video.frames").line == 4);
+    CHECK(ErrorAt(errors, "video.fps").line == 6);
+    CHECK(ErrorAt(errors, "video.start").line == 7);
+    CHECK(Contains(ErrorAt(errors, "video.start").message, "or 'random'"));
+    CHECK(ErrorAt(errors, "video.height").line == 8);
+    CHECK(ErrorAt(errors, "video.width").message == "required key is missing");
+    errors = ParseBadJob("media: video\nsource: {root: /d}\nvideo: {fps: 0, start: -1, height: 8, width: 8}\n");
+    CHECK(ErrorAt(errors, "video.fps").line == 3);
+    CHECK(ErrorAt(errors, "video.start").line == 3);
+  }
+  SECTION("image keys in an audio or video job, and blocks of another media") {
+    std::vector<ConfigError> errors = ParseBadJob(R"(media: video
+source: {root: /d}
+video: {height: 8, width: 8}
+audio: {length: 10}
+transforms: [{center_crop: {size: 8}}]
+decode: {exif_orientation: true}
+output: {dtype: float32, layout: NCHW}
+)");
+    INFO(Dump(errors));
+    CHECK(errors.size() == 5);
+    CHECK(ErrorAt(errors, "audio").line == 4);
+    CHECK(Contains(ErrorAt(errors, "audio").message, "this job's media is video"));
+    CHECK(ErrorAt(errors, "transforms").line == 5);
+    CHECK(ErrorAt(errors, "decode").line == 6);
+    CHECK(ErrorAt(errors, "output.dtype").line == 7);
+    CHECK(ErrorAt(errors, "output.layout").line == 7);
+    errors = ParseBadJob(std::string(kMinimalJob) + "video: {height: 8, width: 8}\nmedia: film\n");
+    CHECK(ErrorAt(errors, "video").line == 5);
+    CHECK(ErrorAt(errors, "media").line == 6);
+  }
+}
+
 // ---------------- the shipped configs ----------------
 
 TEST_CASE("every config shipped under config/ parses with no error") {
@@ -1099,6 +1241,17 @@ TEST_CASE("the shipped configs say what the docs say") {
   JobConfig http = ParseGoodJob(ReadFile(dir + "/examples/http.yaml"));
   CHECK(http.source.type == SourceType::kHttp);
   CHECK(http.source.base_url == "http://data.local:8000/train");
+  JobConfig audio = ParseGoodJob(ReadFile(dir + "/examples/audio.yaml"), {{"source.root", "/data/a"}});
+  CHECK(audio.media == Media::kAudio);
+  CHECK(audio.source.root == "/data/a");
+  CHECK(audio.audio.length == 16000);
+  CHECK(audio.audio.crop == AudioCrop::kRandom);
+  JobConfig video = ParseGoodJob(ReadFile(dir + "/examples/video.yaml"));
+  CHECK(video.media == Media::kVideo);
+  CHECK(video.video.frames == 8);
+  CHECK(video.video.stride == 2);
+  CHECK(video.video.random_start);
+  CHECK(video.video.height == 112);
 }
 
 }  // namespace

@@ -148,6 +148,8 @@ TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labe
     auto* stage = j->mutable_stats()->add_stages();
     stage->set_name(id == 3 ? "read" : "de\"code");
     stage->set_tasks(7);
+    stage->set_queue_length(3);
+    stage->set_p99_ms(1.5);
   }
   const std::string text = RenderPrometheus(st, DaemonFacts{true});
   CHECK_THAT(text, Catch::Contains("# TYPE spdld_job_samples_total counter\n"));
@@ -155,6 +157,8 @@ TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labe
   CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job=\"4\",uid=\"1000\",rank=\"1\"} 400\n"));
   CHECK_THAT(text, Catch::Contains("spdld_job_client_wait_seconds_total{job=\"3\",uid=\"1000\",rank=\"0\"} 0.25\n"));
   CHECK_THAT(text, Catch::Contains("spdld_stage_tasks_total{job=\"4\",stage=\"de\\\"code\"} 7\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_queue_length{job=\"3\",stage=\"read\"} 3\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_p99_ms{job=\"3\",stage=\"read\"} 1.5\n"));
   CHECK_THAT(text, Catch::Contains("spdld_jobs 2\n"));
   CHECK_THAT(text, Catch::Contains("spdld_draining 1\n"));
   CHECK_THAT(text, Catch::Contains("spdld_memory_budget_bytes 1073741824\n"));

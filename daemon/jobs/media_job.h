@@ -1,5 +1,7 @@
-// ImageJob: one running image job — its sample source, shared region, slot ring, row processor and
-// pipeline — as a JobHandle for the session that submitted it.
+// MediaJob: one running job of any media kind (image, audio, video) — its sample source, shared
+// region, slot ring, row processor and pipeline — as a JobHandle for the session that submitted
+// it. What differs between the kinds (the decode and its tensors) is the spec's SampleDecoder; the
+// job adds the `label` tensor (int64 [B]) after the decoder's tensors.
 //
 // Threading: JobHandle methods run on the control thread; the pipeline's row tasks run on the
 // shared worker pool and keep the job alive (shared_ptr) until they end, so the region is unmapped
@@ -14,7 +16,7 @@
 #include "config/job_config.h"
 #include "io/sample_source.h"
 #include "jobs/job_service.h"
-#include "media/image_decoder.h"
+#include "jobs/sample_decoder.h"
 #include "pipeline/batch_pipeline.h"
 #include "pipeline/executor.h"
 #include "proto/shm_layout.h"
@@ -24,17 +26,17 @@
 namespace spdl::jobs {
 
 // Everything a job needs, resolved and validated by the registry.
-struct ImageJobSpec {
+struct MediaJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
   std::shared_ptr<const io::SampleSource> source;  // the dataset (immutable, read from worker threads)
-  media::ImageOps ops;
+  std::shared_ptr<const SampleDecoder> decoder;    // MakeSampleDecoder(config)
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t epochs = 1;  // 0 = endless
   PeerInfo owner;
-  uint64_t fingerprint = 0;                       // JobFingerprint(): ties resume tokens to this job
-  std::optional<pipeline::ResumePoint> resume;    // continue from a resume token
+  uint64_t fingerprint = 0;                     // JobFingerprint(): ties resume tokens to this job
+  std::optional<pipeline::ResumePoint> resume;  // continue from a resume token
 };
 
 // Returned by the registry's admission; releases the job's share of the memory budget when
@@ -44,17 +46,16 @@ class BudgetLease {
   virtual ~BudgetLease() = default;
 };
 
-class ImageJob final : public JobHandle, public pipeline::RowProcessor {
+class MediaJob final : public JobHandle, public pipeline::RowProcessor {
  public:
   // Creates the region and ring and starts filling slots. `notify` as in JobService::Submit.
   // The read stage runs on `io_executor` (nullptr: on `executor`), decode on `executor`.
-  static Result<std::shared_ptr<ImageJob>> Start(ImageJobSpec spec, pipeline::Executor* executor,
-                                                 std::unique_ptr<BudgetLease> budget,
-                                                 std::function<void()> notify,
+  static Result<std::shared_ptr<MediaJob>> Start(MediaJobSpec spec, pipeline::Executor* executor,
+                                                 std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                  pipeline::Executor* io_executor = nullptr);
   // The region size a job with this spec needs (for admission before anything is allocated).
-  static proto::SlotLayout LayoutFor(const ImageJobSpec& spec);
-  ~ImageJob() override;
+  static proto::SlotLayout LayoutFor(const MediaJobSpec& spec);
+  ~MediaJob() override;
 
   // JobHandle.
   const proto::JobAccepted& accepted() const override { return accepted_; }
@@ -67,25 +68,24 @@ class ImageJob final : public JobHandle, public pipeline::RowProcessor {
   proto::JobStats Stats() const override;
 
   // RowProcessor (worker threads): "read" (io) reads the sample's bytes into the row's buffer,
-  // "decode" (cpu) decodes them with the fused transforms straight into the row.
+  // "decode" (cpu) decodes them (with the image transforms, or the audio / video clip selection)
+  // straight into the row.
   std::vector<pipeline::StageSpec> Stages() const override {
     return {{"read", pipeline::StageKind::kIo}, {"decode", pipeline::StageKind::kCpu}};
   }
   Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
 
-  ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,
-           std::unique_ptr<BudgetLease> budget);
+  MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget);
 
  private:
-
   // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
   // but one, the budget lease last (so the budget is freed only once the memory is).
   std::unique_ptr<BudgetLease> budget_;
-  const ImageJobSpec spec_;
+  const MediaJobSpec spec_;
   shm::SharedRegion region_;
   const proto::SlotLayout layout_;
-  const uint64_t image_row_bytes_;
+  std::vector<RowTensor> tensors_;  // the decoder's tensors, then the label
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;

@@ -1,4 +1,4 @@
-#include "jobs/image_job.h"
+#include "jobs/media_job.h"
 
 #include <spdlog/spdlog.h>
 
@@ -6,6 +6,7 @@
 
 #include "io/sampler.h"
 #include "jobs/resume_token.h"
+#include "media/sample_random.h"
 #include "proto/framing.h"
 
 namespace spdl::jobs {
@@ -13,11 +14,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-io::SamplerOptions SamplerFor(const ImageJobSpec& spec) {
+io::SamplerOptions SamplerFor(const MediaJobSpec& spec) {
   io::SamplerOptions o;
   o.seed = spec.config.sampler.seed;
   o.shuffle = spec.config.sampler.shuffle;
@@ -27,49 +26,39 @@ io::SamplerOptions SamplerFor(const ImageJobSpec& spec) {
   return o;
 }
 
-uint64_t ImageRowBytes(const ImageJobSpec& spec) {
-  return media::OutputImageBytes(spec.ops, spec.config.out_width, spec.config.out_height);
+// The decoder's tensors, then the label.
+std::vector<RowTensor> TensorsOf(const SampleDecoder& decoder) {
+  std::vector<RowTensor> t = decoder.tensors();
+  t.push_back({"label", proto::INT64, {}, sizeof(int64_t)});
+  return t;
 }
-
-proto::DType ImageDType(const media::ImageOps& ops) {
-  switch (ops.dtype) {
-    case media::OutputDType::kUInt8: return proto::UINT8;
-    case media::OutputDType::kFloat32: return proto::FLOAT32;
-    case media::OutputDType::kFloat16: return proto::FLOAT16;
-    case media::OutputDType::kBFloat16: return proto::BFLOAT16;
-  }
-  return proto::UINT8;
-}
-
-// The random transforms need the sample's epoch.
-bool HasRandomOps(const media::ImageOps& ops) { return ops.random_crop() || ops.flip_probability > 0; }
 
 }  // namespace
 
-proto::SlotLayout ImageJob::LayoutFor(const ImageJobSpec& spec) {
+proto::SlotLayout MediaJob::LayoutFor(const MediaJobSpec& spec) {
   const uint64_t b = static_cast<uint64_t>(spec.config.batch.size);
-  return proto::ComputeSlotLayout({b * ImageRowBytes(spec), b * sizeof(int64_t)},
-                                  static_cast<uint32_t>(spec.config.prefetch));
+  std::vector<uint64_t> bytes;
+  for (const RowTensor& t : TensorsOf(*spec.decoder)) bytes.push_back(b * t.row_bytes);
+  return proto::ComputeSlotLayout(bytes, static_cast<uint32_t>(spec.config.prefetch));
 }
 
-ImageJob::ImageJob(ImageJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,
+MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout,
                    std::unique_ptr<BudgetLease> budget)
     : budget_(std::move(budget)),
       spec_(std::move(spec)),
       region_(std::move(region)),
       layout_(std::move(layout)),
-      image_row_bytes_(ImageRowBytes(spec_)),
+      tensors_(TensorsOf(*spec_.decoder)),
       started_(Clock::now()),
       ring_(layout_.num_slots),
       epoch_started_(started_) {}
 
-ImageJob::~ImageJob() {
+MediaJob::~MediaJob() {
   spdlog::info("job {}: closed after {} batches, {} samples", spec_.job_id, delivered_batches_, delivered_samples_);
 }
 
-Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::Executor* executor,
-                                                  std::unique_ptr<BudgetLease> budget,
-                                                  std::function<void()> notify,
+Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::Executor* executor,
+                                                  std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                   pipeline::Executor* io_executor) {
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
@@ -82,7 +71,7 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   header->slot_stride = layout.slot_stride;
   header->region_bytes = layout.region_bytes;
 
-  auto job = std::make_shared<ImageJob>(std::move(spec), std::move(region), layout, std::move(budget));
+  auto job = std::make_shared<MediaJob>(std::move(spec), std::move(region), layout, std::move(budget));
   const auto& s = job->spec_;
   const io::SamplerOptions sampler = SamplerFor(s);
   const uint64_t n = s.source->size();
@@ -99,23 +88,16 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   a.set_batches_per_epoch(io::BatchesPerEpoch(per_rank, b, s.config.batch.drop_last));
   a.set_samples_per_epoch(per_rank);
   a.set_dataset_size(n);
-  auto* image = a.add_tensors();
-  image->set_name("image");
-  image->set_dtype(ImageDType(s.ops));
-  const int64_t h = s.config.out_height, w = s.config.out_width;
-  const std::vector<int64_t> shape = s.ops.layout == media::OutputLayout::kNCHW
-                                         ? std::vector<int64_t>{int64_t{b}, 3, h, w}
-                                         : std::vector<int64_t>{int64_t{b}, h, w, 3};
-  for (int64_t d : shape) image->add_shape(d);
-  image->set_offset(layout.tensor_offsets[0]);
-  image->set_bytes(uint64_t{b} * job->image_row_bytes_);
-  auto* label = a.add_tensors();
-  label->set_name("label");
-  label->set_dtype(proto::INT64);
-  label->add_shape(b);
-  label->set_offset(layout.tensor_offsets[1]);
-  label->set_bytes(uint64_t{b} * sizeof(int64_t));
-
+  for (size_t i = 0; i < job->tensors_.size(); ++i) {
+    const RowTensor& t = job->tensors_[i];
+    auto* out = a.add_tensors();
+    out->set_name(t.name);
+    out->set_dtype(t.dtype);
+    out->add_shape(b);
+    for (int64_t d : t.row_shape) out->add_shape(d);
+    out->set_offset(layout.tensor_offsets[i]);
+    out->set_bytes(uint64_t{b} * t.row_bytes);
+  }
   pipeline::PipelineOptions popts;
   popts.batch_size = b;
   popts.drop_last = s.config.batch.drop_last;
@@ -142,44 +124,43 @@ Result<std::shared_ptr<ImageJob>> ImageJob::Start(ImageJobSpec spec, pipeline::E
   } else {
     order = [n, sampler](uint64_t epoch) { return io::EpochOrder(n, sampler, epoch); };
   }
-  job->pipeline_ = std::make_unique<pipeline::BatchPipeline>(
-      executor, io_executor ? io_executor : executor, &job->ring_, job.get(), std::move(order), popts,
-      std::move(notify), std::weak_ptr<void>(job));
-  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)",
-               s.job_id, s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size,
-               a.batches_per_epoch(), b, layout.num_slots, layout.region_bytes >> 20);
+  job->pipeline_ =
+      std::make_unique<pipeline::BatchPipeline>(executor, io_executor ? io_executor : executor, &job->ring_, job.get(),
+                                                std::move(order), popts, std::move(notify), std::weak_ptr<void>(job));
+  spdlog::info("job {}: started for uid {} pid {}: {}, rank {}/{}, {} batches/epoch of {}, {} slots ({} MiB)", s.job_id,
+               s.owner.uid, s.owner.pid, s.source->Describe(), s.rank, s.world_size, a.batches_per_epoch(), b,
+               layout.num_slots, layout.region_bytes >> 20);
   job->pipeline_->Pump();
   return job;
 }
 
-Status ImageJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
+Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   const io::SampleRef& sample = spec_.source->sample(t.index);
   if (stage == 0) return spec_.source->Read(t.index, &t.bytes);  // read: the sample's bytes into the row's buffer
-  // decode: one decoder per worker thread (decoders are not thread-safe).
-  thread_local media::ImageDecoder decoder;
+  // decode: straight into the row of each of the decoder's tensors.
   uint8_t* base = region_.data() + layout_.SlotOffset(t.slot);
-  uint8_t* dst = base + layout_.tensor_offsets[0] + t.row * image_row_bytes_;
-  // The random transforms draw from (job seed, epoch, sample index): never from thread timing, so
-  // a rerun or a resumed job delivers the same pixels.
-  const uint64_t seed = HasRandomOps(spec_.ops)
-                            ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index)
-                            : 0;
-  Status s = decoder.DecodeInto(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), spec_.ops, dst,
-                                spec_.config.out_width, spec_.config.out_height, seed);
+  const size_t n = tensors_.size() - 1;  // the last is the label
+  std::vector<uint8_t*> rows(n);
+  for (size_t i = 0; i < n; ++i) rows[i] = base + layout_.tensor_offsets[i] + t.row * tensors_[i].row_bytes;
+  // Random crops and starts draw from (job seed, epoch, sample index): never from thread timing,
+  // so a rerun or a resumed job delivers the same values.
+  const uint64_t seed = spec_.decoder->random() ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index) : 0;
+  Status s = spec_.decoder->Decode(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), seed, rows);
   if (!s.ok()) return s.WithPrefix(sample.path);
-  reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[1])[t.row] = sample.label;
+  reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[n])[t.row] = sample.label;
   return Status::Ok();
 }
 
-void ImageJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
+void MediaJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
   uint8_t* base = region_.data() + layout_.SlotOffset(slot);
-  uint8_t* img = base + layout_.tensor_offsets[0];
-  std::memcpy(img + to * image_row_bytes_, img + from * image_row_bytes_, image_row_bytes_);
-  auto* labels = reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[1]);
-  labels[to] = labels[from];
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    uint8_t* t = base + layout_.tensor_offsets[i];
+    const uint64_t row = tensors_[i].row_bytes;
+    std::memcpy(t + to * row, t + from * row, row);
+  }
 }
 
-std::optional<Delivery> ImageJob::TakeNext() {
+std::optional<Delivery> MediaJob::TakeNext() {
   auto lease = spec_.config.order == config::Order::kCompletion
                    ? ring_.TakeFirstReady([this](uint32_t slot, uint64_t seq) {
                        return pipeline_->ClaimForDelivery(slot, seq);
@@ -224,18 +205,19 @@ std::optional<Delivery> ImageJob::TakeNext() {
     *end.mutable_stats() = Stats();
     d.job_end = end;
     spdlog::info("job {}: all {} epochs delivered: {} batches, {} samples, {} skipped, {:.2f} s", spec_.job_id,
-                 spec_.epochs, delivered_batches_, delivered_samples_, pipeline_->TotalSkipped(), SecondsSince(started_));
+                 spec_.epochs, delivered_batches_, delivered_samples_, pipeline_->TotalSkipped(),
+                 SecondsSince(started_));
   }
   return d;
 }
 
-Status ImageJob::Release(uint32_t slot, uint64_t generation) {
+Status MediaJob::Release(uint32_t slot, uint64_t generation) {
   SPDL_RETURN_IF_ERROR(ring_.Release(slot, generation));
   pipeline_->Pump();
   return Status::Ok();
 }
 
-void ImageJob::Cancel() { pipeline_->Cancel(); }
+void MediaJob::Cancel() { pipeline_->Cancel(); }
 
 namespace {
 
@@ -272,7 +254,7 @@ void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageS
 
 }  // namespace
 
-proto::JobStats ImageJob::Stats() const {
+proto::JobStats MediaJob::Stats() const {
   proto::JobStats st;
   const double seconds = SecondsSince(started_);
   st.set_samples(delivered_samples_);

@@ -1,0 +1,55 @@
+// SampleDecoder: what differs between job kinds (image, audio, video) — the tensors a sample
+// fills and how its bytes are decoded into them. MediaJob owns everything else (region, ring,
+// pipeline, delivery) and appends the `label` tensor itself.
+//
+// Tensors per media kind (B = batch size; each tensor's rows are C-contiguous, batch first):
+//   image  image  uint8|float32|float16|bfloat16 [B, H, W, 3] or [B, 3, H, W]
+//   audio  audio  float32|int16 [B, C, L] (channels first)   length  int64 [B]: valid samples
+//   video  video  uint8 [B, T, H, W, 3] (RGB)                 frames  int64 [B]: real frames
+//
+// Threading: a SampleDecoder is immutable after MakeSampleDecoder; Decode may run on many worker
+// threads at once (each thread keeps its own FFmpeg / libjpeg-turbo decoder, thread_local).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "config/job_config.h"
+#include "proto/control.pb.h"
+
+namespace spdl::jobs {
+
+// One output tensor of a sample: its shape without the batch dimension and its bytes per row.
+struct RowTensor {
+  std::string name;
+  proto::DType dtype = proto::UINT8;
+  std::vector<int64_t> row_shape;
+  uint64_t row_bytes = 0;
+};
+
+class SampleDecoder {
+ public:
+  virtual ~SampleDecoder() = default;
+
+  // The tensors Decode fills, in order (the label is not among them).
+  virtual const std::vector<RowTensor>& tensors() const = 0;
+
+  // Whether Decode draws from `sample_seed` (random crops and starts). When false the caller may
+  // pass 0.
+  virtual bool random() const = 0;
+
+  // Decodes one sample's bytes into its rows: rows[i] points at tensors()[i].row_bytes bytes.
+  // `sample_seed` is media::SampleSeed(job seed, epoch, sample index). Errors are the decoder's
+  // (kDataLoss for bad data, kResourceExhausted for a guard, ...); rows may then hold partial output.
+  virtual Status Decode(std::span<const uint8_t> bytes, uint64_t sample_seed, std::span<uint8_t* const> rows) const = 0;
+};
+
+// The decoder for a validated job config (its media, transforms / audio / video blocks).
+// kInvalidArgument naming the key when the config asks for something the decoders refuse.
+Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& config);
+
+}  // namespace spdl::jobs
