@@ -177,6 +177,7 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
 void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
+  config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.allowed_roots = config.allowed_roots;
