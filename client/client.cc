@@ -482,6 +482,15 @@ Status Loader::SubmitAndMap(const Options& options) {
   UniqueFd region_fd = conn_->TakeFd();
   conn_->StopTakingFds();  // closes any extra descriptor
   if (!region_fd) return ProtocolError("JobAccepted came without the shared-memory descriptor");
+  if (a.device().rfind("cuda", 0) == 0) {
+    // Closing the connection (this Loader is dropped) ends the job on the daemon, which frees its
+    // device side too.
+    return FailedPrecondition("the job's output.device is " + a.device() + " (copy: " +
+                              (a.client_copy() ? "client" : "daemon") +
+                              "), but this client library delivers batches in host memory only: the "
+                              "client side of GPU delivery (client/cuda) is not wired into the Loader yet; use "
+                              "output.device: cpu and move the batch to the GPU in the trainer");
+  }
 
   // Check the announced geometry before trusting any offset.
   constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();

@@ -10,6 +10,9 @@
 #include <csignal>
 #include <filesystem>
 
+#if SPDL_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "jobs/job_registry.h"
 #include "ops/startup_checks.h"
 #include "pipeline/thread_pool.h"
@@ -75,6 +78,24 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
     registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
+#if SPDL_HAVE_CUDA
+    registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+      if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
+      std::string why;
+      const int count = cuda::CudaDeviceCount(&why);
+      if (device >= count) {
+        return Status(StatusCode::kUnavailable,
+                      "spdld sees " + std::to_string(count) + " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")") +
+                          ", so it has no cuda:" + std::to_string(device));
+      }
+      cuda::CudaBackend::Options o;
+      o.device = device;
+      o.report_teardown_error = [](const Status& s) { spdlog::error("GPU teardown: {}", s.message()); };
+      SPDL_ASSIGN_OR_RETURN(auto backend, cuda::CudaBackend::Create(std::move(o)));
+      spdlog::info("GPU delivery on cuda:{} ready", device);
+      return (device_backends_[device] = std::move(backend)).get();
+    });
+#endif
     return Status::Ok();
   }));
   SPDL_RETURN_IF_ERROR(Step("handle SIGTERM, SIGINT and SIGHUP", [&] {

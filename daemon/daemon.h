@@ -20,11 +20,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "common/status.h"
 #include "config/daemon_config.h"
+#include "cuda/device_backend.h"
 #include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "proto/control.pb.h"
@@ -78,6 +80,9 @@ class Daemon {
   config::DaemonConfig config_;  // io thread only after Start() (Reload replaces it)
   const ConfigLoader loader_;
   const std::string config_name_;
+  // GPU delivery: one backend per CUDA device, made on the first job that asks for it (control
+  // thread); declared first so it outlives every job (its device slot pools borrow it).
+  std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   std::unique_ptr<jobs::JobRegistry> registry_;

@@ -117,6 +117,10 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
                             std::numeric_limits<uint64_t>::max())) {
     out->memory_budget_bytes = *v;
   }
+  if (auto v = ReadByteSize(diag, m.Get("device_memory_budget_bytes"), kMiB,
+                            std::numeric_limits<uint64_t>::max())) {
+    out->device_memory_budget_bytes = *v;
+  }
   const Field roots = m.Get("allowed_roots");
   if (auto items = internal::ReadList(diag, roots)) {
     std::vector<std::string> list;

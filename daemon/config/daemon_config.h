@@ -29,6 +29,8 @@ struct DaemonConfig {
                                              // jobs, so I/O waits never hold a worker; 1..1024
   uint64_t memory_budget_bytes = 4ull << 30; // all jobs' shared slots together, >= 1MiB (YAML:
                                              // 4GiB, 512MiB, 1G or plain bytes)
+  uint64_t device_memory_budget_bytes = 8ull << 30;  // per GPU: the device slots of its cuda jobs
+                                             // (output.device: cuda:N, copy: daemon); a byte size
   std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
                                              // (empty = refuse every job)
   // URLs http sources may fetch: at or below one of these ("http://host:port/path"; same scheme,

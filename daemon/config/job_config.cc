@@ -307,11 +307,23 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
     if (*v == "cpu") {
       out->device = *v;
     } else if (IsCudaDevice(*v)) {
-      diag.Error(device, "device '" + *v +
-                             "' is not supported yet in this version (only cpu; GPU delivery "
-                             "comes later)");
+      const std::string n = *v == "cuda" ? "0" : v->substr(5);
+      if (n.size() > 3) {
+        diag.Error(device, "device '" + *v + "': no such CUDA device number");
+      } else {
+        out->device = "cuda:" + std::to_string(std::stoi(n));
+        out->cuda_device = std::stoi(n);
+      }
     } else {
       diag.Error(device, "device must be cpu or cuda:N (got '" + *v + "')");
+    }
+  }
+  const Field copy = m.Get("copy");
+  if (auto v = internal::ReadChoice<OutputConfig::Copy>(
+          diag, copy, {{"daemon", OutputConfig::Copy::kDaemon}, {"client", OutputConfig::Copy::kClient}})) {
+    out->copy = *v;
+    if (out->cuda_device < 0 && *v == OutputConfig::Copy::kClient) {
+      diag.Error(copy, "copy: client needs a cuda device (output.device: cuda:N), not " + out->device);
     }
   }
   m.ReportUnknownKeys();

@@ -160,7 +160,12 @@ enum class Layout { kNHWC, kNCHW };
 struct OutputConfig {
   DType dtype = DType::kUInt8;   // YAML: uint8 | float32 | float16 | bfloat16
   Layout layout = Layout::kNHWC;  // YAML: NHWC | NCHW
-  std::string device = "cpu";    // where batches are delivered; only "cpu" for now ("cuda:N" later)
+  std::string device = "cpu";    // where batches are delivered: "cpu" or "cuda:N" (YAML: cpu | cuda | cuda:N)
+  int cuda_device = -1;          // N of cuda:N ("cuda" = 0); -1 for cpu
+  // Who copies a cuda batch from the shared host slot to the GPU: the daemon (its own stream, CUDA
+  // IPC to the client) or the client (it pins the shared slots in its own process).
+  enum class Copy { kDaemon, kClient };
+  Copy copy = Copy::kDaemon;     // YAML: daemon | client; only meaningful for a cuda device
 
   bool operator==(const OutputConfig&) const = default;
 };

@@ -8,6 +8,8 @@
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
+#include "cuda/device_slot_pool.h"
+#include "jobs/gpu_delivery.h"
 #include "jobs/media_job.h"
 #include "jobs/resume_token.h"
 #include "jobs/shared_job.h"
@@ -109,6 +111,10 @@ class CacheStatsJob final : public JobHandle {
     return s;
   }
   void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
+  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
+  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
+    return inner_->ImportConsumerEvents(events);
+  }
 
  private:
   void Add(proto::JobStats* s) const {
@@ -171,6 +177,7 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
 void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
+  config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.allowed_roots = config.allowed_roots;
@@ -287,10 +294,45 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     return out;
   }
 
+  // GPU delivery (copy: daemon): the device's backend (made lazily by the daemon) and its budget.
+  const int cuda_device = spec.config.output.cuda_device;
+  const bool daemon_copy = cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon;
+  cuda::DeviceBackend* backend = nullptr;
+  uint64_t device_bytes = 0;
+  if (daemon_copy) {
+    if (!device_backends_) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device +
+                                ": this spdld was built without CUDA, so it cannot copy batches to a GPU; use "
+                                "output.copy: client (the client copies) or output.device: cpu");
+      return out;
+    }
+    auto b = device_backends_(cuda_device);
+    if (!b.ok()) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device + ": " + b.status().message() +
+                                "; use output.copy: client or output.device: cpu");
+      return out;
+    }
+    backend = *b;
+    if (!req.device_uuid().empty()) {
+      auto uuid = backend->Uuid();
+      if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {
+        out.error = MakeError(proto::Error::BAD_REQUEST,
+                              "output.device " + spec.config.output.device +
+                                  " is not the client's GPU (their UUIDs differ: CUDA_VISIBLE_DEVICES may number "
+                                  "the GPUs differently in the daemon and the trainer); name the daemon's number");
+        return out;
+      }
+    }
+    const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
+    device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
+  }
+
   // Identical jobs decode once: join a group that has not started yet, or start one below.
   std::shared_ptr<ShareGroup> group;
   std::string share_key;
-  if (spec.config.share && !spec.resume) {
+  if (spec.config.share && !spec.resume && cuda_device < 0) {  // a GPU job is never shared
     share_key = ShareKey(req, peer, spec.fingerprint, spec.epochs);
     auto it = groups_.find(share_key);
     group = it == groups_.end() ? nullptr : it->second.group.lock();
@@ -324,6 +366,21 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
                                 MiB(config_.memory_budget_bytes) + " is free");
       return out;
     }
+    if (daemon_copy) {
+      const uint64_t used = device_bytes_in_use_[cuda_device];
+      if (used + device_bytes > config_.device_memory_budget_bytes) {
+        if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
+        out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                              "the job needs " + MiB(device_bytes) + " of GPU memory on " + spec.config.output.device +
+                                  " but only " + MiB(config_.device_memory_budget_bytes > used
+                                                         ? config_.device_memory_budget_bytes - used
+                                                         : 0) +
+                                  " of the daemon's device_memory_budget_bytes of " +
+                                  MiB(config_.device_memory_budget_bytes) + " is free");
+        return out;
+      }
+      device_bytes_in_use_[cuda_device] += device_bytes;
+    }
     bytes_in_use_ += bytes;
     ++jobs_per_uid_[peer.uid];
     ++live_jobs_;
@@ -331,6 +388,13 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
+  auto return_device = [this, cuda_device, device_bytes] {
+    if (device_bytes == 0) return;
+    std::lock_guard lock(mu_);
+    device_bytes_in_use_[cuda_device] -= device_bytes;
+  };
+  const config::OutputConfig output = spec.config.output;
+  std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
   std::function<void()> member_notify;
   if (group) {
     member_notify = std::move(notify);
@@ -340,6 +404,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   auto job = MediaJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
   if (!job.ok()) {
+    return_device();
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
   }
@@ -349,6 +414,19 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     groups_[share_key] = GroupEntry{group, cached};
     handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
     spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
+  }
+  if (output.cuda_device >= 0) {
+    GpuDeliveryOptions g;
+    g.output = output;
+    g.notify = std::move(gpu_notify);
+    g.on_close = return_device;
+    auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
+    if (!wrapped.ok()) {
+      SubmitResult refused;
+      refused.error = MakeError(CodeFor(wrapped.status()), wrapped.status().message());
+      return refused;
+    }
+    handle = std::move(wrapped).value();
   }
   return Finish(req, peer, description, bytes, std::move(handle), cached);
 }

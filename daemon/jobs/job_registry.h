@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "config/daemon_config.h"
+#include "cuda/device_backend.h"
 #include "io/sample_cache.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
@@ -50,6 +51,18 @@ class JobRegistry final : public JobService {
   // `worker_threads` is the resized pool's size, for Status. Control thread only.
   void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
+  // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
+  // the registry); an error says why there is none. Unset (a daemon built without CUDA): output.device
+  // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
+  using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
+  void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  // Device bytes held by live copy: daemon jobs on CUDA device N.
+  uint64_t device_bytes_in_use(int device) const {
+    std::lock_guard lock(mu_);
+    auto it = device_bytes_in_use_.find(device);
+    return it == device_bytes_in_use_.end() ? 0 : it->second;
+  }
+
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
   // Jobs alive (including ones whose last tasks are still finishing).
@@ -70,6 +83,7 @@ class JobRegistry final : public JobService {
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
+  DeviceBackendFn device_backends_;  // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
 
@@ -88,6 +102,7 @@ class JobRegistry final : public JobService {
   // Guarded by mu_.
   uint64_t bytes_in_use_ = 0;
   std::map<uid_t, int> jobs_per_uid_;
+  std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   int live_jobs_ = 0;
 };
 

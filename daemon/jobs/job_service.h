@@ -55,6 +55,14 @@ class JobHandle {
   // Stops the job as failed with `reason` (e.g. cancelled by an operator): the owning session
   // reports it to its client like any failure. Idempotent; the first reason wins.
   virtual void Abort(Status reason) = 0;
+
+  // GPU delivery (output.device cuda:N, copy: daemon; jobs/gpu_delivery.h). A job without it keeps
+  // these defaults. The device handles to send once right after JobAccepted; null = none.
+  virtual const proto::CudaHandles* cuda_handles() const { return nullptr; }
+  // The client's per-slot consumer-done events (once, before its first Release).
+  virtual Status ImportConsumerEvents(const proto::CudaConsumerEvents& /*events*/) {
+    return FailedPrecondition("CudaConsumerEvents for a job without GPU delivery");
+  }
 };
 
 // Facts about a live job, shared by the registry (for spdlctl) and the session that owns it.

@@ -13,6 +13,7 @@ SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::fun
 SessionLogic::~SessionLogic() { DropJob(); }
 
 void SessionLogic::DropJob() {
+  awaiting_consumer_events_ = false;
   if (job_) {
     job_->Cancel();
     job_.reset();
@@ -105,10 +106,17 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       Outgoing& o = out.messages.emplace_back();
       *o.message.mutable_accepted() = job_->accepted();
       o.pass_fd = job_->region_fd();
+      if (const proto::CudaHandles* h = job_->cuda_handles()) {
+        *out.messages.emplace_back().message.mutable_cuda_handles() = *h;
+        awaiting_consumer_events_ = true;
+      }
       return out;
     }
     case proto::ClientMessage::kRelease: {
       if (state_ != State::kRunning) return {};  // late releases after the job ended are harmless
+      if (awaiting_consumer_events_) {
+        return Fatal(proto::Error::BAD_REQUEST, "Release before CudaConsumerEvents in a GPU job");
+      }
       if (record_) record_->client_wait_seconds.store(msg.release().client_wait_seconds());
       Status s = job_->Release(msg.release().slot(), msg.release().generation());
       if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad Release: " + s.message());
@@ -155,6 +163,18 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       }
       return out;
     }
+    case proto::ClientMessage::kCudaConsumerEvents: {
+      if (state_ != State::kRunning) return {};  // the job ended first: nothing to wire
+      if (!awaiting_consumer_events_) {
+        return Fatal(proto::Error::BAD_REQUEST, job_->cuda_handles() ? "CudaConsumerEvents sent twice"
+                                                                       : "CudaConsumerEvents for a job that is not a GPU "
+                                                                         "job (output.device cpu or copy: client)");
+      }
+      Status s = job_->ImportConsumerEvents(msg.cuda_consumer_events());
+      if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad CudaConsumerEvents: " + s.message());
+      awaiting_consumer_events_ = false;
+      return {};
+    }
     case proto::ClientMessage::MSG_NOT_SET:
       break;
   }
@@ -173,6 +193,7 @@ Output SessionLogic::OnJobEvent() {
       // The client keeps its mapping; its late Releases are ignored.
       job_.reset();
       record_.reset();
+      awaiting_consumer_events_ = false;
       state_ = State::kIdle;
       return out;
     }

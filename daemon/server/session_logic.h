@@ -4,6 +4,12 @@
 //   awaiting hello --Hello(version ok)--> idle --SubmitJob(ok)--> running --JobEnd/EndJob--> idle
 //   any state --bad frame, garbage, wrong version, protocol violation--> closed
 //
+// GPU jobs (JobHandle::cuda_handles() non-null: output.device cuda:N, copy: daemon): JobAccepted is
+// followed at once by CudaHandles (once per job); the client must answer with CudaConsumerEvents
+// (once) before its first Release: a Release before it, a second one, one for a job without GPU
+// delivery, or one the job refuses closes the session (BAD_REQUEST). BatchReady is as for any job
+// (the device slot has the host slot's index).
+//
 // Draining (DaemonControl::draining): SubmitJob is refused with SHUTTING_DOWN (the session stays
 // open); a running job is told once with a Draining message (OnDrain) and runs on until it ends or
 // the daemon exits at the deadline. Drain (spdlctl drain) is allowed to root and to the daemon's
@@ -85,6 +91,7 @@ class SessionLogic {
   const std::function<void()> notify_;
   DaemonControl* const control_;
   bool told_draining_ = false;
+  bool awaiting_consumer_events_ = false;  // a GPU job was accepted and its CudaConsumerEvents not seen
   State state_ = State::kAwaitHello;
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;

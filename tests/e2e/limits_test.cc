@@ -132,6 +132,36 @@ TEST_CASE("a job asking for more slots than max_slots_per_job is refused naming 
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
+// Without a GPU (CI): a cuda job is refused with a clear message on both sides, and leaves nothing.
+// On a GPU machine the copy: daemon job is admitted by the daemon (tests/gpu covers it) and the
+// client refuses it as long as its GPU side is not wired into the Loader.
+TEST_CASE("a cuda job is refused clearly where it cannot be delivered and never half-started") {
+  Fixture f("");
+  const Snapshot before(f);
+  SECTION("copy: daemon") {
+    client::Options o = f.Job(2);
+    o.config_yaml += "output: {device: cuda:0}\n";
+    auto l = client::Loader::Open(o);
+    REQUIRE_FALSE(l.ok());
+    INFO(l.status().message());
+    CHECK_THAT(l.status().message(), Catch::Contains("cuda:0"));
+    CHECK_THAT(l.status().message(),
+               Catch::Contains("CUDA device(s)") || Catch::Contains("built without CUDA") ||
+                   Catch::Contains("delivers batches in host memory only"));
+  }
+  SECTION("copy: client") {
+    client::Options o = f.Job(2);
+    o.config_yaml += "output: {device: cuda:0, copy: client}\n";
+    auto l = client::Loader::Open(o);
+    REQUIRE_FALSE(l.ok());
+    CHECK(l.status().code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(l.status().message(), Catch::Contains("output.device is cuda:0 (copy: client)"));
+  }
+  CHECK(Settles(f, before));
+  CheckAlive(**client::Loader::Open(f.Job(2)));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
 TEST_CASE("a job that would exceed the memory budget is refused naming it, never half-started") {
   // Each job: 2 slots of 8 x 256 x 256 x 3 bytes (1.5 MiB) plus labels and a header: ~3 MiB.
   Fixture f("memory_budget_bytes: 4MiB\n");

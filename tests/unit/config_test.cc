@@ -469,19 +469,39 @@ TEST_CASE("job config: output options") {
       }
     }
   }
-  SECTION("bad values, and devices not supported yet") {
+  SECTION("bad values") {
     std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) +
-                                                  "output:\n  dtype: float64\n  layout: NCWH\n  device: cuda:1\n");
+                                                  "output:\n  dtype: float64\n  layout: NCWH\n  device: cuda:x\n"
+                                                  "  copy: host\n");
     INFO(Dump(errors));
-    REQUIRE(errors.size() == 3);
+    REQUIRE(errors.size() == 4);
     CHECK(ErrorAt(errors, "output.dtype").message ==
           "must be one of uint8 | float32 | float16 | bfloat16 (got 'float64')");
     CHECK(ErrorAt(errors, "output.dtype").line == 6);
     CHECK(Contains(ErrorAt(errors, "output.layout").message, "must be one of NHWC | NCHW (got 'NCWH')"));
-    CHECK(Contains(ErrorAt(errors, "output.device").message,
-                   "device 'cuda:1' is not supported yet in this version"));
+    CHECK(ErrorAt(errors, "output.device").message == "device must be cpu or cuda:N (got 'cuda:x')");
+    CHECK(ErrorAt(errors, "output.device").line == 8);
+    CHECK(Contains(ErrorAt(errors, "output.copy").message, "must be one of daemon | client (got 'host')"));
+    CHECK(ErrorAt(errors, "output.copy").line == 9);
     errors = ParseBadJob(std::string(kMinimalJob) + "output: {device: gpu}\n");
     CHECK(ErrorAt(errors, "output.device").message == "device must be cpu or cuda:N (got 'gpu')");
+    errors = ParseBadJob(std::string(kMinimalJob) + "output:\n  copy: client\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(ErrorAt(errors, "output.copy").message ==
+          "copy: client needs a cuda device (output.device: cuda:N), not cpu");
+    CHECK(ErrorAt(errors, "output.copy").line == 6);
+  }
+  SECTION("cuda devices and who copies") {
+    JobConfig c = ParseGoodJob(std::string(kMinimalJob) + "output: {device: cuda:1}\n");
+    CHECK(c.output.device == "cuda:1");
+    CHECK(c.output.cuda_device == 1);
+    CHECK(c.output.copy == OutputConfig::Copy::kDaemon);
+    c = ParseGoodJob(std::string(kMinimalJob) + "output: {device: cuda, copy: client}\n");
+    CHECK(c.output.device == "cuda:0");
+    CHECK(c.output.cuda_device == 0);
+    CHECK(c.output.copy == OutputConfig::Copy::kClient);
+    c = ParseGoodJob(kMinimalJob);
+    CHECK(c.output.cuda_device == -1);
   }
 }
 
@@ -880,6 +900,7 @@ socket_mode: "0600"
 worker_threads: 12
 io_threads: 4
 memory_budget_bytes: 512MiB
+device_memory_budget_bytes: 2GiB
 allowed_roots: [/data, /mnt/x/]
 log_level: debug
 max_frame_bytes: 65536
@@ -895,6 +916,7 @@ allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
   CHECK(c.worker_threads == 12);
   CHECK(c.io_threads == 4);
   CHECK(c.memory_budget_bytes == (512ull << 20));
+  CHECK(c.device_memory_budget_bytes == (2ull << 30));
   CHECK(c.allowed_roots == std::vector<std::string>{"/data", "/mnt/x/"});
   CHECK(c.log_level == "debug");
   CHECK(c.max_frame_bytes == 65536);

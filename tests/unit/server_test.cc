@@ -6,6 +6,16 @@
 
 #include <sstream>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "cuda/device_handles.h"
+#include "cuda/fake_backend.h"
+#include "cuda/ipc_messages.h"
+#include "jobs/gpu_delivery.h"
 #include "proto/framing.h"
 #include "server/session_logic.h"
 
@@ -77,9 +87,19 @@ class FakeJob : public jobs::JobHandle {
   bool cancelled = false;
 };
 
+// A host region for GPU jobs: 2 slots of 4096 bytes after a 4096-byte header.
+struct GpuHost {
+  static constexpr uint64_t kStride = 4096, kOffset = 4096, kBytes = 3 * 4096;
+  GpuHost() : base(static_cast<uint8_t*>(std::aligned_alloc(4096, kBytes))) { std::memset(base, 0, kBytes); }
+  ~GpuHost() { std::free(base); }
+  uint8_t* slot(uint32_t i) const { return base + kOffset + i * kStride; }
+  uint8_t* base;
+};
+
 class FakeService : public jobs::JobService {
  public:
-  jobs::SubmitResult Submit(const proto::SubmitJob&, const jobs::PeerInfo& peer, std::function<void()>) override {
+  jobs::SubmitResult Submit(const proto::SubmitJob&, const jobs::PeerInfo& peer,
+                            std::function<void()> notify) override {
     jobs::SubmitResult r;
     last_uid = peer.uid;
     if (refuse) {
@@ -90,6 +110,21 @@ class FakeService : public jobs::JobService {
     }
     job = std::make_shared<FakeJob>();
     r.job = job;
+    if (gpu_backend) {
+      job->accepted_.set_num_slots(2);
+      job->accepted_.set_slots_offset(GpuHost::kOffset);
+      job->accepted_.set_slot_stride(GpuHost::kStride);
+      job->accepted_.set_region_bytes(GpuHost::kBytes);
+      jobs::GpuDeliveryOptions g;
+      g.output.device = "cuda:0";
+      g.output.cuda_device = 0;
+      g.host_base = gpu_host->base;
+      g.notify = std::move(notify);
+      g.on_close = [this] { ++gpu_closed; };
+      auto w = jobs::WrapGpuJob(job, gpu_backend, std::move(g));
+      REQUIRE(w.ok());
+      r.job = *w;
+    }
     return r;
   }
   proto::DaemonStatus Status(const jobs::PeerInfo& peer) override {
@@ -104,6 +139,9 @@ class FakeService : public jobs::JobService {
   }
   std::shared_ptr<FakeJob> job;
   bool refuse = false;
+  cuda::DeviceBackend* gpu_backend = nullptr;  // set: jobs get GPU delivery (copy: daemon) on it
+  GpuHost* gpu_host = nullptr;
+  int gpu_closed = 0;
   uid_t last_uid = 0;
 };
 
@@ -423,6 +461,154 @@ TEST_CASE("session warnings are rate-limited per kind and name the job") {
   }
   CHECK(closing == 2);  // the burst; the other 8 were suppressed
   CHECK_THAT(text, Catch::Contains("job 7 (pid 123 uid 1000): closing the session: bad Release"));
+}
+
+}  // namespace
+}  // namespace spdl::server
+
+namespace spdl::server {
+namespace {
+
+proto::ClientMessage ConsumerEvents(cuda::FakeBackend& trainer, std::vector<cuda::EventHandle>* keep) {
+  std::vector<cuda::IpcEventHandle> handles;
+  for (int i = 0; i < 2; ++i) {
+    auto ev = trainer.CreateEvent(/*interprocess=*/true);
+    REQUIRE(ev.ok());
+    keep->emplace_back(&trainer, *ev);
+    auto h = trainer.ExportEvent(*ev);
+    REQUIRE(h.ok());
+    handles.push_back(*h);
+  }
+  proto::ClientMessage m;
+  cuda::BuildCudaConsumerEvents(handles, m.mutable_cuda_consumer_events());
+  return m;
+}
+
+TEST_CASE("gpu job: handles once, copy before BatchReady, host slot reused only after the copy") {
+  cuda::FakeDevice dev;
+  cuda::FakeBackend daemon(dev, "daemon");
+  cuda::FakeBackend trainer(dev, "trainer");
+  GpuHost host;
+  FakeService svc;
+  svc.gpu_backend = &daemon;
+  svc.gpu_host = &host;
+  std::atomic<int> notified{0};
+  std::vector<cuda::EventHandle> consumer;
+  {
+    SessionLogic s(&svc, Peer(), [&] { ++notified; });
+    s.OnFrame(Frame(Hello()));
+    Output o = s.OnFrame(Frame(Submit()));
+    REQUIRE(o.messages.size() == 2);
+    CHECK(o.messages[0].message.accepted().device() == "cuda:0");
+    CHECK_FALSE(o.messages[0].message.accepted().client_copy());
+    REQUIRE(o.messages[1].message.has_cuda_handles());
+    auto handles = cuda::ParseCudaHandles(o.messages[1].message.cuda_handles(), 2, GpuHost::kStride);
+    REQUIRE(handles.ok());
+    auto dev_base = trainer.OpenMemory(handles->memory[0].handle);
+    REQUIRE(dev_base.ok());
+    CHECK(s.OnFrame(Frame(ConsumerEvents(trainer, &consumer))).messages.empty());
+
+    // The batch is on the device when BatchReady goes out, and no other CudaHandles follows.
+    std::memset(host.slot(0), 0xab, GpuHost::kStride);
+    svc.job->ready = 1;
+    o = s.OnJobEvent();
+    REQUIRE(o.messages.size() == 1);
+    REQUIRE(o.messages[0].message.batch().slot() == 0);
+    const auto* d0 = static_cast<const uint8_t*>(*dev_base) + handles->slots[0].offset;
+    CHECK(d0[0] == 0xab);
+    CHECK(d0[GpuHost::kStride - 1] == 0xab);
+
+    // The copy is still "in flight" when the client releases: the ring gets the slot back only once
+    // it ran, through the job's notify and the next event.
+    auto ready0 = trainer.OpenEvent(handles->ready_events[0]);
+    REQUIRE(ready0.ok());
+    trainer.SetEventPending(*ready0, true);
+    CHECK(s.OnFrame(Frame(Release(0, 100))).messages.empty());
+    CHECK(svc.job->releases.empty());
+    s.OnJobEvent();
+    CHECK(svc.job->releases.empty());
+    trainer.SetEventPending(*ready0, false);
+    for (int i = 0; i < 5000 && notified.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(notified.load() > 0);
+    s.OnJobEvent();
+    CHECK(svc.job->releases == std::vector<uint32_t>{0});
+    REQUIRE(trainer.DestroyEvent(*ready0).ok());
+
+    // A stale release is refused by the device side too. (The client closes its mapping before
+    // the daemon frees the memory, as a real client does before closing the connection.)
+    REQUIRE(trainer.CloseMemory(*dev_base).ok());
+    CHECK(s.OnFrame(Frame(Release(0, 100))).close);
+  }
+  // The session closed: the job was cancelled and its device side torn down.
+  CHECK(svc.job->cancelled);
+  CHECK(svc.gpu_closed == 1);
+  consumer.clear();
+  const cuda::FakeDevice::Live live = dev.live();
+  INFO("allocations " << live.allocations << " streams " << live.streams << " events " << live.events
+                      << " registrations " << live.registrations << " mappings " << live.mappings);
+  CHECK(live.empty());
+  CHECK(daemon.teardown_errors().empty());
+}
+
+TEST_CASE("gpu job: a Release before CudaConsumerEvents, or events sent twice, close the session") {
+  cuda::FakeDevice dev;
+  cuda::FakeBackend daemon(dev, "daemon");
+  cuda::FakeBackend trainer(dev, "trainer");
+  GpuHost host;
+  FakeService svc;
+  svc.gpu_backend = &daemon;
+  svc.gpu_host = &host;
+  std::vector<cuda::EventHandle> consumer;
+  SECTION("release first") {
+    SessionLogic s(&svc, Peer(), [] {});
+    s.OnFrame(Frame(Hello()));
+    s.OnFrame(Frame(Submit()));
+    svc.job->ready = 1;
+    REQUIRE(s.OnJobEvent().messages.size() == 1);
+    Output o = s.OnFrame(Frame(Release(0, 100)));
+    CHECK(o.close);
+    CHECK(o.messages[0].message.error().message() == "Release before CudaConsumerEvents in a GPU job");
+    CHECK(svc.job->cancelled);
+    CHECK(svc.job->releases.empty());
+  }
+  SECTION("twice") {
+    SessionLogic s(&svc, Peer(), [] {});
+    s.OnFrame(Frame(Hello()));
+    s.OnFrame(Frame(Submit()));
+    CHECK(s.OnFrame(Frame(ConsumerEvents(trainer, &consumer))).messages.empty());
+    Output o = s.OnFrame(Frame(ConsumerEvents(trainer, &consumer)));
+    CHECK(o.close);
+    CHECK(o.messages[0].message.error().message() == "CudaConsumerEvents sent twice");
+  }
+  SECTION("disconnect with a leased slot releases everything") {
+    {
+      SessionLogic s(&svc, Peer(), [] {});
+      s.OnFrame(Frame(Hello()));
+      s.OnFrame(Frame(Submit()));
+      CHECK(s.OnFrame(Frame(ConsumerEvents(trainer, &consumer))).messages.empty());
+      svc.job->ready = 1;
+      REQUIRE(s.OnJobEvent().messages.size() == 1);
+      s.OnDisconnect();
+      CHECK(svc.job->cancelled);
+    }
+    CHECK(svc.gpu_closed == 1);
+  }
+  consumer.clear();
+  CHECK(dev.live().empty());
+}
+
+TEST_CASE("a CudaConsumerEvents for a cpu job closes the session") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.messages.size() == 1);  // no CudaHandles
+  proto::ClientMessage m;
+  m.mutable_cuda_consumer_events();
+  o = s.OnFrame(Frame(m));
+  CHECK(o.close);
+  CHECK(o.messages[0].message.error().message() ==
+        "CudaConsumerEvents for a job that is not a GPU job (output.device cpu or copy: client)");
 }
 
 }  // namespace

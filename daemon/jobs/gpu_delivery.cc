@@ -1,0 +1,200 @@
+#include "jobs/gpu_delivery.h"
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "cuda/device_slot_pool.h"
+#include "cuda/ipc_messages.h"
+
+namespace spdl::jobs {
+namespace {
+
+class GpuJob final : public JobHandle {
+ public:
+  GpuJob(std::shared_ptr<JobHandle> inner, GpuDeliveryOptions options)
+      : inner_(std::move(inner)), options_(std::move(options)), accepted_(inner_->accepted()) {
+    accepted_.set_device(options_.output.device);
+    accepted_.set_client_copy(options_.output.copy == config::OutputConfig::Copy::kClient);
+  }
+
+  ~GpuJob() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (waiter_.joinable()) waiter_.join();
+    if (pool_) pool_->Stop();
+    pool_.reset();
+    if (mapped_) munmap(mapped_, mapped_bytes_);
+    if (options_.on_close) options_.on_close();
+    inner_.reset();
+  }
+
+  Status Init(cuda::DeviceBackend* backend) {
+    if (accepted_.client_copy()) return Status::Ok();
+    if (!backend) return FailedPrecondition("no CUDA device backend for " + options_.output.device);
+    void* base = options_.host_base;
+    if (!base) {
+      base = mmap(nullptr, accepted_.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, inner_->region_fd(), 0);
+      if (base == MAP_FAILED) return Internal("mapping the job's shared region for the GPU copies failed");
+      mapped_ = base;
+      mapped_bytes_ = accepted_.region_bytes();
+    }
+    cuda::DeviceSlotPoolOptions po;
+    po.host_base = base;
+    po.host_bytes = accepted_.region_bytes();
+    po.slots_offset = accepted_.slots_offset();
+    po.slot_stride = accepted_.slot_stride();
+    po.num_slots = accepted_.num_slots();
+    po.register_host = options_.register_host;
+    auto pool = cuda::DeviceSlotPool::Create(*backend, po);
+    if (!pool.ok()) return pool.status();
+    pool_ = std::move(pool).value();
+    cuda::BuildCudaHandles(pool_->handles(), &handles_);
+    waiter_ = std::thread([this] { WaitLoop(); });
+    return Status::Ok();
+  }
+
+  const proto::JobAccepted& accepted() const override { return accepted_; }
+  int region_fd() const override { return inner_->region_fd(); }
+  const proto::CudaHandles* cuda_handles() const override { return pool_ ? &handles_ : nullptr; }
+
+  Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
+    if (!pool_) return JobHandle::ImportConsumerEvents(events);
+    SPDL_ASSIGN_OR_RETURN(auto done, cuda::ParseCudaConsumerEvents(events, pool_->num_slots()));
+    return pool_->ImportConsumerEvents(done);
+  }
+
+  std::optional<Delivery> TakeNext() override {
+    ForwardReleases();
+    std::optional<Delivery> d = inner_->TakeNext();
+    if (!d || !pool_) return d;
+    const uint32_t slot = d->batch.slot();
+    Status s = pool_->Submit(slot);
+    if (s.ok()) s = pool_->Lease(slot, d->batch.generation());
+    if (!s.ok()) {
+      inner_->Abort(Status(s.code(), "GPU delivery to " + options_.output.device + ": " + s.message()));
+      return std::nullopt;
+    }
+    return d;
+  }
+
+  Status Release(uint32_t slot, uint64_t generation) override {
+    if (!pool_) return inner_->Release(slot, generation);
+    SPDL_RETURN_IF_ERROR(pool_->Release(slot, generation));
+    ForwardReleases();
+    SPDL_ASSIGN_OR_RETURN(bool reusable, pool_->HostSlotReusable(slot));
+    if (reusable) return inner_->Release(slot, generation);
+    {
+      std::lock_guard lock(mu_);
+      waiting_.emplace_back(slot, generation);
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+  Status failure() const override {
+    if (Status f = inner_->failure(); !f.ok()) return f;
+    std::lock_guard lock(mu_);
+    return failure_;
+  }
+
+  void Cancel() override {
+    if (pool_) {
+      pool_->Stop();
+      pool_->ReleaseAll();
+    }
+    inner_->Cancel();
+  }
+  void Abort(Status reason) override { inner_->Abort(std::move(reason)); }
+  proto::JobStats Stats() const override { return inner_->Stats(); }
+
+ private:
+  // Control thread: hands the ring the releases whose copies have finished.
+  void ForwardReleases() {
+    std::vector<std::pair<uint32_t, uint64_t>> ready;
+    {
+      std::lock_guard lock(mu_);
+      ready.swap(reusable_);
+    }
+    for (auto [slot, generation] : ready) {
+      if (Status s = inner_->Release(slot, generation); !s.ok()) {
+        std::lock_guard lock(mu_);
+        if (failure_.ok()) failure_ = s;
+      }
+    }
+  }
+
+  // The waiter thread: polls (QueryEvent, never blocking the GPU or holding the pool) until the
+  // deferred slots' copies have run, so a stuck copy never keeps the destructor from joining.
+  void WaitLoop() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !waiting_.empty(); });
+      if (stop_) return;
+      auto [slot, generation] = waiting_.front();
+      Result<bool> r = pool_->HostSlotReusable(slot);
+      if (r.ok() && !*r) {
+        if (cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; })) return;
+        continue;
+      }
+      waiting_.pop_front();
+      if (r.ok()) {
+        reusable_.emplace_back(slot, generation);
+      } else if (failure_.ok()) {
+        failure_ = Status(r.status().code(), "GPU delivery to " + options_.output.device + ": " + r.status().message());
+      }
+      if (options_.notify) {
+        lock.unlock();
+        options_.notify();
+        lock.lock();
+      }
+    }
+  }
+
+  std::shared_ptr<JobHandle> inner_;
+  const GpuDeliveryOptions options_;
+  proto::JobAccepted accepted_;
+  void* mapped_ = nullptr;
+  size_t mapped_bytes_ = 0;
+  std::unique_ptr<cuda::DeviceSlotPool> pool_;  // null for copy: client
+  proto::CudaHandles handles_;
+  std::thread waiter_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_.
+  std::deque<std::pair<uint32_t, uint64_t>> waiting_;     // released, copy maybe still reading
+  std::vector<std::pair<uint32_t, uint64_t>> reusable_;   // copy done, ring release pending
+  Status failure_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+uint64_t GpuDeviceBytes(const proto::JobAccepted& accepted) {
+  return cuda::DeviceSlotPool::DeviceBytes(accepted.slot_stride(), accepted.num_slots());
+}
+
+Result<std::shared_ptr<JobHandle>> WrapGpuJob(std::shared_ptr<JobHandle> job, cuda::DeviceBackend* backend,
+                                              GpuDeliveryOptions options) {
+  std::shared_ptr<JobHandle> inner = job;
+  auto wrapped = std::make_shared<GpuJob>(std::move(job), std::move(options));
+  if (Status s = wrapped->Init(backend); !s.ok()) {
+    inner->Cancel();
+    return Status(s.code(), "setting up GPU delivery: " + s.message());
+  }
+  return std::shared_ptr<JobHandle>(std::move(wrapped));
+}
+
+}  // namespace spdl::jobs

@@ -1,0 +1,126 @@
+// GPU delivery through the real job registry and a real job (image folder, worker pool, shared
+// region) on the fake device: admission against device_memory_budget_bytes, the device side of a
+// running job, and the budget returned when the job goes.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "cuda/device_slot_pool.h"
+#include "cuda/fake_backend.h"
+#include "cuda/ipc_messages.h"
+#include "e2e/dataset.h"
+#include "jobs/job_registry.h"
+#include "pipeline/thread_pool.h"
+
+namespace spdl::jobs {
+namespace {
+
+struct Dir {
+  Dir() {
+    char t[] = "/tmp/spdl-gpu-XXXXXX";
+    REQUIRE(mkdtemp(t) != nullptr);
+    path = t;
+  }
+  ~Dir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+proto::SubmitJob Job(const std::string& root, const std::string& output) {
+  proto::SubmitJob r;
+  r.set_config_yaml("source: {type: image_folder, root: " + root +
+                    "}\nbatch: {size: 4}\ntransforms: [{resize: {height: 64, width: 64}}]\nprefetch: 2\noutput: " +
+                    output + "\n");
+  r.set_config_name("job.yaml");
+  return r;
+}
+
+TEST_CASE("gpu delivery through the registry: device budget and backend on the fake device") {
+  Dir dir;
+  testdata::DatasetOptions o;
+  o.classes = 2;
+  o.images_per_class = 4;
+  o.min_side = 40;
+  o.max_side = 80;
+  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
+  config::DaemonConfig cfg;
+  cfg.allowed_roots = {dir.path};
+  // Joined before the registry goes (as the daemon does): a cancelled job's last tasks still
+  // return its budget lease to the registry.
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  const PeerInfo peer{1, 1000, 1000};
+  const std::string root = dir.path + "/data";
+
+  SECTION("a daemon without CUDA refuses copy: daemon and takes copy: client") {
+    JobRegistry reg(cfg, pool.get(), 2);
+    SubmitResult r = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error.message() ==
+          "output.device cuda:0: this spdld was built without CUDA, so it cannot copy batches to a GPU; use "
+          "output.copy: client (the client copies) or output.device: cpu");
+    r = reg.Submit(Job(root, "{device: cuda:0, copy: client}"), peer, [] {});
+    REQUIRE(r.ok());
+    CHECK(r.job->accepted().device() == "cuda:0");
+    CHECK(r.job->accepted().client_copy());
+    CHECK(r.job->cuda_handles() == nullptr);
+    r.job->Cancel();
+    r = SubmitResult{};
+    pool.reset();
+  }
+  SECTION("copy: daemon on a device: handles, device bytes counted and returned, budget refusal names it") {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int device) -> Result<cuda::DeviceBackend*> {
+      if (device != 0) return Status(StatusCode::kUnavailable, "no cuda:" + std::to_string(device));
+      return &backend;
+    });
+    SubmitResult r = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    const proto::JobAccepted& a = r.job->accepted();
+    CHECK(a.device() == "cuda:0");
+    CHECK_FALSE(a.client_copy());
+    REQUIRE(r.job->cuda_handles() != nullptr);
+    CHECK(r.job->cuda_handles()->ready_events_size() == 2);
+    const uint64_t bytes = cuda::DeviceSlotPool::DeviceBytes(a.slot_stride(), a.num_slots());
+    CHECK(reg.device_bytes_in_use(0) == bytes);
+    CHECK(dev.live().device_bytes == bytes);
+    CHECK(dev.live().registrations == 1);
+
+
+    SubmitResult other = reg.Submit(Job(root, "{device: cuda:1}"), peer, [] {});
+    REQUIRE_FALSE(other.ok());
+    CHECK(other.error.message() == "output.device cuda:1: no cuda:1; use output.copy: client or output.device: cpu");
+
+    reg.UpdateLimits([&] {
+      config::DaemonConfig c = cfg;
+      c.device_memory_budget_bytes = bytes + bytes / 2;
+      return c;
+    }(), 2);
+    SubmitResult refused = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error.code() == proto::Error::RESOURCE_EXHAUSTED);
+    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0"));
+    CHECK(reg.device_bytes_in_use(0) == bytes);
+
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(reg.device_bytes_in_use(0) == 0);
+    CHECK(dev.live().device_bytes == 0);
+    CHECK(dev.live().registrations == 0);
+    CHECK(backend.teardown_errors().empty());
+    pool.reset();
+  }
+}
+
+}  // namespace
+}  // namespace spdl::jobs
