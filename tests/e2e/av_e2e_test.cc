@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "e2e/daemon_process.h"
+#include "e2e/e2e_support.h"
 #include "spdl/client.h"
 
 namespace spdl {
@@ -30,17 +31,7 @@ using testing::RunCommand;
 
 const std::string kClient = std::string(SPDL_BIN_DIR) + "/spdl-client";
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-av-e2e-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using testing::TempDir;  // e2e/e2e_support.h
 
 // Runs the ffmpeg command line; the test fails if it does.
 void Ffmpeg(const std::string& args) {

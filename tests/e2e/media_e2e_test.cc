@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "e2e/daemon_process.h"
+#include "e2e/e2e_support.h"
 #include "e2e/dataset.h"
 #include "media/image_decoder.h"
 #include "media/image_encoder.h"
@@ -32,17 +33,7 @@ using testing::DaemonProcess;
 // so single pixels differ; as in e2e_test.
 constexpr double kMeanAbsTolerance = 6.0;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-media-e2e-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using testing::TempDir;  // e2e/e2e_support.h
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
