@@ -97,11 +97,33 @@ def build_configs(a, have_py, have_spdl):
     return out
 
 
+def job_prefetch(path):
+    """The job config's `prefetch` (slots per rank), for the ring size in the report."""
+    try:
+        import yaml
+        with open(path) as f:
+            return int((yaml.safe_load(f) or {}).get("prefetch", 4))
+    except Exception:  # the report says n/a rather than failing the whole run
+        return None
+
+
+OPS_BEGIN, OPS_END = "<!-- spdl-ops-bench:begin -->", "<!-- spdl-ops-bench:end -->"
+
+
 def write_outputs(out, data, report):
+    """Writes results.png and RESULTS.md; the per-operation section (bench/ops/run_ops.py's, between
+    its markers) of an existing RESULTS.md is carried over unchanged."""
     os.makedirs(out, exist_ok=True)
     report.plot(os.path.join(out, "results.png"), data)
-    with open(os.path.join(out, "RESULTS.md"), "w") as f:
-        f.write(report.write_markdown(data, "results.png"))
+    path = os.path.join(out, "RESULTS.md")
+    ops = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        if OPS_BEGIN in old and OPS_END in old:
+            ops = old[old.index(OPS_BEGIN):old.index(OPS_END) + len(OPS_END)] + "\n"
+    with open(path, "w") as f:
+        f.write(report.write_markdown(data, "results.png").rstrip("\n") + "\n" + ("\n" + ops if ops else ""))
 
 
 def main():
@@ -150,6 +172,7 @@ def main():
         from spdld_bench import report
         with open(a.from_json) as f:
             data = json.load(f)
+        data["options"].setdefault("prefetch", job_prefetch(a.job_config))
         write_outputs(a.out, data, report)
         log(f"wrote {a.out}/RESULTS.md and results.png from {a.from_json}")
         return 0
@@ -247,7 +270,7 @@ def main():
         "versions": envinfo.versions(a.build_dir, REPO),
         "dataset": desc,
         "interrupted": interrupted,
-        "options": {"quick": a.quick, "repeats": a.repeats, "epochs": a.epochs, "batch": 32, "threads": a.threads,
+        "options": {"prefetch": job_prefetch(a.job_config), "quick": a.quick, "repeats": a.repeats, "epochs": a.epochs, "batch": 32, "threads": a.threads,
                     "workers": a.workers, "ranks": a.ranks, "dataset_args": ds_args,
                     "job_config": os.path.relpath(a.job_config, REPO), "pss_interval": a.pss_interval},
         "python_client": {"available": have_py, "status": py_status},

@@ -192,7 +192,7 @@ struct StageConfig {
   int concurrency = 0;  // most tasks of this stage running at once for this job, 1..1024;
                         // 0 (the default) = as many as the node's pool runs
   int queue = 0;        // rows that may wait to start in the stage, 1..65536; 0 (the default) =
-                        // bounded only by the slot ring (prefetch x batch.size rows). A full
+                        // twice the stage's pool threads at the time, at least 4. A full
                         // queue holds back the stage before. Not for the first stage (read):
                         // the ring feeds it
 

@@ -75,9 +75,11 @@ BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, R
   for (size_t s = 0; s < specs_.size(); ++s) {
     StageState& st = stages_[s];
     st.executor = specs_[s].kind == StageKind::kIo ? io_queue_.get() : cpu_queue_.get();
+    st.auto_capacity = s > 0;
     if (s < options_.stages.size()) {
       st.concurrency = options_.stages[s].concurrency;
       st.capacity = s == 0 ? 0 : options_.stages[s].queue;  // the first queue is bounded by the ring
+      st.auto_capacity = s > 0 && st.capacity == 0;
     }
     stats_.push_back(std::make_unique<StageStats>(specs_[s].name, specs_[s].kind, st.concurrency, st.capacity));
   }
@@ -212,7 +214,12 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
       StageState& st = stages_[s];
       // Rows done with the stage before enter this stage's queue while it has room.
       // The bound counts every row waiting to start here: queued, or handed to the pool.
-      while (!st.blocked.empty() && (st.capacity == 0 || st.queue.size() + st.handed.size() < st.capacity)) {
+      size_t capacity = st.capacity;
+      if (st.auto_capacity) {
+        const int parallelism = st.executor->Parallelism();
+        capacity = parallelism > 0 ? std::max<size_t>(kMinAutoQueue, 2 * static_cast<size_t>(parallelism)) : 0;
+      }
+      while (!st.blocked.empty() && (capacity == 0 || st.queue.size() + st.handed.size() < capacity)) {
         Row* r = *st.blocked.begin();
         st.blocked.erase(st.blocked.begin());
         stats_[s - 1]->AddPutWait(Nanos(now - r->since));

@@ -101,10 +101,15 @@ uint64_t BatchesIn(uint64_t samples, uint32_t batch_size, bool drop_last);
 Status CheckResumePoint(const ResumePoint& point, uint64_t samples, uint32_t batch_size, bool drop_last);
 
 // Per-stage settings of a job (by stage index; zero = the default).
+inline constexpr uint32_t kMinAutoQueue = 4;
+
 struct StageOptions {
   uint32_t concurrency = 0;  // most tasks of this stage at once for this job; 0 = as many as the pool runs
   uint32_t queue = 0;        // rows waiting to start in the stage (queued or handed to the pool, not
-                             // started); 0 = bounded by the ring only. Ignored for the first stage.
+                             // started); 0 = automatic: twice the stage executor's Parallelism() at
+                             // the time (at least kMinAutoQueue), or the ring only when the executor
+                             // cannot say. Ignored for the first stage. Each waiting row holds its
+                             // encoded sample: a deep queue is memory, not speed.
 };
 
 struct PipelineOptions {
@@ -218,7 +223,8 @@ class BatchPipeline {
   struct StageState {
     Executor* executor = nullptr;
     uint32_t concurrency = 0;  // 0 = no limit
-    uint32_t capacity = 0;     // bound of queue + handed; 0 = no limit
+    uint32_t capacity = 0;     // bound of queue + handed; 0 = no limit (or automatic, below)
+    bool auto_capacity = false;  // capacity follows the executor's Parallelism() (StageOptions::queue)
     RowSet queue;              // rows waiting for this stage
     RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
     RowSet handed;             // rows with a task posted, not yet started

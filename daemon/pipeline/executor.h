@@ -22,6 +22,9 @@ class Executor {
   // weight 1. The default forwards every task to this executor (no fairness), for executors that
   // run everything at once anyway. The returned queue must not outlive this executor.
   virtual std::unique_ptr<Executor> NewQueue(int weight);
+  // How many tasks it runs at once right now (a pool's thread count; it may change at run time),
+  // or 0 when that is unknown or unbounded. A queue from NewQueue answers for its executor.
+  virtual int Parallelism() const { return 0; }
 };
 
 // Runs each task at once on the caller's thread. For tests.
@@ -36,6 +39,7 @@ class ForwardingExecutor final : public Executor {
  public:
   explicit ForwardingExecutor(Executor* to) : to_(to) {}
   void Post(std::function<void()> task) override { to_->Post(std::move(task)); }
+  int Parallelism() const override { return to_->Parallelism(); }
 
  private:
   Executor* const to_;

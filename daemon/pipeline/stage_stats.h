@@ -24,7 +24,7 @@ struct StageSnapshot {
   std::string name;
   StageKind kind = StageKind::kCpu;
   uint32_t concurrency = 0;     // most tasks of the stage running at once
-  uint32_t queue_capacity = 0;  // bound of the queue in front of the stage (0: bounded by the ring)
+  uint32_t queue_capacity = 0;  // bound of the queue in front of the stage (0: automatic, see StageOptions)
   uint64_t queue_length = 0;    // rows waiting to start here now, queued or handed to the pool
                                 // (<= queue_capacity when set)
   uint64_t running = 0;         // tasks running now, and rows done here waiting for room in the

@@ -13,6 +13,7 @@ class ThreadPool::QueueExecutor final : public Executor {
  public:
   QueueExecutor(ThreadPool* pool, std::shared_ptr<Queue> q) : pool_(pool), q_(std::move(q)) {}
   void Post(std::function<void()> task) override { pool_->PostTo(q_, std::move(task)); }
+  int Parallelism() const override { return pool_->size(); }
 
  private:
   ThreadPool* const pool_;

@@ -45,6 +45,7 @@ class ThreadPool final : public Executor {
   // for the remaining threads. Ignored after Join().
   void SetThreads(int threads);
   int size() const { return target_.load(); }
+  int Parallelism() const override { return size(); }
   // Tasks queued and not yet started, over all queues (for stats).
   size_t queued() const;
 

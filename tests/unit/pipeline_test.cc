@@ -464,6 +464,46 @@ TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the
   CHECK(pipe.tasks_in_flight() == 0);
 }
 
+TEST_CASE("an absent queue bound follows the pool: twice its threads, at least 4, not the whole ring") {
+  ThreadPool cpu(1);
+  ThreadPool io(4);
+  auto q = cpu.NewQueue(1);
+  CHECK(q->Parallelism() == 1);
+  PipelineOptions o;
+  o.batch_size = 8;
+  o.epochs = 1;
+  o.stages = {{/*concurrency=*/2, 0}, {0, /*queue=*/0}};  // decode queue: automatic
+  shm::SlotRing ring(4);                                 // 32 rows of room
+  MeteredProcessor proc(4, 8);
+  proc.delay_us = 300;
+  auto owner = std::make_shared<int>(0);
+  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(120); }, o, [] {}, owner);
+  pipe.Pump();
+  uint64_t rows = 0;
+  bool last = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!last && std::chrono::steady_clock::now() < deadline) {
+    while (auto l = ring.TakeNextReady()) {
+      SlotMeta m = pipe.TakeMeta(l->slot);
+      rows += m.rows;
+      last = m.last_in_job;
+      REQUIRE(ring.Release(l->slot, l->generation).ok());
+      pipe.Pump();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(last);
+  CHECK(rows == 120);
+  // Read, not yet decoding: the automatic queue (max(4, 2 x 1 thread) = 4) and the 2 reads holding
+  // their place (+1 as above); bounded by the ring alone it would be most of the ring's 32 rows.
+  CHECK(proc.max_between <= 4 + 2 + 1);
+  CHECK(proc.max_between >= 1);
+  cpu.SetThreads(3);
+  CHECK(q->Parallelism() == 3);
+  io.Join();
+  cpu.Join();
+}
+
 TEST_CASE("stats add up: every sample read once, decoded once if read, delivered or skipped") {
   ThreadPool pool(3);
   PipelineOptions o;
