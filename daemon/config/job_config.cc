@@ -772,9 +772,12 @@ void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
 // The tensors a job of this media kind has before its extra outputs.
 std::vector<std::string> OwnTensorNames(Media media) {
   switch (media) {
-    case Media::kImage: return {"image", "label"};
-    case Media::kAudio: return {"audio", "length", "label"};
-    case Media::kVideo: return {"video", "frames", "label"};
+    case Media::kImage:
+      return {"image", "label"};
+    case Media::kAudio:
+      return {"audio", "length", "label"};
+    case Media::kVideo:
+      return {"video", "frames", "label"};
   }
   return {"label"};
 }
@@ -788,8 +791,9 @@ void ReadExtraOutputs(Diagnostics& diag, const Field& field, JobConfig* out) {
   std::optional<std::vector<Field>> items = internal::ReadList(diag, field);
   if (!items) return;
   if (out->source.type == SourceType::kHttp && !items->empty()) {
-    diag.ErrorAtKey(field, "extra_outputs read sidecar files, which source type http does not have (use image_folder, "
-                           "file_list or tar)");
+    diag.ErrorAtKey(field,
+                    "extra_outputs read sidecar files, which source type http does not have (use image_folder, "
+                    "file_list or tar)");
     return;
   }
   if (items->size() > kMaxExtraOutputs) {

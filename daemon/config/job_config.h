@@ -295,10 +295,10 @@ struct ExtraOutputConfig {
     kError,     // a sidecar longer than max_bytes fails the sample, naming it
     kTruncate,  // keep its first max_bytes bytes (the length says max_bytes)
   };
-  std::string name;                           // the tensor's name: letters, digits, '_'; unique in the batch
-  std::string from;                           // the sidecar's ending, e.g. ".txt" (tar: any case)
-  int64_t max_bytes = 0;                      // row size, 1..16777216 (required)
-  OnMissing on_missing = OnMissing::kError;   // YAML: error | empty
+  std::string name;                             // the tensor's name: letters, digits, '_'; unique in the batch
+  std::string from;                             // the sidecar's ending, e.g. ".txt" (tar: any case)
+  int64_t max_bytes = 0;                        // row size, 1..16777216 (required)
+  OnMissing on_missing = OnMissing::kError;     // YAML: error | empty
   OnOverflow on_overflow = OnOverflow::kError;  // YAML: error | truncate
 
   bool operator==(const ExtraOutputConfig&) const = default;

@@ -109,7 +109,7 @@ class TarShardSource final : public SampleSource {
   std::vector<SampleRef> samples_;
   std::vector<Location> locations_;  // parallel to samples_
   std::vector<std::string> sidecar_exts_;  // normalized (lower-case, no '.')
-  std::vector<Member> sidecars_;     // sample i's sidecar j at [i * sidecar_exts_.size() + j]
+  std::vector<Member> sidecars_;           // sample i's sidecar j at [i * sidecar_exts_.size() + j]
   uint64_t skipped_keys_ = 0;
   uint64_t unlabelled_ = 0;
   double scan_seconds_ = 0;

@@ -173,8 +173,9 @@ Status MediaJob::ReadExtraOutputs(const pipeline::RowTask& t) const {
     Status s = spec_.source->ReadSidecar(t.index, e.from, &bytes);
     if (!s.ok()) {
       if (s.code() != StatusCode::kNotFound || e.on_missing != config::ExtraOutputConfig::OnMissing::kEmpty) {
-        return Status(s.code(), "extra output '" + e.name + "' (" + e.from + "): " + s.message() +
-                                    (s.code() == StatusCode::kNotFound ? " (on_missing: empty gives an empty row)" : ""));
+        return Status(s.code(),
+                      "extra output '" + e.name + "' (" + e.from + "): " + s.message() +
+                          (s.code() == StatusCode::kNotFound ? " (on_missing: empty gives an empty row)" : ""));
       }
       bytes.clear();
     }

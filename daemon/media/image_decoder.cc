@@ -253,8 +253,8 @@ struct ImageDecoder::Impl {
   // Decodes a JPEG to packed RGB at scale 1/k into `pixels` (rows of *pitch bytes); CMYK
   // converted. With gray (not for CMYK/YCCK): libjpeg-turbo's own grayscale output, one byte
   // per pixel (the Y of a YCbCr JPEG, chroma never decoded).
-  Status DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width,
-                   int* height, int* pitch, bool gray = false);
+  Status DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width, int* height, int* pitch,
+                   bool gray = false);
   // Returns a buffer of at least n bytes (plus slack) from `v`, reused across calls.
   static uint8_t* Buffer(std::vector<uint8_t>& v, size_t n);
   // Frees buffers that grew past kMaxRetainedBytes.
@@ -272,8 +272,8 @@ struct ImageDecoder::Impl {
   // allow_wide and the frame has more than 8 bits per sample, and says so in *wide.
   Status DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan,
                           uint8_t* dst, size_t dst_stride, ImageInfo* info);
-  Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
-                           uint8_t* dst, size_t dst_stride, bool allow_wide, bool* wide);
+  Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, uint8_t* dst,
+                           size_t dst_stride, bool allow_wide, bool* wide);
   // Decodes the whole image, in stored orientation, to packed RGB in `pixels`.
   Status DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
                      int* pitch);
@@ -339,9 +339,8 @@ Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& 
   if (out.layout == OutputLayout::kNHWC) {
     const size_t row = static_cast<size_t>(out.width) * ops.channels * DTypeSize(ops.dtype);
     if (out.row_stride < row || out.row_stride > INT_MAX) {
-      return InvalidArgument("destination stride " + std::to_string(out.row_stride) +
-                             " does not fit rows of " + std::to_string(out.width) + " pixels of " +
-                             std::to_string(ops.channels) + " channel(s)");
+      return InvalidArgument("destination stride " + std::to_string(out.row_stride) + " does not fit rows of " +
+                             std::to_string(out.width) + " pixels of " + std::to_string(ops.channels) + " channel(s)");
     }
   }
   if (info != nullptr) *info = ImageInfo{};
@@ -429,8 +428,8 @@ void ImageDecoder::Impl::TrimBuffers() {
   ffmpeg.Trim(kMaxRetainedBytes);
 }
 
-Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k,
-                                     int* width, int* height, int* pitch, bool gray) {
+Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width, int* height,
+                                     int* pitch, bool gray) {
   const tjscalingfactor sf{1, k};
   *width = TJSCALED(h.width, sf);
   *height = TJSCALED(h.height, sf);
@@ -439,7 +438,10 @@ Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHe
   const int in_pitch = *width * (gray ? 1 : cmyk ? 4 : 3);
   uint8_t* buf = Buffer(pixels, static_cast<size_t>(in_pitch) * *height);
   if (tjDecompress2(tj.get(), jpeg.data(), jpeg.size(), buf, *width, in_pitch, *height,
-                    gray ? TJPF_GRAY : cmyk ? TJPF_CMYK : TJPF_RGB, kTjFlags) != 0) {
+                    gray   ? TJPF_GRAY
+                    : cmyk ? TJPF_CMYK
+                           : TJPF_RGB,
+                    kTjFlags) != 0) {
     return TjError("JPEG decode failed");
   }
   if (cmyk) CmykToRgbInPlace(buf, static_cast<size_t>(*width) * *height);
@@ -579,9 +581,8 @@ Status ImageDecoder::Impl::FrameToRgb(const AVFrame* f, const ImageOps& ops, int
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops,
-                                             const Plan& plan, uint8_t* dst,
-                                             size_t dst_stride, bool allow_wide, bool* wide) {
+Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                                             uint8_t* dst, size_t dst_stride, bool allow_wide, bool* wide) {
   *wide = false;
   SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
   if (f->width != plan.width || f->height != plan.height) {
@@ -792,8 +793,8 @@ Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps
                                    uint8_t* dst, int out_width, int out_height,
                                    size_t dst_stride, uint64_t sample_seed, ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
-  Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels),
-                           sample_seed, /*jpeg_only=*/false, info);
+  Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed,
+                           /*jpeg_only=*/false, info);
   impl_->TrimBuffers();
   return s;
 }
@@ -813,8 +814,8 @@ Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const Im
                                          size_t dst_stride, uint64_t sample_seed,
                                          ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
-  Status s = impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels),
-                              sample_seed, info);
+  Status s =
+      impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed, info);
   impl_->TrimBuffers();
   return s;
 }

@@ -231,8 +231,9 @@ TEST_CASE("a folder of mixed formats becomes normalized float32 NCHW batches") {
           for (int x = 0; x < W; ++x) {
             const float got = row[(static_cast<size_t>(c) * H + y) * W + x];
             const size_t hwc = (static_cast<size_t>(y) * W + x) * 3 + c;
-            const float want = decoded.sample_bits == 16 ? wide[(static_cast<size_t>(c) * H + y) * W + x]
-                                                         : static_cast<float>((fast[hwc] / 255.0 - mean[c]) / stddev[c]);
+            const float want = decoded.sample_bits == 16
+                                   ? wide[(static_cast<size_t>(c) * H + y) * W + x]
+                                   : static_cast<float>((fast[hwc] / 255.0 - mean[c]) / stddev[c]);
             inexact += got != want;
             sum += std::abs((got * stddev[c] + mean[c]) * 255.0 - ref[hwc]);
           }

@@ -1317,15 +1317,15 @@ TEST_CASE("job config: extra_outputs take their keys and defaults") {
 
 TEST_CASE("job config: every extra_outputs error with its line") {
   std::vector<ConfigError> errors = ParseBadJob(
-      "source: {root: /d}\n"                                                       // 1
-      "transforms: [{center_crop: {size: 8}}]\n"                                   // 2
-      "extra_outputs:\n"                                                           // 3
-      "  - {name: image, from: .txt, max_bytes: 8}\n"                              // 4
-      "  - {name: a-b, from: txt, max_bytes: 0}\n"                                 // 5
-      "  - {name: cap, from: .txt}\n"                                              // 6
-      "  - {name: cap, from: .x/y, max_bytes: 9, on_missing: skip, bogus: 1}\n"   // 7
-      "  - {name: cap_length, from: .txt, max_bytes: 8, on_overflow: cut}\n"       // 8
-      "  - just a string\n");                                                      // 9
+      "source: {root: /d}\n"                                                     // 1
+      "transforms: [{center_crop: {size: 8}}]\n"                                 // 2
+      "extra_outputs:\n"                                                         // 3
+      "  - {name: image, from: .txt, max_bytes: 8}\n"                            // 4
+      "  - {name: a-b, from: txt, max_bytes: 0}\n"                               // 5
+      "  - {name: cap, from: .txt}\n"                                            // 6
+      "  - {name: cap, from: .x/y, max_bytes: 9, on_missing: skip, bogus: 1}\n"  // 7
+      "  - {name: cap_length, from: .txt, max_bytes: 8, on_overflow: cut}\n"     // 8
+      "  - just a string\n");                                                    // 9
   INFO(Dump(errors));
   std::vector<int> lines;
   for (const ConfigError& e : errors) lines.push_back(e.line);

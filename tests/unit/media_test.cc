@@ -1577,7 +1577,7 @@ TEST_CASE("Conformance: 16-bit sources keep 16 bits in floating-point output") {
           for (int x = 0; x < w; ++x) {
             for (int c = 0; c < channels; ++c) {
               const size_t at = layout == OutputLayout::kNHWC ? (static_cast<size_t>(y) * w + x) * channels + c
-                                                               : (static_cast<size_t>(c) * h + y) * w + x;
+                                                              : (static_cast<size_t>(c) * h + y) * w + x;
               float v;
               std::memcpy(&v, out.data() + 4 * at, 4);
               const uint16_t want = src[(static_cast<size_t>(y) * w + x) * src_channels + (src_channels == 1 ? 0 : c)];

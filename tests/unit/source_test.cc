@@ -886,7 +886,7 @@ TEST_CASE("TarShardSource: sidecar members by extension, missing ones, any case"
               {"k/000001.cls", "2"},
               {"k/000002.jpg", "img2"},  // no .txt
               {"k/000002.json", "{}"},
-              {"k/000003.TXT", ""},     // an empty sidecar, upper-case extension
+              {"k/000003.TXT", ""},  // an empty sidecar, upper-case extension
               {"k/000003.jpg", "img3"},
               {"k/000004.txt", "orphan"}});  // no image: skipped
   TarShardOptions o;
