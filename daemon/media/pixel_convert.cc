@@ -49,18 +49,18 @@ const float* Row<float>(const ValueTable& t, int c) { return t.f32(c); }
 template <>
 const uint16_t* Row<uint16_t>(const ValueTable& t, int c) { return t.u16(c); }
 
-// The output value of channel c for source sample v (8-bit: a table entry; 16-bit: computed).
-template <typename T, typename S>
-struct Value {
-  const ValueTable& table;
+// The pass for one element type, layout, source sample type and channel count. `origin` is the
+// source pixel shown at (dst_x, dst_y); moving one output pixel right moves the source pointer by
+// xstep bytes, one down by ystep.
+template <typename T, OutputLayout L, typename S, int C>
+void ConvertTyped(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h, int dst_x, int dst_y,
+                  const ValueTable& table, const OutputImage& out) {
+  // The output value of channel c for source sample v (8-bit: a table entry; 16-bit: computed).
   const T* tab[3] = {nullptr, nullptr, nullptr};
-
-  explicit Value(const ValueTable& t) : table(t) {
-    if constexpr (!std::is_same_v<T, uint8_t> && std::is_same_v<S, uint8_t>) {
-      for (int c = 0; c < 3; ++c) tab[c] = Row<T>(t, c);
-    }
+  if constexpr (!std::is_same_v<T, uint8_t> && std::is_same_v<S, uint8_t>) {
+    for (int c = 0; c < 3; ++c) tab[c] = Row<T>(table, c);
   }
-  T operator()(int c, S v) const {
+  auto value = [&](int c, S v) -> T {
     if constexpr (std::is_same_v<S, uint8_t>) {
       if constexpr (std::is_same_v<T, uint8_t>) {
         return v;
@@ -74,16 +74,7 @@ struct Value {
     } else {
       return static_cast<T>(v >> 8);
     }
-  }
-};
-
-// The pass for one element type, layout, source sample type and channel count. `origin` is the
-// source pixel shown at (dst_x, dst_y); moving one output pixel right moves the source pointer by
-// xstep bytes, one down by ystep.
-template <typename T, OutputLayout L, typename S, int C>
-void ConvertTyped(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h, int dst_x, int dst_y,
-                  const ValueTable& table, const OutputImage& out) {
-  const Value<T, S> value(table);
+  };
   T pad[C];
   for (int c = 0; c < C; ++c) pad[c] = value(c, 0);
   const size_t plane = static_cast<size_t>(out.width) * out.height;
