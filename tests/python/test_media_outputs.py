@@ -3,8 +3,8 @@
   PIL's convert("L") of the same files (written by PIL at test time);
 - 16-bit PNGs (written by FFmpeg's CLI and by PIL) keep their 16 bits in float32 output: x / 65535;
 - extra_outputs: a sidecar's bytes per sample ([B, max_bytes] uint8, zero-padded) plus
-  `<name>_length` int32 [B], from WebDataset tar shards (.jpg + .txt, .wav + .txt) and from an image
-  folder; missing and too long sidecars by policy; config errors with their lines. The tensors
+  `<name>_length` int32 [B], from WebDataset tar shards (.jpg + .txt, .wav + .txt, .mp4 + .txt) and
+  from an image folder; missing and too long sidecars by policy; config errors with their lines. The tensors
   are read through numpy / torch.from_dlpack and spdl-client --json, with no special code.
 """
 
@@ -326,3 +326,27 @@ def test_extra_output_config_errors_have_lines(make_loader, jpg_txt_shard):
     got = [int(re.match(r"<config>:(\d+):\d+: ", l).group(1)) for l in lines[1:]]
     assert got == [8, 9, 9, 10, 10], str(err.value)
     assert "already has a tensor 'label'" in lines[1]
+
+
+def test_video_with_captions_from_a_tar_shard(make_loader, daemon, tmp_path):
+    path = daemon.tmp / "extra" / "clips-000.tar"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    captions = {"clip_a": b"a test pattern", "clip_b": None}
+    with tarfile.open(path, "w") as tar:
+        for i, (key, text) in enumerate(captions.items()):
+            mp4 = tmp_path / f"{key}.mp4"
+            subprocess.run(["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                            f"testsrc=size=64x48:rate=10:duration=1", "-c:v", "libx264", "-pix_fmt", "yuv420p",
+                            str(mp4)], check=True)
+            _add(tar, f"{key}.mp4", mp4.read_bytes())
+            if text is not None:
+                _add(tar, f"{key}.txt", text)
+    media = "media: video\nvideo: {frames: 2, height: 24, width: 32}\n"
+    extra = "  - {name: caption, from: .txt, max_bytes: 20, on_missing: empty}\n"
+    loader = make_loader(_tar_job(path, extra_outputs=extra, media=media, batch=2), epochs=1)
+    (batch,) = list(loader)
+    arrays = batch.numpy()
+    assert arrays["video"].shape == (2, 2, 24, 32, 3) and arrays["caption"].shape == (2, 20)
+    for r, key in enumerate(batch.paths):
+        want = captions[key] or b""
+        assert int(arrays["caption_length"][r]) == len(want) and bytes(arrays["caption"][r, : len(want)]) == want
