@@ -331,6 +331,10 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
 
 void ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
   MapReader m(diag, field);
+  if (auto v = internal::ReadChoice<ColorMode>(diag, m.Get("color"),
+                                               {{"rgb", ColorMode::kRgb}, {"gray", ColorMode::kGray}})) {
+    out->color = *v;
+  }
   if (auto v = internal::ReadBool(diag, m.Get("exif_orientation"))) out->exif_orientation = *v;
   if (auto v = internal::ReadChoice<AlphaMode>(
           diag, m.Get("alpha"), {{"drop", AlphaMode::kDrop}, {"composite", AlphaMode::kComposite}})) {
@@ -449,18 +453,43 @@ std::optional<ParsedOp> ReadHorizontalFlip(Diagnostics& diag, const Field& field
   return ParsedOp{op, field};
 }
 
-std::optional<ParsedOp> ReadNormalize(Diagnostics& diag, const Field& field) {
+// One value per channel: three for rgb; for gray one, as a number or a list of one. Returns
+// them spread over three entries (a gray value in all three).
+std::optional<std::array<double, 3>> ReadChannelValues(Diagnostics& diag, const Field& f, ColorMode color) {
+  if (!Present(f)) return std::nullopt;
+  if (color == ColorMode::kRgb) {
+    std::optional<std::vector<double>> v = ReadNumbers(diag, f, 3);
+    if (!v) return std::nullopt;
+    return std::array<double, 3>{(*v)[0], (*v)[1], (*v)[2]};
+  }
+  std::optional<double> v;
+  if (f.node.IsSequence()) {
+    if (f.node.size() != 1) {
+      diag.Error(f, "decode.color: gray gives one channel: expected one number (or a list of one), got a list of " +
+                        std::to_string(f.node.size()) + " item(s)");
+      return std::nullopt;
+    }
+    std::optional<std::vector<double>> list = ReadNumbers(diag, f, 1);
+    if (list) v = (*list)[0];
+  } else {
+    v = ReadNumber(diag, f);
+  }
+  if (!v) return std::nullopt;
+  return std::array<double, 3>{*v, *v, *v};
+}
+
+std::optional<ParsedOp> ReadNormalize(Diagnostics& diag, const Field& field, ColorMode color) {
   const size_t errors_before = diag.count();
   MapReader m(diag, field);
   const Field mean = m.Require("mean");
   const Field stddev = m.Require("std");
   NormalizeOp op;
-  if (auto v = ReadNumbers(diag, mean, 3)) std::copy(v->begin(), v->end(), op.mean.begin());
-  if (auto v = ReadNumbers(diag, stddev, 3)) {
+  if (auto v = ReadChannelValues(diag, mean, color)) op.mean = *v;
+  if (auto v = ReadChannelValues(diag, stddev, color)) {
     if (std::any_of(v->begin(), v->end(), [](double x) { return x <= 0; })) {
       diag.Error(stddev, "every std must be > 0");
     } else {
-      std::copy(v->begin(), v->end(), op.stddev.begin());
+      op.stddev = *v;
     }
   }
   m.ReportUnknownKeys();
@@ -469,7 +498,7 @@ std::optional<ParsedOp> ReadNormalize(Diagnostics& diag, const Field& field) {
 }
 
 // One list entry: a map with exactly one key naming the transform.
-std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item) {
+std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, ColorMode color) {
   if (!item.node.IsMap()) {
     diag.Error(item, std::string("a transform is a map with one key (") + kTransformNames +
                          "), got " + internal::Describe(item.node));
@@ -488,7 +517,7 @@ std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item) {
   if (name == "center_crop") return ReadCenterCrop(diag, m.Get("center_crop"));
   if (name == "random_resized_crop") return ReadRandomResizedCrop(diag, m.Get("random_resized_crop"));
   if (name == "horizontal_flip") return ReadHorizontalFlip(diag, m.Get("horizontal_flip"));
-  if (name == "normalize") return ReadNormalize(diag, m.Get("normalize"));
+  if (name == "normalize") return ReadNormalize(diag, m.Get("normalize"), color);
   std::string message = "unknown transform '" + name + "'";
   const std::string suggestion = internal::Suggest(
       name, {"resize", "center_crop", "random_resized_crop", "horizontal_flip", "normalize"});
@@ -531,7 +560,7 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   std::string seen_random_crop, seen_flip, seen_normalize;  // the item path, once seen
   std::optional<Field> normalize_item;
   for (const Field& item : *items) {
-    std::optional<ParsedOp> parsed = ReadTransform(diag, item);
+    std::optional<ParsedOp> parsed = ReadTransform(diag, item, out->decode.color);
     if (!parsed) {
       all_ok = false;
       continue;
@@ -740,6 +769,94 @@ void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
   m.ReportUnknownKeys();
 }
 
+// The tensors a job of this media kind has before its extra outputs.
+std::vector<std::string> OwnTensorNames(Media media) {
+  switch (media) {
+    case Media::kImage:
+      return {"image", "label"};
+    case Media::kAudio:
+      return {"audio", "length", "label"};
+    case Media::kVideo:
+      return {"video", "frames", "label"};
+  }
+  return {"label"};
+}
+
+constexpr int64_t kMaxExtraBytes = int64_t{1} << 24;
+constexpr size_t kMaxExtraOutputs = 16;
+
+// extra_outputs: [{name, from, max_bytes, on_missing, on_overflow}, ...].
+void ReadExtraOutputs(Diagnostics& diag, const Field& field, JobConfig* out) {
+  if (!Present(field)) return;
+  std::optional<std::vector<Field>> items = internal::ReadList(diag, field);
+  if (!items) return;
+  if (out->source.type == SourceType::kHttp && !items->empty()) {
+    diag.ErrorAtKey(field,
+                    "extra_outputs read sidecar files, which source type http does not have (use image_folder, "
+                    "file_list or tar)");
+    return;
+  }
+  if (items->size() > kMaxExtraOutputs) {
+    diag.ErrorAtKey(field, "at most " + std::to_string(kMaxExtraOutputs) + " extra outputs (got " +
+                               std::to_string(items->size()) + ")");
+  }
+  std::vector<std::string> taken = OwnTensorNames(out->media);
+  for (const Field& item : *items) {
+    if (!item.node.IsMap()) {
+      diag.Error(item, "an extra output is a map {name, from, max_bytes[, on_missing, on_overflow]}, got " +
+                           internal::Describe(item.node));
+      continue;
+    }
+    const size_t errors_before = diag.count();
+    MapReader m(diag, item);
+    ExtraOutputConfig e;
+    const Field name = m.Require("name");
+    if (auto v = internal::ReadString(diag, name)) {
+      const bool well_formed = !v->empty() && v->size() <= 64 && std::all_of(v->begin(), v->end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+      });
+      if (!well_formed) {
+        diag.Error(name, "a tensor name is 1 to 64 letters, digits or '_' (got '" + *v + "')");
+      } else {
+        const std::string length = *v + "_length";
+        for (const std::string& n : {*v, length}) {
+          if (std::find(taken.begin(), taken.end(), n) != taken.end()) {
+            std::string names;
+            for (const std::string& t : taken) names += (names.empty() ? "" : ", ") + t;
+            diag.Error(name, "the batch already has a tensor '" + n + "' (its tensors: " + names + ")");
+            break;
+          }
+        }
+        taken.push_back(*v);
+        taken.push_back(length);
+        e.name = *v;
+      }
+    }
+    const Field from = m.Require("from");
+    if (auto v = internal::ReadString(diag, from)) {
+      if (v->size() < 2 || v->front() != '.' || v->find('/') != std::string::npos) {
+        diag.Error(from, "the sidecar's ending starts with '.' and has no '/', e.g. .txt (got '" + *v + "')");
+      } else {
+        e.from = *v;
+      }
+    }
+    if (auto v = internal::ReadInt(diag, m.Require("max_bytes"), 1, kMaxExtraBytes)) e.max_bytes = *v;
+    if (auto v = internal::ReadChoice<ExtraOutputConfig::OnMissing>(
+            diag, m.Get("on_missing"),
+            {{"error", ExtraOutputConfig::OnMissing::kError}, {"empty", ExtraOutputConfig::OnMissing::kEmpty}})) {
+      e.on_missing = *v;
+    }
+    if (auto v = internal::ReadChoice<ExtraOutputConfig::OnOverflow>(
+            diag, m.Get("on_overflow"),
+            {{"error", ExtraOutputConfig::OnOverflow::kError},
+             {"truncate", ExtraOutputConfig::OnOverflow::kTruncate}})) {
+      e.on_overflow = *v;
+    }
+    m.ReportUnknownKeys();
+    if (diag.count() == errors_before) out->extra_outputs.push_back(std::move(e));
+  }
+}
+
 // Image-only keys in an audio or video job: each is an error at its key.
 void RefuseImageKeys(Diagnostics& diag, MapReader& m, Media media) {
   const std::string why = std::string(" applies to media: image only (this job's media is ") + MediaName(media) + ")";
@@ -797,6 +914,7 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     RefuseImageKeys(diag, m, out->media);
   }
   ReadOutput(diag, m.Get("output"), &out->output);
+  ReadExtraOutputs(diag, m.Get("extra_outputs"), out);
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
                            "bfloat16), not uint8");

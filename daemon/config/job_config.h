@@ -64,9 +64,12 @@ struct HorizontalFlipOp {
   bool operator==(const HorizontalFlipOp&) const = default;
 };
 
-// torchvision ToTensor + Normalize: the output is (x / 255 - mean[c]) / stddev[c] per channel (R, G,
-// B). Needs a floating-point output.dtype; must come after the geometric transforms (the padding
-// of a center crop larger than the image is normalized too, as zeros would be in torchvision).
+// torchvision ToTensor + Normalize: the output is (x / max - mean[c]) / stddev[c] per channel (R, G,
+// B; or the one gray channel), max being 255 for 8-bit sources and 65535 for 16-bit ones. Needs a
+// floating-point output.dtype; must come after the geometric transforms (the padding of a center
+// crop larger than the image is normalized too, as zeros would be in torchvision).
+// YAML: three values each for decode.color: rgb, one each (a number or a list of one) for gray;
+// a gray job's one value is stored in all three entries.
 struct NormalizeOp {
   std::array<double, 3> mean = {0, 0, 0};  // in units of the [0, 1] range, e.g. 0.485
   std::array<double, 3> stddev = {1, 1, 1};  // YAML: std; > 0, e.g. 0.229
@@ -151,8 +154,9 @@ struct BatchConfig {
   bool operator==(const BatchConfig&) const = default;
 };
 
-// Element type of the image tensor. Floating-point types hold x / 255, or the normalize
-// transform's values.
+// Element type of the image tensor. Floating-point types hold x / 255 (x / 65535 for 16-bit
+// sources such as 16-bit PNGs, whose full precision they keep), or the normalize transform's
+// values. uint8 holds the 8-bit value (a 16-bit source's high byte).
 enum class DType { kUInt8, kFloat32, kFloat16, kBFloat16 };
 // Dimension order of the image tensor.
 enum class Layout { kNHWC, kNCHW };
@@ -176,9 +180,17 @@ enum class AlphaMode {
   kComposite,  // blend over `background` by alpha
 };
 
+// The channels of a decoded image.
+enum class ColorMode {
+  kRgb,   // 3 channels, R G B (a grayscale source is repeated into all three)
+  kGray,  // 1 channel: the luma of a colour source (ITU-R 601: 0.299 R + 0.587 G + 0.114 B, as
+          // PIL's convert("L")), a grayscale source as it is
+};
+
 // How images are decoded (the format is told by the file's magic bytes: JPEG, PNG, WebP, BMP,
 // TIFF, GIF).
 struct DecodeConfig {
+  ColorMode color = ColorMode::kRgb;  // YAML: rgb | gray; the image tensor's C is 3 or 1
   bool exif_orientation = false;  // JPEG: turn the image upright by its EXIF Orientation tag
   AlphaMode alpha = AlphaMode::kDrop;               // YAML: drop | composite
   std::array<int, 3> background = {255, 255, 255};  // RGB 0..255, for alpha: composite
@@ -268,6 +280,30 @@ struct VideoConfig {
   bool operator==(const VideoConfig&) const = default;
 };
 
+// A per-sample output beside the media's own tensors (YAML: extra_outputs: [{name, from, ...}]):
+// the raw bytes of a sidecar of each sample — in a tar shard the member of the sample's key with
+// that ending (000123.txt beside 000123.jpg), in a folder or a file list the file with the same
+// path up to its last '.' and that ending — zero-padded to max_bytes. A batch gets `name` uint8
+// [B, max_bytes] and `<name>_length` int32 [B] (the bytes that are the sidecar's). Any media kind;
+// not with source.type http.
+struct ExtraOutputConfig {
+  enum class OnMissing {
+    kError,  // the sample fails (then on_error says whether it is skipped or fails the job)
+    kEmpty,  // length 0, an all-zero row
+  };
+  enum class OnOverflow {
+    kError,     // a sidecar longer than max_bytes fails the sample, naming it
+    kTruncate,  // keep its first max_bytes bytes (the length says max_bytes)
+  };
+  std::string name;                             // the tensor's name: letters, digits, '_'; unique in the batch
+  std::string from;                             // the sidecar's ending, e.g. ".txt" (tar: any case)
+  int64_t max_bytes = 0;                        // row size, 1..16777216 (required)
+  OnMissing on_missing = OnMissing::kError;     // YAML: error | empty
+  OnOverflow on_overflow = OnOverflow::kError;  // YAML: error | truncate
+
+  bool operator==(const ExtraOutputConfig&) const = default;
+};
+
 struct JobConfig {
   Media media = Media::kImage;          // YAML: image | audio | video
   AudioConfig audio;                    // media: audio only (YAML: audio: {...})
@@ -280,6 +316,7 @@ struct JobConfig {
                                         // media: image, always empty (refused) for audio and video
   OutputConfig output;                  // what a delivered batch looks like (dtype and layout:
                                         // media: image only)
+  std::vector<ExtraOutputConfig> extra_outputs;  // sidecar bytes per sample, after `label` (0..16)
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
   StagesConfig stages;                  // per-stage concurrency and queue bounds

@@ -117,6 +117,14 @@ Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
   return root_->ReadFile(key, out, max_sample_bytes_);
 }
 
+Status FileListSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+  out->clear();
+  if (index >= size()) return Read(index, out);  // its out-of-range error
+  const std::string path = SidecarPath(samples_[index].path, extension);
+  if (path.front() == '/') return allowed_->ReadFile(path, out, max_sample_bytes_);
+  return root_->ReadFile(path, out, max_sample_bytes_);
+}
+
 std::string FileListSource::Describe() const {
   return "file list " + origin_ + " (" + std::to_string(size()) + " samples below " + root_->path() + ", " +
          std::to_string(labelled_) + " labelled)";

@@ -46,6 +46,7 @@ class FileListSource final : public SampleSource {
   uint64_t size() const override { return samples_.size(); }
   const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   std::string Identity() const override { return "file_list " + origin_ + " root " + root_->path(); }
 

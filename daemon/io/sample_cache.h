@@ -98,6 +98,10 @@ class CachedSource final : public SampleSource {
   // A hit copies the cached bytes into *out; a miss reads from the inner source and caches a copy
   // when the read succeeds (failures are not cached: the next epoch tries again).
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  // Sidecars are not cached: read from the inner source.
+  Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override {
+    return inner_->ReadSidecar(index, extension, out);
+  }
   std::string Describe() const override { return inner_->Describe(); }
   std::string Identity() const override { return identity_; }
   std::vector<uint64_t> ShardSizes() const override { return inner_->ShardSizes(); }

@@ -7,6 +7,20 @@
 
 namespace spdl::io {
 
+Status SampleSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+  out->clear();
+  return FailedPrecondition(Describe() + ": sample " + std::to_string(index) + ": this source type has no " +
+                            extension + " sidecar files");
+}
+
+std::string SidecarPath(const std::string& path, const std::string& extension) {
+  const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t dot = path.rfind('.');
+  if (dot == std::string::npos || dot <= base) return path + extension;
+  return path.substr(0, dot) + extension;
+}
+
 Result<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Open(const std::string& root,
                                                                    const std::vector<std::string>& extensions,
                                                                    const std::vector<std::string>& allowed_roots,
@@ -28,6 +42,12 @@ Status ImageFolderSource::Read(uint64_t index, std::vector<uint8_t>* out) const 
   }
   // RootDir's errors name the whole path, which ends with the key.
   return root_->ReadFile(manifest_.samples[index].path, out, max_sample_bytes_);
+}
+
+Status ImageFolderSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+  out->clear();
+  if (index >= size()) return Read(index, out);  // its out-of-range error
+  return root_->ReadFile(SidecarPath(manifest_.samples[index].path, extension), out, max_sample_bytes_);
 }
 
 std::string ImageFolderSource::Describe() const {

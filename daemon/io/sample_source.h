@@ -45,6 +45,14 @@ class SampleSource {
   // An index >= size() -> kInvalidArgument. REQUIRES: out != nullptr.
   virtual Status Read(uint64_t index, std::vector<uint8_t>* out) const = 0;
 
+  // Replaces *out with the bytes of sample `index`'s sidecar with ending `extension` (".txt"), read
+  // like the sample itself: in tar shards the member of the sample's key with that extension (one
+  // of TarShardOptions::sidecar_extensions); in a folder or a list the file SidecarPath(key,
+  // extension), beneath the same root. kNotFound when the sample has none; other errors as Read's,
+  // naming the sidecar. On error *out is left empty. Default: kFailedPrecondition (this source
+  // type has no sidecars).
+  virtual Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const;
+
   // One line for logs and spdlctl, e.g. "image folder /data (1000 samples, 10 classes)".
   virtual std::string Describe() const = 0;
 
@@ -58,6 +66,11 @@ class SampleSource {
   // random-access sources. The sampler uses it for a shard-aware order (sampler.h).
   virtual std::vector<uint64_t> ShardSizes() const { return {}; }
 };
+
+// The path of a file sample's sidecar: `path` up to the last '.' of its base name (all of it when
+// the base name has none, or only a leading one), then `extension`: ("a/000123.jpg", ".txt") ->
+// "a/000123.txt".
+std::string SidecarPath(const std::string& path, const std::string& extension);
 
 // The largest sample any source reads by default (the limit io::ReadFile has).
 inline constexpr uint64_t kDefaultMaxSampleBytes = uint64_t{1} << 30;
@@ -82,6 +95,7 @@ class ImageFolderSource final : public SampleSource {
   uint64_t size() const override { return manifest_.samples.size(); }
   const SampleRef& sample(uint64_t index) const override { return manifest_.samples[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   std::string Identity() const override { return "image_folder " + manifest_.root; }
 

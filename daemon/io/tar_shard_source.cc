@@ -83,6 +83,8 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
   const std::string label_ext = Normalize(options.label_extension);
 
   std::unique_ptr<TarShardSource> src(new TarShardSource());
+  for (const std::string& e : options.sidecar_extensions) src->sidecar_exts_.push_back(Normalize(e));
+  const size_t num_sidecars = src->sidecar_exts_.size();
   src->max_sample_bytes_ = options.max_sample_bytes;
   src->allowed_ = RootSet::Open(options.allowed_roots);
   std::vector<std::string> paths;
@@ -99,6 +101,7 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
     int image_rank = -1;  // index into image_exts of the chosen image member; -1 = none yet
     TarMember image;
     std::optional<TarMember> label;
+    std::vector<Member> sidecars;  // per sidecar extension
   };
   for (const std::string& path : paths) {
     auto real = ResolveUnderRoots(path, options.allowed_roots);
@@ -147,6 +150,13 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
         }
       }
       const bool is_label = !label_ext.empty() && ext == label_ext;
+      for (size_t j = 0; j < num_sidecars; ++j) {
+        if (ext != src->sidecar_exts_[j]) continue;
+        auto [it, inserted] = groups.try_emplace(key);
+        if (inserted) keys.push_back(key);
+        it->second.sidecars.resize(num_sidecars);
+        it->second.sidecars[j] = Member{m.data_offset, m.size};
+      }
       if (rank < 0 && !is_label) {
         if (!groups.count(key)) {
           keys.push_back(key);
@@ -195,6 +205,8 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
       }
       src->samples_.push_back(SampleRef{std::move(key), label});
       src->locations_.push_back(Location{shard_index, g.image.data_offset, g.image.size});
+      g.sidecars.resize(num_sidecars);
+      src->sidecars_.insert(src->sidecars_.end(), g.sidecars.begin(), g.sidecars.end());
     }
     src->shards_.push_back(Shard{*real, st.st_dev, st.st_ino, static_cast<uint64_t>(st.st_size), MtimeNs(st)});
   }
@@ -223,13 +235,32 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return InvalidArgument("tar shards " + description_ + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
-  const Location& loc = locations_[index];
-  const Shard& shard = shards_[loc.shard];
+  return ReadMember(index, locations_[index].offset, locations_[index].size, "", out);
+}
+
+Status TarShardSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+  out->clear();
+  if (index >= size()) return Read(index, out);  // its out-of-range error
+  const std::string ext = Normalize(extension);
+  const auto it = std::find(sidecar_exts_.begin(), sidecar_exts_.end(), ext);
+  const Member* m = it == sidecar_exts_.end()
+                        ? nullptr
+                        : &sidecars_[index * sidecar_exts_.size() + static_cast<size_t>(it - sidecar_exts_.begin())];
+  if (m == nullptr || m->size == kNoMember) {
+    return NotFound("sample " + samples_[index].path + " (tar shard " + shards_[locations_[index].shard].path +
+                    "): no ." + ext + " member");
+  }
+  return ReadMember(index, m->offset, m->size, "." + ext + " member", out);
+}
+
+Status TarShardSource::ReadMember(uint64_t index, uint64_t offset, uint64_t size, const std::string& what,
+                                  std::vector<uint8_t>* out) const {
+  const Shard& shard = shards_[locations_[index].shard];
   auto where = [&] {
-    return "sample " + samples_[index].path + " (tar shard " + shard.path + ", offset " + std::to_string(loc.offset) +
-           ", " + std::to_string(loc.size) + " bytes)";
+    return "sample " + samples_[index].path + (what.empty() ? "" : " " + what) + " (tar shard " + shard.path +
+           ", offset " + std::to_string(offset) + ", " + std::to_string(size) + " bytes)";
   };
-  if (loc.size > max_sample_bytes_) {
+  if (size > max_sample_bytes_) {
     return ResourceExhausted(where() + ": more than the limit of " + std::to_string(max_sample_bytes_) + " bytes");
   }
   auto opened = allowed_->OpenBeneath(shard.path);
@@ -241,7 +272,7 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
       MtimeNs(st) != shard.mtime_ns) {
     return FailedPrecondition(where() + ": the shard changed since it was indexed");
   }
-  Status s = PreadAll(fd.get(), loc.offset, loc.size, out);
+  Status s = PreadAll(fd.get(), offset, size, out);
   if (!s.ok()) {
     out->clear();
     return s.WithPrefix(where());

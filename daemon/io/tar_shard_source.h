@@ -40,6 +40,9 @@ struct TarShardOptions {
   std::vector<std::string> shards;
   std::vector<std::string> image_extensions = {"jpg", "jpeg", "png", "webp"};  // in order of preference
   std::string label_extension = "cls";                                         // "" = no labels
+  // Member extensions indexed as sidecars (ReadSidecar), e.g. {"txt"}; a leading '.' is allowed,
+  // case-insensitive. A sample may lack any of them.
+  std::vector<std::string> sidecar_extensions;
   std::vector<std::string> allowed_roots;              // the daemon's allowed data roots (empty refuses all)
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger member fails its Read
   size_t max_reported_errors = 100;                    // problems listed in Open's error; the rest are counted
@@ -61,6 +64,10 @@ class TarShardSource final : public SampleSource {
   // shard and the offset. Opening per read keeps no descriptor per shard (a dataset may have
   // 100,000 shards) at the cost of an open/fstat/close (a few microseconds) per sample.
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  // The member of the sample's key with `extension` (one of options.sidecar_extensions, any case,
+  // with or without its '.'), read as Read reads the image member. kNotFound when the key has no
+  // such member (or the extension was not indexed at Open).
+  Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   std::string Identity() const override;
   std::vector<uint64_t> ShardSizes() const override;
@@ -83,14 +90,26 @@ class TarShardSource final : public SampleSource {
     uint64_t offset = 0;  // of the image member's bytes
     uint64_t size = 0;
   };
+  // A sidecar member: its bytes' offset in the sample's shard and its size; kNoMember when absent.
+  struct Member {
+    uint64_t offset = 0;
+    uint64_t size = kNoMember;
+  };
+  static constexpr uint64_t kNoMember = ~uint64_t{0};
 
   TarShardSource() = default;
+  // Opens the shard of sample `index`, checks it was not changed, preads [offset, offset + size).
+  // `what` names the member in errors ("" = the image member).
+  Status ReadMember(uint64_t index, uint64_t offset, uint64_t size, const std::string& what,
+                    std::vector<uint8_t>* out) const;
 
   // Constant after Open.
   std::string description_;  // the patterns as given, for Describe
   std::vector<Shard> shards_;
   std::vector<SampleRef> samples_;
   std::vector<Location> locations_;  // parallel to samples_
+  std::vector<std::string> sidecar_exts_;  // normalized (lower-case, no '.')
+  std::vector<Member> sidecars_;           // sample i's sidecar j at [i * sidecar_exts_.size() + j]
   uint64_t skipped_keys_ = 0;
   uint64_t unlabelled_ = 0;
   double scan_seconds_ = 0;

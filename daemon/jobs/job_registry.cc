@@ -40,7 +40,9 @@ std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 // Opens the job's sample source: scans the folder, reads the list, or indexes the tar shards, with
 // every local path checked against the daemon's allowed roots and every URL against its allowed
 // URL prefixes. Errors say which source key is at fault.
+// Tar shards also index the members the job's extra_outputs read.
 Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
+                                                           const std::vector<config::ExtraOutputConfig>& extras,
                                                            const config::DaemonConfig& daemon) {
   switch (c.type) {
     case config::SourceType::kImageFolder: {
@@ -62,6 +64,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.shards = c.shards;
       o.image_extensions = c.extensions;
       o.label_extension = c.label_extension;
+      for (const config::ExtraOutputConfig& e : extras) o.sidecar_extensions.push_back(e.from);
       o.allowed_roots = daemon.allowed_roots;
       auto src = io::TarShardSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.shards");
@@ -233,7 +236,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   }
   spec.decoder = std::move(decoder).value();
 
-  auto source = OpenSource(spec.config.source, config_);
+  auto source = OpenSource(spec.config.source, spec.config.extra_outputs, config_);
   if (!source.ok()) {
     out.error = MakeError(CodeFor(source.status()), source.status().message());
     return out;

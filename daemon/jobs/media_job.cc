@@ -26,10 +26,14 @@ io::SamplerOptions SamplerFor(const MediaJobSpec& spec) {
   return o;
 }
 
-// The decoder's tensors, then the label.
-std::vector<RowTensor> TensorsOf(const SampleDecoder& decoder) {
-  std::vector<RowTensor> t = decoder.tensors();
+// The decoder's tensors, then the label, then per extra output its bytes and its length.
+std::vector<RowTensor> TensorsOf(const MediaJobSpec& spec) {
+  std::vector<RowTensor> t = spec.decoder->tensors();
   t.push_back({"label", proto::INT64, {}, sizeof(int64_t)});
+  for (const config::ExtraOutputConfig& e : spec.config.extra_outputs) {
+    t.push_back({e.name, proto::UINT8, {e.max_bytes}, static_cast<uint64_t>(e.max_bytes)});
+    t.push_back({e.name + "_length", proto::INT32, {}, sizeof(int32_t)});
+  }
   return t;
 }
 
@@ -38,7 +42,7 @@ std::vector<RowTensor> TensorsOf(const SampleDecoder& decoder) {
 proto::SlotLayout MediaJob::LayoutFor(const MediaJobSpec& spec) {
   const uint64_t b = static_cast<uint64_t>(spec.config.batch.size);
   std::vector<uint64_t> bytes;
-  for (const RowTensor& t : TensorsOf(*spec.decoder)) bytes.push_back(b * t.row_bytes);
+  for (const RowTensor& t : TensorsOf(spec)) bytes.push_back(b * t.row_bytes);
   return proto::ComputeSlotLayout(bytes, static_cast<uint32_t>(spec.config.prefetch));
 }
 
@@ -48,7 +52,8 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
       spec_(std::move(spec)),
       region_(std::move(region)),
       layout_(std::move(layout)),
-      tensors_(TensorsOf(*spec_.decoder)),
+      tensors_(TensorsOf(spec_)),
+      label_tensor_(spec_.decoder->tensors().size()),
       started_(Clock::now()),
       ring_(layout_.num_slots),
       epoch_started_(started_) {}
@@ -136,10 +141,14 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
 
 Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   const io::SampleRef& sample = spec_.source->sample(t.index);
-  if (stage == 0) return spec_.source->Read(t.index, &t.bytes);  // read: the sample's bytes into the row's buffer
+  if (stage == 0) {
+    // read: the sample's bytes into the row's buffer, its sidecars straight into their rows.
+    SPDL_RETURN_IF_ERROR(spec_.source->Read(t.index, &t.bytes));
+    return ReadExtraOutputs(t);
+  }
   // decode: straight into the row of each of the decoder's tensors.
   uint8_t* base = region_.data() + layout_.SlotOffset(t.slot);
-  const size_t n = tensors_.size() - 1;  // the last is the label
+  const size_t n = label_tensor_;  // the decoder's tensors come first
   std::vector<uint8_t*> rows(n);
   for (size_t i = 0; i < n; ++i) rows[i] = base + layout_.tensor_offsets[i] + t.row * tensors_[i].row_bytes;
   // Random crops and starts draw from (job seed, epoch, sample index): never from thread timing,
@@ -148,6 +157,42 @@ Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   Status s = spec_.decoder->Decode(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), seed, rows);
   if (!s.ok()) return s.WithPrefix(sample.path);
   reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[n])[t.row] = sample.label;
+  return Status::Ok();
+}
+
+Status MediaJob::ReadExtraOutputs(const pipeline::RowTask& t) const {
+  const auto& extras = spec_.config.extra_outputs;
+  if (extras.empty()) return Status::Ok();
+  thread_local std::vector<uint8_t> bytes;  // reused between samples on this I/O thread
+  uint8_t* base = region_.data() + layout_.SlotOffset(t.slot);
+  for (size_t j = 0; j < extras.size(); ++j) {
+    const config::ExtraOutputConfig& e = extras[j];
+    const size_t data_tensor = label_tensor_ + 1 + 2 * j;
+    const auto max = static_cast<size_t>(e.max_bytes);
+    uint8_t* row = base + layout_.tensor_offsets[data_tensor] + t.row * max;
+    Status s = spec_.source->ReadSidecar(t.index, e.from, &bytes);
+    if (!s.ok()) {
+      if (s.code() != StatusCode::kNotFound || e.on_missing != config::ExtraOutputConfig::OnMissing::kEmpty) {
+        return Status(s.code(),
+                      "extra output '" + e.name + "' (" + e.from + "): " + s.message() +
+                          (s.code() == StatusCode::kNotFound ? " (on_missing: empty gives an empty row)" : ""));
+      }
+      bytes.clear();
+    }
+    if (bytes.size() > max) {
+      if (e.on_overflow != config::ExtraOutputConfig::OnOverflow::kTruncate) {
+        return ResourceExhausted("sample " + spec_.source->sample(t.index).path + ": extra output '" + e.name +
+                                 "': its " + e.from + " sidecar has " + std::to_string(bytes.size()) +
+                                 " bytes, more than max_bytes " + std::to_string(max) +
+                                 " (on_overflow: truncate keeps the first " + std::to_string(max) + ")");
+      }
+      bytes.resize(max);
+    }
+    if (!bytes.empty()) std::memcpy(row, bytes.data(), bytes.size());
+    std::memset(row + bytes.size(), 0, max - bytes.size());
+    const auto length = static_cast<int32_t>(bytes.size());
+    std::memcpy(base + layout_.tensor_offsets[data_tensor + 1] + t.row * sizeof(int32_t), &length, sizeof(length));
+  }
   return Status::Ok();
 }
 

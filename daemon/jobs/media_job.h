@@ -1,7 +1,9 @@
 // MediaJob: one running job of any media kind (image, audio, video) — its sample source, shared
 // region, slot ring, row processor and pipeline — as a JobHandle for the session that submitted
 // it. What differs between the kinds (the decode and its tensors) is the spec's SampleDecoder; the
-// job adds the `label` tensor (int64 [B]) after the decoder's tensors.
+// job adds the `label` tensor (int64 [B]) after the decoder's tensors, then per extra output
+// (config extra_outputs: a sidecar's bytes, read in the read stage) `<name>` uint8 [B, max_bytes]
+// and `<name>_length` int32 [B].
 //
 // Threading: JobHandle methods run on the control thread; the pipeline's row tasks run on the
 // shared worker pool and keep the job alive (shared_ptr) until they end, so the region is unmapped
@@ -79,13 +81,18 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget);
 
  private:
+  // Read stage: each extra output's sidecar bytes (zero-padded) and length into the row; the
+  // sample fails by the output's on_missing / on_overflow policy.
+  Status ReadExtraOutputs(const pipeline::RowTask& t) const;
+
   // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
   // but one, the budget lease last (so the budget is freed only once the memory is).
   std::unique_ptr<BudgetLease> budget_;
   const MediaJobSpec spec_;
   shm::SharedRegion region_;
   const proto::SlotLayout layout_;
-  std::vector<RowTensor> tensors_;  // the decoder's tensors, then the label
+  std::vector<RowTensor> tensors_;  // the decoder's tensors, the label, then two per extra output
+  const size_t label_tensor_;       // the label's index in tensors_ (= the decoder's tensor count)
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;

@@ -91,6 +91,7 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
   }
   ops.dtype = ToMedia(c.output.dtype);
   ops.layout = c.output.layout == config::Layout::kNCHW ? media::OutputLayout::kNCHW : media::OutputLayout::kNHWC;
+  ops.channels = c.decode.color == config::ColorMode::kGray ? 1 : 3;
   ops.exif_orientation = c.decode.exif_orientation;
   ops.alpha = c.decode.alpha == config::AlphaMode::kComposite ? media::AlphaMode::kComposite : media::AlphaMode::kDrop;
   for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(c.decode.background[i]);
@@ -104,8 +105,8 @@ class ImageSampleDecoder final : public SampleDecoder {
  public:
   ImageSampleDecoder(media::ImageOps ops, int width, int height) : ops_(ops), width_(width), height_(height) {
     const std::vector<int64_t> shape = ops.layout == media::OutputLayout::kNCHW
-                                           ? std::vector<int64_t>{3, height, width}
-                                           : std::vector<int64_t>{height, width, 3};
+                                           ? std::vector<int64_t>{ops.channels, height, width}
+                                           : std::vector<int64_t>{height, width, ops.channels};
     tensors_ = {{"image", ImageDType(ops), shape, media::OutputImageBytes(ops, width, height)}};
   }
   const std::vector<RowTensor>& tensors() const override { return tensors_; }

@@ -3,7 +3,8 @@
 // pipeline, delivery) and appends the `label` tensor itself.
 //
 // Tensors per media kind (B = batch size; each tensor's rows are C-contiguous, batch first):
-//   image  image  uint8|float32|float16|bfloat16 [B, H, W, 3] or [B, 3, H, W]
+//   image  image  uint8|float32|float16|bfloat16 [B, H, W, C] or [B, C, H, W] (C = 3, or 1 with
+//                 decode.color: gray)
 //   audio  audio  float32|int16 [B, C, L] (channels first)   length  int64 [B]: valid samples
 //   video  video  uint8 [B, T, H, W, 3] (RGB)                 frames  int64 [B]: real frames
 //

@@ -119,13 +119,13 @@ void ChromaStart(int start, int factor, int* chroma_index, int* pos) {
   *pos = 256 * (factor * *chroma_index - start) + 128 * (factor - 1);
 }
 
-// Zeroes every output pixel outside the placed image (only the first out_width * 3 bytes of
-// each row are touched).
-void ZeroPadding(uint8_t* dst, size_t stride, const ResizeCropPlan& p) {
+// Zeroes every output pixel outside the placed image (uint8, `channels` per pixel; only the first
+// out_width * channels bytes of each row are touched).
+void ZeroPadding(uint8_t* dst, size_t stride, const ResizeCropPlan& p, int channels) {
   if (!p.padded()) return;
-  const size_t row_bytes = static_cast<size_t>(p.out_width) * 3;
-  const size_t left = static_cast<size_t>(p.dst_x) * 3;
-  const size_t right = static_cast<size_t>(p.dst_x + p.keep_width) * 3;
+  const size_t row_bytes = static_cast<size_t>(p.out_width) * channels;
+  const size_t left = static_cast<size_t>(p.dst_x) * channels;
+  const size_t right = static_cast<size_t>(p.dst_x + p.keep_width) * channels;
   for (int y = 0; y < p.out_height; ++y) {
     uint8_t* row = dst + y * stride;
     if (y < p.dst_y || y >= p.dst_y + p.keep_height) {
@@ -199,6 +199,19 @@ bool FrameWindow(const AVFrame* f, int x0, int y0, SwsKey* key, SourcePlanes* sr
   return true;
 }
 
+// The packed format the resampled image has before the output pass: 1 or 3 channels, 8 or
+// (wide) 16 bits per sample in native byte order.
+AVPixelFormat PackedFormat(int channels, bool wide) {
+  if (channels == 1) return wide ? AV_PIX_FMT_GRAY16 : AV_PIX_FMT_GRAY8;
+  return wide ? AV_PIX_FMT_RGB48 : AV_PIX_FMT_RGB24;
+}
+
+// Whether a decoded frame has more than 8 bits per sample (a 16-bit PNG or TIFF).
+bool IsWide(AVPixelFormat f) {
+  const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(f);
+  return d != nullptr && d->comp[0].depth > 8;
+}
+
 std::string SizeString(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h);
 }
@@ -238,9 +251,10 @@ struct ImageDecoder::Impl {
   Status Begin(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
                uint64_t seed, bool jpeg_only, ImageInfo* info, Plan* plan);
   // Decodes a JPEG to packed RGB at scale 1/k into `pixels` (rows of *pitch bytes); CMYK
-  // converted.
-  Status DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width,
-                   int* height, int* pitch);
+  // converted. With gray (not for CMYK/YCCK): libjpeg-turbo's own grayscale output, one byte
+  // per pixel (the Y of a YCbCr JPEG, chroma never decoded).
+  Status DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width, int* height, int* pitch,
+                   bool gray = false);
   // Returns a buffer of at least n bytes (plus slack) from `v`, reused across calls.
   static uint8_t* Buffer(std::vector<uint8_t>& v, size_t n);
   // Frees buffers that grew past kMaxRetainedBytes.
@@ -253,15 +267,17 @@ struct ImageDecoder::Impl {
   // ops.alpha); *pitch receives the row stride.
   Status FrameToRgb(const AVFrame* f, const ImageOps& ops, int* pitch);
   // Decodes plan.stored_window of the image and resamples it to scaled_width x scaled_height
-  // packed RGB at dst (rows dst_stride bytes apart).
+  // packed pixels at dst (rows dst_stride bytes apart): RGB24 or GRAY8 by ops.channels.
+  // DecodeFrameWindow writes 16-bit samples (RGB48 / GRAY16, native endian) instead when
+  // allow_wide and the frame has more than 8 bits per sample, and says so in *wide.
   Status DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan,
                           uint8_t* dst, size_t dst_stride, ImageInfo* info);
-  Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
-                           uint8_t* dst, size_t dst_stride);
+  Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, uint8_t* dst,
+                           size_t dst_stride, bool allow_wide, bool* wide);
   // Decodes the whole image, in stored orientation, to packed RGB in `pixels`.
   Status DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
                      int* pitch);
-  // One swscale pass from the source planes into dst (packed RGB24).
+  // One swscale pass from the source planes into dst (packed, key.dst_format).
   Status Scale(const SwsKey& key, const SourcePlanes& src, uint8_t* dst, size_t dst_stride);
 
   Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
@@ -312,16 +328,19 @@ Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& 
                                  const OutputImage& out, uint64_t seed, bool jpeg_only,
                                  ImageInfo* info, Plan* plan) {
   SPDL_RETURN_IF_ERROR(ValidateImageOps(ops));
+  if (out.channels != ops.channels) {
+    return InvalidArgument("destination has " + std::to_string(out.channels) + " channel(s), the ops " +
+                           std::to_string(ops.channels));
+  }
   if (out.data == nullptr || out.width <= 0 || out.height <= 0) {
     return InvalidArgument("no destination, or an empty one (" +
                            SizeString(out.width, out.height) + ")");
   }
   if (out.layout == OutputLayout::kNHWC) {
-    const size_t row = static_cast<size_t>(out.width) * 3 * DTypeSize(ops.dtype);
+    const size_t row = static_cast<size_t>(out.width) * ops.channels * DTypeSize(ops.dtype);
     if (out.row_stride < row || out.row_stride > INT_MAX) {
-      return InvalidArgument("destination stride " + std::to_string(out.row_stride) +
-                             " does not fit rows of " + std::to_string(out.width) +
-                             " RGB pixels");
+      return InvalidArgument("destination stride " + std::to_string(out.row_stride) + " does not fit rows of " +
+                             std::to_string(out.width) + " pixels of " + std::to_string(ops.channels) + " channel(s)");
     }
   }
   if (info != nullptr) *info = ImageInfo{};
@@ -409,20 +428,24 @@ void ImageDecoder::Impl::TrimBuffers() {
   ffmpeg.Trim(kMaxRetainedBytes);
 }
 
-Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k,
-                                     int* width, int* height, int* pitch) {
+Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int* width, int* height,
+                                     int* pitch, bool gray) {
   const tjscalingfactor sf{1, k};
   *width = TJSCALED(h.width, sf);
   *height = TJSCALED(h.height, sf);
   const bool cmyk = h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK;
-  const int in_pitch = *width * (cmyk ? 4 : 3);
+  if (gray && cmyk) return Internal("CMYK JPEGs have no grayscale output: decode to RGB");
+  const int in_pitch = *width * (gray ? 1 : cmyk ? 4 : 3);
   uint8_t* buf = Buffer(pixels, static_cast<size_t>(in_pitch) * *height);
   if (tjDecompress2(tj.get(), jpeg.data(), jpeg.size(), buf, *width, in_pitch, *height,
-                    cmyk ? TJPF_CMYK : TJPF_RGB, kTjFlags) != 0) {
+                    gray   ? TJPF_GRAY
+                    : cmyk ? TJPF_CMYK
+                           : TJPF_RGB,
+                    kTjFlags) != 0) {
     return TjError("JPEG decode failed");
   }
   if (cmyk) CmykToRgbInPlace(buf, static_cast<size_t>(*width) * *height);
-  *pitch = *width * 3;
+  *pitch = *width * (gray ? 1 : 3);
   return Status::Ok();
 }
 
@@ -498,16 +521,20 @@ Status ImageDecoder::Impl::DecodeJpegWindow(std::span<const uint8_t> jpeg, const
                     : 1;
   if (info != nullptr) info->dct_scale = k;
 
+  // Gray output: libjpeg-turbo's own grayscale output (CMYK has none: through RGB, then
+  // swscale's luma).
+  const bool cmyk = h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK;
+  const bool gray = ops.channels == 1 && !cmyk;
   int hsf = 1, vsf = 1;
   AVPixelFormat yuv_format = AV_PIX_FMT_NONE;
-  const bool yuv = path == JpegDecodePath::kYuvPlanes &&
+  const bool yuv = !gray && path == JpegDecodePath::kYuvPlanes &&
                    (h.colorspace == TJCS_YCbCr || h.colorspace == TJCS_GRAY) &&
                    YuvLayout(h.subsamp, &hsf, &vsf, &yuv_format);
 
   SwsKey key;
   key.dst_width = plan.scaled_width;
   key.dst_height = plan.scaled_height;
-  key.dst_format = AV_PIX_FMT_RGB24;
+  key.dst_format = PackedFormat(ops.channels, /*wide=*/false);
   key.flags = SwsFlags(ops.interpolation);
   SourcePlanes src;
   if (yuv) {
@@ -515,12 +542,12 @@ Status ImageDecoder::Impl::DecodeJpegWindow(std::span<const uint8_t> jpeg, const
     SPDL_RETURN_IF_ERROR(DecodeYuvWindow(jpeg, h, k, hsf, vsf, window, &key, &src));
   } else {
     int width, height, pitch;
-    SPDL_RETURN_IF_ERROR(DecodeRgb(jpeg, h, k, &width, &height, &pitch));
+    SPDL_RETURN_IF_ERROR(DecodeRgb(jpeg, h, k, &width, &height, &pitch, gray));
     int x0, y0;
     RoundWindow(window.x0, window.x1, k, width, &x0, &key.src_width);
     RoundWindow(window.y0, window.y1, k, height, &y0, &key.src_height);
-    key.src_format = AV_PIX_FMT_RGB24;
-    src.data[0] = pixels.data() + static_cast<size_t>(y0) * pitch + static_cast<size_t>(x0) * 3;
+    key.src_format = gray ? AV_PIX_FMT_GRAY8 : AV_PIX_FMT_RGB24;
+    src.data[0] = pixels.data() + static_cast<size_t>(y0) * pitch + static_cast<size_t>(x0) * (gray ? 1 : 3);
     src.stride[0] = pitch;
   }
   return Scale(key, src, dst, dst_stride);
@@ -554,9 +581,9 @@ Status ImageDecoder::Impl::FrameToRgb(const AVFrame* f, const ImageOps& ops, int
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops,
-                                             const Plan& plan, uint8_t* dst,
-                                             size_t dst_stride) {
+Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                                             uint8_t* dst, size_t dst_stride, bool allow_wide, bool* wide) {
+  *wide = false;
   SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
   if (f->width != plan.width || f->height != plan.height) {
     return DataLoss(std::string(ImageFormatName(plan.format)) + " decoded to " +
@@ -570,12 +597,16 @@ Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, cons
   RoundWindow(w.y0, w.y1, 1, f->height, &y0, &key.src_height);
   key.dst_width = plan.scaled_width;
   key.dst_height = plan.scaled_height;
-  key.dst_format = AV_PIX_FMT_RGB24;
+  key.dst_format = PackedFormat(ops.channels, /*wide=*/false);
   key.flags = SwsFlags(ops.interpolation);
   SourcePlanes src;
-  const bool composite =
-      ops.alpha == AlphaMode::kComposite && HasAlpha(static_cast<AVPixelFormat>(f->format));
-  if (composite || !FrameWindow(f, x0, y0, &key, &src)) {
+  const auto format = static_cast<AVPixelFormat>(f->format);
+  const bool composite = ops.alpha == AlphaMode::kComposite && HasAlpha(format);
+  if (!composite && FrameWindow(f, x0, y0, &key, &src)) {
+    // 16-bit samples stay 16-bit through swscale when the output can hold them.
+    *wide = allow_wide && IsWide(format);
+    key.dst_format = PackedFormat(ops.channels, *wide);
+  } else {
     int pitch;
     SPDL_RETURN_IF_ERROR(FrameToRgb(f, ops, &pitch));
     key.src_format = AV_PIX_FMT_RGB24;
@@ -596,28 +627,39 @@ Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps&
   // Straight into the destination when nothing is left to do after swscale; else into the
   // scratch image, then the output pass.
   const bool direct = ops.raw_output() && plan.final.identity();
+  // Floating-point outputs keep a 16-bit source's precision (the scratch image is then 16-bit).
+  const bool allow_wide = ops.dtype != OutputDType::kUInt8;
+  const int c = ops.channels;
   uint8_t* target;
   size_t target_stride;
   if (direct) {
     target = static_cast<uint8_t*>(out.data) + static_cast<size_t>(g.dst_y) * out.row_stride +
-             static_cast<size_t>(g.dst_x) * 3;
+             static_cast<size_t>(g.dst_x) * c;
     target_stride = out.row_stride;
   } else {
-    target_stride = AlignUp(static_cast<size_t>(plan.scaled_width) * 3, kPlaneAlign);
+    target_stride = AlignUp(static_cast<size_t>(plan.scaled_width) * c * (allow_wide ? 2 : 1), kPlaneAlign);
     target = Buffer(scratch, target_stride * plan.scaled_height);
   }
+  bool wide = false;
   if (plan.format == ImageFormat::kJpeg) {
     SPDL_RETURN_IF_ERROR(DecodeJpegWindow(data, ops, plan, target, target_stride, info));
   } else {
-    SPDL_RETURN_IF_ERROR(DecodeFrameWindow(data, ops, plan, target, target_stride));
+    SPDL_RETURN_IF_ERROR(DecodeFrameWindow(data, ops, plan, target, target_stride, allow_wide, &wide));
   }
+  if (info != nullptr) info->sample_bits = wide ? 16 : 8;
   if (direct) {
-    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, g);
+    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, g, c);
     return Status::Ok();
   }
   if (!table.BuiltFor(ops)) table.Build(ops);
-  ConvertInto(target, target_stride, plan.scaled_width, plan.scaled_height, plan.final,
-              plan.place_x, plan.place_y, table, out);
+  SourceImage src;
+  src.data = target;
+  src.stride = target_stride;
+  src.width = plan.scaled_width;
+  src.height = plan.scaled_height;
+  src.channels = c;
+  src.wide = wide;
+  ConvertInto(src, plan.final, plan.place_x, plan.place_y, table, out);
   return Status::Ok();
 }
 
@@ -636,6 +678,7 @@ Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const Imag
 
 Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops,
                                      const OutputImage& out, uint64_t seed, ImageInfo* info) {
+  if (ops.channels != 3) return InvalidArgument("the reference path writes RGB only");
   Plan plan;
   SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, /*jpeg_only=*/false, info, &plan));
   int pitch;
@@ -718,8 +761,9 @@ Status ImageDecoder::DecodeInto(std::span<const uint8_t> data, const ImageOps& o
   out.data = dst;
   out.width = out_width;
   out.height = out_height;
-  out.row_stride = static_cast<size_t>(std::max(out_width, 0)) * 3 * DTypeSize(ops.dtype);
+  out.row_stride = static_cast<size_t>(std::max(out_width, 0)) * ops.channels * DTypeSize(ops.dtype);
   out.layout = ops.layout;
+  out.channels = ops.channels;
   Status s = impl_->Decode(data, ops, out, sample_seed, /*jpeg_only=*/false, info);
   impl_->TrimBuffers();
   return s;
@@ -732,8 +776,9 @@ Status RequireRawOutput(const ImageOps& ops) {
   return InvalidArgument("this call writes uint8 NHWC output only");
 }
 
-OutputImage RgbOutput(uint8_t* dst, int out_width, int out_height, size_t dst_stride) {
+OutputImage RgbOutput(uint8_t* dst, int out_width, int out_height, size_t dst_stride, int channels) {
   OutputImage out;
+  out.channels = channels;
   out.data = dst;
   out.width = out_width;
   out.height = out_height;
@@ -748,8 +793,8 @@ Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps
                                    uint8_t* dst, int out_width, int out_height,
                                    size_t dst_stride, uint64_t sample_seed, ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
-  Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride),
-                           sample_seed, /*jpeg_only=*/false, info);
+  Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed,
+                           /*jpeg_only=*/false, info);
   impl_->TrimBuffers();
   return s;
 }
@@ -758,7 +803,7 @@ Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOp
                                     uint8_t* dst, int out_width, int out_height,
                                     size_t dst_stride, ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
-  Status s = impl_->Decode(jpeg, ops, RgbOutput(dst, out_width, out_height, dst_stride),
+  Status s = impl_->Decode(jpeg, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels),
                            /*seed=*/0, /*jpeg_only=*/true, info);
   impl_->TrimBuffers();
   return s;
@@ -769,8 +814,8 @@ Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const Im
                                          size_t dst_stride, uint64_t sample_seed,
                                          ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
-  Status s = impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride),
-                              sample_seed, info);
+  Status s =
+      impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed, info);
   impl_->TrimBuffers();
   return s;
 }

@@ -25,9 +25,14 @@
 //      converts to the output dtype and lays it out HWC or CHW into the destination.
 // CMYK/YCCK and RGB-coded JPEGs are decoded through RGB on either path (CMYK converted as
 // libjpeg-turbo does: R = C * K / 255, for Adobe's inverted CMYK). Grayscale images become three
-// equal channels. Alpha is dropped, or composited over ops.background at the source resolution
-// (ops.alpha). 16-bit images are resampled by swscale from their 16-bit samples (unscaled, the
-// 8-bit value is the high byte, as PIL makes it: within one level of v / 257). Palette images are
+// equal channels, or, with ops.channels = 1, stay one: then every image is gray, a colour one
+// converted to its luma (ITU-R 601, full range, as PIL's convert("L")) — a JPEG by libjpeg-turbo's
+// own grayscale output (the Y plane; chroma is not decoded), CMYK through RGB, other formats by
+// swscale in the resampling pass. Alpha is dropped, or composited over ops.background at the
+// source resolution (ops.alpha; at 8 bits). 16-bit images are resampled by swscale from their
+// 16-bit samples: for floating-point outputs into a 16-bit scratch image, so the output is
+// v / 65535 at full precision (ImageInfo::sample_bits = 16); for uint8 the 8-bit value is the high
+// byte, as PIL makes it (within one level of v / 257). Palette images are
 // expanded to RGB before resampling. A GIF gives its first frame (checked to be complete: FFmpeg
 // would show a cut one); an animated WebP is refused.
 //
@@ -63,6 +68,9 @@ struct ImageInfo {
   CropRect crop;
   // The random horizontal flip was drawn.
   bool flipped = false;
+  // Bits per sample of the resampled image the output pass read: 16 when a 16-bit source kept
+  // its precision (floating-point outputs), else 8.
+  int sample_bits = 8;
 };
 
 // How JPEG data becomes RGB before resampling. Both give the same pixels within tolerance; the
@@ -86,7 +94,7 @@ class ImageDecoder {
   ImageDecoder& operator=(const ImageDecoder&) = delete;
 
   // Decodes an image of any supported format and writes one output image — out_width x
-  // out_height, 3 channels, in ops.dtype, HWC or CHW by ops.layout, packed
+  // out_height, ops.channels channels, in ops.dtype, HWC or CHW by ops.layout, packed
   // (OutputImageBytes(ops, out_width, out_height) bytes) — to dst. `sample_seed` (SampleSeed of
   // the job seed, epoch and sample index) drives the random transforms; it is unused without
   // them.
@@ -103,8 +111,8 @@ class ImageDecoder {
 
   // As DecodeInto, for uint8 HWC output with a row stride.
   // REQUIRES: ops.raw_output(); dst holds out_height rows of dst_stride bytes, dst_stride >=
-  // out_width * 3. Only the first out_width * 3 bytes of each row are written (padding pixels
-  // are set to zero).
+  // out_width * ops.channels. Only the first out_width * ops.channels bytes of each row are
+  // written (padding pixels are set to zero).
   Status DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
                        int out_width, int out_height, size_t dst_stride,
                        uint64_t sample_seed = 0, ImageInfo* info = nullptr);
@@ -117,7 +125,8 @@ class ImageDecoder {
   // The reference path, for tests: a full-size decode to RGB (never DCT-scaled, never YUV), the
   // whole image turned upright, a plain swscale resize of the whole image to the resize size
   // (or of the random crop's rectangle to the output size), a copy of the crop, then the flip.
-  // Any format; uint8 HWC output only. Same contract and errors as DecodeRgbInto.
+  // Any format; uint8 HWC RGB output only (ops.channels = 3). Same contract and errors as
+  // DecodeRgbInto.
   Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
                              int out_width, int out_height, size_t dst_stride,
                              uint64_t sample_seed = 0, ImageInfo* info = nullptr);

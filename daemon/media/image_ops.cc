@@ -67,6 +67,7 @@ Status ValidateImageOps(const ImageOps& ops) {
       errors.push_back("random_crop_ratio must be a range 0 < min <= max");
     }
   }
+  if (ops.channels != 1 && ops.channels != 3) errors.push_back("channels must be 1 or 3");
   if (!(ops.flip_probability >= 0 && ops.flip_probability <= 1)) {
     errors.push_back("flip_probability outside [0, 1]");
   }
@@ -137,7 +138,7 @@ size_t DTypeSize(OutputDType dtype) {
 }
 
 size_t OutputImageBytes(const ImageOps& ops, int out_width, int out_height) {
-  return static_cast<size_t>(out_width) * static_cast<size_t>(out_height) * 3 *
+  return static_cast<size_t>(out_width) * static_cast<size_t>(out_height) * static_cast<size_t>(ops.channels) *
          DTypeSize(ops.dtype);
 }
 

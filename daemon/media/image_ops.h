@@ -69,9 +69,15 @@ struct ImageOps {
   Interpolation interpolation = Interpolation::kBilinear;
 
   // ---- output ----
+  // 3: RGB. 1: gray — the luma of a colour source (ITU-R 601, full range, as PIL's convert("L")),
+  // a gray source as it is; JPEGs through libjpeg-turbo's own grayscale output.
+  int channels = 3;
+  // Floating-point outputs of a 16-bit source (a 16-bit PNG or TIFF) keep its 16 bits: x / 65535.
+  // uint8 outputs hold its high byte.
   OutputDType dtype = OutputDType::kUInt8;
   OutputLayout layout = OutputLayout::kNHWC;
-  // Floating-point outputs are x / 255 (ToTensor); with normalize, (x / 255 - mean[c]) / stddev[c].
+  // Floating-point outputs are x / 255 (ToTensor); with normalize, (x / 255 - mean[c]) / stddev[c]
+  // (x / 65535 for 16-bit sources). A gray output uses mean[0] and stddev[0].
   // REQUIRES: normalize only with a floating-point dtype; stddev[c] != 0.
   bool normalize = false;
   std::array<double, 3> mean = {0, 0, 0};
@@ -90,7 +96,8 @@ struct ImageOps {
   AlphaMode alpha = AlphaMode::kDrop;
   std::array<uint8_t, 3> background = {255, 255, 255};  // RGB, for AlphaMode::kComposite
 
-  // True when the output is uint8 HWC (the decoder can then write straight into it).
+  // True when the output is uint8 HWC, of any channel count (the decoder can then write straight
+  // into it).
   bool raw_output() const { return dtype == OutputDType::kUInt8 && layout == OutputLayout::kNHWC; }
   bool random_crop() const { return random_crop_height > 0; }
 };
@@ -98,7 +105,7 @@ struct ImageOps {
 // Returns kInvalidArgument naming every bad field: negative sizes, only one of
 // resize_height/resize_width or of crop_height/crop_width set, a random crop mixed with the
 // deterministic geometry, a bad scale or ratio range, a flip probability outside [0, 1],
-// normalize with uint8 output, a zero std, max_pixels <= 0.
+// normalize with uint8 output, a zero std, max_pixels <= 0, channels other than 1 or 3.
 Status ValidateImageOps(const ImageOps& ops);
 
 // Output size the ops produce for a src_width x src_height source (as displayed, i.e. after any
@@ -107,7 +114,7 @@ Status ValidateImageOps(const ImageOps& ops);
 void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width,
                 int* out_height);
 
-// Bytes of one output image of out_width x out_height in the ops' dtype (3 channels, packed).
+// Bytes of one output image of out_width x out_height in the ops' dtype (ops.channels, packed).
 size_t OutputImageBytes(const ImageOps& ops, int out_width, int out_height);
 
 // Where the ops put an image. The output is out_width x out_height; the rectangle

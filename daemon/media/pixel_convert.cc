@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace spdl::media {
 namespace {
@@ -48,28 +49,34 @@ const float* Row<float>(const ValueTable& t, int c) { return t.f32(c); }
 template <>
 const uint16_t* Row<uint16_t>(const ValueTable& t, int c) { return t.u16(c); }
 
-// The pass for one element type and layout. `origin` is the source pixel shown at (dst_x, dst_y);
-// moving one output pixel right moves the source pointer by xstep bytes, one down by ystep.
-template <typename T, OutputLayout L>
-void ConvertTyped(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h,
-                  int dst_x, int dst_y, const ValueTable& table, const OutputImage& out) {
+// The pass for one element type, layout, source sample type and channel count. `origin` is the
+// source pixel shown at (dst_x, dst_y); moving one output pixel right moves the source pointer by
+// xstep bytes, one down by ystep.
+template <typename T, OutputLayout L, typename S, int C>
+void ConvertTyped(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h, int dst_x, int dst_y,
+                  const ValueTable& table, const OutputImage& out) {
+  // The output value of channel c for source sample v (8-bit: a table entry; 16-bit: computed).
   const T* tab[3] = {nullptr, nullptr, nullptr};
-  T pad[3];
-  for (int c = 0; c < 3; ++c) {
-    if constexpr (std::is_same_v<T, uint8_t>) {
-      pad[c] = 0;
-    } else {
-      tab[c] = Row<T>(table, c);
-      pad[c] = tab[c][0];
-    }
+  if constexpr (!std::is_same_v<T, uint8_t> && std::is_same_v<S, uint8_t>) {
+    for (int c = 0; c < 3; ++c) tab[c] = Row<T>(table, c);
   }
-  auto value = [&](int c, uint8_t v) -> T {
-    if constexpr (std::is_same_v<T, uint8_t>) {
-      return v;
+  auto value = [&](int c, S v) -> T {
+    if constexpr (std::is_same_v<S, uint8_t>) {
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        return v;
+      } else {
+        return tab[c][v];
+      }
+    } else if constexpr (std::is_same_v<T, float>) {
+      return table.Wide32(c, v);
+    } else if constexpr (std::is_same_v<T, uint16_t>) {
+      return table.Wide16(c, v);
     } else {
-      return tab[c][v];
+      return static_cast<T>(v >> 8);
     }
   };
+  T pad[C];
+  for (int c = 0; c < C; ++c) pad[c] = value(c, 0);
   const size_t plane = static_cast<size_t>(out.width) * out.height;
   for (int y = 0; y < out.height; ++y) {
     const bool in_rows = y >= dst_y && y < dst_y + h;
@@ -78,56 +85,62 @@ void ConvertTyped(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w
     if constexpr (L == OutputLayout::kNHWC) {
       T* row = reinterpret_cast<T*>(static_cast<uint8_t*>(out.data) + y * out.row_stride);
       for (int x = 0; x < x_begin; ++x) {
-        row[3 * x] = pad[0], row[3 * x + 1] = pad[1], row[3 * x + 2] = pad[2];
+        for (int c = 0; c < C; ++c) row[C * x + c] = pad[c];
       }
       if (in_rows) {
         const uint8_t* p = origin + (y - dst_y) * ystep;
-        T* o = row + 3 * static_cast<size_t>(dst_x);
-        for (int x = 0; x < w; ++x, p += xstep, o += 3) {
-          o[0] = value(0, p[0]);
-          o[1] = value(1, p[1]);
-          o[2] = value(2, p[2]);
+        T* o = row + C * static_cast<size_t>(dst_x);
+        for (int x = 0; x < w; ++x, p += xstep, o += C) {
+          const S* px = reinterpret_cast<const S*>(p);
+          for (int c = 0; c < C; ++c) o[c] = value(c, px[c]);
         }
       }
       for (int x = x_end; x < out.width; ++x) {
-        row[3 * x] = pad[0], row[3 * x + 1] = pad[1], row[3 * x + 2] = pad[2];
+        for (int c = 0; c < C; ++c) row[C * x + c] = pad[c];
       }
     } else {
-      T* planes[3];
-      for (int c = 0; c < 3; ++c) {
+      T* planes[C];
+      for (int c = 0; c < C; ++c) {
         planes[c] = static_cast<T*>(out.data) + c * plane + static_cast<size_t>(y) * out.width;
       }
-      for (int c = 0; c < 3; ++c) {
+      for (int c = 0; c < C; ++c) {
         for (int x = 0; x < x_begin; ++x) planes[c][x] = pad[c];
         for (int x = x_end; x < out.width; ++x) planes[c][x] = pad[c];
       }
       if (in_rows) {
         const uint8_t* p = origin + (y - dst_y) * ystep;
-        T* o0 = planes[0] + dst_x;
-        T* o1 = planes[1] + dst_x;
-        T* o2 = planes[2] + dst_x;
         for (int x = 0; x < w; ++x, p += xstep) {
-          o0[x] = value(0, p[0]);
-          o1[x] = value(1, p[1]);
-          o2[x] = value(2, p[2]);
+          const S* px = reinterpret_cast<const S*>(p);
+          for (int c = 0; c < C; ++c) planes[c][dst_x + x] = value(c, px[c]);
         }
       }
     }
   }
 }
 
-template <OutputLayout L>
-void ConvertLayout(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h,
-                   int dst_x, int dst_y, const ValueTable& table, const OutputImage& out) {
+template <OutputLayout L, typename S, int C>
+void ConvertLayout(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h, int dst_x, int dst_y,
+                   const ValueTable& table, const OutputImage& out) {
   switch (table.dtype()) {
     case OutputDType::kUInt8:
-      return ConvertTyped<uint8_t, L>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+      return ConvertTyped<uint8_t, L, S, C>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
     case OutputDType::kFloat32:
-      return ConvertTyped<float, L>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+      return ConvertTyped<float, L, S, C>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
     case OutputDType::kFloat16:
     case OutputDType::kBFloat16:
-      return ConvertTyped<uint16_t, L>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+      return ConvertTyped<uint16_t, L, S, C>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
   }
+}
+
+template <OutputLayout L>
+void ConvertSource(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int w, int h, int dst_x, int dst_y,
+                   const ValueTable& table, const OutputImage& out, int channels, bool wide) {
+  if (wide) {
+    if (channels == 1) return ConvertLayout<L, uint16_t, 1>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+    return ConvertLayout<L, uint16_t, 3>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+  }
+  if (channels == 1) return ConvertLayout<L, uint8_t, 1>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+  return ConvertLayout<L, uint8_t, 3>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
 }
 
 }  // namespace
@@ -214,29 +227,47 @@ void ValueTable::Build(const ImageOps& ops) {
   }
 }
 
+namespace {
+
+double WideValue(uint16_t v, bool normalize, double mean, double stddev) {
+  double x = v / 65535.0;
+  if (normalize) x = (x - mean) / stddev;
+  return x;
+}
+
+}  // namespace
+
+float ValueTable::Wide32(int c, uint16_t v) const {
+  return static_cast<float>(WideValue(v, normalize_, mean_[c], stddev_[c]));
+}
+
+uint16_t ValueTable::Wide16(int c, uint16_t v) const {
+  const double x = WideValue(v, normalize_, mean_[c], stddev_[c]);
+  return dtype_ == OutputDType::kBFloat16 ? DoubleToBFloat16(x) : DoubleToHalf(x);
+}
+
 bool ValueTable::BuiltFor(const ImageOps& ops) const {
   if (!built_ || ops.dtype != dtype_) return false;
   if (dtype_ == OutputDType::kUInt8) return true;
   return ops.normalize == normalize_ && (!normalize_ || (ops.mean == mean_ && ops.stddev == stddev_));
 }
 
-void ConvertInto(const uint8_t* src, size_t src_stride, int src_width, int src_height,
-                 Orientation o, int dst_x, int dst_y, const ValueTable& table,
+void ConvertInto(const SourceImage& src, Orientation o, int dst_x, int dst_y, const ValueTable& table,
                  const OutputImage& out) {
-  const ptrdiff_t px = 3, row = static_cast<ptrdiff_t>(src_stride);
+  const ptrdiff_t px = static_cast<ptrdiff_t>(src.channels) * (src.wide ? 2 : 1);
+  const ptrdiff_t row = static_cast<ptrdiff_t>(src.stride);
   // Steps along stored u (sx) and v (sy), and where displayed (0, 0) is in the source.
   const ptrdiff_t ustep = o.flip_x ? -px : px;
   const ptrdiff_t vstep = o.flip_y ? -row : row;
-  const uint8_t* origin = src + (o.flip_x ? (src_width - 1) * px : 0) +
-                          (o.flip_y ? (src_height - 1) * row : 0);
+  const uint8_t* origin = src.data + (o.flip_x ? (src.width - 1) * px : 0) + (o.flip_y ? (src.height - 1) * row : 0);
   const ptrdiff_t xstep = o.transpose ? vstep : ustep;
   const ptrdiff_t ystep = o.transpose ? ustep : vstep;
-  const int w = o.transpose ? src_height : src_width;
-  const int h = o.transpose ? src_width : src_height;
+  const int w = o.transpose ? src.height : src.width;
+  const int h = o.transpose ? src.width : src.height;
   if (out.layout == OutputLayout::kNHWC) {
-    ConvertLayout<OutputLayout::kNHWC>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+    ConvertSource<OutputLayout::kNHWC>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out, src.channels, src.wide);
   } else {
-    ConvertLayout<OutputLayout::kNCHW>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out);
+    ConvertSource<OutputLayout::kNCHW>(origin, xstep, ystep, w, h, dst_x, dst_y, table, out, src.channels, src.wide);
   }
 }
 

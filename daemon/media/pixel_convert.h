@@ -1,11 +1,13 @@
-// The output pass: one resampled uint8 RGB image (in the orientation it was stored in) becomes the
-// output image — turned upright (EXIF orientation), mirrored (random horizontal flip), padded,
-// normalized, converted to the output dtype and laid out HWC or CHW — in one pass over the pixels,
-// straight into the caller's buffer (a row of a batch slot).
+// The output pass: one resampled image (1 or 3 channels, 8- or 16-bit samples, in the orientation
+// it was stored in) becomes the output image — turned upright (EXIF orientation), mirrored (random
+// horizontal flip), padded, normalized, converted to the output dtype and laid out HWC or CHW — in
+// one pass over the pixels, straight into the caller's buffer (a row of a batch slot).
 //
-// Every value goes through a per-channel table of the 256 possible results, computed once in
+// 8-bit values go through a per-channel table of the 256 possible results, computed once in
 // double precision and rounded once (to nearest, ties to even) to the output type, so the pass is
-// a gather and a store per element and its values are exact.
+// a gather and a store per element and its values are exact. 16-bit values (floating-point
+// outputs of 16-bit sources) are computed per element the same way: v / 65535, normalized, rounded
+// once.
 //
 // Pure functions and plain values: safe from any thread. A ValueTable is read-only once built.
 #pragma once
@@ -65,6 +67,10 @@ class ValueTable {
   OutputDType dtype() const { return dtype_; }
   const float* f32(int c) const { return f32_[c].data(); }
   const uint16_t* u16(int c) const { return u16_[c].data(); }
+  // The output value of channel c for a 16-bit sample v, as the table's entries are made but
+  // from v / 65535: a float for kFloat32, the bits for kFloat16 / kBFloat16, v >> 8 for kUInt8.
+  float Wide32(int c, uint16_t v) const;
+  uint16_t Wide16(int c, uint16_t v) const;
 
  private:
   bool built_ = false;
@@ -76,25 +82,37 @@ class ValueTable {
   std::array<std::array<uint16_t, 256>, 3> u16_{};
 };
 
-// Where the output pass writes: a width x height image, 3 channels, in `table`'s dtype.
-// NHWC: rows of width * 3 elements, row_stride bytes apart (>= width * 3 * element size).
-// NCHW: three packed planes of width * height elements (row_stride is ignored).
+// Where the output pass writes: a width x height image of `channels` (1 or 3) channels, in
+// `table`'s dtype.
+// NHWC: rows of width * channels elements, row_stride bytes apart (>= width * channels * element
+// size). NCHW: `channels` packed planes of width * height elements (row_stride is ignored).
 struct OutputImage {
   void* data = nullptr;
   int width = 0;
   int height = 0;
   size_t row_stride = 0;
   OutputLayout layout = OutputLayout::kNHWC;
+  int channels = 3;
 };
 
-// Writes `src` (src_width x src_height packed RGB, rows src_stride bytes apart, in stored
-// orientation) into `out`, turned by `o` and placed with its top-left corner at (dst_x, dst_y);
-// every output pixel outside it becomes the table's value for 0 (the zero padding of
-// torchvision's CenterCrop, normalized). Only the image's elements are written (not the bytes
-// between NHWC rows).
-// REQUIRES: the turned image fits in `out` at (dst_x, dst_y); `src` does not overlap `out`.
-void ConvertInto(const uint8_t* src, size_t src_stride, int src_width, int src_height,
-                 Orientation o, int dst_x, int dst_y, const ValueTable& table,
+// What the output pass reads: width x height packed pixels of `channels` (1 or 3, the output's)
+// samples each, 8-bit or (wide) 16-bit in native byte order, rows stride bytes apart.
+struct SourceImage {
+  const uint8_t* data = nullptr;
+  size_t stride = 0;
+  int width = 0;
+  int height = 0;
+  int channels = 3;
+  bool wide = false;
+};
+
+// Writes `src` (in stored orientation) into `out`, turned by `o` and placed with its top-left
+// corner at (dst_x, dst_y); every output pixel outside it becomes the table's value for 0 (the zero
+// padding of torchvision's CenterCrop, normalized). Only the image's elements are written (not the
+// bytes between NHWC rows).
+// REQUIRES: src.channels == out.channels; the turned image fits in `out` at (dst_x, dst_y); `src`
+// does not overlap `out`; a wide source only with a floating-point table.
+void ConvertInto(const SourceImage& src, Orientation o, int dst_x, int dst_y, const ValueTable& table,
                  const OutputImage& out);
 
 }  // namespace spdl::media

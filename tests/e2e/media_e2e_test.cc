@@ -183,6 +183,15 @@ TEST_CASE("a folder of mixed formats becomes normalized float32 NCHW batches") {
   const double mean[3] = {0.485, 0.456, 0.406}, stddev[3] = {0.229, 0.224, 0.225};
   media::ImageDecoder decoder;
   std::vector<uint8_t> fast(static_cast<size_t>(H) * W * 3), ref(fast.size());
+  // 16-bit sources keep their 16 bits in float output: for those the daemon must hold exactly what
+  // the decoder gives for the job's own ops (and stay within tolerance of the 8-bit reference).
+  media::ImageOps f32 = u8;
+  f32.dtype = media::OutputDType::kFloat32;
+  f32.layout = media::OutputLayout::kNCHW;
+  f32.normalize = true;
+  f32.mean = {mean[0], mean[1], mean[2]};
+  f32.stddev = {stddev[0], stddev[1], stddev[2]};
+  std::vector<float> wide(static_cast<size_t>(H) * W * 3);
 
   std::map<std::string, int> seen_kinds;
   uint64_t rows = 0, inexact = 0;
@@ -212,6 +221,9 @@ TEST_CASE("a folder of mixed formats becomes normalized float32 NCHW batches") {
       const std::vector<uint8_t> bytes = ReadAll(f.root() + "/" + path);
       REQUIRE(decoder.DecodeRgbInto(bytes, u8, fast.data(), W, H, size_t{W} * 3).ok());
       REQUIRE(decoder.ReferenceDecodeInto(bytes, u8, ref.data(), W, H, size_t{W} * 3).ok());
+      media::ImageInfo decoded;
+      REQUIRE(decoder.DecodeInto(bytes, f32, wide.data(), W, H, 0, &decoded).ok());
+      CHECK(decoded.sample_bits == (f.kind_of.at(path) == "png-16bit" ? 16 : 8));
       const float* row = px + static_cast<size_t>(r) * 3 * H * W;
       double sum = 0;
       for (int c = 0; c < 3; ++c) {
@@ -219,7 +231,9 @@ TEST_CASE("a folder of mixed formats becomes normalized float32 NCHW batches") {
           for (int x = 0; x < W; ++x) {
             const float got = row[(static_cast<size_t>(c) * H + y) * W + x];
             const size_t hwc = (static_cast<size_t>(y) * W + x) * 3 + c;
-            const float want = static_cast<float>((fast[hwc] / 255.0 - mean[c]) / stddev[c]);
+            const float want = decoded.sample_bits == 16
+                                   ? wide[(static_cast<size_t>(c) * H + y) * W + x]
+                                   : static_cast<float>((fast[hwc] / 255.0 - mean[c]) / stddev[c]);
             inexact += got != want;
             sum += std::abs((got * stddev[c] + mean[c]) * 255.0 - ref[hwc]);
           }

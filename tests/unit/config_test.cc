@@ -1254,5 +1254,97 @@ TEST_CASE("the shipped configs say what the docs say") {
   CHECK(video.video.height == 112);
 }
 
+TEST_CASE("job config: decode.color gray, one normalize value, and their errors") {
+  JobConfig rgb = ParseGoodJob(kMinimalJob);
+  CHECK(rgb.decode.color == ColorMode::kRgb);
+  JobConfig gray = ParseGoodJob(
+      "source: {root: /d}\ndecode: {color: gray}\noutput: {dtype: float32}\n"
+      "transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: [0.5], std: 0.25}\n");
+  CHECK(gray.decode.color == ColorMode::kGray);
+  const auto& n = std::get<NormalizeOp>(gray.transforms[1]);
+  CHECK(n.mean == std::array<double, 3>{0.5, 0.5, 0.5});
+  CHECK(n.stddev == std::array<double, 3>{0.25, 0.25, 0.25});
+
+  std::vector<ConfigError> errors = ParseBadJob(
+      "source: {root: /d}\n"
+      "decode: {color: grey}\n"
+      "output: {dtype: float32}\n"
+      "transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: 0.5, std: [1, 1, 1]}\n");
+  INFO(Dump(errors));
+  REQUIRE(errors.size() == 2);  // the bad color leaves rgb: three values are then expected for mean
+  CHECK(errors[0].line == 2);
+  CHECK(Contains(errors[0].message, "rgb | gray"));
+  CHECK(errors[1].line == 6);
+  CHECK(ErrorAt(errors, "transforms.1.normalize.mean").message == "expected a list of 3 numbers, got '0.5'");
+
+  errors = ParseBadJob(
+      "source: {root: /d}\n"
+      "decode: {color: gray}\n"
+      "output: {dtype: float32}\n"
+      "transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: [0.1, 0.2, 0.3], std: [-1]}\n");
+  INFO(Dump(errors));
+  REQUIRE(errors.size() == 2);
+  CHECK(ErrorAt(errors, "transforms.1.normalize.mean").message ==
+        "decode.color: gray gives one channel: expected one number (or a list of one), got a list of 3 item(s)");
+  CHECK(ErrorAt(errors, "transforms.1.normalize.std").message == "every std must be > 0");
+  CHECK(errors[0].line == 6);
+}
+
+TEST_CASE("job config: extra_outputs take their keys and defaults") {
+  JobConfig c = ParseGoodJob(
+      "media: audio\n"
+      "audio: {length: 100}\n"
+      "source: {type: tar, shards: /d/a.tar}\n"
+      "extra_outputs:\n"
+      "  - {name: transcript, from: .txt, max_bytes: 256}\n"
+      "  - {name: meta, from: .JSON, max_bytes: 16777216, on_missing: empty, on_overflow: truncate}\n");
+  REQUIRE(c.extra_outputs.size() == 2);
+  const ExtraOutputConfig& t = c.extra_outputs[0];
+  CHECK(t.name == "transcript");
+  CHECK(t.from == ".txt");
+  CHECK(t.max_bytes == 256);
+  CHECK(t.on_missing == ExtraOutputConfig::OnMissing::kError);
+  CHECK(t.on_overflow == ExtraOutputConfig::OnOverflow::kError);
+  CHECK(c.extra_outputs[1].from == ".JSON");
+  CHECK(c.extra_outputs[1].on_missing == ExtraOutputConfig::OnMissing::kEmpty);
+  CHECK(c.extra_outputs[1].on_overflow == ExtraOutputConfig::OnOverflow::kTruncate);
+  CHECK(ParseGoodJob(kMinimalJob).extra_outputs.empty());
+  // Part of the config's equality (and so of anything that compares or fingerprints configs).
+  JobConfig d = c;
+  d.extra_outputs[0].max_bytes = 255;
+  CHECK_FALSE(c == d);
+}
+
+TEST_CASE("job config: every extra_outputs error with its line") {
+  std::vector<ConfigError> errors = ParseBadJob(
+      "source: {root: /d}\n"                                                     // 1
+      "transforms: [{center_crop: {size: 8}}]\n"                                 // 2
+      "extra_outputs:\n"                                                         // 3
+      "  - {name: image, from: .txt, max_bytes: 8}\n"                            // 4
+      "  - {name: a-b, from: txt, max_bytes: 0}\n"                               // 5
+      "  - {name: cap, from: .txt}\n"                                            // 6
+      "  - {name: cap, from: .x/y, max_bytes: 9, on_missing: skip, bogus: 1}\n"  // 7
+      "  - {name: cap_length, from: .txt, max_bytes: 8, on_overflow: cut}\n"     // 8
+      "  - just a string\n");                                                    // 9
+  INFO(Dump(errors));
+  std::vector<int> lines;
+  for (const ConfigError& e : errors) lines.push_back(e.line);
+  CHECK(lines == std::vector<int>{4, 5, 5, 5, 6, 7, 7, 7, 7, 8, 8, 9});
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.0.name").message, "already has a tensor 'image'"));
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.1.name").message, "letters, digits or '_'"));
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.1.from").message, "starts with '.'"));
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.2.max_bytes").message, "required"));
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.3.name").message, "already has a tensor 'cap'"));
+  CHECK(Contains(ErrorAt(errors, "extra_outputs.4.name").message, "already has a tensor 'cap_length'"));
+
+  errors = ParseBadJob(
+      "source: {type: http, list: /d/urls.txt}\n"
+      "transforms: [{center_crop: {size: 8}}]\n"
+      "extra_outputs: [{name: t, from: .txt, max_bytes: 8}]\n");
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].line == 3);
+  CHECK(Contains(errors[0].message, "source type http"));
+}
+
 }  // namespace
 }  // namespace spdl::config

@@ -1489,6 +1489,132 @@ TEST_CASE("Conformance: resize + crop and random crop + flip, against the patter
   }
 }
 
+// PIL's convert("L"): ITU-R 601 luma with 16-bit fixed-point weights, rounded.
+uint8_t PilLuma(int r, int g, int b) { return static_cast<uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16); }
+
+TEST_CASE("Conformance: gray output is one channel, the luma of every format") {
+  const int w = 123, h = 77;
+  for (const FormatCase& fc : FormatCases()) {
+    INFO(fc.name);
+    const RawImage raw = MakeRaw(fc.pixels, w, h);
+    const std::vector<uint8_t> file = EncodeCase(fc, raw);
+    if (file.empty()) continue;
+    ImageOps ops = WithAlpha(ImageOps{}, fc);
+    ops.channels = 1;
+    std::vector<uint8_t> out(OutputImageBytes(ops, w, h) + 16, 0xA5);
+    REQUIRE(out.size() == static_cast<size_t>(w) * h + 16);
+    ImageDecoder decoder;
+    const Status s = decoder.DecodeInto(file, ops, out.data(), w, h);
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(std::all_of(out.end() - 16, out.end(), [](uint8_t v) { return v == 0xA5; }));  // nothing past the image
+    // Against PIL's luma of the RGB the decoder must give: the lossless formats' luma is rounded
+    // once on each side (1 level); lossy formats add their codec's error, which the luma averages.
+    const std::vector<uint8_t> rgb = ExpectedRgb(raw, fc.alpha == AlphaMode::kComposite, kBackground);
+    std::vector<double> errors;
+    for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+      errors.push_back(std::abs(out[i] - PilLuma(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2])));
+    }
+    const ErrorStats e = Stats(errors);
+    INFO("gray vs luma of the source: mean " << e.mean << " max " << e.max);
+    CHECK(e.max <= fc.max_identity_error + 1);
+    CHECK(e.mean <= fc.mean_identity_error + 0.5);
+
+    // The same geometry as RGB, in float NCHW with one normalize value: the luma of the RGB
+    // output within resampling error.
+    ImageOps rgb_ops = WithAlpha(ResizeCrop(113, 97), fc);
+    ImageOps gray_ops = rgb_ops;
+    gray_ops.channels = 1;
+    gray_ops.dtype = OutputDType::kFloat32;
+    gray_ops.layout = OutputLayout::kNCHW;
+    gray_ops.normalize = true;
+    gray_ops.mean = {0.5, 0.5, 0.5};
+    gray_ops.stddev = {0.25, 0.25, 0.25};
+    GuardedImage ref(97, 97);
+    REQUIRE(decoder.DecodeRgbInto(file, rgb_ops, ref.data(), 97, 97, ref.stride).ok());
+    std::vector<uint8_t> g(OutputImageBytes(gray_ops, 97, 97));
+    REQUIRE(g.size() == 97u * 97 * 4);
+    REQUIRE(decoder.DecodeInto(file, gray_ops, g.data(), 97, 97).ok());
+    errors.clear();
+    for (int y = 0; y < 97; ++y) {
+      for (int x = 0; x < 97; ++x) {
+        const double v = Element(g.data(), OutputDType::kFloat32, static_cast<size_t>(y) * 97 + x);
+        errors.push_back(std::abs((v * 0.25 + 0.5) * 255 - PilLuma(ref.at(x, y, 0), ref.at(x, y, 1), ref.at(x, y, 2))));
+      }
+    }
+    const ErrorStats r = Stats(errors);
+    INFO("resized gray vs luma of resized RGB: mean " << r.mean << " p99 " << r.p99);
+    CHECK(r.mean <= 1.0 + fc.reference_mean_slack);
+    CHECK(r.p99 <= 3.0 + fc.reference_p99_slack);
+  }
+}
+
+TEST_CASE("Conformance: 16-bit sources keep 16 bits in floating-point output") {
+  const int w = 61, h = 43;
+  for (const FormatCase& fc : FormatCases()) {
+    if (fc.pixels != RawPixels::kRgb48 && fc.pixels != RawPixels::kGray16) continue;
+    INFO(fc.name);
+    const RawImage raw = MakeRaw(fc.pixels, w, h);
+    const std::vector<uint8_t> file = EncodeCase(fc, raw);
+    if (file.empty()) continue;
+    const int src_channels = fc.pixels == RawPixels::kGray16 ? 1 : 3;
+    const auto* src = reinterpret_cast<const uint16_t*>(raw.data.data());
+    for (int channels : {3, 1}) {
+      if (channels == 1 && src_channels == 3) continue;  // gray of RGB is a luma, checked above
+      INFO("channels " << channels);
+      for (OutputLayout layout : {OutputLayout::kNHWC, OutputLayout::kNCHW}) {
+        ImageOps ops;
+        ops.channels = channels;
+        ops.dtype = OutputDType::kFloat32;
+        ops.layout = layout;
+        std::vector<uint8_t> out(OutputImageBytes(ops, w, h));
+        ImageDecoder decoder;
+        ImageInfo info;
+        REQUIRE(decoder.DecodeInto(file, ops, out.data(), w, h, 0, &info).ok());
+        CHECK(info.sample_bits == 16);
+        int wrong = 0;
+        for (int y = 0; y < h; ++y) {
+          for (int x = 0; x < w; ++x) {
+            for (int c = 0; c < channels; ++c) {
+              const size_t at = layout == OutputLayout::kNHWC ? (static_cast<size_t>(y) * w + x) * channels + c
+                                                              : (static_cast<size_t>(c) * h + y) * w + x;
+              float v;
+              std::memcpy(&v, out.data() + 4 * at, 4);
+              const uint16_t want = src[(static_cast<size_t>(y) * w + x) * src_channels + (src_channels == 1 ? 0 : c)];
+              if (v != static_cast<float>(want / 65535.0)) ++wrong;
+            }
+          }
+        }
+        CHECK(wrong == 0);
+      }
+    }
+    // Normalized half floats: one rounding of (v / 65535 - mean) / std.
+    ImageOps half;
+    half.dtype = OutputDType::kFloat16;
+    half.normalize = true;
+    half.mean = {0.485, 0.456, 0.406};
+    half.stddev = {0.229, 0.224, 0.225};
+    std::vector<uint8_t> out(OutputImageBytes(half, w, h));
+    ImageDecoder decoder;
+    REQUIRE(decoder.DecodeInto(file, half, out.data(), w, h).ok());
+    int wrong = 0;
+    for (size_t i = 0; i < static_cast<size_t>(w) * h * 3; ++i) {
+      const int c = static_cast<int>(i % 3);
+      const uint16_t v = src[src_channels == 1 ? i / 3 : i];
+      uint16_t bits;
+      std::memcpy(&bits, out.data() + 2 * i, 2);
+      if (bits != DoubleToHalf((v / 65535.0 - half.mean[c]) / half.stddev[c])) ++wrong;
+    }
+    CHECK(wrong == 0);
+    // uint8 output still reads the 8-bit path.
+    ImageOps u8;
+    std::vector<uint8_t> small(OutputImageBytes(u8, w, h));
+    ImageInfo info;
+    REQUIRE(decoder.DecodeInto(file, u8, small.data(), w, h, 0, &info).ok());
+    CHECK(info.sample_bits == 8);
+  }
+}
+
 // Rewrites the size in a file's header to w x h (the file's pixels stay as they were).
 std::vector<uint8_t> PatchSize(ImageFormat f, std::vector<uint8_t> b, uint32_t w, uint32_t h) {
   auto be32 = [&](size_t at, uint32_t v) {

@@ -878,6 +878,94 @@ TEST_CASE("TarShardSource: WebDataset grouping, labels, brace patterns, reads") 
   }
 }
 
+TEST_CASE("TarShardSource: sidecar members by extension, missing ones, any case") {
+  TempDir t;
+  WriteShard(t, "data/a.tar",
+             {{"k/000001.txt", "one"},  // sidecar before its image
+              {"k/000001.jpg", "img1"},
+              {"k/000001.cls", "2"},
+              {"k/000002.jpg", "img2"},  // no .txt
+              {"k/000002.json", "{}"},
+              {"k/000003.TXT", ""},  // an empty sidecar, upper-case extension
+              {"k/000003.jpg", "img3"},
+              {"k/000004.txt", "orphan"}});  // no image: skipped
+  TarShardOptions o;
+  o.shards = {t / "data/a.tar"};
+  o.allowed_roots = {t / "data"};
+  o.sidecar_extensions = {".txt", "cls"};
+  auto src = TarShardSource::Open(o);
+  INFO(src.status().ToString());
+  REQUIRE(src.ok());
+  const TarShardSource& s = **src;
+  REQUIRE(s.size() == 3);
+  CHECK(s.skipped_keys() == 1);
+  std::vector<uint8_t> buf;
+  REQUIRE(s.ReadSidecar(0, ".txt", &buf).ok());
+  CHECK(Str(buf) == "one");
+  REQUIRE(s.ReadSidecar(0, ".CLS", &buf).ok());
+  CHECK(Str(buf) == "2");
+  CHECK(s.sample(0).label == 2);  // a label member may also be a sidecar
+  Status missing = s.ReadSidecar(1, ".txt", &buf);
+  CHECK(missing.code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.message(), Contains("sample k/000002"));
+  CHECK_THAT(missing.message(), Contains("no .txt member"));
+  CHECK(buf.empty());
+  CHECK(s.ReadSidecar(1, ".json", &buf).code() == StatusCode::kNotFound);  // not indexed at Open
+  buf = {1, 2, 3};
+  REQUIRE(s.ReadSidecar(2, "txt", &buf).ok());
+  CHECK(buf.empty());
+  REQUIRE(s.Read(2, &buf).ok());
+  CHECK(Str(buf) == "img3");
+  CHECK(s.ReadSidecar(3, ".txt", &buf).code() == StatusCode::kInvalidArgument);
+
+  // A shard that changed since Open: the sidecar read says so, like the image read.
+  WriteShard(t, "data/a.tar", {{"k/000001.jpg", "changed"}, {"k/000001.txt", "x"}});
+  CHECK(s.ReadSidecar(0, ".txt", &buf).code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("Folder and list sidecars: the same path up to the last dot, then the ending") {
+  CHECK(SidecarPath("a/000123.jpg", ".txt") == "a/000123.txt");
+  CHECK(SidecarPath("a.b/c.d.jpeg", ".txt") == "a.b/c.d.txt");
+  CHECK(SidecarPath("a.b/noext", ".txt") == "a.b/noext.txt");
+  CHECK(SidecarPath(".hidden", ".txt") == ".hidden.txt");
+  CHECK(SidecarPath("/abs/x.png", ".json") == "/abs/x.json");
+
+  TempDir t;
+  t.Write("data/cat/a.jpg", "cat-a");
+  t.Write("data/cat/a.txt", "a cat");
+  t.Write("data/dog/b.jpg", "dog-b");
+  auto folder = ImageFolderSource::Open(t / "data", {".jpg"}, {t / "data"});
+  REQUIRE(folder.ok());
+  std::vector<uint8_t> buf;
+  REQUIRE((*folder)->ReadSidecar(0, ".txt", &buf).ok());
+  CHECK(Str(buf) == "a cat");
+  Status missing = (*folder)->ReadSidecar(1, ".txt", &buf);
+  CHECK(missing.code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.message(), Contains("dog/b.txt"));
+  CHECK((*folder)->ReadSidecar(2, ".txt", &buf).code() == StatusCode::kInvalidArgument);
+
+  // A sidecar that is a link out of the root is refused, not followed.
+  t.Write("outside/secret.txt", "secret");
+  fs::create_symlink(t / "outside/secret.txt", t / "data/dog/b.txt");
+  Status escaped = (*folder)->ReadSidecar(1, ".txt", &buf);
+  CHECK_FALSE(escaped.ok());
+  CHECK(buf.empty());
+
+  t.Write("list/files.txt", "cat/a.jpg,0\n" + t / "data/cat/a.jpg" + ",1\n");
+  FileListOptions lo;
+  lo.list = t / "list/files.txt";
+  lo.root = t / "data";
+  lo.allowed_roots = {t / "data", t / "list"};
+  auto list = FileListSource::Open(lo);
+  INFO(list.status().ToString());
+  REQUIRE(list.ok());
+  REQUIRE((*list)->ReadSidecar(0, ".txt", &buf).ok());
+  CHECK(Str(buf) == "a cat");
+  REQUIRE((*list)->ReadSidecar(1, ".txt", &buf).ok());  // an absolute path
+  CHECK(Str(buf) == "a cat");
+  CHECK((*list)->ReadSidecar(0, ".json", &buf).code() == StatusCode::kNotFound);
+}
+
 TEST_CASE("TarShardSource: shards written by the tar CLI (gnu, pax, ustar formats)") {
   TempDir t;
   // 90 + 50 characters: over ustar's 100-byte name field (so ustar needs its prefix field), and
