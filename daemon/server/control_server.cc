@@ -119,7 +119,21 @@ class Session : public std::enable_shared_from_this<Session> {
       queue_.push_back(std::move(p));
     }
     if (out.close) closing_ = true;
+    if (out.prepare) Prepare(std::move(*out.prepare));
     Flush();
+  }
+
+  // Runs a Submit's slow part on the server's prepare executor; its result comes back to this
+  // session on the io thread (dropped by the logic if the session ended or moved on meanwhile).
+  void Prepare(PendingSubmit p) {
+    std::weak_ptr<Session> weak = shared_from_this();
+    asio::io_context* io = server_->io_;
+    server_->prepare_->Post([weak, io, seq = p.seq, task = std::move(p.task)] {
+      std::shared_ptr<jobs::PreparedJob> prepared = task();
+      asio::post(*io, [weak, seq, prepared = std::move(prepared)]() mutable {
+        if (auto s = weak.lock(); s && !s->closed_) s->Apply(s->logic_->OnSubmitPrepared(seq, std::move(prepared)));
+      });
+    });
   }
 
   // Writes queued frames with sendmsg (so a descriptor can ride along), waiting for writability
@@ -182,9 +196,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
 };
 
-ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options)
-    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {
+ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options,
+                             pipeline::Executor* prepare)
+    : io_(io), jobs_(jobs), options_(std::move(options)), prepare_(prepare), acceptor_(*io) {
   control_.log_limiter = &log_limiter_;
+  control_.async_submit = prepare_ != nullptr;
 }
 
 ControlServer::~ControlServer() { Stop(); }

@@ -1,0 +1,141 @@
+// Session robustness end to end, against a real spdld: a Submit whose source takes long to open
+// does not hold up the other sessions (SPDLD_TEST_OPEN_GATE holds the opening of every job whose
+// config_name starts with "gated" until a file exists); a Release before any job closes the session; share groups that wait for members
+// that never come start after share_wait_seconds; the acceptor survives running out of descriptors.
+#include <sys/resource.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+#include "e2e/daemon_process.h"
+#include "e2e/dataset.h"
+#include "e2e/e2e_support.h"
+#include "spdl/client.h"
+#include "spdl/control.h"
+
+namespace spdl {
+namespace {
+
+using testing::DaemonProcess;
+using testing::RawConnection;
+using testing::TempDir;
+using testing::WriteFile;
+
+struct Fixture {
+  // `env`: NAME=VALUE set for the daemon only.
+  explicit Fixture(const std::string& extra = "", std::vector<std::pair<std::string, std::string>> env = {}) {
+    testdata::DatasetOptions o;
+    o.classes = 2;
+    o.images_per_class = 8;
+    o.min_side = 40;
+    o.max_side = 80;
+    REQUIRE(testdata::MakeImageFolder(root(), o).ok());
+    WriteFile(dir.path + "/spdld.yaml",
+              "socket_path: " + socket() + "\nallowed_roots: [" + root() + "]\nworker_threads: 2\n" + extra);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    daemon.emplace(socket(), std::vector<std::string>{"--config", dir.path + "/spdld.yaml"});
+    for (const auto& [k, v] : env) ::unsetenv(k.c_str());
+    REQUIRE(daemon->Connectable());
+  }
+  std::string root() const { return dir.path + "/data"; }
+  std::string socket() const { return dir.path + "/spdld.sock"; }
+  std::string JobYaml(const std::string& extra = "") const {
+    return "source: {type: image_folder, root: " + root() + "}\nbatch: {size: 4}\nprefetch: 2\n" +
+           "transforms: [{resize: {height: 16, width: 16}}]\n" + extra;
+  }
+  client::Options Job(const std::string& extra = "", uint32_t epochs = 1) const {
+    client::Options o;
+    o.socket_path = socket();
+    o.config_yaml = JobYaml(extra);
+    o.config_name = "job.yaml";
+    o.epochs = epochs;
+    return o;
+  }
+  proto::DaemonStatus Status() const {
+    proto::ClientMessage req;
+    req.mutable_status();
+    auto r = client::ControlCall(socket(), req);
+    REQUIRE(r.ok());
+    return r->status();
+  }
+  bool SettlesTo(uint32_t live_jobs) const {
+    for (int i = 0; i < 250; ++i) {
+      if (Status().live_jobs() == live_jobs) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  TempDir dir;
+  std::optional<DaemonProcess> daemon;
+};
+
+// Runs a job to its end; the number of batches.
+Result<int> RunToEnd(const client::Options& o) {
+  SPDL_ASSIGN_OR_RETURN(auto loader, client::Loader::Open(o));
+  int batches = 0;
+  for (;;) {
+    SPDL_ASSIGN_OR_RETURN(client::Event ev, loader->Next());
+    if (std::holds_alternative<client::Batch>(ev)) ++batches;
+    if (std::holds_alternative<client::JobStats>(ev)) return batches;
+  }
+}
+
+proto::ClientMessage SubmitMsg(const std::string& yaml, const std::string& name = "job.yaml") {
+  proto::ClientMessage m;
+  m.mutable_submit()->set_config_yaml(yaml);
+  m.mutable_submit()->set_config_name(name);
+  m.mutable_submit()->set_epochs(1);
+  return m;
+}
+
+TEST_CASE("a source that takes long to open does not hold up the other sessions") {
+  TempDir gate_dir;
+  const std::string gate = gate_dir.path + "/open";
+  Fixture f("", {{"SPDLD_TEST_OPEN_GATE", gate}});
+
+  // A client that goes away while its source is being opened: nothing of its job may start.
+  {
+    RawConnection gone(f.socket());
+    REQUIRE(gone.SendHello());
+    REQUIRE(gone.Receive());
+    REQUIRE(gone.Send(SubmitMsg(f.JobYaml(), "gated.yaml")));
+  }
+  // A client whose source is being opened (held by the gate).
+  RawConnection slow(f.socket());
+  REQUIRE(slow.SendHello());
+  REQUIRE(slow.Receive());
+  REQUIRE(slow.Send(SubmitMsg(f.JobYaml(), "gated.yaml")));
+
+  // Meanwhile another client gets Hello and status, and runs a whole job of its own.
+  std::atomic<bool> gate_opened{false};
+  auto other = std::async(std::launch::async, [&] {
+    const bool status_ok = !f.Status().daemon_version().empty();
+    Result<int> batches = RunToEnd(f.Job());
+    return std::make_pair(status_ok && !gate_opened.load(), batches.ok() ? *batches : -1);
+  });
+  const bool served_meanwhile = other.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  gate_opened = true;
+  WriteFile(gate, "");
+  CHECK(served_meanwhile);
+  auto [before_gate, batches] = other.get();
+  CHECK(before_gate);
+  CHECK(batches == 4);  // 16 images in batches of 4
+
+  // Once the source is open the slow client's job is accepted and runs.
+  auto accepted = slow.Receive();
+  REQUIRE(accepted);
+  CHECK(accepted->has_accepted());
+  CHECK(f.SettlesTo(1));  // the other client's job has ended; the departed one's never started
+  proto::ClientMessage end;
+  end.mutable_end_job();
+  REQUIRE(slow.Send(end));
+  // The departed client's job was never started: nothing stays alive.
+  CHECK(f.SettlesTo(0));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+}  // namespace
+}  // namespace spdl
