@@ -371,7 +371,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   std::shared_ptr<ShareGroup> group;
   std::string share_key;
   if (spec.config.share && !spec.resume && cuda_device < 0) {  // a GPU job is never shared
-    share_key = ShareKey(req, peer, spec.fingerprint, spec.epochs);
+    share_key = ShareKey(req, peer, spec.fingerprint.whole, spec.epochs);
     auto it = groups_.find(share_key);
     group = it == groups_.end() ? nullptr : it->second.group.lock();
     if (group && group->joinable()) {

@@ -137,5 +137,41 @@ TEST_CASE("a source that takes long to open does not hold up the other sessions"
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
+// ---- resume tokens and the job's settings ----
+
+TEST_CASE("a resume token is refused for a job with other transforms and accepted when only prefetch differs") {
+  Fixture f;
+  std::string token;
+  {
+    auto l = client::Loader::Open(f.Job());
+    REQUIRE(l.ok());
+    auto ev = (*l)->Next();
+    REQUIRE(ev.ok());
+    REQUIRE(std::holds_alternative<client::Batch>(*ev));
+    token = std::get<client::Batch>(*ev).resume_token();
+  }
+  REQUIRE_FALSE(token.empty());
+  client::Options other = f.Job();
+  other.config_yaml = "source: {type: image_folder, root: " + f.root() +
+                      "}\nbatch: {size: 4}\nprefetch: 2\ntransforms: [{resize: {height: 24, width: 24}}]\n";
+  other.resume_token = token;
+  auto refused = client::Loader::Open(other);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("resume token belongs to another job") &&
+                                             Catch::Contains("its transforms differ"));
+  client::Options same = f.Job();
+  same.config_yaml = "source: {type: image_folder, root: " + f.root() +
+                     "}\nbatch: {size: 4}\nprefetch: 3\ntransforms: [{resize: {height: 16, width: 16}}]\n";
+  same.resume_token = token;
+  auto resumed = client::Loader::Open(same);
+  INFO((resumed.ok() ? std::string() : resumed.status().message()));
+  REQUIRE(resumed.ok());
+  auto ev = (*resumed)->Next();
+  REQUIRE(ev.ok());
+  REQUIRE(std::holds_alternative<client::Batch>(*ev));
+  CHECK(std::get<client::Batch>(*ev).batch_in_epoch() == 1);  // right after the first batch
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
