@@ -90,6 +90,12 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
     registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
+    registry_->SetScheduler([this](Clock::duration delay, std::function<void()> fn) {
+      auto timer = std::make_shared<boost::asio::steady_timer>(io_, delay);
+      timer->async_wait([timer, fn = std::move(fn)](const boost::system::error_code& ec) {
+        if (!ec) fn();
+      });
+    });
     if (const char* gate = std::getenv(kOpenGateEnv); gate != nullptr && *gate != '\0') {
       spdlog::warn("{} is set: sources of jobs named gated* open only once {} exists (a test seam)", kOpenGateEnv,
                    gate);

@@ -382,7 +382,14 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       const uint64_t region_bytes = member->accepted().region_bytes();
       return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
     }
-    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members));
+    const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(spec.config.share_wait_seconds));
+    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members), wait);
+    if (schedule_ && spec.config.share_members > 1) {
+      schedule_(wait + std::chrono::milliseconds(1), [weak = std::weak_ptr<ShareGroup>(group)] {
+        if (auto g = weak.lock()) g->Notify();  // the members look again: the wait is over
+      });
+    }
   }
 
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.

@@ -74,6 +74,12 @@ class JobRegistry final : public JobService {
   using PrepareHook = std::function<void(const proto::SubmitJob&)>;
   void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
 
+  // Runs `fn` on the control thread after `delay` (the daemon's timers): share groups wake their
+  // members when share_wait_seconds is over. Unset (unit tests): the members look again only when
+  // their job notifies them. Before the first Submit.
+  using ScheduleFn = std::function<void(std::chrono::steady_clock::duration delay, std::function<void()> fn)>;
+  void SetScheduler(ScheduleFn fn) { schedule_ = std::move(fn); }
+
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
   // Jobs alive (including ones whose last tasks are still finishing).
@@ -96,6 +102,7 @@ class JobRegistry final : public JobService {
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
   PrepareHook prepare_hook_;  // set before the first Submit
+  ScheduleFn schedule_;       // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
 

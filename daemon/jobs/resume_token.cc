@@ -122,6 +122,7 @@ Fingerprint JobFingerprint(const io::SampleSource& source, const config::JobConf
   c.weight = defaults.weight;
   c.share = defaults.share;
   c.share_members = defaults.share_members;
+  c.share_wait_seconds = defaults.share_wait_seconds;
   c.order = defaults.order;
   c.on_error = defaults.on_error;
   c.max_failures = defaults.max_failures;

@@ -20,7 +20,7 @@
 //               (jobs/struct_fields.h), not from a list of names.
 // What may differ between the job that made a token and the one that resumes it (it changes
 // neither which samples nor their values): prefetch, stages.*, weight, share, share_members,
-// order, on_error, max_failures, max_failures_warmup, output.device and output.copy.
+// share_wait_seconds, order, on_error, max_failures, max_failures_warmup, output.device and output.copy.
 //
 // Tokens of version 1 (before transforms were covered) are still accepted when their dataset,
 // sampler, batch, rank and world size match.

@@ -173,5 +173,28 @@ TEST_CASE("a resume token is refused for a job with other transforms and accepte
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
+// ---- share groups that wait for members ----
+
+TEST_CASE("a share group whose members do not all come starts after share_wait_seconds") {
+  Fixture f;
+  client::Options o = f.Job("share: true\nshare_members: 2\nshare_wait_seconds: 1\n", 1);
+  auto run = std::async(std::launch::async, [&] { return RunToEnd(o); });
+  const bool ended = run.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  if (!ended) f.daemon->Stop();  // lets the client go (with an error) so the test can end
+  CHECK(ended);
+  Result<int> batches = run.get();
+  REQUIRE(batches.ok());
+  CHECK(*batches == 4);  // every batch, to the lone member
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+TEST_CASE("share_wait_seconds out of range is refused with its line") {
+  Fixture f;
+  auto l = client::Loader::Open(f.Job("share: true\nshare_wait_seconds: 0\n"));
+  REQUIRE_FALSE(l.ok());
+  CHECK_THAT(l.status().message(), Catch::Contains("share_wait_seconds") && Catch::Contains("job.yaml:6"));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
