@@ -9,6 +9,7 @@
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <charconv>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -198,7 +199,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options,
                              pipeline::Executor* prepare)
-    : io_(io), jobs_(jobs), options_(std::move(options)), prepare_(prepare), acceptor_(*io) {
+    : io_(io), jobs_(jobs), options_(std::move(options)), prepare_(prepare), acceptor_(*io), accept_retry_(*io) {
   control_.log_limiter = &log_limiter_;
   control_.async_submit = prepare_ != nullptr;
 }
@@ -244,13 +245,29 @@ Status ControlServer::Start() {
 void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
+      if (ec == asio::error::operation_aborted || stopped_) return;
+      const bool exhausted = ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
+                             ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
       uint64_t dropped = 0;
-      if (ec != asio::error::operation_aborted && log_limiter_.Allow("accept", &dropped)) {
-        spdlog::error("control socket: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+      if (log_limiter_.Allow("accept", &dropped)) {
+        spdlog::error("control socket: accept: {}{}{}", ec.message(),
+                      exhausted ? fmt::format("; retrying in {} ms (raise LimitNOFILE / ulimit -n if it lasts)",
+                                              accept_backoff_.count())
+                                : std::string(),
+                      LogLimiter::Note(dropped));
       }
-      if (!stopped_ && ec != asio::error::operation_aborted) Accept();
+      if (!exhausted) {
+        Accept();
+        return;
+      }
+      accept_retry_.expires_after(accept_backoff_);
+      accept_backoff_ = std::min(accept_backoff_ * 2, std::chrono::milliseconds(1000));
+      accept_retry_.async_wait([this](error_code wait_ec) {
+        if (!wait_ec && !stopped_) Accept();
+      });
       return;
     }
+    accept_backoff_ = std::chrono::milliseconds(10);
     jobs::PeerInfo peer;
     ucred cred{};
     socklen_t len = sizeof(cred);
@@ -293,6 +310,7 @@ void ControlServer::Stop() {
   stopped_ = true;
   error_code ec;
   acceptor_.close(ec);
+  accept_retry_.cancel();
   auto sessions = std::move(sessions_);
   for (auto& s : sessions) s->Close();
   sessions.clear();

@@ -13,6 +13,8 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <memory>
 #include <set>
 #include <string>
@@ -67,6 +69,10 @@ class ControlServer {
   const ServerOptions options_;
   pipeline::Executor* const prepare_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  // Out of descriptors (EMFILE/ENFILE) or memory: accept() fails at once again while the
+  // connection waits, so the acceptor retries after a pause that doubles up to 1 s.
+  boost::asio::steady_timer accept_retry_;
+  std::chrono::milliseconds accept_backoff_{10};
   std::set<std::shared_ptr<Session>> sessions_;
   DaemonControl control_;
   LogLimiter log_limiter_;  // the sessions' and the acceptor's warnings (control_.log_limiter)

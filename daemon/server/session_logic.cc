@@ -91,7 +91,10 @@ Output SessionLogic::OnFrame(std::string_view payload) {
     }
     case proto::ClientMessage::kRelease: {
       if (state_ == State::kSubmitting) return Fatal(proto::Error::BAD_REQUEST, "Release before JobAccepted");
-      if (state_ != State::kRunning) return {};  // late releases after the job ended are harmless
+      if (state_ != State::kRunning) {
+        if (!had_job_) return Fatal(proto::Error::BAD_REQUEST, "Release without a job (no job was accepted)");
+        return {};  // late releases after the job ended are harmless
+      }
       if (awaiting_consumer_events_) {
         return Fatal(proto::Error::BAD_REQUEST, "Release before CudaConsumerEvents in a GPU job");
       }
@@ -201,6 +204,7 @@ Output SessionLogic::StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared) 
   job_ = std::move(r.job);
   record_ = std::move(r.record);
   state_ = State::kRunning;
+  had_job_ = true;
   Outgoing& o = out.messages.emplace_back();
   *o.message.mutable_accepted() = job_->accepted();
   o.pass_fd = job_->region_fd();

@@ -13,6 +13,9 @@
 // limits (budget, max jobs, share groups) and draining are checked when the result comes back.
 // Without async_submit the task runs inline in OnFrame (unit tests, tools).
 //
+// A Release in a session that never had a job accepted is a protocol violation (closes it); after
+// a job ended, late Releases are ignored.
+//
 // GPU jobs (JobHandle::cuda_handles() non-null: output.device cuda:N, copy: daemon): JobAccepted is
 // followed at once by CudaHandles (once per job); the client must answer with CudaConsumerEvents
 // (once) before its first Release: a Release before it, a second one, one for a job without GPU
@@ -120,6 +123,7 @@ class SessionLogic {
   bool told_draining_ = false;
   bool awaiting_consumer_events_ = false;  // a GPU job was accepted and its CudaConsumerEvents not seen
   State state_ = State::kAwaitHello;
+  bool had_job_ = false;      // a job was accepted in this session (late Releases are then harmless)
   uint64_t submit_seq_ = 0;   // numbers Output::prepare; a result of another number is stale
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;

@@ -7,7 +7,9 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "e2e/daemon_process.h"
@@ -193,6 +195,72 @@ TEST_CASE("share_wait_seconds out of range is refused with its line") {
   auto l = client::Loader::Open(f.Job("share: true\nshare_wait_seconds: 0\n"));
   REQUIRE_FALSE(l.ok());
   CHECK_THAT(l.status().message(), Catch::Contains("share_wait_seconds") && Catch::Contains("job.yaml:6"));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+// ---- protocol order and the acceptor ----
+
+TEST_CASE("a Release before any job closes that session only") {
+  Fixture f;
+  RawConnection c(f.socket());
+  REQUIRE(c.SendHello());
+  REQUIRE(c.Receive());
+  proto::ClientMessage release;
+  release.mutable_release()->set_slot(0);
+  release.mutable_release()->set_generation(1);
+  REQUIRE(c.Send(release));
+  std::vector<proto::DaemonMessage> seen;
+  CHECK(c.WaitClosed(&seen));
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].error().code() == proto::Error::BAD_REQUEST);
+  CHECK_THAT(seen[0].error().message(), Catch::Contains("Release without a job"));
+  CHECK(f.Status().live_jobs() == 0);  // the daemon serves on
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+// The daemon's user + system CPU seconds so far (/proc/PID/stat).
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+TEST_CASE("out of descriptors the acceptor backs off instead of spinning and recovers") {
+  Fixture f;
+  const pid_t pid = f.daemon->pid();
+  (void)f.Status();
+  // Room for two more connections, then accept() fails with EMFILE.
+  int fds = testing::FdCount(pid);
+  for (int i = 0, prev = -1; i < 50 && fds != prev; ++i) {  // the status call's socket closes late
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    prev = fds;
+    fds = testing::FdCount(pid);
+  }
+  rlimit old{};
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, nullptr, &old) == 0);
+  rlimit low{static_cast<rlim_t>(fds + 2), old.rlim_max};
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &low, nullptr) == 0);
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < 4; ++i) {  // the last two wait in the listen backlog
+    held.push_back(std::make_unique<RawConnection>(f.socket()));
+    REQUIRE(held.back()->connected());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A spinning acceptor burns a core for as long as the connections wait; a backing-off one sleeps.
+  const double cpu0 = CpuSeconds(pid);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double cpu = CpuSeconds(pid) - cpu0;
+  CHECK(cpu < 0.25);
+  // Descriptors come back: the waiting connections are served, and new ones too.
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &old, nullptr) == 0);
+  held.clear();
+  CHECK(f.Status().live_jobs() == 0);
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 

@@ -721,5 +721,26 @@ TEST_CASE("async submit: a second submit or a release before JobAccepted closes 
   }
 }
 
+TEST_CASE("a Release before any job closes the session, a late one after a job ended does not") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Release(0, 100)));
+  CHECK(o.close);
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("Release without a job"));
+
+  SessionLogic t(&svc, Peer(), [] {});
+  (void)t.OnFrame(Frame(Hello()));
+  (void)t.OnFrame(Frame(Submit()));
+  proto::ClientMessage end;
+  end.mutable_end_job();
+  (void)t.OnFrame(Frame(end));
+  o = t.OnFrame(Frame(Release(0, 100)));
+  CHECK_FALSE(o.close);
+  CHECK(o.messages.empty());
+}
+
 }  // namespace
 }  // namespace spdl::server
