@@ -16,6 +16,7 @@
 #include "cuda/cuda_backend.h"
 #endif
 #include "jobs/job_registry.h"
+#include "media/ffmpeg_log.h"
 #include "ops/startup_checks.h"
 #include "pipeline/thread_pool.h"
 #include "server/control_server.h"
@@ -82,6 +83,10 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(
       Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
+  SPDL_RETURN_IF_ERROR(Step("route FFmpeg's log into spdlog", [&] {
+    media::RouteFfmpegLogToSpdlog();  // before any decoding thread starts
+    return Status::Ok();
+  }));
   SPDL_RETURN_IF_ERROR(Step("start the worker pool", [&] {
     pool_ = std::make_unique<pipeline::ThreadPool>(config_.worker_threads);
     io_pool_ = std::make_unique<pipeline::ThreadPool>(config_.io_threads);
