@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -261,6 +262,45 @@ TEST_CASE("out of descriptors the acceptor backs off instead of spinning and rec
   REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &old, nullptr) == 0);
   held.clear();
   CHECK(f.Status().live_jobs() == 0);
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+// ---- stats surfaces ----
+
+// spdl-client --json for `job_yaml` (a file) as rank/world_size.
+nlohmann::json ClientJson(const Fixture& f, const std::string& job, uint32_t rank, uint32_t world, uint32_t epochs) {
+  std::string out;
+  const int rc = testing::RunCommand({std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config",
+                                      job, "--json", "--epochs", std::to_string(epochs), "--rank",
+                                      std::to_string(rank), "--world-size", std::to_string(world)},
+                                     &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  return nlohmann::json::parse(out);
+}
+
+TEST_CASE("spdl-client --json checksums every tensor by name and reports the sample cache") {
+  Fixture f("cache_bytes: 64MiB\n");
+  const std::string job = f.dir.path + "/job.yaml";
+  WriteFile(job, f.JobYaml());
+  const nlohmann::json whole = ClientJson(f, job, 0, 1, 2);
+  INFO(whole.dump());
+  REQUIRE(whole["checksums"].is_object());
+  CHECK(whole["checksums"].size() == 2);  // image and label
+  CHECK(whole["checksums"]["image"] == whole["pixel_checksum"]);
+  // Every sample exactly once per epoch over the ranks: the two ranks' sums add up to the whole.
+  const nlohmann::json r0 = ClientJson(f, job, 0, 2, 2), r1 = ClientJson(f, job, 1, 2, 2);
+  for (const char* name : {"image", "label"}) {
+    const uint64_t sum = std::stoull(r0["checksums"][name].get<std::string>()) +
+                         std::stoull(r1["checksums"][name].get<std::string>());
+    CHECK(std::to_string(sum) == whole["checksums"][name].get<std::string>());
+  }
+  // Two epochs of 16 files with a cache: the second epoch is served from it.
+  REQUIRE(whole["cache"].is_object());
+  CHECK(whole["cache"]["budget_bytes"] == 64u << 20);
+  CHECK(whole["cache"]["misses"] == 16);
+  CHECK(whole["cache"]["hits"] == 16);
+  CHECK(whole["cache"]["bytes"] > 0);
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
