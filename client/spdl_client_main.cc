@@ -8,6 +8,7 @@
 // Exit status: 0 done, 1 an error (message on stderr; config errors one per line), 2 bad usage.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -17,14 +18,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "progress.h"
 #include "spdl/client.h"
@@ -356,8 +355,8 @@ int main(int argc, char** argv) {
       }
     }
     if (stats && stats->cache_budget_bytes > 0) {
-      std::printf("sample cache: %" PRIu64 " hits, %" PRIu64 " misses (node: %" PRIu64 " of %" PRIu64
-                  " bytes, %" PRIu64 " evictions)\n",
+      std::printf("sample cache: %" PRIu64 " hits, %" PRIu64 " misses (node: %" PRIu64 " of %" PRIu64 " bytes, %" PRIu64
+                  " evictions)\n",
                   stats->cache_hits, stats->cache_misses, stats->cache_bytes, stats->cache_budget_bytes,
                   stats->cache_evictions);
     }

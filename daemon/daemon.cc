@@ -9,8 +9,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <thread>
 #include <filesystem>
+#include <thread>
 
 #if SPDL_HAVE_CUDA
 #include "cuda/cuda_backend.h"

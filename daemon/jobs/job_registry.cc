@@ -4,18 +4,18 @@
 
 #include <optional>
 
+#include "cuda/device_slot_pool.h"
 #include "io/allowed_roots.h"
 #include "io/file_list_source.h"
 #include "io/http_source.h"
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
-#include "cuda/device_slot_pool.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/media_job.h"
 #include "jobs/resume_token.h"
-#include "jobs/shared_job.h"
 #include "jobs/sample_decoder.h"
+#include "jobs/shared_job.h"
 
 namespace spdl::jobs {
 namespace {
@@ -212,7 +212,8 @@ struct RegistryPrepared final : PreparedJob {
 // The slow part of Submit: parse and validate the config, open the source (the folder scan, list
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
-void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache) {
+void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
+                const std::shared_ptr<io::SampleCache>& cache) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : req.config_name();
@@ -241,8 +242,8 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   spec.rank = req.rank();
   spec.epochs = req.epochs();
   if (spec.rank >= spec.world_size) {
-    return fail(proto::Error::BAD_REQUEST, "rank " + std::to_string(spec.rank) + " is not below world_size " +
-                                               std::to_string(spec.world_size));
+    return fail(proto::Error::BAD_REQUEST,
+                "rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size));
   }
   auto decoder = MakeSampleDecoder(spec.config);
   if (!decoder.ok()) return fail(proto::Error::INVALID_CONFIG, decoder.status().message());
@@ -278,15 +279,14 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   so.uneven = spec.config.sampler.uneven == config::Uneven::kDrop ? io::Uneven::kDrop : io::Uneven::kPad;
   const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
-    return fail(proto::Error::INVALID_CONFIG,
-                "the dataset has " + std::to_string(spec.source->size()) + " samples, " + std::to_string(per_rank) +
-                    " for this rank: not one batch of " + std::to_string(spec.config.batch.size) + " with drop_last");
+    return fail(proto::Error::INVALID_CONFIG, "the dataset has " + std::to_string(spec.source->size()) + " samples, " +
+                                                  std::to_string(per_rank) + " for this rank: not one batch of " +
+                                                  std::to_string(spec.config.batch.size) + " with drop_last");
   }
   if (spec.resume) {
     // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.
-    spdl::Status valid = pipeline::CheckResumePoint(*spec.resume, per_rank,
-                                                    static_cast<uint32_t>(spec.config.batch.size),
-                                                    spec.config.batch.drop_last);
+    spdl::Status valid = pipeline::CheckResumePoint(
+        *spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last);
     if (!valid.ok()) return fail(proto::Error::BAD_REQUEST, valid.message());
   }
 }

@@ -101,8 +101,8 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
-  PrepareHook prepare_hook_;  // set before the first Submit
-  ScheduleFn schedule_;       // set before the first Submit
+  PrepareHook prepare_hook_;         // set before the first Submit
+  ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
 

@@ -42,9 +42,9 @@
 namespace spdl::jobs {
 
 struct Fingerprint {
-  uint64_t whole = 0;  // hashes every part
+  uint64_t whole = 0;                                   // hashes every part
   std::vector<std::pair<std::string, uint64_t>> parts;  // (name, hash), in a fixed order
-  uint64_t v1 = 0;     // version 1's fingerprint, to accept the tokens of an older spdld
+  uint64_t v1 = 0;  // version 1's fingerprint, to accept the tokens of an older spdld
   Fingerprint() = default;
   Fingerprint(uint64_t bare) : whole(bare), v1(bare) {}  // NOLINT: a bare fingerprint, for tests
 };

@@ -20,9 +20,10 @@ ShareGroup::ShareGroup(uint32_t min_members, Clock::duration wait)
 bool ShareGroup::MayStart() {
   if (started_ || members_.size() >= min_members_) return true;
   if (Clock::now() < deadline_) return false;
-  spdlog::warn("share group of job {}: starts with {} of the {} members of share_members (share_wait_seconds "
-               "passed); a member that comes later gets a group of its own",
-               job_id(), members_.size(), min_members_);
+  spdlog::warn(
+      "share group of job {}: starts with {} of the {} members of share_members (share_wait_seconds "
+      "passed); a member that comes later gets a group of its own",
+      job_id(), members_.size(), min_members_);
   return true;
 }
 

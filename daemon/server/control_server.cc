@@ -6,10 +6,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <charconv>
-#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -246,7 +246,8 @@ void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopped_) return;
-      const bool exhausted = ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
+      const bool exhausted = ec == asio::error::no_descriptors ||
+                             ec == boost::system::errc::too_many_files_open_in_system ||
                              ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
       uint64_t dropped = 0;
       if (log_limiter_.Allow("accept", &dropped)) {

@@ -123,8 +123,8 @@ class SessionLogic {
   bool told_draining_ = false;
   bool awaiting_consumer_events_ = false;  // a GPU job was accepted and its CudaConsumerEvents not seen
   State state_ = State::kAwaitHello;
-  bool had_job_ = false;      // a job was accepted in this session (late Releases are then harmless)
-  uint64_t submit_seq_ = 0;   // numbers Output::prepare; a result of another number is stale
+  bool had_job_ = false;     // a job was accepted in this session (late Releases are then harmless)
+  uint64_t submit_seq_ = 0;  // numbers Output::prepare; a result of another number is stale
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;
 };

@@ -1,15 +1,15 @@
 // Session robustness end to end, against a real spdld: a Submit whose source takes long to open
 // does not hold up the other sessions (SPDLD_TEST_OPEN_GATE holds the opening of every job whose
-// config_name starts with "gated" until a file exists); a Release before any job closes the session; share groups that wait for members
-// that never come start after share_wait_seconds; the acceptor survives running out of descriptors.
+// config_name starts with "gated" until a file exists); a Release before any job closes the session; share groups that
+// wait for members that never come start after share_wait_seconds; the acceptor survives running out of descriptors.
 #include <sys/resource.h>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -160,8 +160,8 @@ TEST_CASE("a resume token is refused for a job with other transforms and accepte
   other.resume_token = token;
   auto refused = client::Loader::Open(other);
   REQUIRE_FALSE(refused.ok());
-  CHECK_THAT(refused.status().message(), Catch::Contains("resume token belongs to another job") &&
-                                             Catch::Contains("its transforms differ"));
+  CHECK_THAT(refused.status().message(),
+             Catch::Contains("resume token belongs to another job") && Catch::Contains("its transforms differ"));
   client::Options same = f.Job();
   same.config_yaml = "source: {type: image_folder, root: " + f.root() +
                      "}\nbatch: {size: 4}\nprefetch: 3\ntransforms: [{resize: {height: 16, width: 16}}]\n";
@@ -270,10 +270,10 @@ TEST_CASE("out of descriptors the acceptor backs off instead of spinning and rec
 // spdl-client --json for `job_yaml` (a file) as rank/world_size.
 nlohmann::json ClientJson(const Fixture& f, const std::string& job, uint32_t rank, uint32_t world, uint32_t epochs) {
   std::string out;
-  const int rc = testing::RunCommand({std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config",
-                                      job, "--json", "--epochs", std::to_string(epochs), "--rank",
-                                      std::to_string(rank), "--world-size", std::to_string(world)},
-                                     &out);
+  const int rc = testing::RunCommand(
+      {std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config", job, "--json", "--epochs",
+       std::to_string(epochs), "--rank", std::to_string(rank), "--world-size", std::to_string(world)},
+      &out);
   INFO(out);
   REQUIRE(rc == 0);
   return nlohmann::json::parse(out);
@@ -291,8 +291,8 @@ TEST_CASE("spdl-client --json checksums every tensor by name and reports the sam
   // Every sample exactly once per epoch over the ranks: the two ranks' sums add up to the whole.
   const nlohmann::json r0 = ClientJson(f, job, 0, 2, 2), r1 = ClientJson(f, job, 1, 2, 2);
   for (const char* name : {"image", "label"}) {
-    const uint64_t sum = std::stoull(r0["checksums"][name].get<std::string>()) +
-                         std::stoull(r1["checksums"][name].get<std::string>());
+    const uint64_t sum =
+        std::stoull(r0["checksums"][name].get<std::string>()) + std::stoull(r1["checksums"][name].get<std::string>());
     CHECK(std::to_string(sum) == whole["checksums"][name].get<std::string>());
   }
   // Two epochs of 16 files with a cache: the second epoch is served from it.

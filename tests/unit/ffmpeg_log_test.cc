@@ -1,16 +1,15 @@
 // FFmpeg's av_log routed into spdlog (media/ffmpeg_log.h): levels mapped, the context prefix kept,
 // pieces of a line joined, a flood rate-limited, nothing written to stderr.
-#include <catch2/catch.hpp>
+#include "media/ffmpeg_log.h"
 
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <sstream>
 #include <string>
-
-#include "media/ffmpeg_log.h"
 
 extern "C" {
 #include <libavutil/log.h>

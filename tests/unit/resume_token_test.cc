@@ -1,10 +1,11 @@
 // Resume tokens and their fingerprint (jobs/resume_token.h): what a token is tied to, what may
 // differ, the message naming what differs, version 1 tokens, and the field visitor that makes the
 // fingerprint cover every config field without a list of names (jobs/struct_fields.h).
+#include "jobs/resume_token.h"
+
 #include <catch2/catch.hpp>
 
 #include "config/job_config.h"
-#include "jobs/resume_token.h"
 #include "jobs/struct_fields.h"
 #include "proto/control.pb.h"
 

@@ -617,7 +617,8 @@ TEST_CASE("async submit: the source opens off the control thread and the session
   FakeService svc;
   DaemonControl control;
   control.async_submit = true;
-  SessionLogic s(&svc, Peer(), [] {}, &control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &control);
   (void)s.OnFrame(Frame(Hello()));
   Output o = s.OnFrame(Frame(Submit()));
   CHECK(o.messages.empty());  // nothing yet: the server runs the task
@@ -644,7 +645,8 @@ TEST_CASE("async submit: a refusal comes back as the error and the session stays
   svc.refuse = true;
   DaemonControl control;
   control.async_submit = true;
-  SessionLogic s(&svc, Peer(), [] {}, &control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &control);
   (void)s.OnFrame(Frame(Hello()));
   Output o = s.OnFrame(Frame(Submit()));
   REQUIRE(o.prepare);
@@ -664,7 +666,8 @@ TEST_CASE("async submit: a disconnect, EndJob or a drain meanwhile start nothing
   DaemonControl control;
   control.async_submit = true;
   SECTION("disconnect") {
-    SessionLogic s(&svc, Peer(), [] {}, &control);
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
     (void)s.OnFrame(Frame(Hello()));
     Output o = s.OnFrame(Frame(Submit()));
     REQUIRE(o.prepare);
@@ -673,7 +676,8 @@ TEST_CASE("async submit: a disconnect, EndJob or a drain meanwhile start nothing
     CHECK_FALSE(svc.job);
   }
   SECTION("EndJob abandons it, and a new submit is answered") {
-    SessionLogic s(&svc, Peer(), [] {}, &control);
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
     (void)s.OnFrame(Frame(Hello()));
     Output first = s.OnFrame(Frame(Submit()));
     REQUIRE(first.prepare);
@@ -690,7 +694,8 @@ TEST_CASE("async submit: a disconnect, EndJob or a drain meanwhile start nothing
     CHECK(o.messages[0].message.has_accepted());
   }
   SECTION("a drain that began meanwhile refuses it with SHUTTING_DOWN") {
-    SessionLogic s(&svc, Peer(), [] {}, &control);
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
     (void)s.OnFrame(Frame(Hello()));
     Output o = s.OnFrame(Frame(Submit()));
     REQUIRE(o.prepare);
@@ -709,7 +714,8 @@ TEST_CASE("async submit: a second submit or a release before JobAccepted closes 
   DaemonControl control;
   control.async_submit = true;
   for (int variant = 0; variant < 2; ++variant) {
-    SessionLogic s(&svc, Peer(), [] {}, &control);
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
     (void)s.OnFrame(Frame(Hello()));
     Output p = s.OnFrame(Frame(Submit()));
     REQUIRE(p.prepare);
