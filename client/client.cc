@@ -630,6 +630,11 @@ Result<Event> Loader::Next() {
                                             st.avg_ms(), st.p50_ms(), st.p90_ms(), st.p99_ms(), st.put_wait_seconds(),
                                             st.get_wait_seconds(), st.items_per_s()});
         }
+        stats.cache_hits = js.cache_hits();
+        stats.cache_misses = js.cache_misses();
+        stats.cache_evictions = js.cache_evictions();
+        stats.cache_bytes = js.cache_bytes();
+        stats.cache_budget_bytes = js.cache_budget_bytes();
         finished_ = true;
         return Event(std::move(stats));
       }

@@ -1,6 +1,6 @@
 // spdl-client: runs one job on the local spdld from the command line and reports what a trainer
 // would see: samples/s, time to first batch, totals; optionally every delivered sample (--record)
-// and a checksum of the pixels (for end-to-end integrity checks). Each batch is released as soon as
+// and a checksum of every tensor (for end-to-end integrity checks). Each batch is released as soon as
 // it has been looked at, so this measures the daemon, not a training step. On a terminal a progress
 // line (epoch, bar, samples/s, ETA) is redrawn on stderr; not on a terminal, or with --json or
 // --quiet, there is none.
@@ -8,6 +8,7 @@
 // Exit status: 0 done, 1 an error (message on stderr; config errors one per line), 2 bad usage.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -16,14 +17,13 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "progress.h"
 #include "spdl/client.h"
@@ -41,8 +41,10 @@ double SecondsSince(Clock::time_point t0) {
 // (word j goes to lane j % 4; lane k starts from the offset basis ^ k), the tail bytes (n % 32)
 // into lane 0 one by one, then FNV-1a-64 over the four lane values. The lanes let the multiplies
 // overlap: ~30 us per 224x224x3 image on these machines, 2x faster than one lane.
-// --json's pixel_checksum is the sum (mod 2^64) of HashRow over every delivered row of `image`:
-// independent of order, so the checksums of the ranks add up to the whole dataset's.
+// --json's checksums.NAME is the sum (mod 2^64) of HashRow over every delivered row of tensor NAME
+// (every tensor of the batch: image, label, audio, length, ...), as a decimal string: independent of
+// order, so the checksums of the ranks add up to the whole dataset's. pixel_checksum is
+// checksums.image (kept for older scripts).
 uint64_t HashRow(const uint8_t* p, size_t n) {
   constexpr uint64_t kPrime = 0x100000001b3ull;
   constexpr uint64_t kBasis = 0xcbf29ce484222325ull;
@@ -141,7 +143,7 @@ int main(int argc, char** argv) {
   app.add_option("--record", record_path, "write one CSV line per delivered sample: epoch,rank,path,label");
   app.add_flag("--json", json, "print one JSON object with the results at the end, and nothing else");
   app.add_flag("--quiet", quiet, "print no progress or summary (--json still prints its object)");
-  app.add_flag("--no-checksum", no_checksum, "do not checksum the delivered image tensors");
+  app.add_flag("--no-checksum", no_checksum, "do not checksum the delivered tensors");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -196,8 +198,8 @@ int main(int argc, char** argv) {
 
   uint64_t samples = 0, batches = 0, epochs_done = 0, epoch_skipped = 0, first_batch_rows = 0;
   double first_batch_s = -1, seconds = 0;
-  uint64_t checksum = 0;
-  bool have_image = false, ended_early = false;
+  std::map<std::string, uint64_t> checksums;  // per tensor name; see HashRow
+  bool ended_early = false;
   std::optional<spdl::client::JobStats> stats;
   std::string line;
   spdl::client::ProgressBar bar(stderr, progress);
@@ -242,11 +244,12 @@ int main(int argc, char** argv) {
         }
       }
       if (!no_checksum) {
-        if (const auto* img = b->tensor("image"); img != nullptr && b->rows() > 0) {
-          have_image = true;
-          const size_t row_bytes = img->bytes / b->rows();
-          const auto* p = static_cast<const uint8_t*>(img->data);
-          for (uint32_t r = 0; r < b->rows(); ++r) checksum += HashRow(p + r * row_bytes, row_bytes);
+        for (const auto& t : b->tensors()) {
+          uint64_t& sum = checksums[t.name];
+          if (b->rows() == 0 || t.data == nullptr) continue;
+          const size_t row_bytes = t.bytes / b->rows();
+          const auto* p = static_cast<const uint8_t*>(t.data);
+          for (uint32_t r = 0; r < b->rows(); ++r) sum += HashRow(p + r * row_bytes, row_bytes);
         }
       }
       b->Release();
@@ -287,7 +290,8 @@ int main(int argc, char** argv) {
   const double steady_s = first_batch_s >= 0 ? seconds - first_batch_s : 0.0;
   const double steady_rate = steady_s > 0 ? static_cast<double>(samples - first_batch_rows) / steady_s : 0.0;
   const uint64_t skipped = stats ? stats->skipped : epoch_skipped;
-  const bool show_checksum = !no_checksum && have_image;
+  const auto image_sum = checksums.find("image");
+  const bool show_checksum = !no_checksum && image_sum != checksums.end();
 
   if (json) {
     nlohmann::json j;
@@ -310,7 +314,9 @@ int main(int argc, char** argv) {
     j["wait_s"] = loader.wait_seconds();  // time blocked in Next(): the trainer's wait for data
     // Resume token after the last batch consumed (null before the first): --resume continues there.
     j["state"] = loader.state().empty() ? nlohmann::json(nullptr) : nlohmann::json(ToHex(loader.state()));
-    j["pixel_checksum"] = show_checksum ? nlohmann::json(std::to_string(checksum)) : nlohmann::json(nullptr);
+    j["pixel_checksum"] = show_checksum ? nlohmann::json(std::to_string(image_sum->second)) : nlohmann::json(nullptr);
+    j["checksums"] = nlohmann::json::object();  // empty with --no-checksum
+    for (const auto& [name, sum] : checksums) j["checksums"][name] = std::to_string(sum);
     j["stages"] = nlohmann::json::array();
     if (stats) {
       j["daemon"] = {{"samples", stats->samples},
@@ -319,6 +325,11 @@ int main(int argc, char** argv) {
                      {"seconds", stats->seconds},
                      {"first_batch_seconds", stats->first_batch_seconds},
                      {"client_wait_seconds", stats->client_wait_seconds}};
+      j["cache"] = {{"hits", stats->cache_hits},
+                    {"misses", stats->cache_misses},
+                    {"evictions", stats->cache_evictions},
+                    {"bytes", stats->cache_bytes},
+                    {"budget_bytes", stats->cache_budget_bytes}};
       for (const auto& st : stats->stages) {
         j["stages"].push_back(
             {{"name", st.name}, {"tasks", st.tasks}, {"failures", st.failures}, {"busy_seconds", st.busy_seconds},
@@ -328,6 +339,7 @@ int main(int argc, char** argv) {
       }
     } else {
       j["daemon"] = nullptr;
+      j["cache"] = nullptr;
     }
     std::cout << j.dump() << std::endl;
   } else if (!quiet) {
@@ -342,7 +354,16 @@ int main(int argc, char** argv) {
                     st.failures, st.busy_seconds);
       }
     }
-    if (show_checksum) std::printf("pixel checksum %" PRIu64 "\n", checksum);
+    if (stats && stats->cache_budget_bytes > 0) {
+      std::printf("sample cache: %" PRIu64 " hits, %" PRIu64 " misses (node: %" PRIu64 " of %" PRIu64 " bytes, %" PRIu64
+                  " evictions)\n",
+                  stats->cache_hits, stats->cache_misses, stats->cache_bytes, stats->cache_budget_bytes,
+                  stats->cache_evictions);
+    }
+    if (show_checksum) std::printf("pixel checksum %" PRIu64 "\n", image_sum->second);
+    for (const auto& [name, sum] : checksums) {
+      if (name != "image") std::printf("checksum %s %" PRIu64 "\n", name.c_str(), sum);
+    }
   }
   return 0;
 }

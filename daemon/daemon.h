@@ -85,6 +85,9 @@ class Daemon {
   std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
+  // Opens submitted jobs' sources (folder scans, lists, tar indexes) off the control thread;
+  // joined with the others. Its tasks hold no reference to the registry.
+  std::unique_ptr<pipeline::ThreadPool> prepare_pool_;
   std::unique_ptr<jobs::JobRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;

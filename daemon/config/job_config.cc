@@ -936,6 +936,12 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
   if (auto v = internal::ReadBool(diag, m.Get("share"))) out->share = *v;
   if (auto v = internal::ReadInt(diag, m.Get("share_members"), 1, 1024)) out->share_members = static_cast<int>(*v);
+  if (const Field wait = m.Get("share_wait_seconds"); auto v = ReadNumber(diag, wait)) {
+    if (*v <= 0 || *v > 86400)
+      diag.Error(wait, "must be > 0 and at most 86400 (got " + FormatNumber(*v) + ")");
+    else
+      out->share_wait_seconds = *v;
+  }
   m.ReportUnknownKeys();
 }
 

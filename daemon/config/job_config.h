@@ -326,9 +326,12 @@ struct JobConfig {
   int weight = 1;                       // share of the node's pools against other jobs, 1..1000
   // Identical jobs decode once (jobs/shared_job.h): jobs of one uid with share: true and the same
   // config text, dataset, rank, world size and epochs run one pipeline and every member gets every
-  // batch. share_members: the group holds its first batch until this many have joined (1..1024).
+  // batch. share_members: the group holds its first batch until this many have joined (1..1024),
+  // or until share_wait_seconds have passed since the group was started (0 < s <= 86400): then it
+  // starts with the members present (a daemon log line says so), and a late one gets its own group.
   bool share = false;
   int share_members = 1;
+  double share_wait_seconds = 60;
 
   // Output image size after the transforms, computed by the parser (the YAML cannot set these).
   // Both 0 when the chain does not produce a fixed size (never in an image config the parser

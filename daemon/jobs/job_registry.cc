@@ -2,18 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
+#include "cuda/device_slot_pool.h"
 #include "io/allowed_roots.h"
 #include "io/file_list_source.h"
 #include "io/http_source.h"
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
-#include "cuda/device_slot_pool.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/media_job.h"
 #include "jobs/resume_token.h"
-#include "jobs/shared_job.h"
 #include "jobs/sample_decoder.h"
+#include "jobs/shared_job.h"
 
 namespace spdl::jobs {
 namespace {
@@ -198,73 +200,78 @@ int JobRegistry::live_jobs() const {
   return live_jobs_;
 }
 
-SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& peer, std::function<void()> notify) {
-  SubmitResult out;
+namespace {
+
+// Registry's prepared job: the validated spec with its source open (and, with a cache, read
+// through it), or the error that refused it.
+struct RegistryPrepared final : PreparedJob {
+  proto::SubmitJob request;
+  PeerInfo peer;
+  std::optional<proto::Error> error;
+  MediaJobSpec spec;
+  std::shared_ptr<const io::CachedSource> cached;
+};
+
+// The slow part of Submit: parse and validate the config, open the source (the folder scan, list
+// or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
+// config as it was at Submit), so it runs on any thread.
+void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
+                const std::shared_ptr<io::SampleCache>& cache) {
+  const proto::SubmitJob& req = p->request;
+  const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : req.config_name();
+  auto fail = [p](proto::Error::Code code, std::string message) { p->error = MakeError(code, std::move(message)); };
 
   std::vector<config::Override> overrides;
   for (const auto& o : req.overrides()) overrides.push_back({o.path(), o.value()});
   config::JobConfigResult parsed = config::ParseJobConfig(req.config_yaml(), overrides);
   if (!parsed.config) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG,
-                          "invalid job config " + name + ":\n" + config::FormatConfigErrors(parsed.errors, name));
+    fail(proto::Error::INVALID_CONFIG,
+         "invalid job config " + name + ":\n" + config::FormatConfigErrors(parsed.errors, name));
     for (const auto& e : parsed.errors) {
-      auto* ce = out.error.add_config_errors();
+      auto* ce = p->error->add_config_errors();
       ce->set_line(static_cast<uint32_t>(e.line));
       ce->set_column(static_cast<uint32_t>(e.column));
       ce->set_path(e.path);
       ce->set_message(e.message);
     }
-    return out;
+    return;
   }
 
-  MediaJobSpec spec;
+  MediaJobSpec& spec = p->spec;
   spec.config = std::move(*parsed.config);
   spec.owner = peer;
   spec.world_size = req.world_size() == 0 ? 1 : req.world_size();
   spec.rank = req.rank();
   spec.epochs = req.epochs();
   if (spec.rank >= spec.world_size) {
-    out.error = MakeError(proto::Error::BAD_REQUEST, "rank " + std::to_string(spec.rank) +
-                                                         " is not below world_size " + std::to_string(spec.world_size));
-    return out;
+    return fail(proto::Error::BAD_REQUEST,
+                "rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size));
   }
   auto decoder = MakeSampleDecoder(spec.config);
-  if (!decoder.ok()) {
-    out.error = MakeError(proto::Error::INVALID_CONFIG, decoder.status().message());
-    return out;
-  }
+  if (!decoder.ok()) return fail(proto::Error::INVALID_CONFIG, decoder.status().message());
   spec.decoder = std::move(decoder).value();
 
-  auto source = OpenSource(spec.config.source, spec.config.extra_outputs, config_);
-  if (!source.ok()) {
-    out.error = MakeError(CodeFor(source.status()), source.status().message());
-    return out;
-  }
+  auto source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
+  if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
   spec.source = std::move(source).value();
-  std::shared_ptr<const io::CachedSource> cached;
-  if (cache_) {
-    cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache_);
-    spec.source = cached;
+  if (cache) {
+    p->cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache);
+    spec.source = p->cached;
   }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
-    out.error = MakeError(proto::Error::BAD_REQUEST,
-                          "a job in order: completion cannot be resumed (it delivers batches out of order and "
-                          "hands out no state token); use order: sampler");
-    return out;
+    return fail(proto::Error::BAD_REQUEST,
+                "a job in order: completion cannot be resumed (it delivers batches out of order and "
+                "hands out no state token); use order: sampler");
   }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
-    if (!point.ok()) {
-      out.error = MakeError(proto::Error::BAD_REQUEST, point.status().message());
-      return out;
-    }
+    if (!point.ok()) return fail(proto::Error::BAD_REQUEST, point.status().message());
     if (spec.epochs != 0 && point->epoch >= spec.epochs) {
-      out.error = MakeError(proto::Error::BAD_REQUEST, "the resume token is at epoch " + std::to_string(point->epoch) +
-                                                            ", past the last of the " + std::to_string(spec.epochs) +
-                                                            " epochs requested");
-      return out;
+      return fail(proto::Error::BAD_REQUEST, "the resume token is at epoch " + std::to_string(point->epoch) +
+                                                 ", past the last of the " + std::to_string(spec.epochs) +
+                                                 " epochs requested");
     }
     spec.resume = std::move(*point);
   }
@@ -275,21 +282,52 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   so.uneven = spec.config.sampler.uneven == config::Uneven::kDrop ? io::Uneven::kDrop : io::Uneven::kPad;
   const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
-    out.error =
-        MakeError(proto::Error::INVALID_CONFIG,
-                  "the dataset has " + std::to_string(spec.source->size()) + " samples, " + std::to_string(per_rank) +
-                      " for this rank: not one batch of " + std::to_string(spec.config.batch.size) + " with drop_last");
-    return out;
+    return fail(proto::Error::INVALID_CONFIG, "the dataset has " + std::to_string(spec.source->size()) + " samples, " +
+                                                  std::to_string(per_rank) + " for this rank: not one batch of " +
+                                                  std::to_string(spec.config.batch.size) + " with drop_last");
   }
   if (spec.resume) {
     // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.
-    spdl::Status valid = pipeline::CheckResumePoint(*spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size),
-                                              spec.config.batch.drop_last);
-    if (!valid.ok()) {
-      out.error = MakeError(proto::Error::BAD_REQUEST, valid.message());
-      return out;
-    }
+    spdl::Status valid = pipeline::CheckResumePoint(
+        *spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last);
+    if (!valid.ok()) return fail(proto::Error::BAD_REQUEST, valid.message());
   }
+}
+
+}  // namespace
+
+SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& peer, std::function<void()> notify) {
+  return Start(Prepare(req, peer)(), std::move(notify));
+}
+
+PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo& peer) {
+  auto p = std::make_shared<RegistryPrepared>();
+  p->request = request;
+  p->peer = peer;
+  // A copy: a SIGHUP reload may change config_ while the task runs.
+  return [p, daemon = config_, cache = cache_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+    if (hook) hook(p->request);
+    PrepareJob(p.get(), daemon, cache);
+    return p;
+  };
+}
+
+SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
+  SubmitResult out;
+  auto* p = dynamic_cast<RegistryPrepared*>(prepared.get());
+  if (p == nullptr) {
+    out.error = MakeError(proto::Error::INTERNAL, "a prepared job of another job service");
+    return out;
+  }
+  if (p->error) {
+    out.error = std::move(*p->error);
+    return out;
+  }
+  const proto::SubmitJob& req = p->request;
+  const PeerInfo& peer = p->peer;
+  MediaJobSpec spec = std::move(p->spec);
+  std::shared_ptr<const io::CachedSource> cached = std::move(p->cached);
+
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                           "prefetch " + std::to_string(spec.config.prefetch) + " exceeds the daemon's max_slots_per_job " +
@@ -336,7 +374,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
   std::shared_ptr<ShareGroup> group;
   std::string share_key;
   if (spec.config.share && !spec.resume && cuda_device < 0) {  // a GPU job is never shared
-    share_key = ShareKey(req, peer, spec.fingerprint, spec.epochs);
+    share_key = ShareKey(req, peer, spec.fingerprint.whole, spec.epochs);
     auto it = groups_.find(share_key);
     group = it == groups_.end() ? nullptr : it->second.group.lock();
     if (group && group->joinable()) {
@@ -347,7 +385,14 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
       const uint64_t region_bytes = member->accepted().region_bytes();
       return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
     }
-    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members));
+    const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(spec.config.share_wait_seconds));
+    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members), wait);
+    if (schedule_ && spec.config.share_members > 1) {
+      schedule_(wait + std::chrono::milliseconds(1), [weak = std::weak_ptr<ShareGroup>(group)] {
+        if (auto g = weak.lock()) g->Notify();  // the members look again: the wait is over
+      });
+    }
   }
 
   // Admission: reserve the budget before allocating anything, so a refused job is never half-started.

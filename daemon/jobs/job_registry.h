@@ -12,9 +12,9 @@
 // instead of starting its own pipeline; a member that joins takes no memory budget and does not
 // count against max_jobs_per_client (the group's one job holds both). Resumed jobs never share.
 //
-// Thread-safe: Submit runs on the control thread (so a large folder scan or tar index delays the
-// other sessions until it ends; moving it off that thread needs an asynchronous Submit); budget
-// leases are returned from whichever thread destroys a job (guarded by mu_).
+// Thread-safe: Submit, Prepare and Start run on the control thread, Prepare's task on any thread (the
+// control server runs it on its own pool, so a large folder scan or tar index does not delay the
+// other sessions); budget leases are returned from whichever thread destroys a job (guarded by mu_).
 #pragma once
 
 #include <atomic>
@@ -42,6 +42,11 @@ class JobRegistry final : public JobService {
   ~JobRegistry() override;
 
   SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) override;
+  // Prepare's task parses the config, opens the source (the scan, list or tar index), fingerprints
+  // it and checks a resume token, with the daemon config as it was at Prepare; Start checks
+  // max_slots_per_job and the device, joins a share group or admits against the budget, and starts.
+  PrepareTask Prepare(const proto::SubmitJob& request, const PeerInfo& peer) override;
+  SubmitResult Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) override;
   proto::DaemonStatus Status(const PeerInfo& peer) override;
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
 
@@ -62,6 +67,18 @@ class JobRegistry final : public JobService {
     auto it = device_bytes_in_use_.find(device);
     return it == device_bytes_in_use_.end() ? 0 : it->second;
   }
+
+  // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread that
+  // runs it), e.g. to hold a source being opened so a test can watch the daemon meanwhile. Before
+  // the first Submit.
+  using PrepareHook = std::function<void(const proto::SubmitJob&)>;
+  void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
+
+  // Runs `fn` on the control thread after `delay` (the daemon's timers): share groups wake their
+  // members when share_wait_seconds is over. Unset (unit tests): the members look again only when
+  // their job notifies them. Before the first Submit.
+  using ScheduleFn = std::function<void(std::chrono::steady_clock::duration delay, std::function<void()> fn)>;
+  void SetScheduler(ScheduleFn fn) { schedule_ = std::move(fn); }
 
   // Shared-memory bytes held by live jobs.
   uint64_t bytes_in_use() const;
@@ -84,6 +101,8 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
+  PrepareHook prepare_hook_;         // set before the first Submit
+  ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
 

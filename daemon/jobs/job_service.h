@@ -2,7 +2,8 @@
 // the server's session logic can be tested with a fake job and no threads or files.
 //
 // Threading: every method is called from the control (io) thread, except that `notify` (given at
-// Submit) is called by the job from worker threads; it must only schedule work on the io thread.
+// Submit) is called by the job from worker threads (it must only schedule work on the io thread),
+// and that the task Prepare returns runs on any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -87,17 +88,64 @@ struct SubmitResult {
   bool ok() const { return job != nullptr; }
 };
 
+// A submitted job whose slow part (config validation, opening its source: a folder scan, a list,
+// a tar index) is done, ready to be admitted and started; or the error that part found. Opaque:
+// only the JobService that made it reads it.
+class PreparedJob {
+ public:
+  virtual ~PreparedJob() = default;
+};
+
+// The slow part of a Submit (see JobService::Prepare): self-contained, run once on any thread.
+using PrepareTask = std::function<std::shared_ptr<PreparedJob>()>;
+
 class JobService {
  public:
   virtual ~JobService() = default;
   // Validates and starts a job for `peer`. On failure the Error lists every problem found.
+  // The same as Start(Prepare(request, peer)(), notify).
   virtual SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer,
                               std::function<void()> notify) = 0;
+
+  // Submit in two steps, so that opening a large source does not hold up the control thread:
+  // Prepare (control thread) snapshots what the job needs and returns a task; the task may run on
+  // any thread, touches no state of the service and may outlive it; Start (control thread) admits
+  // the prepared job against the limits as they are then and starts it. A prepared job that is
+  // never started is simply dropped. The defaults (for services without a slow part, e.g. test
+  // fakes) defer everything to Submit.
+  virtual PrepareTask Prepare(const proto::SubmitJob& request, const PeerInfo& peer);
+  virtual SubmitResult Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify);
   // The daemon's state and the live jobs `peer` may see: its own, or every job for root.
   virtual proto::DaemonStatus Status(const PeerInfo& peer) = 0;
   // Aborts job `job_id` on behalf of `peer`. kNotFound when there is no such live job or it belongs
   // to another uid (another user's jobs are not even confirmed to exist), unless peer is root.
   virtual spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) = 0;
 };
+
+namespace internal {
+// The defaults' prepared job: the request, as it came.
+struct DeferredSubmit final : PreparedJob {
+  proto::SubmitJob request;
+  PeerInfo peer;
+};
+}  // namespace internal
+
+inline PrepareTask JobService::Prepare(const proto::SubmitJob& request, const PeerInfo& peer) {
+  auto d = std::make_shared<internal::DeferredSubmit>();
+  d->request = request;
+  d->peer = peer;
+  return [d] { return std::shared_ptr<PreparedJob>(d); };
+}
+
+inline SubmitResult JobService::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
+  auto* d = dynamic_cast<internal::DeferredSubmit*>(prepared.get());
+  if (d == nullptr) {
+    SubmitResult r;
+    r.error.set_code(proto::Error::INTERNAL);
+    r.error.set_message("a prepared job of another job service");
+    return r;
+  }
+  return Submit(d->request, d->peer, std::move(notify));
+}
 
 }  // namespace spdl::jobs

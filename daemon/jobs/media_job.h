@@ -18,6 +18,7 @@
 #include "config/job_config.h"
 #include "io/sample_source.h"
 #include "jobs/job_service.h"
+#include "jobs/resume_token.h"
 #include "jobs/sample_decoder.h"
 #include "pipeline/batch_pipeline.h"
 #include "pipeline/executor.h"
@@ -37,7 +38,7 @@ struct MediaJobSpec {
   uint32_t world_size = 1;
   uint32_t epochs = 1;  // 0 = endless
   PeerInfo owner;
-  uint64_t fingerprint = 0;                     // JobFingerprint(): ties resume tokens to this job
+  Fingerprint fingerprint;                      // JobFingerprint(): ties resume tokens to this job
   std::optional<pipeline::ResumePoint> resume;  // continue from a resume token
 };
 

@@ -7,7 +7,25 @@
 
 namespace spdl::jobs {
 
-ShareGroup::ShareGroup(uint32_t min_members) : min_members_(min_members == 0 ? 1 : min_members) {}
+namespace {
+ShareGroup::Clock::time_point DeadlineAfter(ShareGroup::Clock::duration wait) {
+  const auto now = ShareGroup::Clock::now();
+  return wait >= ShareGroup::Clock::time_point::max() - now ? ShareGroup::Clock::time_point::max() : now + wait;
+}
+}  // namespace
+
+ShareGroup::ShareGroup(uint32_t min_members, Clock::duration wait)
+    : min_members_(min_members == 0 ? 1 : min_members), deadline_(DeadlineAfter(wait)) {}
+
+bool ShareGroup::MayStart() {
+  if (started_ || members_.size() >= min_members_) return true;
+  if (Clock::now() < deadline_) return false;
+  spdlog::warn(
+      "share group of job {}: starts with {} of the {} members of share_members (share_wait_seconds "
+      "passed); a member that comes later gets a group of its own",
+      job_id(), members_.size(), min_members_);
+  return true;
+}
 
 ShareGroup::~ShareGroup() {
   if (job_ && !closed_) job_->Cancel();
@@ -52,7 +70,7 @@ std::shared_ptr<SharedMember> ShareGroup::Join(uint64_t member_job_id, std::func
 std::optional<Delivery> ShareGroup::TakeNext(uint64_t member) {
   auto m = members_.find(member);
   if (m == members_.end()) return std::nullopt;
-  if (!started_ && members_.size() < min_members_) return std::nullopt;
+  if (!MayStart()) return std::nullopt;
   if (m->second.next_seq == next_seq_) {
     std::optional<Delivery> d = job_->TakeNext();
     if (!d) return std::nullopt;

@@ -11,8 +11,11 @@
 //   batch was taken from it has released it, or left. Each (slot, generation) so carries a set of
 //   members that still hold it; the underlying Release happens when that set becomes empty.
 // - Joining: a group takes members until it hands out its first batch; it holds that first batch
-//   until `min_members` have joined (job config share_members). A client that submits the same job
-//   after that gets a group (a pipeline) of its own: members never start mid-epoch.
+//   until `min_members` have joined (job config share_members), but at most `wait` after the group
+//   was made (share_wait_seconds): then it starts with the members present (logged). Whoever made
+//   the group calls Notify() once the wait is over (the registry schedules it on the control
+//   thread), so the members waiting are woken. A client that submits the same job after the start
+//   gets a group (a pipeline) of its own: members never start mid-epoch.
 // - A slow member: the fast ones run ahead only as far as the ring is deep (prefetch slots); then
 //   the underlying job has no free slot and the whole group waits for the slowest member. No
 //   member is ever skipped or dropped for being slow.
@@ -27,6 +30,7 @@
 // `notify` (each of which only schedules work on the control thread), under notify_mu_.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -43,8 +47,10 @@ class SharedMember;
 
 class ShareGroup final : public std::enable_shared_from_this<ShareGroup> {
  public:
-  // REQUIRES: min_members >= 1. Attach the underlying job with SetJob before any Join.
-  explicit ShareGroup(uint32_t min_members);
+  using Clock = std::chrono::steady_clock;
+  // REQUIRES: min_members >= 1. Attach the underlying job with SetJob before any Join. `wait`: the
+  // longest the first batch is held for missing members, from now.
+  explicit ShareGroup(uint32_t min_members, Clock::duration wait = Clock::duration::max());
   ~ShareGroup();
   ShareGroup(const ShareGroup&) = delete;
   ShareGroup& operator=(const ShareGroup&) = delete;
@@ -79,6 +85,8 @@ class ShareGroup final : public std::enable_shared_from_this<ShareGroup> {
   };
 
   std::optional<Delivery> TakeNext(uint64_t member);
+  // Whether the first batch may be handed out now: enough members, or the wait is over.
+  bool MayStart();
   Status Release(uint64_t member, uint32_t slot, uint64_t generation);
   void Leave(uint64_t member);
   // Drops `member` from e's holders; releases the underlying slot when it was the last holder.
@@ -88,6 +96,7 @@ class ShareGroup final : public std::enable_shared_from_this<ShareGroup> {
 
   // Constant after construction (job_ after SetJob).
   const uint32_t min_members_;
+  const Clock::time_point deadline_;  // the first batch is held for members until then
   std::shared_ptr<JobHandle> job_;
 
   // Control thread only.

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <charconv>
@@ -119,7 +120,21 @@ class Session : public std::enable_shared_from_this<Session> {
       queue_.push_back(std::move(p));
     }
     if (out.close) closing_ = true;
+    if (out.prepare) Prepare(std::move(*out.prepare));
     Flush();
+  }
+
+  // Runs a Submit's slow part on the server's prepare executor; its result comes back to this
+  // session on the io thread (dropped by the logic if the session ended or moved on meanwhile).
+  void Prepare(PendingSubmit p) {
+    std::weak_ptr<Session> weak = shared_from_this();
+    asio::io_context* io = server_->io_;
+    server_->prepare_->Post([weak, io, seq = p.seq, task = std::move(p.task)] {
+      std::shared_ptr<jobs::PreparedJob> prepared = task();
+      asio::post(*io, [weak, seq, prepared = std::move(prepared)]() mutable {
+        if (auto s = weak.lock(); s && !s->closed_) s->Apply(s->logic_->OnSubmitPrepared(seq, std::move(prepared)));
+      });
+    });
   }
 
   // Writes queued frames with sendmsg (so a descriptor can ride along), waiting for writability
@@ -182,9 +197,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
 };
 
-ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options)
-    : io_(io), jobs_(jobs), options_(std::move(options)), acceptor_(*io) {
+ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options,
+                             pipeline::Executor* prepare)
+    : io_(io), jobs_(jobs), options_(std::move(options)), prepare_(prepare), acceptor_(*io), accept_retry_(*io) {
   control_.log_limiter = &log_limiter_;
+  control_.async_submit = prepare_ != nullptr;
 }
 
 ControlServer::~ControlServer() { Stop(); }
@@ -228,13 +245,30 @@ Status ControlServer::Start() {
 void ControlServer::Accept() {
   acceptor_.async_accept([this](error_code ec, Socket socket) {
     if (ec) {
+      if (ec == asio::error::operation_aborted || stopped_) return;
+      const bool exhausted = ec == asio::error::no_descriptors ||
+                             ec == boost::system::errc::too_many_files_open_in_system ||
+                             ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
       uint64_t dropped = 0;
-      if (ec != asio::error::operation_aborted && log_limiter_.Allow("accept", &dropped)) {
-        spdlog::error("control socket: accept: {}{}", ec.message(), LogLimiter::Note(dropped));
+      if (log_limiter_.Allow("accept", &dropped)) {
+        spdlog::error("control socket: accept: {}{}{}", ec.message(),
+                      exhausted ? fmt::format("; retrying in {} ms (raise LimitNOFILE / ulimit -n if it lasts)",
+                                              accept_backoff_.count())
+                                : std::string(),
+                      LogLimiter::Note(dropped));
       }
-      if (!stopped_ && ec != asio::error::operation_aborted) Accept();
+      if (!exhausted) {
+        Accept();
+        return;
+      }
+      accept_retry_.expires_after(accept_backoff_);
+      accept_backoff_ = std::min(accept_backoff_ * 2, std::chrono::milliseconds(1000));
+      accept_retry_.async_wait([this](error_code wait_ec) {
+        if (!wait_ec && !stopped_) Accept();
+      });
       return;
     }
+    accept_backoff_ = std::chrono::milliseconds(10);
     jobs::PeerInfo peer;
     ucred cred{};
     socklen_t len = sizeof(cred);
@@ -277,6 +311,7 @@ void ControlServer::Stop() {
   stopped_ = true;
   error_code ec;
   acceptor_.close(ec);
+  accept_retry_.cancel();
   auto sessions = std::move(sessions_);
   for (auto& s : sessions) s->Close();
   sessions.clear();

@@ -3,20 +3,25 @@
 // every session down on Stop().
 //
 // Threading: everything runs on the one io_context thread given at construction, so sessions need
-// no locks; jobs reach their session by posting to that io_context. Handlers never throw; an
-// `operation_aborted` error is a normal shutdown.
+// no locks; jobs reach their session by posting to that io_context. The slow part of a SubmitJob
+// (validating the config and opening the source: a folder scan, a list, a tar index) runs on the
+// `prepare` executor, and its result is posted back to that thread, so a large dataset never holds
+// up the other sessions. Handlers never throw; an `operation_aborted` error is a normal shutdown.
 #pragma once
 
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <memory>
 #include <set>
 #include <string>
 
 #include "common/status.h"
 #include "jobs/job_service.h"
+#include "pipeline/executor.h"
 #include "proto/control.pb.h"
 #include "server/session_logic.h"
 
@@ -33,8 +38,10 @@ class Session;
 
 class ControlServer {
  public:
-  // *io and *jobs must outlive this object.
-  ControlServer(boost::asio::io_context* io, jobs::JobService* jobs, ServerOptions options);
+  // *io and *jobs must outlive this object. `prepare` runs the slow part of each SubmitJob (it must
+  // outlive this object, and may drop tasks after it stops); nullptr: run it on the io thread.
+  ControlServer(boost::asio::io_context* io, jobs::JobService* jobs, ServerOptions options,
+                pipeline::Executor* prepare = nullptr);
   ~ControlServer();
 
   // Binds the socket (replacing a stale socket file, refusing when another daemon answers on it),
@@ -60,7 +67,12 @@ class ControlServer {
   boost::asio::io_context* const io_;
   jobs::JobService* const jobs_;
   const ServerOptions options_;
+  pipeline::Executor* const prepare_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  // Out of descriptors (EMFILE/ENFILE) or memory: accept() fails at once again while the
+  // connection waits, so the acceptor retries after a pause that doubles up to 1 s.
+  boost::asio::steady_timer accept_retry_;
+  std::chrono::milliseconds accept_backoff_{10};
   std::set<std::shared_ptr<Session>> sessions_;
   DaemonControl control_;
   LogLimiter log_limiter_;  // the sessions' and the acceptor's warnings (control_.log_limiter)

@@ -78,42 +78,23 @@ Output SessionLogic::OnFrame(std::string_view payload) {
     case proto::ClientMessage::kHello:
       return Fatal(proto::Error::BAD_REQUEST, "Hello sent twice");
     case proto::ClientMessage::kSubmit: {
-      if (state_ == State::kRunning) return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
-      if (control_ && control_->draining) {
-        Output out;
-        auto* e = out.messages.emplace_back().message.mutable_error();
-        e->set_code(proto::Error::SHUTTING_DOWN);
-        e->set_message("spdld is draining (" + control_->drain_reason +
-                       "): it takes no new jobs and exits when the running ones end; submit again once it "
-                       "has restarted");
-        if (std::string note; MayLog("job refused: draining", &note)) {
-          spdlog::info("{}: job refused: draining{}", Who(), note);
-        }
-        return out;  // the session stays open (spdlctl status still works)
+      if (state_ == State::kRunning || state_ == State::kSubmitting) {
+        return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
       }
-      jobs::SubmitResult r = jobs_->Submit(msg.submit(), peer_, notify_);
+      if (control_ && control_->draining) return DrainingRefusal();  // the session stays open
+      jobs::PrepareTask task = jobs_->Prepare(msg.submit(), peer_);
+      if (!control_ || !control_->async_submit) return StartPrepared(task());
       Output out;
-      if (!r.ok()) {
-        if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
-          spdlog::info("{}: job refused: {}{}", Who(), r.error.message(), note);
-        }
-        *out.messages.emplace_back().message.mutable_error() = r.error;
-        return out;  // the client may fix its config and submit again
-      }
-      job_ = std::move(r.job);
-      record_ = std::move(r.record);
-      state_ = State::kRunning;
-      Outgoing& o = out.messages.emplace_back();
-      *o.message.mutable_accepted() = job_->accepted();
-      o.pass_fd = job_->region_fd();
-      if (const proto::CudaHandles* h = job_->cuda_handles()) {
-        *out.messages.emplace_back().message.mutable_cuda_handles() = *h;
-        awaiting_consumer_events_ = true;
-      }
+      state_ = State::kSubmitting;
+      out.prepare = PendingSubmit{++submit_seq_, std::move(task)};
       return out;
     }
     case proto::ClientMessage::kRelease: {
-      if (state_ != State::kRunning) return {};  // late releases after the job ended are harmless
+      if (state_ == State::kSubmitting) return Fatal(proto::Error::BAD_REQUEST, "Release before JobAccepted");
+      if (state_ != State::kRunning) {
+        if (!had_job_) return Fatal(proto::Error::BAD_REQUEST, "Release without a job (no job was accepted)");
+        return {};  // late releases after the job ended are harmless
+      }
       if (awaiting_consumer_events_) {
         return Fatal(proto::Error::BAD_REQUEST, "Release before CudaConsumerEvents in a GPU job");
       }
@@ -125,6 +106,11 @@ Output SessionLogic::OnFrame(std::string_view payload) {
     case proto::ClientMessage::kEndJob: {
       // Answered with the job's figures so far, so the client knows the job is over.
       Output out;
+      if (state_ == State::kSubmitting) {  // abandon it: the result, when it comes, is dropped
+        ++submit_seq_;
+        state_ = State::kIdle;
+        return out;
+      }
       if (state_ != State::kRunning) return out;
       *out.messages.emplace_back().message.mutable_job_end()->mutable_stats() = job_->Stats();
       DropJob();
@@ -164,6 +150,9 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       return out;
     }
     case proto::ClientMessage::kCudaConsumerEvents: {
+      if (state_ == State::kSubmitting) {
+        return Fatal(proto::Error::BAD_REQUEST, "CudaConsumerEvents before JobAccepted");
+      }
       if (state_ != State::kRunning) return {};  // the job ended first: nothing to wire
       if (!awaiting_consumer_events_) {
         return Fatal(proto::Error::BAD_REQUEST, job_->cuda_handles() ? "CudaConsumerEvents sent twice"
@@ -179,6 +168,51 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       break;
   }
   return Fatal(proto::Error::BAD_REQUEST, "unknown control message");
+}
+
+Output SessionLogic::DrainingRefusal() {
+  Output out;
+  auto* e = out.messages.emplace_back().message.mutable_error();
+  e->set_code(proto::Error::SHUTTING_DOWN);
+  e->set_message("spdld is draining (" + control_->drain_reason +
+                 "): it takes no new jobs and exits when the running ones end; submit again once it "
+                 "has restarted");
+  if (std::string note; MayLog("job refused: draining", &note)) {
+    spdlog::info("{}: job refused: draining{}", Who(), note);
+  }
+  return out;
+}
+
+Output SessionLogic::OnSubmitPrepared(uint64_t seq, std::shared_ptr<jobs::PreparedJob> prepared) {
+  if (state_ != State::kSubmitting || seq != submit_seq_) return {};  // stale: dropped, nothing started
+  state_ = State::kIdle;
+  // Draining began while the source was opened: refuse as a Submit would have been.
+  if (control_ && control_->draining) return DrainingRefusal();
+  return StartPrepared(std::move(prepared));
+}
+
+Output SessionLogic::StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared) {
+  jobs::SubmitResult r = jobs_->Start(std::move(prepared), notify_);
+  Output out;
+  if (!r.ok()) {
+    if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
+      spdlog::info("{}: job refused: {}{}", Who(), r.error.message(), note);
+    }
+    *out.messages.emplace_back().message.mutable_error() = r.error;
+    return out;  // the client may fix its config and submit again
+  }
+  job_ = std::move(r.job);
+  record_ = std::move(r.record);
+  state_ = State::kRunning;
+  had_job_ = true;
+  Outgoing& o = out.messages.emplace_back();
+  *o.message.mutable_accepted() = job_->accepted();
+  o.pass_fd = job_->region_fd();
+  if (const proto::CudaHandles* h = job_->cuda_handles()) {
+    *out.messages.emplace_back().message.mutable_cuda_handles() = *h;
+    awaiting_consumer_events_ = true;
+  }
+  return out;
 }
 
 Output SessionLogic::OnJobEvent() {

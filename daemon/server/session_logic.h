@@ -1,8 +1,20 @@
 // SessionLogic: the control protocol of one client session as a pure state machine — frames in,
 // messages out — with no sockets, so every rule is tested without I/O (tests/unit/server_test.cc).
 //
-//   awaiting hello --Hello(version ok)--> idle --SubmitJob(ok)--> running --JobEnd/EndJob--> idle
+//   awaiting hello --Hello(version ok)--> idle --SubmitJob--> submitting --(prepared, ok)--> running
+//   running --JobEnd/EndJob--> idle;  submitting --(prepared, refused)/EndJob--> idle
 //   any state --bad frame, garbage, wrong version, protocol violation--> closed
+//
+// Submit in two steps (DaemonControl::async_submit): the slow part (config, opening the source) is
+// handed to the server as Output::prepare, which runs it off the control thread and returns its
+// result with OnSubmitPrepared; meanwhile the session answers Status/Cancel/Drain, while a second
+// SubmitJob, a Release or a CudaConsumerEvents (nothing was accepted yet) close it. EndJob abandons
+// the pending submit (its result is dropped, nothing is started). A disconnect drops it too. The
+// limits (budget, max jobs, share groups) and draining are checked when the result comes back.
+// Without async_submit the task runs inline in OnFrame (unit tests, tools).
+//
+// A Release in a session that never had a job accepted is a protocol violation (closes it); after
+// a job ended, late Releases are ignored.
 //
 // GPU jobs (JobHandle::cuda_handles() non-null: output.device cuda:N, copy: daemon): JobAccepted is
 // followed at once by CudaHandles (once per job); the client must answer with CudaConsumerEvents
@@ -22,6 +34,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,9 +50,17 @@ struct Outgoing {
   int pass_fd = -1;  // a descriptor to pass with this message (SCM_RIGHTS); owned by the job
 };
 
+// The slow part of a SubmitJob, for the server to run off the control thread (any thread, once),
+// then to hand its result to OnSubmitPrepared(seq, result) on the control thread.
+struct PendingSubmit {
+  uint64_t seq = 0;
+  jobs::PrepareTask task;
+};
+
 struct Output {
   std::vector<Outgoing> messages;
   bool close = false;  // close the session after sending `messages`
+  std::optional<PendingSubmit> prepare;  // set only with DaemonControl::async_submit
 };
 
 // The daemon-wide state a session reads and the daemon actions it may start. Owned by the
@@ -53,6 +74,8 @@ struct DaemonControl {
   std::function<proto::Draining(const jobs::PeerInfo& by, uint32_t seconds)> request_drain;
   // Rate-limits the sessions' warnings per kind (a client looping on a bad request); null = log all.
   LogLimiter* log_limiter = nullptr;
+  // SubmitJob's slow part is returned as Output::prepare instead of running in OnFrame.
+  bool async_submit = false;
 };
 
 class SessionLogic {
@@ -67,6 +90,9 @@ class SessionLogic {
   Output OnFrame(std::string_view payload);
   // The framing layer saw a frame announcing `length` bytes, over the limit `max`.
   Output OnOversizedFrame(uint32_t length, uint32_t max);
+  // The result of Output::prepare number `seq`: starts the job (JobAccepted) or sends the error.
+  // A stale one (the session ended, EndJob, or closed meanwhile) is dropped: nothing is started.
+  Output OnSubmitPrepared(uint64_t seq, std::shared_ptr<jobs::PreparedJob> prepared);
   // The job signalled progress: sends every batch that is ready, in order, and the job's end.
   Output OnJobEvent();
   // The daemon started draining: a running job's client gets `notice` (once); otherwise nothing.
@@ -75,10 +101,14 @@ class SessionLogic {
   void OnDisconnect();
 
   bool has_job() const { return job_ != nullptr; }
+  bool submitting() const { return state_ == State::kSubmitting; }
   bool closed() const { return state_ == State::kClosed; }
 
  private:
-  enum class State { kAwaitHello, kIdle, kRunning, kClosed };
+  enum class State { kAwaitHello, kIdle, kSubmitting, kRunning, kClosed };
+  // Admits and starts a prepared job (control thread): JobAccepted (+ CudaHandles) or the error.
+  Output StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared);
+  Output DrainingRefusal();
   Output Fatal(proto::Error::Code code, std::string message);
   // "job N (pid P uid U)" with a job, "session pid P uid U" without: the prefix of every log line.
   std::string Who() const;
@@ -93,6 +123,8 @@ class SessionLogic {
   bool told_draining_ = false;
   bool awaiting_consumer_events_ = false;  // a GPU job was accepted and its CudaConsumerEvents not seen
   State state_ = State::kAwaitHello;
+  bool had_job_ = false;     // a job was accepted in this session (late Releases are then harmless)
+  uint64_t submit_seq_ = 0;  // numbers Output::prepare; a result of another number is stale
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;
 };

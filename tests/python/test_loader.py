@@ -223,3 +223,20 @@ def test_config_file_text_and_overrides(make_loader, dataset, daemon, tmp_path):
     assert loader.info["batch_size"] == 6 and len(loader) == N // 6
     # (key, value) pairs work too.
     assert make_loader(path, overrides=[("batch.size", "24")]).info["batch_size"] == 24
+
+
+def test_final_stats_carry_every_stage_figure_and_the_cache(make_loader):
+    loader = make_loader(batch=8, epochs=1)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats["finished"] is True and stats["client_wait_seconds"] >= 0
+    kinds = {s["name"]: s["kind"] for s in stats["stages"]}
+    assert kinds["decode"] == "cpu" and kinds.get("read", "io") == "io"
+    for s in stats["stages"]:
+        assert 0 <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"]
+        assert s["avg_ms"] >= 0 and s["items_per_s"] >= 0
+        assert s["put_wait_seconds"] >= 0 and s["get_wait_seconds"] >= 0
+    assert set(stats["cache"]) == {"hits", "misses", "evictions", "bytes", "budget_bytes"}
+    assert stats["cache"]["budget_bytes"] == 0  # this daemon has no cache_bytes
+    assert loader.stats()["cache"] is not None

@@ -611,5 +611,142 @@ TEST_CASE("a CudaConsumerEvents for a cpu job closes the session") {
         "CudaConsumerEvents for a job that is not a GPU job (output.device cpu or copy: client)");
 }
 
+// ---- asynchronous submit (DaemonControl::async_submit) ----
+
+TEST_CASE("async submit: the source opens off the control thread and the session answers meanwhile") {
+  FakeService svc;
+  DaemonControl control;
+  control.async_submit = true;
+  SessionLogic s(
+      &svc, Peer(), [] {}, &control);
+  (void)s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Submit()));
+  CHECK(o.messages.empty());  // nothing yet: the server runs the task
+  REQUIRE(o.prepare);
+  CHECK(s.submitting());
+  CHECK_FALSE(svc.job);  // nothing started before the result came back
+  proto::ClientMessage st;
+  st.mutable_status();
+  Output status = s.OnFrame(Frame(st));
+  REQUIRE(status.messages.size() == 1);
+  CHECK(status.messages[0].message.has_status());
+  // The task runs on another thread, as the server runs it.
+  std::shared_ptr<jobs::PreparedJob> prepared;
+  std::thread([&] { prepared = o.prepare->task(); }).join();
+  o = s.OnSubmitPrepared(o.prepare->seq, prepared);
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.has_accepted());
+  CHECK(o.messages[0].pass_fd == 42);
+  CHECK(s.has_job());
+}
+
+TEST_CASE("async submit: a refusal comes back as the error and the session stays usable") {
+  FakeService svc;
+  svc.refuse = true;
+  DaemonControl control;
+  control.async_submit = true;
+  SessionLogic s(
+      &svc, Peer(), [] {}, &control);
+  (void)s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.prepare);
+  o = s.OnSubmitPrepared(o.prepare->seq, o.prepare->task());
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::INVALID_CONFIG);
+  CHECK_FALSE(o.close);
+  svc.refuse = false;
+  o = s.OnFrame(Frame(Submit()));
+  REQUIRE(o.prepare);
+  o = s.OnSubmitPrepared(o.prepare->seq, o.prepare->task());
+  CHECK(o.messages[0].message.has_accepted());
+}
+
+TEST_CASE("async submit: a disconnect, EndJob or a drain meanwhile start nothing") {
+  FakeService svc;
+  DaemonControl control;
+  control.async_submit = true;
+  SECTION("disconnect") {
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
+    (void)s.OnFrame(Frame(Hello()));
+    Output o = s.OnFrame(Frame(Submit()));
+    REQUIRE(o.prepare);
+    s.OnDisconnect();
+    CHECK(s.OnSubmitPrepared(o.prepare->seq, o.prepare->task()).messages.empty());
+    CHECK_FALSE(svc.job);
+  }
+  SECTION("EndJob abandons it, and a new submit is answered") {
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
+    (void)s.OnFrame(Frame(Hello()));
+    Output first = s.OnFrame(Frame(Submit()));
+    REQUIRE(first.prepare);
+    proto::ClientMessage end;
+    end.mutable_end_job();
+    CHECK_FALSE(s.OnFrame(Frame(end)).close);
+    CHECK_FALSE(s.submitting());
+    CHECK(s.OnSubmitPrepared(first.prepare->seq, first.prepare->task()).messages.empty());
+    CHECK_FALSE(svc.job);
+    Output second = s.OnFrame(Frame(Submit()));
+    REQUIRE(second.prepare);
+    CHECK(second.prepare->seq != first.prepare->seq);
+    Output o = s.OnSubmitPrepared(second.prepare->seq, second.prepare->task());
+    CHECK(o.messages[0].message.has_accepted());
+  }
+  SECTION("a drain that began meanwhile refuses it with SHUTTING_DOWN") {
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
+    (void)s.OnFrame(Frame(Hello()));
+    Output o = s.OnFrame(Frame(Submit()));
+    REQUIRE(o.prepare);
+    control.draining = true;
+    control.drain_reason = "SIGTERM";
+    o = s.OnSubmitPrepared(o.prepare->seq, o.prepare->task());
+    REQUIRE(o.messages.size() == 1);
+    CHECK(o.messages[0].message.error().code() == proto::Error::SHUTTING_DOWN);
+    CHECK_FALSE(o.close);
+    CHECK_FALSE(svc.job);
+  }
+}
+
+TEST_CASE("async submit: a second submit or a release before JobAccepted closes the session") {
+  FakeService svc;
+  DaemonControl control;
+  control.async_submit = true;
+  for (int variant = 0; variant < 2; ++variant) {
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
+    (void)s.OnFrame(Frame(Hello()));
+    Output p = s.OnFrame(Frame(Submit()));
+    REQUIRE(p.prepare);
+    Output o = s.OnFrame(Frame(variant == 0 ? Submit() : Release(0, 100)));
+    CHECK(o.close);
+    CHECK(s.closed());
+    CHECK(s.OnSubmitPrepared(p.prepare->seq, p.prepare->task()).messages.empty());
+    CHECK_FALSE(svc.job);
+  }
+}
+
+TEST_CASE("a Release before any job closes the session, a late one after a job ended does not") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  (void)s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(Release(0, 100)));
+  CHECK(o.close);
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::BAD_REQUEST);
+  CHECK_THAT(o.messages[0].message.error().message(), Catch::Contains("Release without a job"));
+
+  SessionLogic t(&svc, Peer(), [] {});
+  (void)t.OnFrame(Frame(Hello()));
+  (void)t.OnFrame(Frame(Submit()));
+  proto::ClientMessage end;
+  end.mutable_end_job();
+  (void)t.OnFrame(Frame(end));
+  o = t.OnFrame(Frame(Release(0, 100)));
+  CHECK_FALSE(o.close);
+  CHECK(o.messages.empty());
+}
+
 }  // namespace
 }  // namespace spdl::server

@@ -108,6 +108,12 @@ struct JobStats {
   double first_batch_seconds = 0;  // from acceptance to the first batch being ready (daemon side)
   std::vector<StageStats> stages;
   double client_wait_seconds = 0;  // the client's wait for data, as it last reported it
+  // The node-wide sample cache (daemon config cache_bytes; all 0 when it is off).
+  uint64_t cache_hits = 0;          // this job's sample reads served from the cache
+  uint64_t cache_misses = 0;        // this job's sample reads that went to the file or URL
+  uint64_t cache_evictions = 0;     // node-wide: entries evicted so far
+  uint64_t cache_bytes = 0;         // node-wide: bytes held now
+  uint64_t cache_budget_bytes = 0;  // node-wide: the budget
 };
 
 namespace detail {

@@ -259,8 +259,12 @@ class Loader:
 
         Once the job is done (:attr:`finished`): the daemon's final figures — ``samples``,
         ``batches``, ``skipped``, ``seconds`` (since the daemon accepted the job),
-        ``first_batch_seconds``, ``stages`` (per pipeline stage: ``name``, ``tasks``, ``failures``,
-        ``busy_seconds``) — plus ``epochs`` (the per-epoch summaries) and ``finished: True``.
+        ``first_batch_seconds``, ``client_wait_seconds``, ``stages`` (per pipeline stage: ``name``,
+        ``kind`` ("io" or "cpu"), ``tasks``, ``failures``, ``busy_seconds``, task time ``avg_ms``,
+        ``p50_ms``, ``p90_ms``, ``p99_ms``, ``put_wait_seconds``, ``get_wait_seconds``,
+        ``items_per_s``), ``cache`` (the node's sample cache: ``hits`` and ``misses`` of this job,
+        node-wide ``evictions``, ``bytes``, ``budget_bytes``; all 0 without a cache) — plus
+        ``epochs`` (the per-epoch summaries) and ``finished: True``.
 
         Before that, the daemon has sent nothing but per-epoch summaries, so ``samples`` and
         ``batches`` count what this loader has yielded so far, ``skipped`` adds up the finished
@@ -277,6 +281,7 @@ class Loader:
             "seconds": None,
             "first_batch_seconds": None,
             "stages": None,
+            "cache": None,
             "epochs": list(self.epoch_summaries),
         }
 

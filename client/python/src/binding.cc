@@ -222,9 +222,25 @@ py::dict JobStatsDict(const client::JobStats& s) {
     sd["tasks"] = st.tasks;
     sd["failures"] = st.failures;
     sd["busy_seconds"] = st.busy_seconds;
+    sd["kind"] = st.kind;
+    sd["avg_ms"] = st.avg_ms;
+    sd["p50_ms"] = st.p50_ms;
+    sd["p90_ms"] = st.p90_ms;
+    sd["p99_ms"] = st.p99_ms;
+    sd["put_wait_seconds"] = st.put_wait_seconds;
+    sd["get_wait_seconds"] = st.get_wait_seconds;
+    sd["items_per_s"] = st.items_per_s;
     stages.append(sd);
   }
   d["stages"] = stages;
+  d["client_wait_seconds"] = s.client_wait_seconds;
+  py::dict cache;
+  cache["hits"] = s.cache_hits;
+  cache["misses"] = s.cache_misses;
+  cache["evictions"] = s.cache_evictions;
+  cache["bytes"] = s.cache_bytes;
+  cache["budget_bytes"] = s.cache_budget_bytes;
+  d["cache"] = cache;
   return d;
 }
 
