@@ -57,8 +57,8 @@ std::vector<SampleRef> CheckEntries(std::vector<ListEntry> entries, const std::s
 
 FileListSource::FileListSource(std::string origin, std::shared_ptr<const RootDir> root,
                                std::shared_ptr<const RootSet> allowed,
-                               std::shared_ptr<const std::vector<SampleRef>> samples,
-                               uint64_t labelled, uint64_t max_sample_bytes)
+                               std::shared_ptr<const std::vector<SampleRef>> samples, uint64_t labelled,
+                               uint64_t max_sample_bytes)
     : origin_(std::move(origin)),
       root_(std::move(root)),
       allowed_(std::move(allowed)),
@@ -108,9 +108,8 @@ Result<std::unique_ptr<FileListSource>> FileListSource::Open(const FileListOptio
     // Entries with absolute or ".." paths are checked against the allowed roots: part of the key.
     std::vector<std::string> key = {"file_list", real_list, *real_root};
     key.insert(key.end(), o.allowed_roots.begin(), o.allowed_roots.end());
-    SPDL_ASSIGN_OR_RETURN(index, o.index_cache->Get<FileListIndex>(IndexKey(key), "file list " + real_list, [&] {
-      return ScanList(real_list, *real_root, o);
-    }));
+    SPDL_ASSIGN_OR_RETURN(index, o.index_cache->Get<FileListIndex>(IndexKey(key), "file list " + real_list,
+                                                                   [&] { return ScanList(real_list, *real_root, o); }));
   }
   SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
   std::shared_ptr<const std::vector<SampleRef>> samples(index, &index->samples);  // keeps the index alive
@@ -135,10 +134,9 @@ Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<
   if (!problems.empty()) return ListProblemsStatus(origin, std::move(problems), options.max_reported_errors);
   if (samples.empty()) return NotFound(origin + ": the list names no sample");
   SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
-  return std::unique_ptr<FileListSource>(
-      new FileListSource(origin, std::move(dir), RootSet::Open(options.allowed_roots),
-                         std::make_shared<const std::vector<SampleRef>>(std::move(samples)), labelled,
-                         options.max_sample_bytes));
+  return std::unique_ptr<FileListSource>(new FileListSource(
+      origin, std::move(dir), RootSet::Open(options.allowed_roots),
+      std::make_shared<const std::vector<SampleRef>>(std::move(samples)), labelled, options.max_sample_bytes));
 }
 
 Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {

@@ -66,7 +66,7 @@ class FileListSource final : public SampleSource {
   const std::shared_ptr<const RootDir> root_;     // resolved
   const std::shared_ptr<const RootSet> allowed_;  // for absolute keys
   const std::shared_ptr<const std::vector<SampleRef>> samples_;  // possibly shared with other sources
-  const uint64_t labelled_;  // samples with a label
+  const uint64_t labelled_;                                      // samples with a label
   const uint64_t max_sample_bytes_;
 };
 

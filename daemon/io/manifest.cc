@@ -56,9 +56,8 @@ Status ListVisible(const std::string& dir, std::vector<Entry>* entries) {
 
 // Appends to *files the matching regular files below root/rel (rel non-empty), as paths relative
 // to root. Skips directories already in *seen.
-Status CollectFiles(const std::string& root, const std::string& rel,
-                    const std::vector<std::string>& lower_exts, std::set<DirId>* seen,
-                    std::vector<std::string>* files, std::vector<FileStamp>* listed) {
+Status CollectFiles(const std::string& root, const std::string& rel, const std::vector<std::string>& lower_exts,
+                    std::set<DirId>* seen, std::vector<std::string>* files, std::vector<FileStamp>* listed) {
   std::vector<Entry> entries;
   SPDL_RETURN_IF_ERROR(ListVisible(root + "/" + rel, &entries));
   for (const Entry& e : entries) {
@@ -130,8 +129,7 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
   }
   if (m.samples.empty()) {
     return NotFound(what + ": no files with extension " + JoinExtensions(extensions) +
-                    " found in its class sub-directories (" + std::to_string(m.classes.size()) +
-                    " classes)");
+                    " found in its class sub-directories (" + std::to_string(m.classes.size()) + " classes)");
   }
   return m;
 }

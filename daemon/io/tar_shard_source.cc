@@ -134,12 +134,10 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
     SPDL_ASSIGN_OR_RETURN(src->index_,
                           Scan(paths, image_exts, label_ext, src->sidecar_exts_, src->description_, options));
   } else {
-    SPDL_ASSIGN_OR_RETURN(src->index_, options.index_cache->Get<Index>(IndexKey(key), "tar shards " + src->description_,
-                                                                       [&] {
-                                                                         return Scan(paths, image_exts, label_ext,
-                                                                                     src->sidecar_exts_,
-                                                                                     src->description_, options);
-                                                                       }));
+    SPDL_ASSIGN_OR_RETURN(src->index_,
+                          options.index_cache->Get<Index>(IndexKey(key), "tar shards " + src->description_, [&] {
+                            return Scan(paths, image_exts, label_ext, src->sidecar_exts_, src->description_, options);
+                          }));
   }
   return src;
 }
@@ -309,12 +307,13 @@ Status TarShardSource::ReadSidecar(uint64_t index, const std::string& extension,
   if (index >= size()) return Read(index, out);  // its out-of-range error
   const std::string ext = Normalize(extension);
   const auto it = std::find(sidecar_exts_.begin(), sidecar_exts_.end(), ext);
-  const Member* m = it == sidecar_exts_.end()
-                        ? nullptr
-                        : &index_->sidecars[index * sidecar_exts_.size() + static_cast<size_t>(it - sidecar_exts_.begin())];
+  const Member* m =
+      it == sidecar_exts_.end()
+          ? nullptr
+          : &index_->sidecars[index * sidecar_exts_.size() + static_cast<size_t>(it - sidecar_exts_.begin())];
   if (m == nullptr || m->size == kNoMember) {
-    return NotFound("sample " + index_->samples[index].path + " (tar shard " + index_->shards[index_->locations[index].shard].path +
-                    "): no ." + ext + " member");
+    return NotFound("sample " + index_->samples[index].path + " (tar shard " +
+                    index_->shards[index_->locations[index].shard].path + "): no ." + ext + " member");
   }
   return ReadMember(index, m->offset, m->size, "." + ext + " member", out);
 }
