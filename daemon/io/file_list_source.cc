@@ -1,7 +1,5 @@
 #include "io/file_list_source.h"
 
-#include <sys/stat.h>
-
 #include <utility>
 
 #include "io/allowed_roots.h"
@@ -79,11 +77,10 @@ Result<std::shared_ptr<const FileListIndex>> ScanList(const std::string& real_li
   auto index = std::make_shared<FileListIndex>();
   index->scan_start_ns = RealtimeNowNs();
   // Stamped before it is read, so a later change shows as a newer mtime.
-  struct stat st {};
-  if (::stat(real_list.c_str(), &st) == 0) index->inputs.push_back(MakeStamp(real_list, st));
   std::string read_as;
-  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(real_list, o.allowed_roots, &read_as));
-  if (index->inputs.empty()) return Internal(real_list + ": stat failed but the read did not");
+  FileStamp stamp;
+  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(real_list, o.allowed_roots, &read_as, &stamp));
+  index->inputs.push_back(std::move(stamp));
   ParsedList parsed = ParseSampleList(text, "path");
   std::vector<ListProblem> problems = std::move(parsed.problems);
   index->samples = CheckEntries(std::move(parsed.entries), real_root, o.allowed_roots, &problems, &index->labelled);

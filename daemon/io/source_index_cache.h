@@ -1,5 +1,5 @@
 // SourceIndexCache: a node-wide cache of source indexes (an image folder's scanned sample list, a
-// file list's parsed and checked entries, tar shards' member index), so that the jobs that open the
+// file list's or an HTTP source's parsed and checked entries, tar shards' member index), so that the jobs that open the
 // same dataset -- the 8 ranks of one training run, above all -- share one scan instead of doing it
 // once each (ImageNet: 1.28 M files, seconds per scan, and the same memory 8 times).
 //
@@ -7,7 +7,7 @@
 //   - A key names everything the index depends on: the source type first, then the resolved
 //     paths and the options that change the scan's result (extensions, label member, sidecars,
 //     allowed roots). The caller builds it (see the Open functions in sample_source.cc,
-//     file_list_source.cc, tar_shard_source.cc); two keys of different source types never collide
+//     file_list_source.cc, tar_shard_source.cc, http_source.cc); two keys of different source types never collide
 //     because each starts with its type. An index of one key is always of one C++ type.
 //   - An entry lives while a job holds it: the cache keeps only a weak_ptr, so a dataset no job
 //     uses costs no memory, and the next open after the last holder went scans afresh.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/file_list_source.h"
+#include "io/http_source.h"
 #include "io/sample_source.h"
 #include "io/tar_shard_source.h"
 
@@ -424,6 +425,36 @@ TEST_CASE("SourceIndexCache: tar shard opens share one header scan until a shard
   o.shards.push_back(t / "data/shard-2.tar");
   CHECK(TarShardSource::Open(o).status().code() == StatusCode::kNotFound);
 }
+
+#if SPDL_IO_HAVE_CURL
+TEST_CASE("SourceIndexCache: URL list opens share the checked list until the list changes") {
+  TempDir t;
+  WriteFile(t / "urls.txt", "http://127.0.0.1:9/data/a.jpg\nhttp://127.0.0.1:9/data/b.jpg,1\n");
+  Backdate(t / "urls.txt");
+  SourceIndexCache cache;
+  HttpSourceOptions o;
+  o.list = t / "urls.txt";
+  o.allowed_roots = {t.path()};
+  o.allowed_url_prefixes = {"http://127.0.0.1:9/data"};
+  o.index_cache = &cache;
+  auto a = HttpSource::Open(o);
+  auto b = HttpSource::Open(o);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(&(*a)->sample(1) == &(*b)->sample(1));
+  CHECK(cache.stats().scans == 1);
+  // Other prefixes: another key, and checked again (here: refused).
+  o.allowed_url_prefixes = {"http://127.0.0.1:9/other"};
+  CHECK(HttpSource::Open(o).status().code() == StatusCode::kInvalidArgument);
+  o.allowed_url_prefixes = {"http://127.0.0.1:9/data"};
+  WriteFile(t / "urls.txt", "http://127.0.0.1:9/data/c.jpg\n");
+  auto c = HttpSource::Open(o);
+  REQUIRE(c.ok());
+  CHECK((*c)->size() == 1);
+  CHECK((*a)->size() == 2);
+  CHECK(cache.stats().scans == 3);
+}
+#endif
 
 }  // namespace
 }  // namespace spdl::io
