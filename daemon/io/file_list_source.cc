@@ -54,8 +54,9 @@ std::vector<SampleRef> CheckEntries(std::vector<ListEntry> entries, const std::s
 }  // namespace
 
 FileListSource::FileListSource(std::string origin, std::shared_ptr<const RootDir> root,
-                               std::shared_ptr<const RootSet> allowed, std::vector<SampleRef> samples,
-                               uint64_t labelled, uint64_t max_sample_bytes)
+                               std::shared_ptr<const RootSet> allowed,
+                               std::shared_ptr<const std::vector<SampleRef>> samples, uint64_t labelled,
+                               uint64_t max_sample_bytes)
     : origin_(std::move(origin)),
       root_(std::move(root)),
       allowed_(std::move(allowed)),
@@ -63,24 +64,54 @@ FileListSource::FileListSource(std::string origin, std::shared_ptr<const RootDir
       labelled_(labelled),
       max_sample_bytes_(max_sample_bytes) {}
 
-Result<std::unique_ptr<FileListSource>> FileListSource::Open(const FileListOptions& options) {
-  std::string real_list;
-  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(options.list, options.allowed_roots, &real_list));
+namespace {
+
+// A file list's cached index: the checked samples, and the list file's stamp.
+struct FileListIndex final : SourceIndex {
+  std::vector<SampleRef> samples;
+  uint64_t labelled = 0;
+};
+
+Result<std::shared_ptr<const FileListIndex>> ScanList(const std::string& real_list, const std::string& real_root,
+                                                      const FileListOptions& o) {
+  auto index = std::make_shared<FileListIndex>();
+  index->scan_start_ns = RealtimeNowNs();
+  // Stamped before it is read, so a later change shows as a newer mtime.
+  std::string read_as;
+  FileStamp stamp;
+  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(real_list, o.allowed_roots, &read_as, &stamp));
+  index->inputs.push_back(std::move(stamp));
   ParsedList parsed = ParseSampleList(text, "path");
+  std::vector<ListProblem> problems = std::move(parsed.problems);
+  index->samples = CheckEntries(std::move(parsed.entries), real_root, o.allowed_roots, &problems, &index->labelled);
+  if (!problems.empty()) return ListProblemsStatus(real_list, std::move(problems), o.max_reported_errors);
+  if (index->samples.empty()) return NotFound(real_list + ": the list names no sample");
+  return std::shared_ptr<const FileListIndex>(std::move(index));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<FileListSource>> FileListSource::Open(const FileListOptions& options) {
+  SPDL_ASSIGN_OR_RETURN(std::string real_list, ResolveUnderRoots(options.list, options.allowed_roots));
   FileListOptions o = options;
   if (o.root.empty()) o.root = DirName(real_list);
   auto real_root = ResolveUnderRoots(o.root, o.allowed_roots);
   if (!real_root.ok()) return real_root.status().WithPrefix(real_list + ": root");
 
-  std::vector<ListProblem> problems = std::move(parsed.problems);
-  uint64_t labelled = 0;
-  std::vector<SampleRef> samples =
-      CheckEntries(std::move(parsed.entries), *real_root, o.allowed_roots, &problems, &labelled);
-  if (!problems.empty()) return ListProblemsStatus(real_list, std::move(problems), o.max_reported_errors);
-  if (samples.empty()) return NotFound(real_list + ": the list names no sample");
+  std::shared_ptr<const FileListIndex> index;
+  if (o.index_cache == nullptr) {
+    SPDL_ASSIGN_OR_RETURN(index, ScanList(real_list, *real_root, o));
+  } else {
+    // Entries with absolute or ".." paths are checked against the allowed roots: part of the key.
+    std::vector<std::string> key = {"file_list", real_list, *real_root};
+    key.insert(key.end(), o.allowed_roots.begin(), o.allowed_roots.end());
+    SPDL_ASSIGN_OR_RETURN(index, o.index_cache->Get<FileListIndex>(IndexKey(key), "file list " + real_list,
+                                                                   [&] { return ScanList(real_list, *real_root, o); }));
+  }
   SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
+  std::shared_ptr<const std::vector<SampleRef>> samples(index, &index->samples);  // keeps the index alive
   return std::unique_ptr<FileListSource>(new FileListSource(real_list, std::move(dir), RootSet::Open(o.allowed_roots),
-                                                            std::move(samples), labelled, o.max_sample_bytes));
+                                                            std::move(samples), index->labelled, o.max_sample_bytes));
 }
 
 Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<ListEntry> entries,
@@ -100,9 +131,9 @@ Result<std::unique_ptr<FileListSource>> FileListSource::FromEntries(std::vector<
   if (!problems.empty()) return ListProblemsStatus(origin, std::move(problems), options.max_reported_errors);
   if (samples.empty()) return NotFound(origin + ": the list names no sample");
   SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(*real_root));
-  return std::unique_ptr<FileListSource>(new FileListSource(origin, std::move(dir),
-                                                            RootSet::Open(options.allowed_roots), std::move(samples),
-                                                            labelled, options.max_sample_bytes));
+  return std::unique_ptr<FileListSource>(new FileListSource(
+      origin, std::move(dir), RootSet::Open(options.allowed_roots),
+      std::make_shared<const std::vector<SampleRef>>(std::move(samples)), labelled, options.max_sample_bytes));
 }
 
 Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
@@ -111,7 +142,7 @@ Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return InvalidArgument("file list " + origin_ + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
-  const std::string& key = samples_[index].path;
+  const std::string& key = (*samples_)[index].path;
   // The errors name the whole path, which is or ends with the key.
   if (key.front() == '/') return allowed_->ReadFile(key, out, max_sample_bytes_);
   return root_->ReadFile(key, out, max_sample_bytes_);
@@ -120,7 +151,7 @@ Status FileListSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
 Status FileListSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
   out->clear();
   if (index >= size()) return Read(index, out);  // its out-of-range error
-  const std::string path = SidecarPath(samples_[index].path, extension);
+  const std::string path = SidecarPath((*samples_)[index].path, extension);
   if (path.front() == '/') return allowed_->ReadFile(path, out, max_sample_bytes_);
   return root_->ReadFile(path, out, max_sample_bytes_);
 }

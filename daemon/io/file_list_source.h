@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "io/sample_list.h"
 #include "io/sample_source.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -20,6 +21,10 @@ struct FileListOptions {
   std::vector<std::string> allowed_roots;              // the daemon's allowed data roots (empty refuses all)
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger file fails its Read
   size_t max_reported_errors = 100;                    // bad lines listed in the error; the rest are counted
+  // Open shares the parsed list with other opens of the same list, root and allowed roots while
+  // one of them lives (source_index_cache.h; reused while the list file is unchanged). nullptr =
+  // always read it. FromEntries does not use it.
+  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
 };
 
 // Keys (sample(i).path):
@@ -43,8 +48,8 @@ class FileListSource final : public SampleSource {
   static Result<std::unique_ptr<FileListSource>> FromEntries(std::vector<ListEntry> entries, const std::string& origin,
                                                              const FileListOptions& options);
 
-  uint64_t size() const override { return samples_.size(); }
-  const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
+  uint64_t size() const override { return samples_->size(); }
+  const SampleRef& sample(uint64_t index) const override { return (*samples_)[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
@@ -54,14 +59,14 @@ class FileListSource final : public SampleSource {
 
  private:
   FileListSource(std::string origin, std::shared_ptr<const RootDir> root, std::shared_ptr<const RootSet> allowed,
-                 std::vector<SampleRef> samples, uint64_t labelled, uint64_t max_sample_bytes);
+                 std::shared_ptr<const std::vector<SampleRef>> samples, uint64_t labelled, uint64_t max_sample_bytes);
 
   // Constant after construction.
   const std::string origin_;                      // the list file (resolved) or the caller's name for the entries
   const std::shared_ptr<const RootDir> root_;     // resolved
   const std::shared_ptr<const RootSet> allowed_;  // for absolute keys
-  const std::vector<SampleRef> samples_;
-  const uint64_t labelled_;  // samples with a label
+  const std::shared_ptr<const std::vector<SampleRef>> samples_;  // possibly shared with other sources
+  const uint64_t labelled_;                                      // samples with a label
   const uint64_t max_sample_bytes_;
 };
 

@@ -9,6 +9,8 @@
 #include <thread>
 #include <utility>
 
+#include "io/allowed_roots.h"
+
 #if SPDL_HAVE_CURL
 #include <curl/curl.h>
 #endif
@@ -382,14 +384,49 @@ Result<std::vector<SampleRef>> Check(std::vector<ListEntry> entries, std::vector
 
 }  // namespace
 
+namespace {
+
+// An HTTP list's cached index: the checked samples (full URLs), and the list file's stamp.
+struct HttpListIndex final : SourceIndex {
+  std::vector<SampleRef> samples;
+};
+
+Result<std::shared_ptr<const HttpListIndex>> ScanHttpList(const std::string& list, const HttpSourceOptions& options,
+                                                          std::string* real_list) {
+  auto index = std::make_shared<HttpListIndex>();
+  index->scan_start_ns = RealtimeNowNs();
+  FileStamp stamp;
+  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(list, options.allowed_roots, real_list, &stamp));
+  index->inputs.push_back(std::move(stamp));
+  ParsedList parsed = ParseSampleList(text, options.base_url.empty() ? "url" : "path");
+  SPDL_ASSIGN_OR_RETURN(index->samples,
+                        Check(std::move(parsed.entries), std::move(parsed.problems), *real_list, options));
+  return std::shared_ptr<const HttpListIndex>(std::move(index));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<HttpSource>> HttpSource::Open(const HttpSourceOptions& options) {
   GlobalInit();
   SPDL_RETURN_IF_ERROR(CheckOptions(options));
   std::string real_list;
-  SPDL_ASSIGN_OR_RETURN(std::string text, ReadListFile(options.list, options.allowed_roots, &real_list));
-  ParsedList parsed = ParseSampleList(text, options.base_url.empty() ? "url" : "path");
-  SPDL_ASSIGN_OR_RETURN(std::vector<SampleRef> samples,
-                        Check(std::move(parsed.entries), std::move(parsed.problems), real_list, options));
+  std::shared_ptr<const HttpListIndex> index;
+  if (options.index_cache == nullptr) {
+    SPDL_ASSIGN_OR_RETURN(index, ScanHttpList(options.list, options, &real_list));
+  } else {
+    SPDL_ASSIGN_OR_RETURN(real_list, ResolveUnderRoots(options.list, options.allowed_roots));
+    // The samples depend on the list, the base URL, the allowed prefixes (each URL is checked) and
+    // the allowed roots (the list's own check).
+    std::vector<std::string> key = {"http", real_list, options.base_url,
+                                    std::to_string(options.allowed_url_prefixes.size())};
+    key.insert(key.end(), options.allowed_url_prefixes.begin(), options.allowed_url_prefixes.end());
+    key.insert(key.end(), options.allowed_roots.begin(), options.allowed_roots.end());
+    SPDL_ASSIGN_OR_RETURN(index, options.index_cache->Get<HttpListIndex>(IndexKey(key), "url list " + real_list, [&] {
+      std::string resolved;
+      return ScanHttpList(real_list, options, &resolved);
+    }));
+  }
+  std::shared_ptr<const std::vector<SampleRef>> samples(index, &index->samples);  // keeps the index alive
   return std::unique_ptr<HttpSource>(new HttpSource(real_list, std::move(samples), options));
 }
 
@@ -397,10 +434,12 @@ Result<std::unique_ptr<HttpSource>> HttpSource::FromEntries(std::vector<ListEntr
                                                             const HttpSourceOptions& options) {
   GlobalInit();
   SPDL_ASSIGN_OR_RETURN(std::vector<SampleRef> samples, Check(std::move(entries), {}, origin, options));
-  return std::unique_ptr<HttpSource>(new HttpSource(origin, std::move(samples), options));
+  return std::unique_ptr<HttpSource>(
+      new HttpSource(origin, std::make_shared<const std::vector<SampleRef>>(std::move(samples)), options));
 }
 
-HttpSource::HttpSource(std::string origin, std::vector<SampleRef> samples, const HttpSourceOptions& options)
+HttpSource::HttpSource(std::string origin, std::shared_ptr<const std::vector<SampleRef>> samples,
+                       const HttpSourceOptions& options)
     : origin_(std::move(origin)),
       samples_(std::move(samples)),
       options_(options),
@@ -474,7 +513,7 @@ Status HttpSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return InvalidArgument("http source " + origin_ + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
-  const std::string& url = samples_[index].path;
+  const std::string& url = (*samples_)[index].path;
   for (int attempt = 1;; ++attempt) {
     Attempt a = Try(url, out);
     if (a.status.ok()) return Status::Ok();

@@ -59,6 +59,10 @@ struct HttpSourceOptions {
   uint64_t max_sample_bytes = uint64_t{256} << 20;  // a larger body fails its Read
   size_t max_reported_errors = 100;                 // bad lines listed in Open's error; the rest are counted
   std::string user_agent = "spdld";
+  // Open shares the checked list with other opens of the same list, base URL, URL prefixes and
+  // allowed roots while one of them lives (source_index_cache.h; reused while the list file is
+  // unchanged). nullptr = always read it. FromEntries does not use it.
+  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
 };
 
 // Counters since Open; read with relaxed loads (for stats, not for synchronisation).
@@ -86,8 +90,8 @@ class HttpSource final : public SampleSource {
   HttpSource(const HttpSource&) = delete;
   HttpSource& operator=(const HttpSource&) = delete;
 
-  uint64_t size() const override { return samples_.size(); }
-  const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
+  uint64_t size() const override { return samples_->size(); }
+  const SampleRef& sample(uint64_t index) const override { return (*samples_)[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   std::string Identity() const override { return "http " + origin_ + " base " + options_.base_url; }
@@ -98,12 +102,13 @@ class HttpSource final : public SampleSource {
   struct Pool;  // the curl handles (http_source.cc)
   struct Attempt;
 
-  HttpSource(std::string origin, std::vector<SampleRef> samples, const HttpSourceOptions& options);
+  HttpSource(std::string origin, std::shared_ptr<const std::vector<SampleRef>> samples,
+             const HttpSourceOptions& options);
   Attempt Try(const std::string& url, std::vector<uint8_t>* out) const;
 
   // Constant after construction.
-  const std::string origin_;  // the list file or the caller's name for the entries
-  const std::vector<SampleRef> samples_;
+  const std::string origin_;                                     // the list file or the caller's name for the entries
+  const std::shared_ptr<const std::vector<SampleRef>> samples_;  // possibly shared with other sources
   const HttpSourceOptions options_;
   const std::unique_ptr<Pool> pool_;  // internally locked
 

@@ -56,9 +56,8 @@ Status ListVisible(const std::string& dir, std::vector<Entry>* entries) {
 
 // Appends to *files the matching regular files below root/rel (rel non-empty), as paths relative
 // to root. Skips directories already in *seen.
-Status CollectFiles(const std::string& root, const std::string& rel,
-                    const std::vector<std::string>& lower_exts, std::set<DirId>* seen,
-                    std::vector<std::string>* files) {
+Status CollectFiles(const std::string& root, const std::string& rel, const std::vector<std::string>& lower_exts,
+                    std::set<DirId>* seen, std::vector<std::string>* files, std::vector<FileStamp>* listed) {
   std::vector<Entry> entries;
   SPDL_RETURN_IF_ERROR(ListVisible(root + "/" + rel, &entries));
   for (const Entry& e : entries) {
@@ -73,7 +72,8 @@ Status CollectFiles(const std::string& root, const std::string& rel,
     if (::stat((root + "/" + child).c_str(), &st) != 0) continue;  // dangling link, raced away
     if (S_ISDIR(st.st_mode)) {
       if (!seen->insert({st.st_dev, st.st_ino}).second) continue;
-      SPDL_RETURN_IF_ERROR(CollectFiles(root, child, lower_exts, seen, files));
+      if (listed) listed->push_back(MakeStamp(root + "/" + child, st));
+      SPDL_RETURN_IF_ERROR(CollectFiles(root, child, lower_exts, seen, files, listed));
     } else if (S_ISREG(st.st_mode) && HasExtension(e.name, lower_exts)) {
       files->push_back(child);
     }
@@ -89,7 +89,8 @@ std::string JoinExtensions(const std::vector<std::string>& exts) {
 
 }  // namespace
 
-Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions) {
+Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions,
+                                 std::vector<FileStamp>* listed_dirs) {
   const std::string what = "image folder " + root;
   if (extensions.empty()) return InvalidArgument(what + ": no file extensions given");
   std::vector<std::string> lower_exts;
@@ -106,6 +107,7 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
   }
   if (!S_ISDIR(st.st_mode)) return InvalidArgument(what + ": the root is not a directory");
 
+  if (listed_dirs) listed_dirs->push_back(MakeStamp(root, st));
   Manifest m;
   m.root = root;
   std::vector<Entry> entries;
@@ -119,15 +121,15 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
     const auto label = static_cast<int64_t>(m.classes.size());
     m.classes.push_back(name);
     if (!seen.insert({cst.st_dev, cst.st_ino}).second) continue;
+    if (listed_dirs) listed_dirs->push_back(MakeStamp(root + "/" + name, cst));
     files.clear();
-    SPDL_RETURN_IF_ERROR(CollectFiles(root, name, lower_exts, &seen, &files));
+    SPDL_RETURN_IF_ERROR(CollectFiles(root, name, lower_exts, &seen, &files, listed_dirs));
     std::sort(files.begin(), files.end());
     for (std::string& f : files) m.samples.push_back(SampleRef{std::move(f), label});
   }
   if (m.samples.empty()) {
     return NotFound(what + ": no files with extension " + JoinExtensions(extensions) +
-                    " found in its class sub-directories (" + std::to_string(m.classes.size()) +
-                    " classes)");
+                    " found in its class sub-directories (" + std::to_string(m.classes.size()) + " classes)");
   }
   return m;
 }

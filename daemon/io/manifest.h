@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -36,6 +37,9 @@ struct Manifest {
 // Errors: root missing -> kNotFound; not a directory -> kInvalidArgument; root or a directory below
 // it unreadable -> kPermissionDenied naming it; no extensions -> kInvalidArgument; no sample found
 // -> kNotFound naming the root and the extensions.
-Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions);
+// listed_dirs (optional): receives the stamp of every directory listed (root first), each taken
+// before it was listed, so a change made after shows as a newer mtime (SourceIndexCache).
+Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions,
+                                 std::vector<FileStamp>* listed_dirs = nullptr);
 
 }  // namespace spdl::io

@@ -1,6 +1,9 @@
 #include "io/sample_list.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <utility>
 
@@ -145,8 +148,13 @@ Status ListProblemsStatus(const std::string& list_name, std::vector<ListProblem>
 }
 
 Result<std::string> ReadListFile(const std::string& path, const std::vector<std::string>& allowed_roots,
-                                 std::string* real_path) {
+                                 std::string* real_path, FileStamp* stamp) {
   SPDL_ASSIGN_OR_RETURN(*real_path, ResolveUnderRoots(path, allowed_roots));
+  if (stamp != nullptr) {
+    struct stat st {};
+    if (::stat(real_path->c_str(), &st) != 0) return ErrnoStatus(*real_path, errno);
+    *stamp = MakeStamp(*real_path, st);
+  }
   std::vector<uint8_t> bytes;
   SPDL_RETURN_IF_ERROR(ReadFile(*real_path, &bytes));
   return std::string(bytes.begin(), bytes.end());

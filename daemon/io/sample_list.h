@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -46,8 +47,9 @@ ParsedList ParseSampleList(std::string_view text, std::string_view item_name);
 Status ListProblemsStatus(const std::string& list_name, std::vector<ListProblem> problems, size_t max_shown);
 
 // Reads the list file `path` after checking it resolves below `allowed_roots`; sets *real_path to
-// the resolved path. Errors: those of ResolveUnderRoots and ReadFile.
+// the resolved path, and *stamp (if not null) to its stamp taken just before the read (for the
+// source index cache). Errors: those of ResolveUnderRoots and ReadFile.
 Result<std::string> ReadListFile(const std::string& path, const std::vector<std::string>& allowed_roots,
-                                 std::string* real_path);
+                                 std::string* real_path, FileStamp* stamp = nullptr);
 
 }  // namespace spdl::io

@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "io/manifest.h"
 #include "io/read_file.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -80,30 +81,36 @@ inline constexpr uint64_t kDefaultMaxSampleBytes = uint64_t{1} << 30;
 // the folder that leads out of it fails that sample's Read, it is not followed.
 class ImageFolderSource final : public SampleSource {
  public:
-  // Resolves `root` under `allowed_roots` (ResolveUnderRoots), then scans it (ScanImageFolder).
+  // Resolves `root` under `allowed_roots` (ResolveUnderRoots), then scans it (ScanImageFolder), or
+  // shares the scan of another source open on the same resolved root and extensions (index_cache,
+  // see source_index_cache.h; nullptr = always scan).
   // Errors: those of ResolveUnderRoots and ScanImageFolder, prefixed with nothing more.
   static Result<std::unique_ptr<ImageFolderSource>> Open(const std::string& root,
                                                          const std::vector<std::string>& extensions,
                                                          const std::vector<std::string>& allowed_roots,
-                                                         uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
+                                                         uint64_t max_sample_bytes = kDefaultMaxSampleBytes,
+                                                         SourceIndexCache* index_cache = &SourceIndexCache::Shared());
 
   // Wraps a manifest already scanned (and its root already checked) by the caller; `root` is the
   // manifest's root, opened. REQUIRES: root != nullptr.
   ImageFolderSource(Manifest manifest, std::shared_ptr<const RootDir> root,
                     uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
+  // The same over a manifest shared with other sources (the index cache's). REQUIRES: both non-null.
+  ImageFolderSource(std::shared_ptr<const Manifest> manifest, std::shared_ptr<const RootDir> root,
+                    uint64_t max_sample_bytes = kDefaultMaxSampleBytes);
 
-  uint64_t size() const override { return manifest_.samples.size(); }
-  const SampleRef& sample(uint64_t index) const override { return manifest_.samples[index]; }
+  uint64_t size() const override { return manifest_->samples.size(); }
+  const SampleRef& sample(uint64_t index) const override { return manifest_->samples[index]; }
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
-  std::string Identity() const override { return "image_folder " + manifest_.root; }
+  std::string Identity() const override { return "image_folder " + manifest_->root; }
 
-  const Manifest& manifest() const { return manifest_; }
+  const Manifest& manifest() const { return *manifest_; }
 
  private:
   // Constant after construction.
-  const Manifest manifest_;
+  const std::shared_ptr<const Manifest> manifest_;  // possibly shared with other sources
   const std::shared_ptr<const RootDir> root_;
   const uint64_t max_sample_bytes_;
 };

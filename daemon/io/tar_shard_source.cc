@@ -74,8 +74,17 @@ std::string Shown(std::vector<uint8_t> bytes) {
 
 }  // namespace
 
+struct TarShardSource::Index final : SourceIndex {
+  std::vector<Shard> shards;
+  std::vector<SampleRef> samples;
+  std::vector<Location> locations;  // parallel to samples
+  std::vector<Member> sidecars;     // sample i's sidecar j at [i * sidecar_exts_.size() + j]
+  uint64_t skipped_keys = 0;
+  uint64_t unlabelled = 0;
+  double scan_seconds = 0;
+};
+
 Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
   if (options.shards.empty()) return InvalidArgument("tar shards: no shard given");
   if (options.image_extensions.empty()) return InvalidArgument("tar shards: no image extension given");
   std::vector<std::string> image_exts;
@@ -84,7 +93,6 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
 
   std::unique_ptr<TarShardSource> src(new TarShardSource());
   for (const std::string& e : options.sidecar_extensions) src->sidecar_exts_.push_back(Normalize(e));
-  const size_t num_sidecars = src->sidecar_exts_.size();
   src->max_sample_bytes_ = options.max_sample_bytes;
   src->allowed_ = RootSet::Open(options.allowed_roots);
   std::vector<std::string> paths;
@@ -94,6 +102,54 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
     for (std::string& p : expanded) paths.push_back(std::move(p));
   }
 
+  // The key needs the resolved shards; when one does not resolve, the scan reports it (with every
+  // other problem) and nothing is cached.
+  std::vector<std::string> key;
+  if (options.index_cache != nullptr) {
+    auto group = [&key](const std::vector<std::string>& items) {
+      key.push_back(std::to_string(items.size()));
+      key.insert(key.end(), items.begin(), items.end());
+    };
+    std::vector<std::string> real_paths;
+    real_paths.reserve(paths.size());
+    for (const std::string& path : paths) {
+      auto real = ResolveUnderRoots(path, options.allowed_roots);
+      if (!real.ok()) {
+        real_paths.clear();
+        break;
+      }
+      real_paths.push_back(std::move(real).value());
+    }
+    if (!real_paths.empty()) {
+      key.push_back("tar");
+      group(real_paths);
+      group(image_exts);
+      group({label_ext});
+      group(src->sidecar_exts_);
+      group(options.allowed_roots);
+      paths = std::move(real_paths);
+    }
+  }
+  if (key.empty()) {
+    SPDL_ASSIGN_OR_RETURN(src->index_,
+                          Scan(paths, image_exts, label_ext, src->sidecar_exts_, src->description_, options));
+  } else {
+    SPDL_ASSIGN_OR_RETURN(src->index_,
+                          options.index_cache->Get<Index>(IndexKey(key), "tar shards " + src->description_, [&] {
+                            return Scan(paths, image_exts, label_ext, src->sidecar_exts_, src->description_, options);
+                          }));
+  }
+  return src;
+}
+
+Result<std::shared_ptr<const TarShardSource::Index>> TarShardSource::Scan(
+    const std::vector<std::string>& paths, const std::vector<std::string>& image_exts, const std::string& label_ext,
+    const std::vector<std::string>& sidecar_exts, const std::string& description, const TarShardOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  auto index = std::make_shared<Index>();
+  index->scan_start_ns = RealtimeNowNs();
+  const size_t num_sidecars = sidecar_exts.size();
+  const std::shared_ptr<const RootSet> allowed = RootSet::Open(options.allowed_roots);
   std::vector<Status> problems;
   std::vector<TarMember> members;
   std::vector<uint8_t> label_bytes;
@@ -109,7 +165,7 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
       problems.push_back(real.status());
       continue;
     }
-    auto opened = src->allowed_->OpenBeneath(*real);
+    auto opened = allowed->OpenBeneath(*real);
     if (!opened.ok()) {
       problems.push_back(opened.status().WithPrefix("tar shard " + *real));
       continue;
@@ -151,7 +207,7 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
       }
       const bool is_label = !label_ext.empty() && ext == label_ext;
       for (size_t j = 0; j < num_sidecars; ++j) {
-        if (ext != src->sidecar_exts_[j]) continue;
+        if (ext != sidecar_exts[j]) continue;
         auto [it, inserted] = groups.try_emplace(key);
         if (inserted) keys.push_back(key);
         it->second.sidecars.resize(num_sidecars);
@@ -175,11 +231,11 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
       }
     }
 
-    const auto shard_index = static_cast<uint32_t>(src->shards_.size());
+    const auto shard_index = static_cast<uint32_t>(index->shards.size());
     for (std::string& key : keys) {
       Pending& g = groups[key];
       if (g.image_rank < 0) {
-        ++src->skipped_keys_;
+        ++index->skipped_keys;
         continue;
       }
       int64_t label = kNoLabel;
@@ -201,33 +257,41 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
           continue;
         }
       } else {
-        ++src->unlabelled_;
+        ++index->unlabelled;
       }
-      src->samples_.push_back(SampleRef{std::move(key), label});
-      src->locations_.push_back(Location{shard_index, g.image.data_offset, g.image.size});
+      index->samples.push_back(SampleRef{std::move(key), label});
+      index->locations.push_back(Location{shard_index, g.image.data_offset, g.image.size});
       g.sidecars.resize(num_sidecars);
-      src->sidecars_.insert(src->sidecars_.end(), g.sidecars.begin(), g.sidecars.end());
+      index->sidecars.insert(index->sidecars.end(), g.sidecars.begin(), g.sidecars.end());
     }
-    src->shards_.push_back(Shard{*real, st.st_dev, st.st_ino, static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+    index->shards.push_back(Shard{*real, st.st_dev, st.st_ino, static_cast<uint64_t>(st.st_size), MtimeNs(st)});
+    index->inputs.push_back(MakeStamp(*real, st));
   }
 
   if (!problems.empty()) {
-    std::string m = "tar shards " + src->description_ + ": " + std::to_string(problems.size()) +
+    std::string m = "tar shards " + description + ": " + std::to_string(problems.size()) +
                     (problems.size() == 1 ? " problem:" : " problems:");
     const size_t shown = std::min(problems.size(), options.max_reported_errors);
     for (size_t i = 0; i < shown; ++i) m += "\n  " + problems[i].message();
     if (shown < problems.size()) m += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
     return Status(problems.front().code(), std::move(m));
   }
-  if (src->samples_.empty()) {
+  if (index->samples.empty()) {
     std::string exts;
     for (const std::string& e : image_exts) exts += (exts.empty() ? "" : ", ") + e;
-    return NotFound("tar shards " + src->description_ + ": no sample with an image member (" + exts + ") in " +
-                    std::to_string(src->shards_.size()) + " shards");
+    return NotFound("tar shards " + description + ": no sample with an image member (" + exts + ") in " +
+                    std::to_string(index->shards.size()) + " shards");
   }
-  src->scan_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return src;
+  index->scan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::shared_ptr<const Index>(std::move(index));
 }
+
+uint64_t TarShardSource::size() const { return index_->samples.size(); }
+const SampleRef& TarShardSource::sample(uint64_t index) const { return index_->samples[index]; }
+size_t TarShardSource::num_shards() const { return index_->shards.size(); }
+uint64_t TarShardSource::skipped_keys() const { return index_->skipped_keys; }
+uint64_t TarShardSource::unlabelled() const { return index_->unlabelled; }
+double TarShardSource::scan_seconds() const { return index_->scan_seconds; }
 
 Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
   out->clear();
@@ -235,7 +299,7 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return InvalidArgument("tar shards " + description_ + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
-  return ReadMember(index, locations_[index].offset, locations_[index].size, "", out);
+  return ReadMember(index, index_->locations[index].offset, index_->locations[index].size, "", out);
 }
 
 Status TarShardSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
@@ -243,21 +307,22 @@ Status TarShardSource::ReadSidecar(uint64_t index, const std::string& extension,
   if (index >= size()) return Read(index, out);  // its out-of-range error
   const std::string ext = Normalize(extension);
   const auto it = std::find(sidecar_exts_.begin(), sidecar_exts_.end(), ext);
-  const Member* m = it == sidecar_exts_.end()
-                        ? nullptr
-                        : &sidecars_[index * sidecar_exts_.size() + static_cast<size_t>(it - sidecar_exts_.begin())];
+  const Member* m =
+      it == sidecar_exts_.end()
+          ? nullptr
+          : &index_->sidecars[index * sidecar_exts_.size() + static_cast<size_t>(it - sidecar_exts_.begin())];
   if (m == nullptr || m->size == kNoMember) {
-    return NotFound("sample " + samples_[index].path + " (tar shard " + shards_[locations_[index].shard].path +
-                    "): no ." + ext + " member");
+    return NotFound("sample " + index_->samples[index].path + " (tar shard " +
+                    index_->shards[index_->locations[index].shard].path + "): no ." + ext + " member");
   }
   return ReadMember(index, m->offset, m->size, "." + ext + " member", out);
 }
 
 Status TarShardSource::ReadMember(uint64_t index, uint64_t offset, uint64_t size, const std::string& what,
                                   std::vector<uint8_t>* out) const {
-  const Shard& shard = shards_[locations_[index].shard];
+  const Shard& shard = index_->shards[index_->locations[index].shard];
   auto where = [&] {
-    return "sample " + samples_[index].path + (what.empty() ? "" : " " + what) + " (tar shard " + shard.path +
+    return "sample " + index_->samples[index].path + (what.empty() ? "" : " " + what) + " (tar shard " + shard.path +
            ", offset " + std::to_string(offset) + ", " + std::to_string(size) + " bytes)";
   };
   if (size > max_sample_bytes_) {
@@ -282,20 +347,20 @@ Status TarShardSource::ReadMember(uint64_t index, uint64_t offset, uint64_t size
 
 std::string TarShardSource::Identity() const {
   std::string id = "tar";
-  for (const Shard& s : shards_) id += " " + s.path;
+  for (const Shard& s : index_->shards) id += " " + s.path;
   return id;
 }
 
 std::vector<uint64_t> TarShardSource::ShardSizes() const {
-  std::vector<uint64_t> sizes(shards_.size(), 0);
-  for (const Location& l : locations_) ++sizes[l.shard];
+  std::vector<uint64_t> sizes(index_->shards.size(), 0);
+  for (const Location& l : index_->locations) ++sizes[l.shard];
   return sizes;
 }
 
 std::string TarShardSource::Describe() const {
-  std::string d = "tar shards " + description_ + " (" + std::to_string(shards_.size()) + " shards, " +
-                  std::to_string(size()) + " samples, " + std::to_string(unlabelled_) + " without a label";
-  if (skipped_keys_ > 0) d += ", " + std::to_string(skipped_keys_) + " keys without an image skipped";
+  std::string d = "tar shards " + description_ + " (" + std::to_string(index_->shards.size()) + " shards, " +
+                  std::to_string(size()) + " samples, " + std::to_string(index_->unlabelled) + " without a label";
+  if (index_->skipped_keys > 0) d += ", " + std::to_string(index_->skipped_keys) + " keys without an image skipped";
   return d + ")";
 }
 

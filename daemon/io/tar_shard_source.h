@@ -31,6 +31,7 @@
 
 #include "common/status.h"
 #include "io/sample_source.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -46,6 +47,10 @@ struct TarShardOptions {
   std::vector<std::string> allowed_roots;              // the daemon's allowed data roots (empty refuses all)
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger member fails its Read
   size_t max_reported_errors = 100;                    // problems listed in Open's error; the rest are counted
+  // Open shares the index with other opens of the same resolved shards, extensions and allowed
+  // roots while one of them lives (source_index_cache.h; reused while every shard keeps its inode,
+  // size and mtime). nullptr = always scan.
+  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
 };
 
 class TarShardSource final : public SampleSource {
@@ -57,8 +62,8 @@ class TarShardSource final : public SampleSource {
   // first; no sample in any shard -> kNotFound.
   static Result<std::unique_ptr<TarShardSource>> Open(const TarShardOptions& options);
 
-  uint64_t size() const override { return samples_.size(); }
-  const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
+  uint64_t size() const override;
+  const SampleRef& sample(uint64_t index) const override;
   // Opens the shard, checks it is the file that was scanned (same inode, size and mtime; else
   // kFailedPrecondition "changed since it was indexed"), preads the member. Errors name the key, the
   // shard and the offset. Opening per read keeps no descriptor per shard (a dataset may have
@@ -72,10 +77,10 @@ class TarShardSource final : public SampleSource {
   std::string Identity() const override;
   std::vector<uint64_t> ShardSizes() const override;
 
-  size_t num_shards() const { return shards_.size(); }
-  uint64_t skipped_keys() const { return skipped_keys_; }  // keys without an image member
-  uint64_t unlabelled() const { return unlabelled_; }      // samples without a label member
-  double scan_seconds() const { return scan_seconds_; }    // how long Open's header scan took
+  size_t num_shards() const;
+  uint64_t skipped_keys() const;  // keys without an image member
+  uint64_t unlabelled() const;    // samples without a label member
+  double scan_seconds() const;    // how long the header scan took (a shared index: the scan that built it)
 
  private:
   struct Shard {
@@ -96,23 +101,26 @@ class TarShardSource final : public SampleSource {
     uint64_t size = kNoMember;
   };
   static constexpr uint64_t kNoMember = ~uint64_t{0};
+  // The result of the header scan (the .cc defines it): immutable, possibly shared with other
+  // sources through the index cache.
+  struct Index;
 
   TarShardSource() = default;
+  // Scans the shards `paths` (expanded, not yet resolved) into an index.
+  static Result<std::shared_ptr<const Index>> Scan(const std::vector<std::string>& paths,
+                                                   const std::vector<std::string>& image_exts,
+                                                   const std::string& label_ext,
+                                                   const std::vector<std::string>& sidecar_exts,
+                                                   const std::string& description, const TarShardOptions& options);
   // Opens the shard of sample `index`, checks it was not changed, preads [offset, offset + size).
   // `what` names the member in errors ("" = the image member).
   Status ReadMember(uint64_t index, uint64_t offset, uint64_t size, const std::string& what,
                     std::vector<uint8_t>* out) const;
 
   // Constant after Open.
-  std::string description_;  // the patterns as given, for Describe
-  std::vector<Shard> shards_;
-  std::vector<SampleRef> samples_;
-  std::vector<Location> locations_;  // parallel to samples_
+  std::string description_;                // the patterns as given, for Describe
   std::vector<std::string> sidecar_exts_;  // normalized (lower-case, no '.')
-  std::vector<Member> sidecars_;           // sample i's sidecar j at [i * sidecar_exts_.size() + j]
-  uint64_t skipped_keys_ = 0;
-  uint64_t unlabelled_ = 0;
-  double scan_seconds_ = 0;
+  std::shared_ptr<const Index> index_;
   uint64_t max_sample_bytes_ = kDefaultMaxSampleBytes;
   std::shared_ptr<const RootSet> allowed_;
 };

@@ -9,6 +9,7 @@
 #include "io/file_list_source.h"
 #include "io/http_source.h"
 #include "io/sample_source.h"
+#include "io/source_index_cache.h"
 #include "io/sampler.h"
 #include "io/tar_shard_source.h"
 #include "jobs/gpu_delivery.h"
@@ -511,6 +512,9 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   st.set_memory_budget_bytes(config_.memory_budget_bytes);
   st.set_memory_in_use_bytes(bytes_in_use());
   st.set_live_jobs(static_cast<uint32_t>(live_jobs()));
+  const io::SourceIndexCache::Stats index_stats = io::SourceIndexCache::Shared().stats();
+  st.set_source_index_scans(index_stats.scans);
+  st.set_source_index_shared(index_stats.hits + index_stats.joined);
   for (auto it = records_.begin(); it != records_.end();) {
     auto job = it->second->job.lock();
     if (!job) {

@@ -1381,6 +1381,7 @@ void BenchScan(int shards, int samples) {
   std::snprintf(pattern, sizeof pattern, "data/shard-{000000..%06d}.tar", shards - 1);
   o.shards = {t / pattern};
   o.allowed_roots = {t / "data"};
+  o.index_cache = nullptr;  // every Open scans (the index cache would share the first scan)
   auto drop_cache = [&] {
     for (int s = 0; s < shards; ++s) {
       char name[64];
