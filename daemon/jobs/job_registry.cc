@@ -420,6 +420,7 @@ SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& pe
     g.output = output;
     g.notify = std::move(gpu_notify);
     g.on_close = return_device;
+    g.teardown = &gpu_teardown_;
     auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
     if (!wrapped.ok()) {
       SubmitResult refused;
