@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda/device_backend.h"
+#include "cuda/fake_backend.h"
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
@@ -311,6 +312,70 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
   CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
+
+#if !SPDL_REAL_GPU
+// The GpuLoader's own logic against the in-process FakeBackend (its call log shows the order of
+// the device calls), with the real daemon: copy: client needs nothing of the daemon's GPU.
+TEST_CASE(NAME("GpuLoader copy: client on the in-process fake: copy, consumer wait, consumer-done, teardown"),
+          GPU_TAGS) {
+  Fixture f;
+  const Batches cpu = CpuBatches(f);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend fake(dev, "trainer");
+  const cuda::Stream consumer = *fake.CreateStream();
+  const cuda::Stream other = *fake.CreateStream();
+  {
+    client::GpuOptions g;
+    g.backend = &fake;
+    g.consumer_stream = consumer;
+    auto l = client::GpuLoader::Open(f.Job("{device: cuda:0, copy: client}"), g);
+    REQUIRE(l.ok());
+    CHECK((*l)->client_copy());
+    CHECK((*l)->device() == 0);
+    Batches got;
+    int n = 0;
+    dev.ClearCalls();
+    for (;;) {
+      auto ev = (*l)->Next();
+      REQUIRE(ev.ok());
+      if (std::holds_alternative<client::JobStats>(*ev)) break;
+      auto* b = std::get_if<client::GpuBatch>(&*ev);
+      if (!b) continue;
+      // Acquire: the copy from the pinned host slot, its event, and the consumer stream waits on it.
+      const auto calls = dev.calls();
+      REQUIRE(calls.size() >= 3);
+      const auto& copy = calls[calls.size() - 3];
+      const auto& rec = calls[calls.size() - 2];
+      const auto& wait = calls[calls.size() - 1];
+      CHECK((copy.op == cuda::FakeOp::kCopyH2D && copy.pinned));
+      CHECK(rec.op == cuda::FakeOp::kRecord);
+      CHECK((wait.op == cuda::FakeOp::kWait && wait.stream == fake.StreamId(consumer) && wait.event == rec.event));
+      std::string bytes;
+      for (const auto& t : b->tensors()) bytes.append(static_cast<const char*>(t.data), t.bytes);
+      got[{b->host().epoch(), b->host().batch_in_epoch()}] = bytes;
+      const bool moved = n++ % 2 == 1;
+      if (moved) REQUIRE(b->WaitOn(other).ok());
+      dev.ClearCalls();
+      b->Release();
+      CHECK(b->released());
+      std::vector<cuda::FakeCall> rel;
+      for (const auto& c : dev.calls()) {
+        if (c.op != cuda::FakeOp::kQuery) rel.push_back(c);
+      }
+      REQUIRE(rel.size() == 1);  // consumer-done, on the stream the batch was last used on
+      CHECK((rel[0].op == cuda::FakeOp::kRecord && rel[0].stream == fake.StreamId(moved ? other : consumer)));
+      dev.ClearCalls();
+    }
+    CHECK(got == cpu);
+  }
+  // The loader's teardown freed its device slots and unregistered the host mapping.
+  CHECK(fake.DestroyStream(other).ok());
+  CHECK(fake.DestroyStream(consumer).ok());
+  CHECK(dev.live().empty());
+  CHECK(fake.teardown_errors().empty());
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+#endif
 
 }  // namespace
 }  // namespace spdl
