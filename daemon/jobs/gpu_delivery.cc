@@ -35,9 +35,10 @@ class GpuJob final : public JobHandle {
     if (waiter_.joinable()) waiter_.join();
     if (pool_) pool_->Stop();
     if (pool_ && options_.teardown && !CopiesDone()) {
-      // Copies still queued: wait for them (and free) on the teardown thread, not here.
-      std::shared_ptr<cuda::DeviceSlotPool> pool(std::move(pool_));
-      options_.teardown->Post([pool, mapped = mapped_, bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
+      // Copies still queued: wait for them (and free) on the teardown thread, not here. The work
+      // owns the only reference to the pool, so its destructor cannot run here by accident.
+      options_.teardown->Post([pool = std::shared_ptr<cuda::DeviceSlotPool>(std::move(pool_)), mapped = mapped_,
+                               bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
         pool.reset();
         if (mapped) munmap(mapped, bytes);
         if (on_close) on_close();
