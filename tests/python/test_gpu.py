@@ -12,11 +12,9 @@ skipped, and said so, elsewhere.
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -81,13 +79,7 @@ def fake_gpu_daemon(tmp_root, dataset):
     while not _connectable(sock):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_root / "spdld-gpu.log").read_text()
         time.sleep(0.01)
-    old = os.environ.get("SPDL_TEST_FAKE_GPU_DIR")
-    os.environ["SPDL_TEST_FAKE_GPU_DIR"] = str(fake)
-    yield sock
-    if old is None:
-        del os.environ["SPDL_TEST_FAKE_GPU_DIR"]
-    else:
-        os.environ["SPDL_TEST_FAKE_GPU_DIR"] = old
+    yield sock, str(fake)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
     log.close()
@@ -105,11 +97,13 @@ def cpu_reference(sock, root) -> dict:
 
 
 @pytest.mark.parametrize("copy", ["daemon", "client"])
-def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon, dataset, copy):
-    ref = cpu_reference(fake_gpu_daemon, dataset.root)
+def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon, dataset, copy, monkeypatch):
+    sock, fake = fake_gpu_daemon
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_DIR", fake)  # this process on the daemon's fake device
+    ref = cpu_reference(sock, dataset.root)
     got = {}
     extra = f"output: {{device: cuda:0, copy: {copy}}}\n"
-    with spdl_client.Loader(job_yaml(dataset.root, batch=8, extra=extra), socket=fake_gpu_daemon, epochs=2,
+    with spdl_client.Loader(job_yaml(dataset.root, batch=8, extra=extra), socket=sock, epochs=2,
                             rank=0, world_size=1) as loader:
         assert loader.device == "cuda:0"
         for b in loader:
