@@ -471,6 +471,7 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_world_size(options.world_size == 0 ? 1 : options.world_size);
   s->set_epochs(options.epochs);
   s->set_resume_token(options.resume_token);
+  if (!options.device_uuid.empty()) s->set_device_uuid(options.device_uuid);
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
 

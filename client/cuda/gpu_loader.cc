@@ -172,15 +172,31 @@ cuda::DeviceBackend& GpuLoader::backend() const { return *core_->backend; }
 
 Result<std::unique_ptr<GpuLoader>> GpuLoader::Open(Options options, GpuOptions gpu) {
   options.accept_device_job = true;
-  if (gpu.backend != nullptr) {
-    SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid uuid, gpu.backend->Uuid());
+  // The trainer's GPU, when known before the job (a given backend, or a given ordinal): its UUID
+  // goes with the job, so a daemon whose cuda:N is another GPU refuses it at once.
+  std::unique_ptr<cuda::DeviceBackend> early;
+  if (gpu.backend == nullptr && gpu.device >= 0) {
+    const std::string fake_dir = FakeGpuDir(gpu);
+    if (!fake_dir.empty()) {
+      SPDL_ASSIGN_OR_RETURN(early, MakeFake(fake_dir, gpu.device));
+    } else if (gpu.open_backend) {
+      SPDL_ASSIGN_OR_RETURN(early, gpu.open_backend(nullptr, gpu.device));
+    }
+  }
+  if (cuda::DeviceBackend* b = gpu.backend ? gpu.backend : early.get()) {
+    SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid uuid, b->Uuid());
     options.device_uuid.assign(uuid.begin(), uuid.end());
   }
   SPDL_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::Open(options));
-  return Attach(std::move(loader), std::move(gpu));
+  return AttachWith(std::move(loader), std::move(gpu), std::move(early));
 }
 
 Result<std::unique_ptr<GpuLoader>> GpuLoader::Attach(std::unique_ptr<Loader> loader, GpuOptions gpu) {
+  return AttachWith(std::move(loader), std::move(gpu), nullptr);
+}
+
+Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader> loader, GpuOptions gpu,
+                                                         std::unique_ptr<cuda::DeviceBackend> early) {
   const std::string& device = loader->device();
   const int job_ordinal = CudaOrdinal(device);
   if (job_ordinal < 0) {
@@ -202,6 +218,8 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::Attach(std::unique_ptr<Loader> loa
   const std::string fake_dir = FakeGpuDir(gpu);
   if (gpu.backend != nullptr) {
     core->backend = gpu.backend;
+  } else if (early) {
+    core->owned_backend = std::move(early);
   } else if (!fake_dir.empty()) {
     SPDL_ASSIGN_OR_RETURN(core->owned_backend, MakeFake(fake_dir, ordinal >= 0 ? ordinal : handles->device_index));
   } else if (gpu.open_backend) {

@@ -309,6 +309,25 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
   auto gl = client::GpuLoader::Open(f.Job(""), ClientGpu(f));
   REQUIRE_FALSE(gl.ok());
   CHECK_THAT(gl.status().message(), Catch::Contains("delivers only cuda jobs"));
+#if !SPDL_REAL_GPU
+  // The trainer names its GPU: its UUID goes with the job, and the daemon refuses another GPU's.
+  client::GpuOptions other = ClientGpu(f);
+  other.device = 1;  // the fake device's cuda:1: another UUID than the daemon's cuda:0
+  auto wrong = client::GpuLoader::Open(f.Job("{device: cuda:0}"), other);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK_THAT(wrong.status().message(), Catch::Contains("is not the client's GPU"));
+  client::GpuOptions same = ClientGpu(f);
+  same.device = 0;
+  auto right = client::GpuLoader::Open(f.Job("{device: cuda:0}"), same);
+  REQUIRE(right.ok());
+  CHECK((*right)->device() == 0);
+  {
+    auto ev = (*right)->Next();
+    REQUIRE(ev.ok());
+    CHECK(std::holds_alternative<client::GpuBatch>(*ev));
+  }  // the batch goes before its loader
+  right->reset();
+#endif
   CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }

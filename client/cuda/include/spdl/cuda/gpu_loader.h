@@ -75,7 +75,8 @@ struct GpuOptions {
   // Stream{} is the legacy default stream.
   cuda::Stream consumer_stream;
   // The backend to use (borrowed: must outlive the loader and every batch), e.g. a FakeBackend in
-  // unit tests. When set, its UUID goes with the job (SubmitJob.device_uuid).
+  // unit tests. Its UUID goes with the job (SubmitJob.device_uuid), as does the UUID of `device`
+  // when an ordinal is given: a daemon whose cuda:N is another GPU then refuses the job.
   cuda::DeviceBackend* backend = nullptr;
   // Otherwise a factory (CudaBackendFactory() with CUDA).
   BackendFactory open_backend;
@@ -130,7 +131,9 @@ using GpuEvent = std::variant<GpuBatch, EpochEnd, JobStats>;
 
 class GpuLoader {
  public:
-  // Opens the job (Loader::Open with accept_device_job) and then Attach. Errors: Loader::Open's;
+  // Opens the job (Loader::Open with accept_device_job, and the trainer GPU's UUID when known) and
+  // then Attach. Errors: Loader::Open's (a daemon whose cuda:N is another GPU: kInvalidArgument, "is not the
+  // client's GPU");
   // a cpu job -> kFailedPrecondition; the device side's (no backend, no such GPU, bad handles).
   static Result<std::unique_ptr<GpuLoader>> Open(Options options, GpuOptions gpu);
   // Takes over a Loader just opened with accept_device_job whose job is a cuda job (no Next yet).
@@ -156,6 +159,9 @@ class GpuLoader {
 
  private:
   GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, GpuOptions gpu);
+  // Attach, with the backend Open made before the job (to send its UUID), if any.
+  static Result<std::unique_ptr<GpuLoader>> AttachWith(std::unique_ptr<Loader> loader, GpuOptions gpu,
+                                                       std::unique_ptr<cuda::DeviceBackend> early);
 
   std::unique_ptr<Loader> loader_;
   std::shared_ptr<detail::GpuCore> core_;
