@@ -447,9 +447,16 @@ class Core {
     if (!lock.owns_lock()) {
       ThrowError("close() while another thread is inside next(): stop iterating first", "FAILED_PRECONDITION");
     }
-    py::gil_scoped_release nogil;  // a GPU job's teardown waits for the GPU and the daemon
 #if SPDL_PY_GPU
-    gpu_.reset();
+    // A GPU job's teardown waits for the GPU and the daemon: without the GIL, and without mu_ (a
+    // thread holding the GIL may be waiting for it).
+    std::unique_ptr<client::GpuLoader> gpu = std::move(gpu_);
+    lock.unlock();
+    if (gpu != nullptr) {
+      py::gil_scoped_release nogil;
+      gpu.reset();
+    }
+    lock.lock();
 #endif
     loader_.reset();
   }
