@@ -64,9 +64,9 @@ class GpuCore {
   void Close(bool leak_events) {
     std::lock_guard lock(mu_);
     if (view_ && leak_events) {
-      backend->ReportTeardownError(Unavailable(
-          "spdld did not confirm the end of the GPU job: leaking this client's consumer-done events rather "
-          "than destroying them while the daemon may still wait on them"));
+      backend->ReportTeardownError(
+          Unavailable("spdld did not confirm the end of the GPU job: leaking this client's consumer-done events rather "
+                      "than destroying them while the daemon may still wait on them"));
       view_->Detach();
       (void)view_.release();
     }
@@ -208,7 +208,8 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
   std::optional<cuda::CudaJobHandles> handles;
   if (!client_copy) {
     if (loader->cuda_handles() == nullptr) return Internal("a copy: daemon job without CudaHandles");
-    SPDL_ASSIGN_OR_RETURN(auto h, cuda::ParseCudaHandles(*loader->cuda_handles(), info.num_slots, loader->slot_stride()));
+    SPDL_ASSIGN_OR_RETURN(auto h,
+                          cuda::ParseCudaHandles(*loader->cuda_handles(), info.num_slots, loader->slot_stride()));
     handles = std::move(h);
   }
 
@@ -258,14 +259,14 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
 }
 
 GpuLoader::~GpuLoader() {
-  core_->Detach();                                   // 1
+  core_->Detach();  // 1
   bool confirmed = true;
-  if (!loader_->client_copy()) {                     // 2
+  if (!loader_->client_copy()) {  // 2
     Status s = loader_->Finish(finish_timeout_);
     if (!s.ok()) confirmed = false;
   }
-  core_->Close(/*leak_events=*/!confirmed);          // 3
-  loader_.reset();                                   // 4
+  core_->Close(/*leak_events=*/!confirmed);  // 3
+  loader_.reset();                           // 4
 }
 
 Result<GpuEvent> GpuLoader::Next() {

@@ -104,7 +104,8 @@ Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
   std::lock_guard lock(mu_);
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   for (const auto& [base, n] : registrations_) {
-    if (p < base + n && base < p + bytes) return FailedPrecondition("shmfake HostRegister: overlaps a registered range");
+    if (p < base + n && base < p + bytes)
+      return FailedPrecondition("shmfake HostRegister: overlaps a registered range");
   }
   registrations_[p] = bytes;
   return Status::Ok();
@@ -248,7 +249,8 @@ Status ShmFakeBackend::SynchronizeStream(Stream) { return Status::Ok(); }
 Result<IpcMemHandle> ShmFakeBackend::ExportMemory(void* base) {
   std::lock_guard lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(base));
-  if (it == regions_.end() || !it->second.owned) return InvalidArgument("shmfake ExportMemory: not an allocation's base");
+  if (it == regions_.end() || !it->second.owned)
+    return InvalidArgument("shmfake ExportMemory: not an allocation's base");
   return EncodeName<IpcMemHandle>(kMemPrefix, it->second.name);
 }
 
@@ -264,8 +266,9 @@ Result<void*> ShmFakeBackend::OpenMemory(const IpcMemHandle& handle) {
   std::lock_guard lock(mu_);
   for (const auto& [base, r] : regions_) {
     if (r.name == name && r.owned) {
-      return InvalidArgument("shmfake OpenMemory: the handle was exported by this process (as with CUDA, it "
-                             "opens only in another one)");
+      return InvalidArgument(
+          "shmfake OpenMemory: the handle was exported by this process (as with CUDA, it "
+          "opens only in another one)");
     }
   }
   struct stat st {};
@@ -289,7 +292,8 @@ Result<Event> ShmFakeBackend::OpenEvent(const IpcEventHandle& handle) {
   SPDL_ASSIGN_OR_RETURN(std::string name, DecodeName(kEventPrefix, handle, "event"));
   std::lock_guard lock(mu_);
   for (const auto& [h, e] : events_) {
-    if (e->name == name && e->owned) return InvalidArgument("shmfake OpenEvent: the handle was exported by this process");
+    if (e->name == name && e->owned)
+      return InvalidArgument("shmfake OpenEvent: the handle was exported by this process");
   }
   auto e = std::make_unique<LocalEvent>();
   e->name = name;

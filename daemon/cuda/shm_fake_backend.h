@@ -101,8 +101,8 @@ class ShmFakeBackend final : public DeviceBackend {
   mutable std::mutex mu_;
   // Guarded by mu_.
   uint64_t next_id_ = 1;
-  std::map<uintptr_t, Region> regions_;          // base -> allocation (owned) or mapping
-  std::map<uintptr_t, size_t> registrations_;    // host base -> bytes
+  std::map<uintptr_t, Region> regions_;        // base -> allocation (owned) or mapping
+  std::map<uintptr_t, size_t> registrations_;  // host base -> bytes
   std::set<void*> streams_;
   std::map<void*, std::unique_ptr<LocalEvent>> events_;
 };

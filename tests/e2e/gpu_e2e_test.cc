@@ -189,8 +189,9 @@ int RunGpuClient(const Fixture& f, const std::string& output, const std::string&
       }
       bytes += host;
     }
-    std::ofstream(out_dir + "/" + std::to_string(b->host().epoch()) + "-" + std::to_string(b->host().batch_in_epoch()) +
-                  ".bin", std::ios::binary)
+    std::ofstream(
+        out_dir + "/" + std::to_string(b->host().epoch()) + "-" + std::to_string(b->host().batch_in_epoch()) + ".bin",
+        std::ios::binary)
         << bytes;
   }
   return 0;
