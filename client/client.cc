@@ -471,6 +471,7 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_world_size(options.world_size == 0 ? 1 : options.world_size);
   s->set_epochs(options.epochs);
   s->set_resume_token(options.resume_token);
+  if (!options.device_uuid.empty()) s->set_device_uuid(options.device_uuid);
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
 
@@ -482,13 +483,16 @@ Status Loader::SubmitAndMap(const Options& options) {
   UniqueFd region_fd = conn_->TakeFd();
   conn_->StopTakingFds();  // closes any extra descriptor
   if (!region_fd) return ProtocolError("JobAccepted came without the shared-memory descriptor");
-  if (a.device().rfind("cuda", 0) == 0) {
+  device_ = a.device();
+  client_copy_ = a.client_copy();
+  const bool cuda = a.device().rfind("cuda", 0) == 0;
+  if (cuda && !options.accept_device_job) {
     // Closing the connection (this Loader is dropped) ends the job on the daemon, which frees its
     // device side too.
     return FailedPrecondition("the job's output.device is " + a.device() + " (copy: " +
                               (a.client_copy() ? "client" : "daemon") +
-                              "), but this client library delivers batches in host memory only: the "
-                              "client side of GPU delivery (client/cuda) is not wired into the Loader yet; use "
+                              "), but this Loader delivers batches in host memory only: open GPU jobs with "
+                              "spdl::client::GpuLoader (client/cuda) or the Python binding, or use "
                               "output.device: cpu and move the batch to the GPU in the trainer");
   }
 
@@ -551,7 +555,67 @@ Status Loader::SubmitAndMap(const Options& options) {
       h.region_bytes != a.region_bytes()) {
     return ProtocolError("the shared region's header does not match JobAccepted");
   }
+  if (cuda && !a.client_copy()) {
+    // copy: daemon: the daemon sends CudaHandles once, right after JobAccepted.
+    proto::DaemonMessage handles;
+    SPDL_RETURN_IF_ERROR(conn_->Read(&handles, kHelloTimeoutMs, "before sending the job's CUDA handles"));
+    if (handles.has_error()) return FromDaemonError(handles.error(), options.config_name);
+    if (!handles.has_cuda_handles()) {
+      return ProtocolError("expected CudaHandles after JobAccepted of a " + a.device() + " job, got message #" +
+                           std::to_string(handles.msg_case()));
+    }
+    cuda_handles_ = std::make_unique<proto::CudaHandles>(std::move(*handles.mutable_cuda_handles()));
+  }
   return Status::Ok();
+}
+
+Status Loader::SendCudaConsumerEvents(const proto::CudaConsumerEvents& events) {
+  proto::ClientMessage m;
+  *m.mutable_cuda_consumer_events() = events;
+  return conn_->Send(m);
+}
+
+Status Loader::Finish(std::chrono::milliseconds timeout) {
+  if (finished_ || !sticky_.ok()) return Status::Ok();
+  if (!ended_) {
+    ended_ = true;
+    proto::ClientMessage m;
+    m.mutable_end_job();
+    if (!conn_->Send(m).ok()) return Status::Ok();  // the connection is gone: so is the job
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Unavailable(
+                         "spdld did not confirm the end of the job within " + std::to_string(timeout.count()) + " ms");
+    }
+    proto::DaemonMessage m;
+    Status s = conn_->Read(&m, static_cast<int>(left.count()), "while the job was being ended");
+    if (!s.ok()) {
+      // Closed (the job is over) or timed out (the deadline check above says which).
+      if (s.code() == StatusCode::kUnavailable && std::chrono::steady_clock::now() < deadline) {
+        sticky_ = Cancelled("the job was ended");
+        conn_->Close();
+        return Status::Ok();
+      }
+      continue;
+    }
+    switch (m.msg_case()) {
+      case proto::DaemonMessage::kBatch:
+        conn_->SendRelease(m.batch().slot(), m.batch().generation());
+        continue;
+      case proto::DaemonMessage::kJobEnd:
+        finished_ = true;
+        return Status::Ok();
+      case proto::DaemonMessage::kError:
+        sticky_ = FromDaemonError(m.error(), config_name_);
+        conn_->Close();
+        return Status::Ok();
+      default:
+        continue;
+    }
+  }
 }
 
 Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {

@@ -15,6 +15,7 @@
 #if SPDL_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
+#include "cuda/shm_fake_backend.h"
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
 #include "ops/startup_checks.h"
@@ -111,6 +112,18 @@ Status Daemon::Start() {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
       });
+    }
+    if (!fake_gpu_dir_.empty()) {
+      spdlog::warn("TEST ONLY: --test-only-fake-gpu {}: GPU jobs run on a FAKE device made of files in that "
+                   "directory; no GPU is used. Never run a production spdld like this.",
+                   fake_gpu_dir_);
+      registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+        if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
+        SPDL_ASSIGN_OR_RETURN(auto backend, cuda::ShmFakeBackend::Create(fake_gpu_dir_, device));
+        spdlog::warn("TEST ONLY: cuda:{} is a fake device in {} (--test-only-fake-gpu)", device, fake_gpu_dir_);
+        return (device_backends_[device] = std::move(backend)).get();
+      });
+      return Status::Ok();
     }
 #if SPDL_HAVE_CUDA
     registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {

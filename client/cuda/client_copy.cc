@@ -137,6 +137,21 @@ Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
   return Status::Ok();
 }
 
+Status ClientCopyPool::WaitReady(uint32_t slot, cuda::Stream stream) {
+  std::lock_guard lock(mu_);
+  if (slot >= slots_.size() || !slots_[slot].held) return InvalidArgument("WaitReady of " + SlotName(slot) + ": not held");
+  return backend_.StreamWaitEvent(stream, copied_[slot].get()).WithPrefix("WaitReady of " + SlotName(slot));
+}
+
+Status ClientCopyPool::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
+  std::lock_guard lock(mu_);
+  if (slot >= slots_.size() || !slots_[slot].held) {
+    return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
+  }
+  slots_[slot].stream = stream;
+  return Status::Ok();
+}
+
 void* ClientCopyPool::slot_data(uint32_t slot) const {
   return static_cast<uint8_t*>(device_.get().ptr) + uint64_t{slot} * options_.slot_stride;
 }

@@ -16,4 +16,11 @@ Result<std::unique_ptr<cuda::DeviceBackend>> OpenCudaDevice(int ordinal) {
   return std::unique_ptr<cuda::DeviceBackend>(std::move(backend));
 }
 
+BackendFactory CudaBackendFactory() {
+  return [](const cuda::CudaJobHandles* handles, int ordinal) -> Result<std::unique_ptr<cuda::DeviceBackend>> {
+    if (handles != nullptr && ordinal < 0) return OpenDaemonDevice(*handles);
+    return OpenCudaDevice(ordinal < 0 ? 0 : ordinal);
+  };
+}
+
 }  // namespace spdl::client

@@ -59,7 +59,15 @@ Result<std::unique_ptr<DeviceSlotView>> DeviceSlotView::Open(cuda::DeviceBackend
 }
 
 DeviceSlotView::~DeviceSlotView() {
+  Detach();
   std::lock_guard lock(mu_);
+  done_events_.clear();
+}
+
+void DeviceSlotView::Detach() {
+  std::lock_guard lock(mu_);
+  if (detached_) return;
+  detached_ = true;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.held) {
@@ -74,10 +82,9 @@ DeviceSlotView::~DeviceSlotView() {
       if (!st.ok()) backend_.ReportTeardownError(st.WithPrefix("waiting for the consumer of " + SlotName(i)));
     }
   }
-  // Then, by member order: ready events, mappings, consumer-done events.
+  // Then, by member order: ready events (opened), mappings. The consumer-done events stay.
   ready_events_.clear();
   mappings_.clear();
-  done_events_.clear();
 }
 
 Result<void*> DeviceSlotView::Acquire(uint32_t slot, uint64_t generation,
@@ -88,6 +95,7 @@ Result<void*> DeviceSlotView::Acquire(uint32_t slot, uint64_t generation,
   }
   const cuda::Stream st = stream.value_or(consumer_stream_);
   std::lock_guard lock(mu_);
+  if (detached_) return FailedPrecondition("Acquire of " + SlotName(slot) + ": the view is detached");
   Slot& s = slots_[slot];
   if (s.held) {
     return FailedPrecondition("Acquire of " + SlotName(slot) + " generation " +
@@ -123,6 +131,24 @@ Status DeviceSlotView::Release(uint32_t slot, uint64_t generation,
                            .WithPrefix("Release of " + SlotName(slot) + ": recording consumer-done"));
   s.held = false;
   s.done_recorded = true;
+  return Status::Ok();
+}
+
+Status DeviceSlotView::WaitReady(uint32_t slot, cuda::Stream stream) {
+  std::lock_guard lock(mu_);
+  if (slot >= slots_.size() || !slots_[slot].held || detached_) {
+    return InvalidArgument("WaitReady of " + SlotName(slot) + ": not held");
+  }
+  return backend_.StreamWaitEvent(stream, ready_events_[slot].get())
+      .WithPrefix("WaitReady of " + SlotName(slot));
+}
+
+Status DeviceSlotView::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
+  std::lock_guard lock(mu_);
+  if (slot >= slots_.size() || !slots_[slot].held) {
+    return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
+  }
+  slots_[slot].stream = stream;
   return Status::Ok();
 }
 

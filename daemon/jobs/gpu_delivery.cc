@@ -34,6 +34,18 @@ class GpuJob final : public JobHandle {
     cv_.notify_all();
     if (waiter_.joinable()) waiter_.join();
     if (pool_) pool_->Stop();
+    if (pool_ && options_.teardown && !CopiesDone()) {
+      // Copies still queued: wait for them (and free) on the teardown thread, not here. The work
+      // owns the only reference to the pool, so its destructor cannot run here by accident.
+      options_.teardown->Post([pool = std::shared_ptr<cuda::DeviceSlotPool>(std::move(pool_)), mapped = mapped_,
+                               bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
+        pool.reset();
+        if (mapped) munmap(mapped, bytes);
+        if (on_close) on_close();
+      });
+      inner_.reset();
+      return;
+    }
     pool_.reset();
     if (mapped_) munmap(mapped_, mapped_bytes_);
     if (options_.on_close) options_.on_close();
@@ -120,6 +132,15 @@ class GpuJob final : public JobHandle {
   proto::JobStats Stats() const override { return inner_->Stats(); }
 
  private:
+  // Whether every copy enqueued so far has run (never blocks).
+  bool CopiesDone() {
+    for (uint32_t i = 0; i < pool_->num_slots(); ++i) {
+      Result<bool> r = pool_->HostSlotReusable(i);
+      if (!r.ok() || !*r) return false;
+    }
+    return true;
+  }
+
   // Control thread: hands the ring the releases whose copies have finished.
   void ForwardReleases() {
     std::vector<std::pair<uint32_t, uint64_t>> ready;
@@ -181,6 +202,45 @@ class GpuJob final : public JobHandle {
 };
 
 }  // namespace
+
+GpuTeardownQueue::~GpuTeardownQueue() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void GpuTeardownQueue::Post(std::function<void()> work) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(work));
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  }
+  cv_.notify_all();
+}
+
+size_t GpuTeardownQueue::pending() const {
+  std::lock_guard lock(mu_);
+  return queue_.size() + running_;
+}
+
+void GpuTeardownQueue::Loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, and nothing left to run
+    std::function<void()> work = std::move(queue_.front());
+    queue_.pop_front();
+    ++running_;
+    lock.unlock();
+    work();
+    work = nullptr;
+    lock.lock();
+    --running_;
+  }
+}
 
 uint64_t GpuDeviceBytes(const proto::JobAccepted& accepted) {
   return cuda::DeviceSlotPool::DeviceBytes(accepted.slot_stride(), accepted.num_slots());

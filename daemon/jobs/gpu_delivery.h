@@ -18,17 +18,28 @@
 // copy: client (no backend): only JobAccepted changes (device, client_copy = true); the client
 // pins the shared slots in its own process and copies them itself.
 //
-// Teardown (destructor, any thread): the waiter thread is joined, the pool is destroyed (it drains
-// queued copies, destroys the events and stream, frees the device memory, unregisters the host
-// region), the second mapping is unmapped, the device budget is returned (on_close), and only then
-// is the wrapped job released.
+// Teardown (destructor, any thread; in practice the control thread): the waiter thread is joined and
+// the pool stopped (no more copies, no more waits on the client's events). Then, when every queued
+// copy has already run (the normal case; checked without blocking), inline: the pool is destroyed
+// (events, stream, device memory, host registration), the second mapping is unmapped, the device
+// budget is returned (on_close), then the wrapped job is released. When copies are still queued
+// (e.g. behind a consumer-done event of a client that never completes it) and a GpuTeardownQueue
+// is given, the pool, the second mapping and on_close move to the queue's thread, which waits for
+// the copies (bounded by the pool's drain timeout, then leaks the device memory and says so) and
+// does the rest there; the wrapped job is released at once. The control thread never waits for the
+// GPU. (The host pages stay valid for the queued copies: they read through this object's own
+// mapping of the region, not the job's.)
 //
 // Threading: like any JobHandle, control thread only, except the waiter thread described above
 // (it touches only the pool, which is thread-safe, and the guarded pending lists).
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "common/status.h"
 #include "config/job_config.h"
@@ -36,6 +47,35 @@
 #include "jobs/job_service.h"
 
 namespace spdl::jobs {
+
+// Runs slow GPU teardowns (a device slot pool whose copies have not drained yet) on its own thread,
+// one after another, so that the daemon's control thread never waits for the GPU. The thread starts
+// with the first Post. The destructor runs what is still queued (each bounded by its pool's drain
+// timeout) and joins: destroy the queue after every job that may post to it and before the device
+// backends the work uses.
+// Thread safety: Post and pending from any thread.
+class GpuTeardownQueue {
+ public:
+  GpuTeardownQueue() = default;
+  ~GpuTeardownQueue();
+  GpuTeardownQueue(const GpuTeardownQueue&) = delete;
+  GpuTeardownQueue& operator=(const GpuTeardownQueue&) = delete;
+
+  void Post(std::function<void()> work);
+  // Work posted and not yet finished.
+  size_t pending() const;
+
+ private:
+  void Loop();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_.
+  std::deque<std::function<void()>> queue_;
+  size_t running_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // started by the first Post
+};
 
 struct GpuDeliveryOptions {
   config::OutputConfig output;  // device (cuda:N) and copy
@@ -48,6 +88,9 @@ struct GpuDeliveryOptions {
   // Called once when the wrapper is destroyed, after the device memory is freed (returns the
   // device budget). May be empty.
   std::function<void()> on_close;
+  // Where a teardown that would wait for the GPU runs (borrowed; must outlive the job). Null: inline,
+  // on the thread that drops the job (tests; bounded by the pool's drain timeout).
+  GpuTeardownQueue* teardown = nullptr;
 };
 
 // The device bytes a copy: daemon job with this layout takes (for admission before anything is

@@ -469,6 +469,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     g.output = output;
     g.notify = std::move(gpu_notify);
     g.on_close = return_device;
+    g.teardown = &gpu_teardown_;
     auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
     if (!wrapped.ok()) {
       SubmitResult refused;

@@ -24,6 +24,7 @@
 
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
+#include "jobs/gpu_delivery.h"
 #include "io/sample_cache.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
@@ -123,6 +124,10 @@ class JobRegistry final : public JobService {
   std::map<uid_t, int> jobs_per_uid_;
   std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   int live_jobs_ = 0;
+
+  // GPU jobs whose copies have not drained are torn down here, off the control thread. Declared
+  // last: destroyed (finishing what is queued, which returns device budget above) first.
+  GpuTeardownQueue gpu_teardown_;
 };
 
 }  // namespace spdl::jobs

@@ -82,6 +82,7 @@ Output SessionLogic::OnFrame(std::string_view payload) {
         return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
       }
       if (control_ && control_->draining) return DrainingRefusal();  // the session stays open
+      ended_gpu_job_.reset();
       jobs::PrepareTask task = jobs_->Prepare(msg.submit(), peer_);
       if (!control_ || !control_->async_submit) return StartPrepared(task());
       Output out;
@@ -224,7 +225,10 @@ Output SessionLogic::OnJobEvent() {
     if (d->job_end) {
       if (record_) d->job_end->mutable_stats()->set_client_wait_seconds(record_->client_wait_seconds.load());
       *out.messages.emplace_back().message.mutable_job_end() = std::move(*d->job_end);
-      // The client keeps its mapping; its late Releases are ignored.
+      // The client keeps its mapping; its late Releases are ignored. A GPU job's device slots stay
+      // too (the client may still read the last batches through its IPC mapping, which it closes
+      // before its connection): kept until the session ends or submits again.
+      if (job_->cuda_handles()) ended_gpu_job_ = std::move(job_);
       job_.reset();
       record_.reset();
       awaiting_consumer_events_ = false;

@@ -20,7 +20,9 @@
 // followed at once by CudaHandles (once per job); the client must answer with CudaConsumerEvents
 // (once) before its first Release: a Release before it, a second one, one for a job without GPU
 // delivery, or one the job refuses closes the session (BAD_REQUEST). BatchReady is as for any job
-// (the device slot has the host slot's index).
+// (the device slot has the host slot's index). When a GPU job ends by itself (JobEnd), its device
+// side is kept until the session ends or submits again: the client may still read its last
+// batches through its IPC mapping, which it closes before its connection.
 //
 // Draining (DaemonControl::draining): SubmitJob is refused with SHUTTING_DOWN (the session stays
 // open); a running job is told once with a Draining message (OnDrain) and runs on until it ends or
@@ -127,6 +129,7 @@ class SessionLogic {
   uint64_t submit_seq_ = 0;  // numbers Output::prepare; a result of another number is stale
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;
+  std::shared_ptr<jobs::JobHandle> ended_gpu_job_;  // a finished GPU job, until the session ends
 };
 
 }  // namespace spdl::server

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU delivery on a machine with a CUDA device: configures and builds with CUDA on, runs every
-# [gpu] test (and the fake-backend unit tests), then prints the H2D bandwidth figure (pageable vs
-# pinned). Under 5 minutes on a GPU machine. Without a device it builds, says clearly that there is
+# [gpu] test — the runtime-level cases (gpu_test) and the end-to-end case through the real spdld
+# and 2 real client processes (gpu_daemon_test), and the Python binding with torch when the build
+# has it — plus the fake-backend unit tests, then prints the H2D bandwidth figure (pageable vs
+# pinned). On a fresh machine run scripts/install-deps.sh first. Under 5 minutes on a GPU machine. Without a device it builds, says clearly that there is
 # no device, and exits 0.
 #
 #   tests/gpu/run.sh [BUILD_DIR]     (default: build-gpu at the top of the repository)
@@ -11,9 +13,11 @@ BUILD="${1:-$ROOT/build-gpu}"
 JOBS="$(nproc 2>/dev/null || echo 2)"
 
 echo "== configure ($BUILD, CUDA on)"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSPDL_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+PY=(); [ -x /usr/bin/python3 ] && PY=(-DPython3_EXECUTABLE=/usr/bin/python3)
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSPDL_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "${PY[@]}" >/dev/null
 echo "== build"
-ninja -C "$BUILD" -j "$JOBS" gpu_test spdl-gpu-consumer spdl-h2d-bandwidth cuda_test
+ninja -C "$BUILD" -j "$JOBS" spdld gpu_test gpu_daemon_test spdl-gpu-consumer spdl-h2d-bandwidth cuda_test \
+  spdl-make-dataset $(ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^spdl_python:' && echo spdl_python)
 
 echo "== fake-backend unit tests (host logic)"
 "$BUILD/bin/cuda_test"
@@ -24,6 +28,14 @@ fi
 echo "== [gpu] tests"
 OUT="$("$BUILD/bin/gpu_test" "[gpu]" 2>&1)" || { echo "$OUT"; exit 1; }
 echo "$OUT"
+echo "== [gpu] end to end through spdld"
+OUT2="$(timeout 240 "$BUILD/bin/gpu_daemon_test" "[gpu]" 2>&1)" || { echo "$OUT2"; exit 1; }
+echo "$OUT2"
+if [ -d "$BUILD/python/spdl_client" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "== Python: torch.from_dlpack of cuda jobs"
+  SPDL_BUILD_DIR="$BUILD" PYTHONPATH="$BUILD/python" timeout 120 /usr/bin/python3 -m pytest -q -rs \
+    "$ROOT/tests/python/test_gpu.py" || exit 1
+fi
 if grep -q "skipped: no CUDA device" <<<"$OUT"; then
   echo "== NO CUDA DEVICE on this machine: the [gpu] tests were built but skipped (not run)."
   "$BUILD/bin/spdl-h2d-bandwidth"

@@ -865,3 +865,102 @@ TEST_CASE("DLPack: tensors on a CUDA device slot", "[cuda]") {
 
 }  // namespace
 }  // namespace spdl::cuda
+
+namespace spdl::cuda {
+namespace {
+
+// ========================================================== the GPU layer's teardown (GpuLoader)
+
+TEST_CASE("DeviceSlotView::Detach: the mapping closes before the daemon frees, the consumer events live on",
+          "[cuda]") {
+  Job job(2);
+  REQUIRE(job.pool->Submit(0).ok());
+  REQUIRE(job.pool->Lease(0, 1).ok());
+  REQUIRE(job.view->Acquire(0, 1).ok());  // held by the trainer when it tears down
+  job.dev.ClearCalls();
+
+  // GpuLoader's step 1: consumer-done for the held slot, wait for it, then the daemon's ready
+  // events and the mapping go; the trainer's consumer-done events stay.
+  job.view->Detach();
+  CHECK(Ops(CallsOf(job.dev, "trainer")) == "record sync_event destroy_event destroy_event close_memory");
+  CHECK_FALSE(job.view->held(0));
+  CHECK(job.view->Acquire(1, 2).status().code() == StatusCode::kFailedPrecondition);
+  job.view->Detach();  // idempotent
+  // Step 2 (the daemon ends the job): it may still wait on a consumer event — it exists — and then
+  // frees its memory without complaint, since no mapping is open any more.
+  REQUIRE(job.pool->Release(0, 1).ok());
+  REQUIRE(job.pool->Submit(0).ok());  // waits on the trainer's (still alive) consumer-done event
+  job.pool->Stop();
+  job.pool.reset();
+  CHECK(job.daemon.teardown_errors().empty());
+  // Step 3: the consumer-done events.
+  job.dev.ClearCalls();
+  job.view.reset();
+  CHECK(Ops(CallsOf(job.dev, "trainer")) == "destroy_event destroy_event");
+  CHECK(job.trainer.teardown_errors().empty());
+  CHECK(job.dev.live().allocations == 0);
+  CHECK(job.dev.live().mappings == 0);
+  CHECK(job.dev.live().events == 0);
+}
+
+TEST_CASE("DeviceSlotView and ClientCopyPool: WaitReady on another stream moves the release there", "[cuda]") {
+  SECTION("copy: daemon") {
+    Job job(2);
+    const Stream other = *job.trainer.CreateStream();
+    REQUIRE(job.pool->Submit(1).ok());
+    REQUIRE(job.pool->Lease(1, 1).ok());
+    CHECK(job.view->WaitReady(1, other).code() == StatusCode::kInvalidArgument);  // not held yet
+    REQUIRE(job.view->Acquire(1, 1).ok());
+    job.dev.ClearCalls();
+    REQUIRE(job.view->WaitReady(1, other).ok());
+    REQUIRE(job.view->SetReleaseStream(1, other).ok());
+    REQUIRE(job.view->Release(1, 1).ok());
+    auto calls = CallsOf(job.dev, "trainer");
+    INFO(Dump(calls));
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[0].op == FakeOp::kWait);
+    CHECK(calls[0].stream == job.trainer.StreamId(other));
+    CHECK(calls[0].event == job.daemon.EventId(job.pool->ready_event(1)));
+    CHECK(calls[1].op == FakeOp::kRecord);
+    CHECK(calls[1].stream == job.trainer.StreamId(other));
+    CHECK(calls[1].event == job.daemon.EventId(job.pool->consumer_event(1)));
+    REQUIRE(job.pool->Release(1, 1).ok());
+    REQUIRE(job.trainer.DestroyStream(other).ok());
+  }
+  SECTION("copy: client") {
+    HostRegion region({4096}, 2);
+    FakeDevice dev;
+    FakeBackend trainer(dev, "trainer");
+    const Stream consumer = *trainer.CreateStream();
+    const Stream other = *trainer.CreateStream();
+    ClientCopyOptions o;
+    o.region_base = region.data;
+    o.region_bytes = region.layout.region_bytes;
+    o.slots_offset = region.layout.slots_offset;
+    o.slot_stride = region.layout.slot_stride;
+    o.num_slots = 2;
+    o.consumer_stream = consumer;
+    auto pool = ClientCopyPool::Create(trainer, o);
+    REQUIRE(pool.ok());
+    region.Fill(0, 5);
+    REQUIRE((*pool)->Acquire(0, 1).ok());
+    dev.ClearCalls();
+    REQUIRE((*pool)->WaitReady(0, other).ok());
+    REQUIRE((*pool)->SetReleaseStream(0, other).ok());
+    REQUIRE((*pool)->Release(0, 1).ok());
+    auto calls = CallsOf(dev, "trainer", [](const FakeCall& c) { return c.op != FakeOp::kQuery; });
+    INFO(Dump(calls));
+    REQUIRE(calls.size() == 2);
+    CHECK((calls[0].op == FakeOp::kWait && calls[0].stream == trainer.StreamId(other)));
+    CHECK((calls[1].op == FakeOp::kRecord && calls[1].stream == trainer.StreamId(other)));
+    CHECK(region.Holds((*pool)->slot_data(0), 5));
+    CHECK((*pool)->WaitReady(0, other).code() == StatusCode::kInvalidArgument);  // released
+    pool->reset();
+    REQUIRE(trainer.DestroyStream(other).ok());
+    REQUIRE(trainer.DestroyStream(consumer).ok());
+    CHECK(dev.live().empty());
+  }
+}
+
+}  // namespace
+}  // namespace spdl::cuda

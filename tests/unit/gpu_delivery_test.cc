@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -118,6 +119,87 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     CHECK(dev.live().device_bytes == 0);
     CHECK(dev.live().registrations == 0);
     CHECK(backend.teardown_errors().empty());
+    pool.reset();
+  }
+}
+
+}  // namespace
+}  // namespace spdl::jobs
+
+namespace spdl::jobs {
+namespace {
+
+// The GpuJob of a client whose consumer-done event never completes: its copies cannot drain. The
+// daemon's control thread (here: the test's thread, which drops the job) must not wait for them;
+// the teardown queue does, and frees everything once they have run.
+TEST_CASE("gpu delivery: a job whose copies are stuck is torn down off the control thread") {
+  Dir dir;
+  testdata::DatasetOptions o;
+  o.classes = 2;
+  o.images_per_class = 4;
+  o.min_side = 40;
+  o.max_side = 80;
+  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
+  config::DaemonConfig cfg;
+  cfg.allowed_roots = {dir.path};
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    std::atomic<int> notified{0};
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [&] { ++notified; });
+    REQUIRE(r.ok());
+    const uint32_t slots = r.job->accepted().num_slots();
+    auto handles = cuda::ParseCudaHandles(*r.job->cuda_handles(), slots, r.job->accepted().slot_stride());
+    REQUIRE(handles.ok());
+    // The client's consumer-done events (this process stands for the client: the fake allows it).
+    std::vector<cuda::EventHandle> done;
+    std::vector<cuda::IpcEventHandle> exported;
+    for (uint32_t i = 0; i < slots; ++i) {
+      auto e = cuda::MakeEvent(client, /*interprocess=*/true);
+      REQUIRE(e.ok());
+      exported.push_back(*client.ExportEvent(e->get()));
+      done.push_back(std::move(e).value());
+    }
+    proto::CudaConsumerEvents msg;
+    cuda::BuildCudaConsumerEvents(exported, &msg);
+    REQUIRE(r.job->ImportConsumerEvents(msg).ok());
+
+    // The first batch: its copy is enqueued; the GPU "never runs it" (the ready event is held).
+    std::optional<Delivery> d;
+    for (int i = 0; i < 500 && !d; ++i) {
+      d = r.job->TakeNext();
+      if (!d) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(d);
+    auto ready = client.OpenEvent(handles->ready_events[d->batch.slot()]);
+    REQUIRE(ready.ok());
+    client.SetEventPending(*ready, true);
+    const uint64_t bytes = reg.device_bytes_in_use(0);
+    REQUIRE(bytes > 0);
+
+    // The session drops the job: this returns with the copy still queued, nothing freed yet.
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(dev.live().device_bytes == bytes);
+    CHECK(reg.device_bytes_in_use(0) == bytes);
+
+    // The GPU catches up: the teardown thread frees the device side and returns the budget.
+    client.SetEventPending(*ready, false);
+    bool freed = false;
+    for (int i = 0; i < 500 && !freed; ++i) {
+      freed = reg.device_bytes_in_use(0) == 0 && dev.live().device_bytes == 0 && dev.live().registrations == 0;
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(freed);
+    for (const Status& e : backend.teardown_errors()) FAIL_CHECK(e.ToString());
+    (void)client.DestroyEvent(*ready);
+    done.clear();
     pool.reset();
   }
 }

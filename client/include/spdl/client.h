@@ -42,6 +42,8 @@
 
 namespace spdl::proto {
 class BatchReady;  // proto/control.proto; the public header needs no protobuf headers
+class CudaHandles;
+class CudaConsumerEvents;
 }
 
 namespace spdl::client {
@@ -188,6 +190,15 @@ struct Options {
   uint32_t epochs = 1;      // 0 = until End(); a resumed job counts the epochs before the token too
   std::string resume_token; // from Batch::resume_token() / Loader::state(): continue after that batch
   std::string client_name;  // free text for the daemon's logs; empty = "spdl-client pid=N"
+
+  // ---- GPU delivery (output.device: cuda:N) ----
+  // A Loader delivers host memory only: it refuses a cuda job unless `accept_device_job` is set,
+  // which only a GPU layer on top of it does (spdl::client::GpuLoader in client/cuda, the Python
+  // binding): that layer then opens the device side through the seam below.
+  bool accept_device_job = false;
+  // SubmitJob.device_uuid: the 16-byte UUID of the trainer's GPU (copy: daemon; the daemon refuses
+  // the job when its cuda:N is another GPU). Empty: not checked by the daemon.
+  std::string device_uuid;
 };
 
 // JobStats means the job is done: it is the last event.
@@ -256,6 +267,26 @@ class Loader {
   const void* region_data() const;
   size_t region_size() const;
 
+  // ---- the GPU seam (for the GPU layer, client/cuda/include/spdl/cuda/gpu_loader.h) ----
+  // JobAccepted.device: "cpu" (or empty, an older daemon) or "cuda:N".
+  const std::string& device() const { return device_; }
+  // JobAccepted.client_copy: a cuda job whose host slots the client copies to its GPU itself.
+  bool client_copy() const { return client_copy_; }
+  // The job's layout, for the GPU layer: tensor i of a batch lies at slot start + tensor_offset(i).
+  uint64_t tensor_offset(size_t i) const { return tensor_offsets_.at(i); }
+  uint64_t slots_offset() const { return slots_offset_; }
+  uint64_t slot_stride() const { return slot_stride_; }
+  // A cuda job with copy: daemon: the CudaHandles the daemon sent once, right after JobAccepted
+  // (Open read it). nullptr otherwise.
+  const proto::CudaHandles* cuda_handles() const { return cuda_handles_.get(); }
+  // Sends the client's per-slot consumer-done events (once, before the first Release).
+  Status SendCudaConsumerEvents(const proto::CudaConsumerEvents& events);
+  // Ends the job and waits, up to `timeout`, until the daemon confirms (JobStats) or closes the
+  // connection; batches still in flight are released unseen. OK at once when the job has already
+  // finished or failed. After it the daemon makes no more copies for this job and waits on none of
+  // its events, so the GPU layer may destroy them. kUnavailable on timeout.
+  Status Finish(std::chrono::milliseconds timeout);
+
  private:
   explicit Loader(std::shared_ptr<detail::Connection> conn);
 
@@ -272,6 +303,9 @@ class Loader {
   std::vector<uint64_t> row_bytes_;
   uint64_t slots_offset_ = 0;
   uint64_t slot_stride_ = 0;
+  std::string device_;   // JobAccepted.device
+  bool client_copy_ = false;
+  std::unique_ptr<proto::CudaHandles> cuda_handles_;  // copy: daemon jobs only
 
   // Read state: touched only by the thread calling Open()/Next()/End().
   Status sticky_;          // the first error Next() returned

@@ -167,6 +167,7 @@ class Loader:
             self.socket, yaml_text, config_name, self.overrides, self.rank, self.world_size, self.epochs, client_name
         )
         self._info: dict = self._core.info
+        self._device: str = self._core.device
         self._finished = False
         self._job_stats: Optional[dict] = None
         self.epoch_summaries: list[dict] = []
@@ -227,6 +228,15 @@ class Loader:
             self._next_batch_in_epoch = 0
 
     # ---- job ----
+
+    @property
+    def device(self) -> str:
+        """The job's ``output.device``: ``"cpu"``, or ``"cuda:N"`` when its batches are delivered on
+        the GPU. Then every tensor is CUDA memory (``__dlpack_device__`` is ``(kDLCUDA, ordinal)``):
+        ``torch.from_dlpack(t)`` gives a CUDA tensor, and the DLPack stream protocol makes the
+        consumer's current stream wait on the GPU (no host sync) for the batch's copy; the batch's
+        slot is reused only after the work queued on that stream before the tensor died has run."""
+        return self._device
 
     @property
     def info(self) -> dict:

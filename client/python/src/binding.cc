@@ -9,6 +9,11 @@
 //    every DLPack export of them; the last reference gone gives the slot back to the daemon. It holds
 //    no Python object, so that last reference may drop on any thread, with or without the GIL (torch
 //    and numpy call DLPack deleters wherever their tensors die).
+//  - GPU jobs (output.device: cuda:N, when built with SPDL_PY_GPU): the Loader is handed to a
+//    client::GpuLoader (client/cuda/include/spdl/cuda/gpu_loader.h); its batches' tensors are
+//    device memory: __dlpack_device__ is (kDLCUDA, ordinal) and __dlpack__(stream=S) makes the
+//    consumer's stream S wait (on the GPU) for the batch's copy, and records the consumer-done event
+//    on S when the batch is released.
 //  - Tensor: a zero-copy view of one tensor of a batch: __dlpack__ / __dlpack_device__ (kDLCPU),
 //    shape, dtype, and __array__ (through DLPack, so numpy's array holds the lease too).
 //    Tensor.release_() drops the Tensor's own reference: afterwards it can export nothing, while
@@ -31,6 +36,12 @@
 #include <vector>
 
 #include "spdl/client.h"
+#if SPDL_PY_GPU
+#include "spdl/cuda/gpu_loader.h"
+#if SPDL_HAVE_CUDA
+#include "spdl/cuda/cuda_device.h"
+#endif
+#endif
 
 namespace py = pybind11;
 
@@ -67,17 +78,57 @@ class Lease {
   Lease(client::Batch batch, HeldCounter held) : batch_(std::move(batch)), held_(std::move(held)) {
     held_->fetch_add(1);
   }
+#if SPDL_PY_GPU
+  // A GPU batch: its tensors are device memory.
+  Lease(client::GpuBatch gpu, HeldCounter held) : gpu_(std::move(gpu)), is_gpu_(true), held_(std::move(held)) {
+    held_->fetch_add(1);
+  }
+#endif
   ~Lease() {
+#if SPDL_PY_GPU
+    gpu_.Release();  // consumer-done first, then the host slot
+#endif
     batch_.Release();
     held_->fetch_sub(1);
   }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
-  const client::Batch& batch() const { return batch_; }
+  // The host batch (metadata; for a CPU job also the data).
+  const client::Batch& batch() const {
+#if SPDL_PY_GPU
+    if (is_gpu_) return gpu_.host();
+#endif
+    return batch_;
+  }
+  const std::vector<client::TensorView>& tensors() const {
+#if SPDL_PY_GPU
+    if (is_gpu_) return gpu_.tensors();
+#endif
+    return batch_.tensors();
+  }
+  bool gpu() const { return is_gpu_; }
+  int device() const {
+#if SPDL_PY_GPU
+    if (is_gpu_) return gpu_.device();
+#endif
+    return 0;
+  }
+  // GPU batches: makes `stream` wait for the data (and records consumer-done there at release).
+  Status WaitOn(void* stream) {
+#if SPDL_PY_GPU
+    if (is_gpu_) return gpu_.WaitOn(cuda::Stream{stream});
+#endif
+    (void)stream;
+    return Status::Ok();
+  }
 
  private:
   client::Batch batch_;
+#if SPDL_PY_GPU
+  client::GpuBatch gpu_;
+#endif
+  bool is_gpu_ = false;
   HeldCounter held_;
 };
 
@@ -127,7 +178,7 @@ void CapsuleDestructor(PyObject* capsule) {
 class Tensor {
  public:
   Tensor(std::shared_ptr<Lease> lease, size_t index)
-      : lease_(std::move(lease)), view_(lease_->batch().tensors().at(index)) {}
+      : lease_(std::move(lease)), view_(lease_->tensors().at(index)), gpu_(lease_->gpu()), device_(lease_->device()) {}
 
   const std::string& name() const { return view_.name; }
   std::string dtype() const { return client::DTypeName(view_.dtype); }
@@ -141,7 +192,10 @@ class Tensor {
   // Drops this Tensor's reference to the slot; views exported before keep theirs.
   void Release() { lease_.reset(); }
 
-  py::tuple DLPackDevice() const { return py::make_tuple(static_cast<int>(kDLCPU), 0); }
+  py::tuple DLPackDevice() const {
+    if (gpu_) return py::make_tuple(static_cast<int>(kDLCUDA), device_);
+    return py::make_tuple(static_cast<int>(kDLCPU), 0);
+  }
 
   // The DLPack protocol (array API standard). `stream` must be None (or -1) for CPU data.
   // `max_version`: only unversioned ("dltensor") capsules are made, which the standard allows a
@@ -150,12 +204,22 @@ class Tensor {
   py::object DLPack(const py::object& stream, const py::object& max_version, const py::object& dl_device,
                     const py::object& copy) const {
     (void)max_version;
-    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.cast<int64_t>() == -1)) {
-      ThrowBufferError("spdl_client tensors are CPU memory: __dlpack__(stream=...) must be None");
-    }
-    if (!dl_device.is_none()) {
-      auto dev = dl_device.cast<std::pair<int, int>>();
-      if (dev.first != kDLCPU) ThrowBufferError("spdl_client tensors are CPU memory; cannot export to another device");
+    if (gpu_) {
+      if (!dl_device.is_none()) {
+        auto dev = dl_device.cast<std::pair<int, int>>();
+        if (dev.first != kDLCUDA || dev.second != device_) {
+          ThrowBufferError("spdl_client GPU tensors are on cuda:" + std::to_string(device_) +
+                           "; cannot export to another device");
+        }
+      }
+    } else {
+      if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.cast<int64_t>() == -1)) {
+        ThrowBufferError("spdl_client tensors are CPU memory: __dlpack__(stream=...) must be None");
+      }
+      if (!dl_device.is_none()) {
+        auto dev = dl_device.cast<std::pair<int, int>>();
+        if (dev.first != kDLCPU) ThrowBufferError("spdl_client tensors are CPU memory; cannot export to another device");
+      }
     }
     if (!copy.is_none() && copy.cast<bool>()) {
       ThrowBufferError("spdl_client tensors are zero-copy views; __dlpack__(copy=True) is not supported");
@@ -164,6 +228,18 @@ class Tensor {
       ThrowError("tensor '" + view_.name + "' belongs to a released batch: export it before release()",
                  "FAILED_PRECONDITION");
     }
+    if (gpu_) {
+      // The DLPack stream protocol: None = the legacy default stream, -1 = the consumer syncs itself,
+      // else the consumer's cudaStream_t (1 = legacy default, 2 = per-thread default). The stream
+      // waits on the GPU for the batch's copy; consumer-done is recorded on it at release.
+      int64_t s = 1;
+      if (!stream.is_none()) s = stream.cast<int64_t>();
+      if (s == 0) ThrowBufferError("__dlpack__(stream=0) is ambiguous for CUDA: pass 1 for the legacy default stream");
+      if (s != -1) {
+        Status st = lease_->WaitOn(s == 1 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(s)));
+        if (!st.ok()) ThrowStatus(st);
+      }
+    }
     auto ex = std::make_unique<Export>();
     ex->shape = view_.shape;
     ex->strides.assign(view_.shape.size(), 1);
@@ -171,7 +247,7 @@ class Tensor {
     ex->lease = lease_;
     DLTensor& t = ex->managed.dl_tensor;
     t.data = view_.data;
-    t.device = {kDLCPU, 0};
+    t.device = gpu_ ? DLDevice{kDLCUDA, device_} : DLDevice{kDLCPU, 0};
     t.ndim = static_cast<int32_t>(ex->shape.size());
     t.dtype = ToDLDataType(view_.dtype);
     t.shape = ex->shape.data();
@@ -194,6 +270,8 @@ class Tensor {
  private:
   std::shared_ptr<Lease> lease_;  // null once released
   client::TensorView view_;       // a copy: the metadata outlives release
+  bool gpu_ = false;              // device memory (a cuda job)
+  int device_ = 0;                // its CUDA ordinal in this process
 };
 
 // ---- conversions ----
@@ -283,31 +361,76 @@ class Core {
     o.world_size = world_size;
     o.epochs = epochs;
     o.client_name = std::move(client_name);
+#if SPDL_PY_GPU
+    o.accept_device_job = true;  // a cuda job goes to the GPU layer below
+#endif
     std::optional<Result<std::unique_ptr<client::Loader>>> r;
     {
       py::gil_scoped_release nogil;
       r.emplace(client::Loader::Open(o));
     }
     if (!r->ok()) ThrowStatus(r->status());
-    return std::unique_ptr<Core>(new Core(std::move(**r)));
+    std::unique_ptr<client::Loader> loader = std::move(**r);
+    const std::string device = loader->device();
+#if SPDL_PY_GPU
+    if (device.rfind("cuda", 0) == 0) {
+      client::GpuOptions g;  // the legacy default stream; the daemon's GPU (copy: daemon) or cuda:N
+#if SPDL_HAVE_CUDA
+      g.open_backend = client::CudaBackendFactory();
+#endif
+      const client::JobInfo info = loader->info();
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(loader->region_data());
+      const size_t size = loader->region_size();
+      std::optional<Result<std::unique_ptr<client::GpuLoader>>> gr;
+      {
+        py::gil_scoped_release nogil;
+        gr.emplace(client::GpuLoader::Attach(std::move(loader), std::move(g)));
+      }
+      if (!gr->ok()) ThrowStatus(gr->status());
+      return std::unique_ptr<Core>(new Core(std::move(**gr), info, addr, size, device));
+    }
+#endif
+    const client::JobInfo info = loader->info();
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(loader->region_data());
+    const size_t size = loader->region_size();
+    return std::unique_ptr<Core>(new Core(std::move(loader), info, addr, size, device.empty() ? "cpu" : device));
   }
 
   // The next event as (kind, a, b): ("batch", [Tensor, ...], metadata dict), ("epoch_end", dict,
   // None) or ("stats", dict, None). Waits with the GIL released.
   py::tuple Next() {
     std::optional<Result<client::Event>> ev;
+#if SPDL_PY_GPU
+    std::optional<Result<client::GpuEvent>> gev;
+#endif
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> lock(mu_);
+#if SPDL_PY_GPU
+      if (gpu_ != nullptr) {
+        gev.emplace(gpu_->Next());
+      } else
+#endif
       if (loader_ == nullptr) {
         ev.emplace(FailedPrecondition("the loader is closed"));
       } else {
         ev.emplace(loader_->Next());
       }
     }
+#if SPDL_PY_GPU
+    if (gev) {
+      if (!gev->ok()) ThrowStatus(gev->status());
+      client::GpuEvent& e = **gev;
+      if (auto* b = std::get_if<client::GpuBatch>(&e)) {
+        return BatchTuple(std::make_shared<Lease>(std::move(*b), held_));
+      }
+      if (auto* end = std::get_if<client::EpochEnd>(&e)) return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
+      return py::make_tuple("stats", JobStatsDict(std::get<client::JobStats>(e)), py::none());
+    }
+#endif
     if (!ev->ok()) ThrowStatus(ev->status());
     client::Event& e = **ev;
-    if (auto* b = std::get_if<client::Batch>(&e)) return BatchTuple(std::move(*b));
+    if (auto* b = std::get_if<client::Batch>(&e)) return BatchTuple(std::make_shared<Lease>(std::move(*b), held_));
     if (auto* end = std::get_if<client::EpochEnd>(&e)) return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
     return py::make_tuple("stats", JobStatsDict(std::get<client::JobStats>(e)), py::none());
   }
@@ -315,7 +438,8 @@ class Core {
   // The resume token of the last batch returned (empty bytes before the first).
   py::bytes state() {
     std::lock_guard<std::mutex> lock(mu_);
-    return py::bytes(loader_ == nullptr ? std::string() : loader_->state());
+    const client::Loader* l = loader();
+    return py::bytes(l == nullptr ? std::string() : l->state());
   }
 
   // Asks the daemon to end the job early (the next Next() returns the stats or CANCELLED).
@@ -324,6 +448,9 @@ class Core {
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> lock(mu_);
+#if SPDL_PY_GPU
+      if (gpu_ != nullptr) s = gpu_->End();
+#endif
       if (loader_ != nullptr) s = loader_->End();
     }
     if (!s.ok()) ThrowStatus(s);
@@ -336,31 +463,54 @@ class Core {
     if (!lock.owns_lock()) {
       ThrowError("close() while another thread is inside next(): stop iterating first", "FAILED_PRECONDITION");
     }
+#if SPDL_PY_GPU
+    // A GPU job's teardown waits for the GPU and the daemon: without the GIL, and without mu_ (a
+    // thread holding the GIL may be waiting for it).
+    std::unique_ptr<client::GpuLoader> gpu = std::move(gpu_);
+    lock.unlock();
+    if (gpu != nullptr) {
+      py::gil_scoped_release nogil;
+      gpu.reset();
+    }
+    lock.lock();
+#endif
     loader_.reset();
   }
 
   bool closed() {
     std::lock_guard<std::mutex> lock(mu_);
-    return loader_ == nullptr;
+    return loader() == nullptr;
   }
 
   py::dict info() const { return JobInfoDict(info_); }
   uintptr_t region_address() const { return region_address_; }
   size_t region_size() const { return region_size_; }
   int64_t held() const { return held_->load(); }
+  // "cpu" or "cuda:N" (the job's output.device).
+  const std::string& device() const { return device_; }
 
  private:
-  explicit Core(std::unique_ptr<client::Loader> loader)
-      : loader_(std::move(loader)),
-        info_(loader_->info()),
-        region_address_(reinterpret_cast<uintptr_t>(loader_->region_data())),
-        region_size_(loader_->region_size()) {}
+  Core(std::unique_ptr<client::Loader> loader, client::JobInfo info, uintptr_t addr, size_t size, std::string device)
+      : loader_(std::move(loader)), info_(std::move(info)), region_address_(addr), region_size_(size),
+        device_(std::move(device)) {}
+#if SPDL_PY_GPU
+  Core(std::unique_ptr<client::GpuLoader> gpu, client::JobInfo info, uintptr_t addr, size_t size, std::string device)
+      : gpu_(std::move(gpu)), info_(std::move(info)), region_address_(addr), region_size_(size),
+        device_(std::move(device)) {}
+#endif
 
-  py::tuple BatchTuple(client::Batch b) {
-    auto lease = std::make_shared<Lease>(std::move(b), held_);
+  // REQUIRES: mu_ held. The host Loader (of the GPU loader for a cuda job), or null once closed.
+  client::Loader* loader() const {
+#if SPDL_PY_GPU
+    if (gpu_ != nullptr) return &gpu_->loader();
+#endif
+    return loader_.get();
+  }
+
+  py::tuple BatchTuple(std::shared_ptr<Lease> lease) {
     const client::Batch& batch = lease->batch();
     py::list tensors;
-    for (size_t i = 0; i < batch.tensors().size(); ++i) tensors.append(py::cast(Tensor(lease, i)));
+    for (size_t i = 0; i < lease->tensors().size(); ++i) tensors.append(py::cast(Tensor(lease, i)));
     py::dict meta;
     meta["seq"] = batch.seq();
     meta["epoch"] = batch.epoch();
@@ -372,12 +522,16 @@ class Core {
     return py::make_tuple("batch", tensors, meta);
   }
 
-  std::mutex mu_;  // guards loader_ (Next/End/Close may come from different Python threads)
+  std::mutex mu_;  // guards loader_ and gpu_ (Next/End/Close may come from different Python threads)
+#if SPDL_PY_GPU
+  std::unique_ptr<client::GpuLoader> gpu_;  // a cuda job (then loader_ is null)
+#endif
   std::unique_ptr<client::Loader> loader_;
   // Constant after construction.
   const client::JobInfo info_;
   const uintptr_t region_address_;
   const size_t region_size_;
+  const std::string device_;
   const HeldCounter held_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
@@ -431,5 +585,6 @@ PYBIND11_MODULE(_spdl_client, m) {
       .def_property_readonly("info", &Core::info)
       .def_property_readonly("region_address", &Core::region_address)
       .def_property_readonly("region_size", &Core::region_size)
-      .def_property_readonly("held", &Core::held);
+      .def_property_readonly("held", &Core::held)
+      .def_property_readonly("device", &Core::device, "the job's output.device: 'cpu' or 'cuda:N'");
 }

@@ -71,6 +71,11 @@ class ClientCopyPool {
   Status Release(uint32_t slot, uint64_t generation,
                  std::optional<cuda::Stream> stream = std::nullopt);
 
+  // Makes `stream` wait on the GPU for slot `slot`'s copy too (the slot must be held).
+  Status WaitReady(uint32_t slot, cuda::Stream stream);
+  // Changes the stream Release records consumer-done on by default (the slot must be held).
+  Status SetReleaseStream(uint32_t slot, cuda::Stream stream);
+
   void* slot_data(uint32_t slot) const;
   uint64_t device_bytes() const { return device_.get().bytes; }
   int device() const { return backend_.device(); }

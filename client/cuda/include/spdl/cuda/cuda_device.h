@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "cuda/device_backend.h"
 #include "cuda/ipc_messages.h"
+#include "spdl/cuda/gpu_loader.h"
 
 namespace spdl::client {
 
@@ -20,5 +21,9 @@ Result<std::unique_ptr<cuda::DeviceBackend>> OpenDaemonDevice(const cuda::CudaJo
 
 // A CudaBackend on this process's ordinal `ordinal` (for copy: client). kUnavailable if absent.
 Result<std::unique_ptr<cuda::DeviceBackend>> OpenCudaDevice(int ordinal);
+
+// The factory GpuOptions::open_backend wants, on CUDA: OpenDaemonDevice(*handles) for copy: daemon,
+// OpenCudaDevice(ordinal) for copy: client.
+BackendFactory CudaBackendFactory();
 
 }  // namespace spdl::client

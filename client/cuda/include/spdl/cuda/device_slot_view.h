@@ -16,12 +16,14 @@
 // The consumer stream is the stream on which the trainer uses the tensors (e.g. PyTorch's current
 // stream); work on other streams must be joined to it before Release (like torch's record_stream).
 //
-// Teardown (destructor), in order: records consumer-done for slots still held, waits on the host
-// until every consumer-done event has completed (the trainer's queued work on the slots is done),
-// destroys the opened ready events, closes the IPC mapping, destroys the consumer-done events. The
-// client must destroy the view BEFORE it closes its connection (the daemon frees the device memory
-// when the connection closes), and after the daemon stopped copying (EndJob acknowledged, or
-// JobEnd): the daemon must not wait on a consumer-done event that no longer exists.
+// Teardown, in two steps (GpuLoader does them around ending the job, see gpu_loader.h):
+//   Detach()     records consumer-done for slots still held, waits on the host until every
+//                consumer-done event has completed (the trainer's queued work on the slots is done),
+//                destroys the opened ready events and closes the IPC mapping. Do it BEFORE the
+//                daemon may free the device memory (before EndJob / closing the connection).
+//   destructor   Detach() if not done, then destroys the consumer-done events. Do it only after the
+//                daemon stopped copying (EndJob answered, JobEnd, or the connection closed): the
+//                daemon must not wait on a consumer-done event that no longer exists.
 //
 // Thread safety: safe to share between threads (one mutex): Batches may be released from any
 // thread. Neither copyable nor movable.
@@ -52,6 +54,9 @@ class DeviceSlotView {
   DeviceSlotView(const DeviceSlotView&) = delete;
   DeviceSlotView& operator=(const DeviceSlotView&) = delete;
 
+  // Teardown step 1 (see above). Idempotent; afterwards Acquire fails and Release is a no-op check.
+  void Detach();
+
   // Per slot, this process's consumer-done events, to send once as CudaConsumerEvents.
   const std::vector<cuda::IpcEventHandle>& consumer_done_handles() const { return done_handles_; }
 
@@ -67,6 +72,13 @@ class DeviceSlotView {
   // held, or held under another generation -> kInvalidArgument and nothing changes.
   Status Release(uint32_t slot, uint64_t generation,
                  std::optional<cuda::Stream> stream = std::nullopt);
+
+  // Makes `stream` wait on the GPU for slot `slot`'s copy too (a consumer that uses the batch on
+  // another stream than it was acquired on, e.g. DLPack's __dlpack__(stream=...)). The slot must be
+  // held. Out of range / not held -> kInvalidArgument.
+  Status WaitReady(uint32_t slot, cuda::Stream stream);
+  // Changes the stream Release records consumer-done on by default (the slot must be held).
+  Status SetReleaseStream(uint32_t slot, cuda::Stream stream);
 
   // The device address of a slot in this process (whether held or not).
   void* slot_data(uint32_t slot) const;
@@ -99,6 +111,7 @@ class DeviceSlotView {
 
   mutable std::mutex mu_;
   std::vector<Slot> slots_;  // guarded by mu_
+  bool detached_ = false;    // guarded by mu_
 };
 
 }  // namespace spdl::client

@@ -1,0 +1,306 @@
+#include "cuda/shm_fake_backend.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace spdl::cuda {
+namespace {
+
+constexpr char kMemPrefix[] = "SHMFAKE:M:";
+constexpr char kEventPrefix[] = "SHMFAKE:E:";
+constexpr size_t kEventPage = 4096;
+
+// The shared state of one event (the first bytes of its page).
+struct EventPage {
+  std::atomic<uint64_t> records;
+};
+static_assert(sizeof(EventPage) <= kEventPage);
+
+template <typename H>
+H EncodeName(const char* prefix, const std::string& name) {
+  H h;
+  const std::string s = std::string(prefix) + name;
+  std::memcpy(h.bytes.data(), s.data(), std::min(s.size(), h.bytes.size()));
+  return h;
+}
+
+template <typename H>
+Result<std::string> DecodeName(const char* prefix, const H& h, const char* what) {
+  const size_t plen = std::strlen(prefix);
+  if (std::memcmp(h.bytes.data(), prefix, plen) != 0) {
+    return InvalidArgument(std::string("shmfake: not a shmfake ") + what + " handle");
+  }
+  std::string name(reinterpret_cast<const char*>(h.bytes.data()) + plen, h.bytes.size() - plen);
+  name.resize(std::strlen(name.c_str()));
+  if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+    return InvalidArgument(std::string("shmfake: a malformed ") + what + " handle");
+  }
+  return name;
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+ShmFakeBackend::ShmFakeBackend(std::string dir, int ordinal) : dir_(std::move(dir)), ordinal_(ordinal) {}
+
+Result<std::unique_ptr<ShmFakeBackend>> ShmFakeBackend::Create(std::string dir, int ordinal) {
+  struct stat st {};
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return InvalidArgument("shmfake (test-only fake GPU): '" + dir + "' is not a directory");
+  }
+  if (ordinal < 0) return InvalidArgument("shmfake: negative device ordinal");
+  return std::unique_ptr<ShmFakeBackend>(new ShmFakeBackend(std::move(dir), ordinal));
+}
+
+ShmFakeBackend::~ShmFakeBackend() {
+  // Whatever the owners leaked: unmap, and unlink what this process made (tests check for leaks
+  // with live() before this runs).
+  for (auto& [base, r] : regions_) {
+    ::munmap(reinterpret_cast<void*>(base), r.bytes);
+    if (r.owned) ::unlink((dir_ + "/" + r.name).c_str());
+  }
+  for (auto& [h, e] : events_) {
+    ::munmap(e->page, kEventPage);
+    if (e->owned) ::unlink((dir_ + "/" + e->name).c_str());
+  }
+}
+
+ShmFakeBackend::Live ShmFakeBackend::live() const {
+  std::lock_guard lock(mu_);
+  Live l;
+  for (const auto& [base, r] : regions_) (r.owned ? l.allocations : l.mappings)++;
+  l.events = events_.size();
+  l.streams = streams_.size();
+  l.registrations = registrations_.size();
+  return l;
+}
+
+Result<DeviceUuid> ShmFakeBackend::Uuid() {
+  DeviceUuid u{};
+  std::memcpy(u.data(), "SHMFAKE", 7);
+  u[7] = static_cast<uint8_t>(ordinal_);
+  const uint64_t h = Fnv1a(dir_);
+  std::memcpy(u.data() + 8, &h, sizeof(h));
+  return u;
+}
+
+Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
+  if (ptr == nullptr || bytes == 0) return InvalidArgument("shmfake HostRegister: empty range");
+  std::lock_guard lock(mu_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  for (const auto& [base, n] : registrations_) {
+    if (p < base + n && base < p + bytes)
+      return FailedPrecondition("shmfake HostRegister: overlaps a registered range");
+  }
+  registrations_[p] = bytes;
+  return Status::Ok();
+}
+
+Status ShmFakeBackend::HostUnregister(void* ptr) {
+  std::lock_guard lock(mu_);
+  if (registrations_.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    return InvalidArgument("shmfake HostUnregister: not registered");
+  }
+  return Status::Ok();
+}
+
+Result<void*> ShmFakeBackend::MapFile(const std::string& name, size_t bytes, bool create) {
+  const std::string path = dir_ + "/" + name;
+  const int fd = ::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0600);
+  if (fd < 0) return ErrnoStatus("shmfake: opening " + path, errno);
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return ErrnoStatus("shmfake: sizing " + path, err);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    if (create) ::unlink(path.c_str());
+    return ErrnoStatus("shmfake: mapping " + path, err);
+  }
+  return p;
+}
+
+Result<void*> ShmFakeBackend::DeviceAlloc(size_t bytes) {
+  if (bytes == 0) return InvalidArgument("shmfake DeviceAlloc: 0 bytes");
+  std::lock_guard lock(mu_);
+  const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  SPDL_ASSIGN_OR_RETURN(void* p, MapFile(name, bytes, /*create=*/true));
+  regions_[reinterpret_cast<uintptr_t>(p)] = Region{name, bytes, true};
+  return p;
+}
+
+Status ShmFakeBackend::DeviceFree(void* ptr) {
+  std::lock_guard lock(mu_);
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == regions_.end() || !it->second.owned) return InvalidArgument("shmfake DeviceFree: not an allocation's base");
+  ::munmap(ptr, it->second.bytes);
+  ::unlink((dir_ + "/" + it->second.name).c_str());
+  regions_.erase(it);
+  return Status::Ok();
+}
+
+Result<Stream> ShmFakeBackend::CreateStream() {
+  std::lock_guard lock(mu_);
+  void* h = reinterpret_cast<void*>((uintptr_t{3} << 40) + next_id_++ * 16);
+  streams_.insert(h);
+  return Stream{h};
+}
+
+Status ShmFakeBackend::DestroyStream(Stream stream) {
+  std::lock_guard lock(mu_);
+  if (streams_.erase(stream.handle) == 0) return InvalidArgument("shmfake DestroyStream: unknown stream");
+  return Status::Ok();
+}
+
+Result<Event> ShmFakeBackend::CreateEvent(bool interprocess) {
+  std::lock_guard lock(mu_);
+  auto e = std::make_unique<LocalEvent>();
+  e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  SPDL_ASSIGN_OR_RETURN(e->page, MapFile(e->name, kEventPage, /*create=*/true));
+  e->owned = true;
+  e->interprocess = interprocess;
+  void* h = e.get();
+  events_[h] = std::move(e);
+  return Event{h};
+}
+
+Status ShmFakeBackend::DestroyEvent(Event event) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return InvalidArgument("shmfake DestroyEvent: unknown event");
+  ::munmap(it->second->page, kEventPage);
+  if (it->second->owned) ::unlink((dir_ + "/" + it->second->name).c_str());
+  events_.erase(it);
+  return Status::Ok();
+}
+
+bool ShmFakeBackend::DeviceRangeLocked(const void* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = regions_.upper_bound(a);
+  if (it == regions_.begin()) return false;
+  --it;
+  return a >= it->first && n <= it->second.bytes && a - it->first <= it->second.bytes - n;
+}
+
+Status ShmFakeBackend::MemcpyH2DAsync(void* dst, const void* src, size_t bytes, Stream) {
+  std::lock_guard lock(mu_);
+  if (!DeviceRangeLocked(dst, bytes)) return InvalidArgument("shmfake H2D copy: the destination is not device memory");
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+Status ShmFakeBackend::MemcpyD2HAsync(void* dst, const void* src, size_t bytes, Stream) {
+  std::lock_guard lock(mu_);
+  if (!DeviceRangeLocked(src, bytes)) return InvalidArgument("shmfake D2H copy: the source is not device memory");
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+Result<ShmFakeBackend::LocalEvent*> ShmFakeBackend::EventLocked(Event event, const char* op) {
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return InvalidArgument(std::string("shmfake ") + op + ": unknown event");
+  return it->second.get();
+}
+
+Status ShmFakeBackend::RecordEvent(Event event, Stream) {
+  std::lock_guard lock(mu_);
+  SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "RecordEvent"));
+  static_cast<EventPage*>(e->page)->records.fetch_add(1);
+  return Status::Ok();
+}
+
+Status ShmFakeBackend::StreamWaitEvent(Stream, Event event) {
+  std::lock_guard lock(mu_);
+  return EventLocked(event, "StreamWaitEvent").status();
+}
+
+Result<bool> ShmFakeBackend::QueryEvent(Event event) {
+  std::lock_guard lock(mu_);
+  SPDL_RETURN_IF_ERROR(EventLocked(event, "QueryEvent").status());
+  return true;
+}
+
+Status ShmFakeBackend::SynchronizeEvent(Event event) {
+  std::lock_guard lock(mu_);
+  return EventLocked(event, "SynchronizeEvent").status();
+}
+
+Status ShmFakeBackend::SynchronizeStream(Stream) { return Status::Ok(); }
+
+Result<IpcMemHandle> ShmFakeBackend::ExportMemory(void* base) {
+  std::lock_guard lock(mu_);
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(base));
+  if (it == regions_.end() || !it->second.owned)
+    return InvalidArgument("shmfake ExportMemory: not an allocation's base");
+  return EncodeName<IpcMemHandle>(kMemPrefix, it->second.name);
+}
+
+Result<IpcEventHandle> ShmFakeBackend::ExportEvent(Event event) {
+  std::lock_guard lock(mu_);
+  SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "ExportEvent"));
+  if (!e->interprocess || !e->owned) return InvalidArgument("shmfake ExportEvent: not an interprocess event made here");
+  return EncodeName<IpcEventHandle>(kEventPrefix, e->name);
+}
+
+Result<void*> ShmFakeBackend::OpenMemory(const IpcMemHandle& handle) {
+  SPDL_ASSIGN_OR_RETURN(std::string name, DecodeName(kMemPrefix, handle, "memory"));
+  std::lock_guard lock(mu_);
+  for (const auto& [base, r] : regions_) {
+    if (r.name == name && r.owned) {
+      return InvalidArgument(
+          "shmfake OpenMemory: the handle was exported by this process (as with CUDA, it "
+          "opens only in another one)");
+    }
+  }
+  struct stat st {};
+  if (::stat((dir_ + "/" + name).c_str(), &st) != 0) return ErrnoStatus("shmfake OpenMemory: " + name, errno);
+  const auto bytes = static_cast<size_t>(st.st_size);
+  SPDL_ASSIGN_OR_RETURN(void* p, MapFile(name, bytes, /*create=*/false));
+  regions_[reinterpret_cast<uintptr_t>(p)] = Region{name, bytes, false};
+  return p;
+}
+
+Status ShmFakeBackend::CloseMemory(void* base) {
+  std::lock_guard lock(mu_);
+  auto it = regions_.find(reinterpret_cast<uintptr_t>(base));
+  if (it == regions_.end() || it->second.owned) return InvalidArgument("shmfake CloseMemory: not an opened mapping");
+  ::munmap(base, it->second.bytes);
+  regions_.erase(it);
+  return Status::Ok();
+}
+
+Result<Event> ShmFakeBackend::OpenEvent(const IpcEventHandle& handle) {
+  SPDL_ASSIGN_OR_RETURN(std::string name, DecodeName(kEventPrefix, handle, "event"));
+  std::lock_guard lock(mu_);
+  for (const auto& [h, e] : events_) {
+    if (e->name == name && e->owned)
+      return InvalidArgument("shmfake OpenEvent: the handle was exported by this process");
+  }
+  auto e = std::make_unique<LocalEvent>();
+  e->name = name;
+  SPDL_ASSIGN_OR_RETURN(e->page, MapFile(name, kEventPage, /*create=*/false));
+  void* h = e.get();
+  events_[h] = std::move(e);
+  return Event{h};
+}
+
+}  // namespace spdl::cuda

@@ -1,0 +1,110 @@
+// ShmFakeBackend: a TEST-ONLY DeviceBackend whose "GPU" spans processes, so the whole GPU protocol
+// (CudaHandles, CudaConsumerEvents, BatchReady / Release on device slots) runs end to end through
+// the real spdld process and real client processes on a machine without a GPU.
+//
+// NEVER used unless a test asks for it explicitly: the daemon's hidden flag
+// `--test-only-fake-gpu DIR` (it logs a warning at start and for every device it fakes) and, in a
+// client, GpuOptions::test_fake_gpu_dir or the environment variable SPDL_TEST_FAKE_GPU_DIR (the
+// client prints a warning on stderr). Both sides must name the same directory: it is the "device".
+//
+// What stands for what:
+//   device memory   a file DIR/mem-PID-N (size = the allocation), mapped MAP_SHARED. Its IPC
+//                   handle is the file's name; OpenMemory maps the same file in another process,
+//                   so a copy by the daemon is seen by the client, as through cudaIpcOpenMemHandle.
+//                   DeviceFree unmaps and unlinks (a mapping in another process keeps the pages).
+//   events          a one-page file DIR/ev-PID-N holding a record counter; its IPC handle is the
+//                   file's name. Work is synchronous, so a recorded event is complete at once:
+//                   QueryEvent is true, SynchronizeEvent returns at once.
+//   streams         opaque tokens; any handle is accepted as a stream (PyTorch passes 1 and 2 for
+//                   the legacy and per-thread default streams), since work is synchronous.
+//   copies          memcpy, done before MemcpyH2DAsync returns. The device side must lie inside an
+//                   allocation or an opened mapping of this process (else kInvalidArgument).
+// Like CUDA: OpenMemory / OpenEvent of a handle exported by the same process fails, handles of
+// another directory fail, a non-interprocess event cannot be exported.
+//
+// The device UUID is derived from (DIR, ordinal), so every process of one test agrees on it.
+// Thread safety: safe to share between threads (one mutex).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "cuda/device_backend.h"
+
+namespace spdl::cuda {
+
+// The environment variable a client reads to use this backend (test-only).
+inline constexpr const char* kFakeGpuDirEnv = "SPDL_TEST_FAKE_GPU_DIR";
+
+class ShmFakeBackend final : public DeviceBackend {
+ public:
+  // `dir` must be an existing, writable directory shared by the processes of the test.
+  static Result<std::unique_ptr<ShmFakeBackend>> Create(std::string dir, int ordinal = 0);
+  ~ShmFakeBackend() override;
+
+  // Objects made by this process and not yet undone (for leak checks in tests).
+  struct Live {
+    size_t allocations = 0, mappings = 0, events = 0, streams = 0, registrations = 0;
+  };
+  Live live() const;
+  const std::string& dir() const { return dir_; }
+
+  const char* name() const override { return "shmfake"; }
+  int device() const override { return ordinal_; }
+  Result<DeviceUuid> Uuid() override;
+  Status HostRegister(void* ptr, size_t bytes) override;
+  Status HostUnregister(void* ptr) override;
+  Result<void*> DeviceAlloc(size_t bytes) override;
+  Status DeviceFree(void* ptr) override;
+  Result<Stream> CreateStream() override;
+  Status DestroyStream(Stream stream) override;
+  Result<Event> CreateEvent(bool interprocess) override;
+  Status DestroyEvent(Event event) override;
+  Status MemcpyH2DAsync(void* dst, const void* src, size_t bytes, Stream stream) override;
+  Status MemcpyD2HAsync(void* dst, const void* src, size_t bytes, Stream stream) override;
+  Status RecordEvent(Event event, Stream stream) override;
+  Status StreamWaitEvent(Stream stream, Event event) override;
+  Result<bool> QueryEvent(Event event) override;
+  Status SynchronizeEvent(Event event) override;
+  Status SynchronizeStream(Stream stream) override;
+  Result<IpcMemHandle> ExportMemory(void* base) override;
+  Result<IpcEventHandle> ExportEvent(Event event) override;
+  Result<void*> OpenMemory(const IpcMemHandle& handle) override;
+  Status CloseMemory(void* base) override;
+  Result<Event> OpenEvent(const IpcEventHandle& handle) override;
+
+ private:
+  struct Region {
+    std::string name;  // file name in dir_
+    size_t bytes = 0;
+    bool owned = false;  // made here (DeviceAlloc): unlinked on free
+  };
+  struct LocalEvent {
+    std::string name;
+    void* page = nullptr;  // the mapped counter page
+    bool owned = false;
+    bool interprocess = false;
+  };
+
+  ShmFakeBackend(std::string dir, int ordinal);
+  // REQUIRES: mu_ held. Whether [p, p + n) lies inside an allocation or mapping.
+  bool DeviceRangeLocked(const void* p, size_t n) const;
+  Result<LocalEvent*> EventLocked(Event event, const char* op);
+  Result<void*> MapFile(const std::string& name, size_t bytes, bool create);
+
+  const std::string dir_;
+  const int ordinal_;
+
+  mutable std::mutex mu_;
+  // Guarded by mu_.
+  uint64_t next_id_ = 1;
+  std::map<uintptr_t, Region> regions_;        // base -> allocation (owned) or mapping
+  std::map<uintptr_t, size_t> registrations_;  // host base -> bytes
+  std::set<void*> streams_;
+  std::map<void*, std::unique_ptr<LocalEvent>> events_;
+};
+
+}  // namespace spdl::cuda
