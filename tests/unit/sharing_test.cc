@@ -122,6 +122,14 @@ TEST_CASE("sample cache: concurrent readers get the right bytes and the budget h
   auto inner = std::make_shared<CountingSource>(200, 64);
   auto cache = std::make_shared<io::SampleCache>(100 * 80);  // about half the dataset
   io::CachedSource src(inner, cache);
+  {  // a repeated read is a hit (the threads below stride through more than the cache holds, so
+     // when the scheduler runs them one after another they may never hit)
+    std::vector<uint8_t> buf;
+    REQUIRE(src.Read(5, &buf).ok());
+    REQUIRE(src.Read(5, &buf).ok());
+    CHECK(src.hits() == 1);
+    CHECK(buf == Bytes(64, static_cast<uint8_t>(5 * 7 + 1)));
+  }
   std::atomic<int> wrong{0};
   std::atomic<bool> over{false};
   std::vector<std::thread> threads;
@@ -138,8 +146,7 @@ TEST_CASE("sample cache: concurrent readers get the right bytes and the budget h
   for (auto& th : threads) th.join();
   CHECK(wrong == 0);
   CHECK_FALSE(over);
-  CHECK(src.hits() + src.misses() == 8 * 2000);
-  CHECK(src.hits() > 0);
+  CHECK(src.hits() + src.misses() == 8 * 2000 + 2);
 }
 
 TEST_CASE("config: cache_bytes, share and share_members parse, and bad values name their line") {
