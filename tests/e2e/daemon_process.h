@@ -3,6 +3,7 @@
 // and collect its stdout. A RunAs starts either as another user (root only). Not thread-safe.
 #pragma once
 
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -68,6 +69,24 @@ inline int RunCommandAs(const RunAs& as, const std::vector<std::string>& argv, s
 // Runs `argv` and returns its exit code (-signal when killed) and its stdout.
 inline int RunCommand(const std::vector<std::string>& argv, std::string* out = nullptr) {
   return RunCommandAs(RunAs{}, argv, out);
+}
+
+// Starts `argv` in the background with its stdout written to `stdout_path` and its stderr thrown
+// away; returns the child's pid (reap it with waitpid).
+inline pid_t SpawnToFile(const std::vector<std::string>& argv, const std::string& stdout_path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 2);
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    _exit(127);
+  }
+  return pid;
 }
 
 class DaemonProcess {

@@ -69,20 +69,7 @@ struct Fixture {
     std::vector<std::string> argv = {kClient,           "--socket", dir + "/spdld.sock", "--config",
                                      dir + "/job.yaml", "--json",   "--record",          dir + "/" + name + ".csv"};
     argv.insert(argv.end(), args.begin(), args.end());
-    const std::string out = dir + "/" + name + ".json";
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      ::dup2(fd, 1);
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, 2);
-      std::vector<char*> a;
-      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      ::execv(a[0], a.data());
-      _exit(127);
-    }
-    return pid;
+    return testing::SpawnToFile(argv, dir + "/" + name + ".json");
   }
   nlohmann::json Status() const {
     std::string out;

@@ -421,18 +421,9 @@ class MeteredProcessor : public FakeProcessor {
   int between = 0, max_between = 0, decoding = 0, max_decoding = 0;
 };
 
-TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the stage before it") {
-  ThreadPool cpu(4);
-  ThreadPool io(4);
-  PipelineOptions o;
-  o.batch_size = 8;
-  o.epochs = 1;
-  o.stages = {{/*concurrency=*/2, 0}, {/*concurrency=*/1, /*queue=*/3}};
-  shm::SlotRing ring(4);
-  MeteredProcessor proc(4, 8);
-  proc.delay_us = 300;
-  auto owner = std::make_shared<int>(0);
-  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(200); }, o, [] {}, owner);
+// Pumps a pipeline on pools, releasing every batch as it comes, until its last batch (30 s at most);
+// returns the rows delivered.
+uint64_t RunToEnd(shm::SlotRing& ring, BatchPipeline& pipe) {
   pipe.Pump();
   uint64_t rows = 0;
   bool last = false;
@@ -448,6 +439,22 @@ TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   REQUIRE(last);
+  return rows;
+}
+
+TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the stage before it") {
+  ThreadPool cpu(4);
+  ThreadPool io(4);
+  PipelineOptions o;
+  o.batch_size = 8;
+  o.epochs = 1;
+  o.stages = {{/*concurrency=*/2, 0}, {/*concurrency=*/1, /*queue=*/3}};
+  shm::SlotRing ring(4);
+  MeteredProcessor proc(4, 8);
+  proc.delay_us = 300;
+  auto owner = std::make_shared<int>(0);
+  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(200); }, o, [] {}, owner);
+  const uint64_t rows = RunToEnd(ring, pipe);
   CHECK(rows == 200);
   CHECK(proc.max_decoding == 1);
   // Rows read but not yet decoding: at most the queue (3), the reads holding their place (2) and the
@@ -478,21 +485,7 @@ TEST_CASE("an absent queue bound follows the pool: twice its threads, at least 4
   proc.delay_us = 300;
   auto owner = std::make_shared<int>(0);
   BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(120); }, o, [] {}, owner);
-  pipe.Pump();
-  uint64_t rows = 0;
-  bool last = false;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!last && std::chrono::steady_clock::now() < deadline) {
-    while (auto l = ring.TakeNextReady()) {
-      SlotMeta m = pipe.TakeMeta(l->slot);
-      rows += m.rows;
-      last = m.last_in_job;
-      REQUIRE(ring.Release(l->slot, l->generation).ok());
-      pipe.Pump();
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  REQUIRE(last);
+  const uint64_t rows = RunToEnd(ring, pipe);
   CHECK(rows == 120);
   // Read, not yet decoding: the automatic queue (max(4, 2 x 1 thread) = 4) and the 2 reads holding
   // their place (+1 as above); bounded by the ring alone it would be most of the ring's 32 rows.
