@@ -7,12 +7,6 @@
 
 namespace spdl::io {
 
-Status SampleSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
-  out->clear();
-  return FailedPrecondition(Describe() + ": sample " + std::to_string(index) + ": this source type has no " +
-                            extension + " sidecar files");
-}
-
 std::string SidecarPath(const std::string& path, const std::string& extension) {
   const size_t slash = path.rfind('/');
   const size_t base = slash == std::string::npos ? 0 : slash + 1;

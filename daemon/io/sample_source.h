@@ -52,7 +52,13 @@ class SampleSource {
   // extension), beneath the same root. kNotFound when the sample has none; other errors as Read's,
   // naming the sidecar. On error *out is left empty. Default: kFailedPrecondition (this source
   // type has no sidecars).
-  virtual Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const;
+  // (Defined here, not in sample_source.cc: with no out-of-line virtual the class's type info is
+  // emitted wherever it is used, so code that only hashes a source need not link all of io.)
+  virtual Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+    out->clear();
+    return FailedPrecondition(Describe() + ": sample " + std::to_string(index) + ": this source type has no " +
+                              extension + " sidecar files");
+  }
 
   // One line for logs and spdlctl, e.g. "image folder /data (1000 samples, 10 classes)".
   virtual std::string Describe() const = 0;
