@@ -133,8 +133,8 @@ TEST_CASE("a job asking for more slots than max_slots_per_job is refused naming 
 }
 
 // Without a GPU (CI): a cuda job is refused with a clear message on both sides, and leaves nothing.
-// On a GPU machine the copy: daemon job is admitted by the daemon (tests/gpu covers it) and the
-// client refuses it as long as its GPU side is not wired into the Loader.
+// On a GPU machine the copy: daemon job is admitted by the daemon, and a plain Loader refuses it,
+// pointing at the GPU layer (GpuLoader) that delivers it (tests/gpu, tests/e2e/gpu_e2e_test.cc).
 TEST_CASE("a cuda job is refused clearly where it cannot be delivered and never half-started") {
   Fixture f("");
   const Snapshot before(f);
