@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #if SPDL_HAVE_CUDA
@@ -18,6 +19,7 @@
 #include "cuda/shm_fake_backend.h"
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
+#include "ops/listen_fds.h"
 #include "ops/startup_checks.h"
 #include "pipeline/thread_pool.h"
 #include "server/control_server.h"
@@ -153,12 +155,31 @@ Status Daemon::Start() {
     WaitForSignal();
     return Status::Ok();
   }));
-  SPDL_RETURN_IF_ERROR(Step("open the control socket", [&] {
+  bool inherited_socket = false;  // socket activation: the service manager owns the socket file
+  SPDL_RETURN_IF_ERROR(Step("open the control socket", [&]() -> Status {
     server::ServerOptions so;
     so.socket_path = config_.socket_path;
     so.socket_mode = config_.socket_mode;
     so.socket_group = config_.socket_group;
     so.max_frame_bytes = config_.max_frame_bytes;
+    // Socket activation: systemd (spdld.socket) or systemd-socket-activate made the socket.
+    SPDL_ASSIGN_OR_RETURN(std::optional<int> passed, ops::TakeListenFd());
+    if (passed) {
+      Result<std::string> bound = ops::CheckListeningUnixSocket(*passed);
+      if (!bound.ok()) {
+        ::close(*passed);
+        return Status(bound.status().code(), "socket activation: " + bound.status().message());
+      }
+      if (*bound != config_.socket_path) {
+        spdlog::warn("socket activation: the passed socket is bound to '{}', not to socket_path '{}'; using the passed one",
+                     *bound, config_.socket_path);
+      }
+      spdlog::info("control socket inherited from the service manager (socket activation): {}", *bound);
+      so.inherited_fd = *passed;
+      inherited_socket = true;
+    } else {
+      spdlog::info("control socket created by spdld: {}", config_.socket_path);
+    }
     server_ = std::make_unique<server::ControlServer>(&io_, registry_.get(), so, prepare_pool_.get());
     server_->control().admin_uid = ::geteuid();
     server_->control().request_drain = [this](const jobs::PeerInfo& by, uint32_t seconds) {
@@ -166,7 +187,7 @@ Status Daemon::Start() {
     };
     return server_->Start();
   }));
-  if (!config_.socket_group.empty()) {
+  if (!config_.socket_group.empty() && !inherited_socket) {  // an inherited one: SocketGroup=
     SPDL_RETURN_IF_ERROR(Step("give the socket to its group", [&]() -> Status {
       std::vector<char> buf(16384);
       group gr{};

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
@@ -208,6 +209,16 @@ ControlServer::~ControlServer() { Stop(); }
 
 Status ControlServer::Start() {
   const std::string& path = options_.socket_path;
+  if (options_.inherited_fd >= 0) {
+    error_code ec;
+    acceptor_.assign(asio::local::stream_protocol(), options_.inherited_fd, ec);
+    if (ec) {
+      ::close(options_.inherited_fd);
+      return Internal("cannot use the inherited control socket: " + ec.message());
+    }
+    Accept();
+    return Status::Ok();
+  }
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return InvalidArgument("socket path is longer than " + std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes: " + path);
   }

@@ -32,6 +32,11 @@ struct ServerOptions {
   int socket_mode = 0660;
   std::string socket_group;  // group to give the socket file (name or number); empty = leave it
   uint32_t max_frame_bytes = 1u << 20;
+  // A listening Unix stream socket the service manager passed in (socket activation, see
+  // ops/listen_fds.h), or -1. When set, Start() adopts it (the server owns the descriptor from
+  // then on) instead of binding socket_path, and neither creates, chmods nor unlinks any file:
+  // the manager owns the socket file, its mode and group.
+  int inherited_fd = -1;
 };
 
 class Session;
@@ -45,9 +50,10 @@ class ControlServer {
   ~ControlServer();
 
   // Binds the socket (replacing a stale socket file, refusing when another daemon answers on it),
-  // sets its mode, and starts accepting.
+  // sets its mode, and starts accepting; or, with options.inherited_fd, accepts on that socket.
   Status Start();
-  // Stops accepting, closes every session (their jobs are cancelled) and removes the socket file.
+  // Stops accepting, closes every session (their jobs are cancelled) and removes the socket file
+  // (never an inherited one's).
   void Stop();
   size_t session_count() const { return sessions_.size(); }
   // Sessions with a job running right now.
