@@ -171,14 +171,15 @@ Status Daemon::Start() {
         return Status(bound.status().code(), "socket activation: " + bound.status().message());
       }
       if (*bound != config_.socket_path) {
-        spdlog::warn("socket activation: the passed socket is bound to '{}', not to socket_path '{}'; using the passed one",
+        spdlog::warn("socket activation: the passed socket is bound to '{}', not to socket_path '{}'; "
+                     "using the passed one",
                      *bound, config_.socket_path);
       }
       spdlog::info("control socket inherited from the service manager (socket activation): {}", *bound);
       so.inherited_fd = *passed;
       inherited_socket = true;
     } else {
-      spdlog::info("control socket created by spdld: {}", config_.socket_path);
+      spdlog::info("creating the control socket {} (no socket passed by a service manager)", config_.socket_path);
     }
     server_ = std::make_unique<server::ControlServer>(&io_, registry_.get(), so, prepare_pool_.get());
     server_->control().admin_uid = ::geteuid();

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstddef>
 #include <charconv>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -79,7 +79,7 @@ Result<std::optional<int>> TakeListenFd() {
 
 Result<std::string> CheckListeningUnixSocket(int fd) {
   const std::string what = "descriptor " + std::to_string(fd);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoStatus(what, errno);
   if (!S_ISSOCK(st.st_mode)) return InvalidArgument(what + " is not a socket");
   int type = 0;
@@ -87,7 +87,8 @@ Result<std::string> CheckListeningUnixSocket(int fd) {
   if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return ErrnoStatus(what + ": SO_TYPE", errno);
   sockaddr_storage addr{};
   socklen_t alen = sizeof(addr);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) return ErrnoStatus(what + ": getsockname", errno);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0)
+    return ErrnoStatus(what + ": getsockname", errno);
   if (addr.ss_family != AF_UNIX) {
     return InvalidArgument(what + " is not a Unix socket (address family " + std::to_string(addr.ss_family) +
                            "); spdld's control socket must be AF_UNIX (ListenStream=/path)");

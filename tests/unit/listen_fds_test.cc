@@ -90,7 +90,9 @@ TEST_CASE("CheckListeningUnixSocket takes a listening Unix stream socket and ret
   ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
-TEST_CASE("TakeListenFd: nothing without LISTEN_FDS or for another pid, an error for a bad count, and the variables are unset") {
+TEST_CASE(
+    "TakeListenFd: nothing without LISTEN_FDS or for another pid, an error for a bad count, and the variables are "
+    "unset") {
   ::unsetenv("LISTEN_PID");
   ::unsetenv("LISTEN_FDS");
   auto none = TakeListenFd();
