@@ -44,8 +44,8 @@ proto::SubmitJob Job(const std::string& root, const std::string& output) {
   return r;
 }
 
-TEST_CASE("gpu delivery through the registry: device budget and backend on the fake device") {
-  Dir dir;
+// A tiny image folder at dir/data (2 classes x 4 images) and a daemon config that may read it.
+config::DaemonConfig SmallDataset(const Dir& dir) {
   testdata::DatasetOptions o;
   o.classes = 2;
   o.images_per_class = 4;
@@ -54,6 +54,12 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   config::DaemonConfig cfg;
   cfg.allowed_roots = {dir.path};
+  return cfg;
+}
+
+TEST_CASE("gpu delivery through the registry: device budget and backend on the fake device") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
   // Joined before the registry goes (as the daemon does): a cancelled job's last tasks still
   // return its budget lease to the registry.
   auto pool = std::make_unique<pipeline::ThreadPool>(2);
@@ -134,14 +140,7 @@ namespace {
 // the teardown queue does, and frees everything once they have run.
 TEST_CASE("gpu delivery: a job whose copies are stuck is torn down off the control thread") {
   Dir dir;
-  testdata::DatasetOptions o;
-  o.classes = 2;
-  o.images_per_class = 4;
-  o.min_side = 40;
-  o.max_side = 80;
-  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
-  config::DaemonConfig cfg;
-  cfg.allowed_roots = {dir.path};
+  const config::DaemonConfig cfg = SmallDataset(dir);
   auto pool = std::make_unique<pipeline::ThreadPool>(2);
   cuda::FakeDevice dev;
   cuda::FakeBackend backend(dev, "daemon");
