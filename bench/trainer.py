@@ -83,7 +83,8 @@ def run_spdld(a, torch):
     loader = spdl_client.Loader(a.config, **kwargs)
 
     def epochs():
-        yield iter(loader)  # one iterator over every epoch's batches
+        for _ in range(a.epochs):
+            yield iter(loader)  # one epoch per iter(), as a DataLoader
 
     def batch(b):
         return torch.from_dlpack(b["image"]), torch.from_dlpack(b["label"])

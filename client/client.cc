@@ -1,5 +1,4 @@
 #include "spdl/client.h"
-#include "spdl/control.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -21,6 +21,7 @@
 #include "proto/control.pb.h"
 #include "proto/framing.h"
 #include "proto/shm_layout.h"
+#include "spdl/control.h"
 
 namespace spdl::client {
 
@@ -206,10 +207,21 @@ class Connection {
     read_fd_ = -1;
   }
 
+  // The Options::on_wait hook and how often it runs while a Read() waits. REQUIRES: before any Read().
+  void SetWaitHook(std::function<Status()> hook, std::chrono::milliseconds poll) {
+    on_wait_ = std::move(hook);
+    wait_poll_ms_ = static_cast<int>(std::clamp<int64_t>(poll.count(), 1, 60'000));
+  }
+
   // Reads the next whole message. `context` ends the "spdld closed the connection" message.
-  // timeout_ms < 0 waits for ever (the daemon's death still ends the wait: EOF).
-  Status Read(proto::DaemonMessage* msg, int timeout_ms, const char* context) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  // timeout_ms < 0 waits for ever (the daemon's death still ends the wait: EOF). With `interrupted`
+  // given, the wait hook runs while waiting; when it returns an error, Read returns it and sets
+  // *interrupted (nothing is lost: bytes already read stay in the parser for the next Read).
+  Status Read(proto::DaemonMessage* msg, int timeout_ms, const char* context, bool* interrupted = nullptr) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline =
+        timeout_ms >= 0 ? Clock::now() + std::chrono::milliseconds(timeout_ms) : Clock::time_point::max();
+    bool* hook = on_wait_ ? interrupted : nullptr;
     std::string payload;
     for (;;) {
       switch (parser_.Next(&payload)) {
@@ -223,7 +235,7 @@ class Connection {
           break;
       }
       if (read_fd_ < 0) return Unavailable("the connection to spdld is closed");
-      if (timeout_ms >= 0) SPDL_RETURN_IF_ERROR(WaitReadable(deadline));
+      if (timeout_ms >= 0 || hook != nullptr) SPDL_RETURN_IF_ERROR(WaitReadable(deadline, hook));
       SPDL_RETURN_IF_ERROR(ReadSome(context));
     }
   }
@@ -268,18 +280,33 @@ class Connection {
   size_t map_size() const { return map_size_; }
 
  private:
-  Status WaitReadable(std::chrono::steady_clock::time_point deadline) {
+  // Waits until the socket is readable or `deadline` (max(): no deadline) passes. With `hook`, the
+  // wait hook runs every wait_poll_ms_ (and after a signal); its error ends the wait (*hook = true).
+  Status WaitReadable(std::chrono::steady_clock::time_point deadline, bool* hook) {
+    const bool forever = deadline == std::chrono::steady_clock::time_point::max();
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        return Unavailable("spdld accepted the connection but did not answer within " +
-                           std::to_string(kHelloTimeoutMs / 1000) + " s (is the daemon hung?)");
+      int wait_ms = -1;
+      if (!forever) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          return Unavailable("spdld accepted the connection but did not answer within " +
+                             std::to_string(kHelloTimeoutMs / 1000) + " s (is the daemon hung?)");
+        }
+        wait_ms = static_cast<int>(std::min<int64_t>(left.count(), std::numeric_limits<int>::max()));
       }
+      if (hook != nullptr) wait_ms = wait_ms < 0 ? wait_poll_ms_ : std::min(wait_ms, wait_poll_ms_);
       pollfd pfd{read_fd_, POLLIN, 0};
-      const int n = ::poll(&pfd, 1, static_cast<int>(left.count()));
+      const int n = ::poll(&pfd, 1, wait_ms);
       if (n > 0) return Status::Ok();  // readable, hung up or in error: recvmsg tells which
       if (n < 0 && errno != EINTR) return ErrnoStatus("poll on the spdld connection", errno);
+      if (hook != nullptr) {  // a slice passed, or a signal came: ask whether to go on
+        Status s = on_wait_();
+        if (!s.ok()) {
+          *hook = true;
+          return s;
+        }
+      }
     }
   }
 
@@ -333,6 +360,8 @@ class Connection {
   std::string buf_;
   std::deque<UniqueFd> fds_;
   bool take_fds_ = true;
+  std::function<Status()> on_wait_;  // Options::on_wait
+  int wait_poll_ms_ = 50;
 
   // Constant after MapRegion(); unmapped when the last owner is gone.
   void* map_data_ = nullptr;
@@ -409,7 +438,9 @@ Result<std::unique_ptr<Loader>> Loader::Open(const Options& options) {
                            std::to_string(world));
   }
   SPDL_ASSIGN_OR_RETURN(UniqueFd sock, Connect(options.socket_path));
-  std::unique_ptr<Loader> loader(new Loader(std::make_shared<detail::Connection>(std::move(sock))));
+  auto conn = std::make_shared<detail::Connection>(std::move(sock));
+  if (options.on_wait) conn->SetWaitHook(options.on_wait, options.wait_poll);
+  std::unique_ptr<Loader> loader(new Loader(std::move(conn)));
   SPDL_RETURN_IF_ERROR(loader->Handshake(options));
   SPDL_RETURN_IF_ERROR(loader->SubmitAndMap(options));
   return loader;
@@ -426,7 +457,8 @@ Status SayHello(detail::Connection& conn, const std::string& client_name, const 
   SPDL_RETURN_IF_ERROR(conn.Send(hello));
 
   proto::DaemonMessage reply;
-  SPDL_RETURN_IF_ERROR(conn.Read(&reply, kHelloTimeoutMs, "during the handshake"));
+  bool interrupted = false;
+  SPDL_RETURN_IF_ERROR(conn.Read(&reply, kHelloTimeoutMs, "during the handshake", &interrupted));
   if (reply.has_error()) return FromDaemonError(reply.error(), config_name);
   if (!reply.has_hello()) return ProtocolError("expected HelloReply, got message #" + std::to_string(reply.msg_case()));
   if (reply.hello().protocol_version() != proto::kProtocolVersion) {
@@ -471,12 +503,14 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_world_size(options.world_size == 0 ? 1 : options.world_size);
   s->set_epochs(options.epochs);
   s->set_resume_token(options.resume_token);
+  s->set_start_epoch(options.start_epoch);
   if (!options.device_uuid.empty()) s->set_device_uuid(options.device_uuid);
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
 
   proto::DaemonMessage reply;
-  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "before answering the job submission"));
+  bool interrupted = false;
+  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "before answering the job submission", &interrupted));
   if (reply.has_error()) return FromDaemonError(reply.error(), options.config_name);
   if (!reply.has_accepted()) return ProtocolError("expected JobAccepted, got message #" + std::to_string(reply.msg_case()));
   const proto::JobAccepted& a = reply.accepted();
@@ -514,6 +548,7 @@ Status Loader::SubmitAndMap(const Options& options) {
   info_.samples_per_epoch = a.samples_per_epoch();
   info_.dataset_size = a.dataset_size();
   info_.num_slots = a.num_slots();
+  info_.classes.assign(a.classes().begin(), a.classes().end());
   for (const auto& t : a.tensors()) {
     SPDL_ASSIGN_OR_RETURN(DType dtype, FromProtoDType(t.dtype()));
     const std::string what = "tensor '" + t.name() + "'";
@@ -558,7 +593,7 @@ Status Loader::SubmitAndMap(const Options& options) {
   if (cuda && !a.client_copy()) {
     // copy: daemon: the daemon sends CudaHandles once, right after JobAccepted.
     proto::DaemonMessage handles;
-    SPDL_RETURN_IF_ERROR(conn_->Read(&handles, kHelloTimeoutMs, "before sending the job's CUDA handles"));
+    SPDL_RETURN_IF_ERROR(conn_->Read(&handles, kHelloTimeoutMs, "before sending the job's CUDA handles", &interrupted));
     if (handles.has_error()) return FromDaemonError(handles.error(), options.config_name);
     if (!handles.has_cuda_handles()) {
       return ProtocolError("expected CudaHandles after JobAccepted of a " + a.device() + " job, got message #" +
@@ -661,7 +696,13 @@ Result<Event> Loader::Next() {
   };
   for (;;) {
     proto::DaemonMessage m;
-    Status s = conn_->Read(&m, -1, "in the middle of the job (did the daemon exit?)");
+    bool interrupted = false;
+    Status s = conn_->Read(&m, -1, "in the middle of the job (did the daemon exit?)", &interrupted);
+    if (interrupted) {  // the caller's hook: nothing consumed, not sticky
+      conn_->wait_seconds.store(conn_->wait_seconds.load() +
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_enter).count());
+      return s;
+    }
     if (!s.ok()) {
       if (ended_ && s.code() == StatusCode::kUnavailable) {
         s = Cancelled("the job was ended by End() (spdld closed the connection without final stats)");

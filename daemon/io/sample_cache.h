@@ -105,6 +105,7 @@ class CachedSource final : public SampleSource {
   std::string Describe() const override { return inner_->Describe(); }
   std::string Identity() const override { return identity_; }
   std::vector<uint64_t> ShardSizes() const override { return inner_->ShardSizes(); }
+  std::vector<std::string> ClassNames() const override { return inner_->ClassNames(); }
 
   // Reads of this source served from the cache, and ones that went to the inner source.
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }

@@ -72,6 +72,10 @@ class SampleSource {
   // index order (shard 0 holds samples [0, sizes[0]), shard 1 the next sizes[1], ...). Empty for
   // random-access sources. The sampler uses it for a shard-aware order (sampler.h).
   virtual std::vector<uint64_t> ShardSizes() const { return {}; }
+
+  // The class names by label, for sources that have them (an image folder: its sub-directories);
+  // empty otherwise. Sent to the client in JobAccepted.classes.
+  virtual std::vector<std::string> ClassNames() const { return {}; }
 };
 
 // The path of a file sample's sidecar: `path` up to the last '.' of its base name (all of it when
@@ -111,6 +115,7 @@ class ImageFolderSource final : public SampleSource {
   Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   std::string Identity() const override { return "image_folder " + manifest_->root; }
+  std::vector<std::string> ClassNames() const override { return manifest_->classes; }
 
   const Manifest& manifest() const { return *manifest_; }
 

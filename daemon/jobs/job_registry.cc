@@ -276,6 +276,19 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
     }
     spec.resume = std::move(*point);
   }
+  if (req.start_epoch() > 0) {
+    if (!req.resume_token().empty()) {
+      return fail(proto::Error::BAD_REQUEST, "give either a resume token or start_epoch, not both");
+    }
+    if (spec.epochs != 0 && req.start_epoch() >= spec.epochs) {
+      return fail(proto::Error::BAD_REQUEST, "start_epoch " + std::to_string(req.start_epoch()) +
+                                                 " is past the last of the " + std::to_string(spec.epochs) +
+                                                 " epochs requested");
+    }
+    pipeline::ResumePoint start;  // the start of that epoch: what the token after the epoch before says
+    start.epoch = req.start_epoch();
+    spec.resume = std::move(start);
+  }
 
   io::SamplerOptions so;
   so.rank = spec.rank;

@@ -93,6 +93,7 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   a.set_batches_per_epoch(io::BatchesPerEpoch(per_rank, b, s.config.batch.drop_last));
   a.set_samples_per_epoch(per_rank);
   a.set_dataset_size(n);
+  for (std::string& c : s.source->ClassNames()) a.add_classes(std::move(c));
   for (size_t i = 0; i < job->tensors_.size(); ++i) {
     const RowTensor& t = job->tensors_[i];
     auto* out = a.add_tensors();

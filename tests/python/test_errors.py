@@ -82,11 +82,12 @@ def _bad_dataset(daemon, dataset, name):
 def test_a_failed_job_raises_with_the_daemon_message(make_loader, daemon, dataset):
     root = _bad_dataset(daemon, dataset, "bad-fail")
     loader = make_loader(job_yaml(root, batch=13, extra="on_error: fail\n"))  # one batch: all 13 files
+    it = iter(loader)
     with pytest.raises(spdl_client.SpdlError) as err:
-        list(loader)
+        list(it)
     assert err.value.code == "DATA_LOSS" and "zz_broken.jpg" in str(err.value)
     with pytest.raises(spdl_client.SpdlError) as again:  # errors are sticky
-        next(loader)
+        next(it)
     assert str(again.value) == str(err.value)
 
 
@@ -108,13 +109,14 @@ def test_a_daemon_that_dies_gives_an_error_not_a_hang(dataset, daemon, tmp_path)
             assert proc.poll() is None and time.monotonic() < deadline, "spdld did not start"
             time.sleep(0.01)
         loader = spdl_client.Loader(job_yaml(dataset.root, batch=4, prefetch=2), socket=sock, epochs=0)
-        next(loader)
+        it = iter(loader)
+        next(it)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         t0 = time.monotonic()
         with pytest.raises(spdl_client.SpdlError) as err:
             for _ in range(1000):
-                next(loader)
+                next(it)
         assert time.monotonic() - t0 < 5
         assert err.value.code == "UNAVAILABLE" and "spdld closed the connection" in str(err.value)
         loader.close()

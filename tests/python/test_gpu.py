@@ -87,11 +87,17 @@ def fake_gpu_daemon(tmp_root, dataset):
     assert "TEST ONLY" in (tmp_root / "spdld-gpu.log").read_text()
 
 
+def every_epoch(loader):
+    """The batches of all the loader's epochs (one iter() per epoch)."""
+    for _ in range(loader.epochs):
+        yield from loader
+
+
 def cpu_reference(sock, root) -> dict:
     out = {}
     with spdl_client.Loader(job_yaml(root, batch=8), socket=sock, epochs=2, rank=0, world_size=1) as loader:
         assert loader.device == "cpu"
-        for b in loader:
+        for b in every_epoch(loader):
             out[(b.epoch, b.batch_in_epoch)] = {n: a.tobytes() for n, a in b.numpy().items()}
     return out
 
@@ -106,7 +112,7 @@ def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon,
     with spdl_client.Loader(job_yaml(dataset.root, batch=8, extra=extra), socket=sock, epochs=2,
                             rank=0, world_size=1) as loader:
         assert loader.device == "cuda:0"
-        for b in loader:
+        for b in every_epoch(loader):
             got[(b.epoch, b.batch_in_epoch)] = {}
             for name in b:
                 t = b[name]
@@ -133,7 +139,7 @@ def test_torch_takes_cuda_tensors_equal_to_the_cpu_path(make_loader, daemon, dat
     ref = cpu_reference(daemon.socket, dataset.root)
     for copy in ("daemon", "client"):
         loader = make_loader(batch=8, epochs=2, extra=f"output: {{device: cuda:0, copy: {copy}}}\n")
-        for b in loader:
+        for b in every_epoch(loader):
             for name in b:
                 x = torch.from_dlpack(b[name])
                 assert x.is_cuda

@@ -27,17 +27,20 @@ def test_iterates_one_job_and_reports_its_stats(make_loader):
         ("label", "int64", (8,)),
     ]
     seen = []
-    for batch in loader:
-        assert set(batch) == {"image", "label"} and len(batch) == 2
-        image, label = batch["image"], batch["label"]
-        assert (image.shape, image.dtype, label.shape, label.dtype) == ((8, 56, 56, 3), "uint8", (8,), "int64")
-        assert batch.rows == 8 and len(batch.paths) == 8 and len(batch.labels) == 8
-        seen.append((batch.epoch, batch.batch_in_epoch))
-        assert loader.stats()["finished"] is False
+    for epoch in range(2):
+        for batch in loader:
+            assert set(batch) == {"image", "label"} and len(batch) == 2
+            image, label = batch["image"], batch["label"]
+            assert (image.shape, image.dtype, label.shape, label.dtype) == ((8, 56, 56, 3), "uint8", (8,), "int64")
+            assert batch.rows == 8 and len(batch.paths) == 8 and len(batch.labels) == 8
+            seen.append((batch.epoch, batch.batch_in_epoch))
+            assert loader.stats()["finished"] is False
     assert seen == [(e, b) for e in range(2) for b in range(N // 8)]
     assert loader.finished
-    # Iterating a finished loader yields nothing more.
-    assert list(loader) == [] and loader.next() is None
+    # Past its epochs the loader says so (a silent empty epoch would hide a wrong epoch count).
+    with pytest.raises(spdl_client.SpdlError, match="past the job's epochs=2") as err:
+        iter(loader)
+    assert err.value.code == "FAILED_PRECONDITION"
 
     stats = loader.stats()
     assert stats["finished"] is True
@@ -79,8 +82,9 @@ def test_exact_epoch_coverage_over_two_ranks(make_loader, dataset):
         loader = make_loader(batch=5, epochs=epochs, rank=rank, world_size=2)
         assert len(loader) == 5  # 24 samples per rank in batches of 5: 4 full + 1 of 4
         order = [[] for _ in range(epochs)]
-        for batch in loader:
-            order[batch.epoch].extend(batch.paths)
+        for epoch in range(epochs):
+            for batch in loader:
+                order[batch.epoch].extend(batch.paths)
         per_rank.append(order)
     for e in range(epochs):
         both = per_rank[0][e] + per_rank[1][e]
@@ -100,9 +104,11 @@ def test_order_is_reproducible(make_loader):
 
 def test_endless_job_runs_until_closed(make_loader, daemon):
     loader = make_loader(batch=16, epochs=0)
+    assert loader.epochs is None  # 0 is the daemon's "until ended", as None
+    for epoch in range(3):
+        assert [b.epoch for b in loader] == [epoch] * len(loader)
     it = iter(loader)
-    got = [next(it).epoch for _ in range(3 * len(loader) + 1)]  # into a 4th epoch
-    assert got[-1] == 3
+    assert next(it).epoch == 3  # into a 4th epoch
     assert len(loader.epoch_summaries) == 3
     loader.close()
     assert loader.closed
@@ -115,14 +121,16 @@ def test_endless_job_runs_until_closed(make_loader, daemon):
 
 def test_end_stops_the_job_early(make_loader):
     loader = make_loader(batch=4, epochs=0)
-    first = next(iter(loader))
+    it = iter(loader)
+    first = next(it)
     del first
-    loader.end()
-    try:
-        rest = list(loader)  # drains: ends with the daemon's stats...
-        assert loader.finished and len(rest) < 3 * len(loader)
-    except spdl_client.SpdlError as e:  # ...or with the daemon simply closing the connection
-        assert e.code == "CANCELLED"
+    loader.end()  # waits for the daemon's stats (or its closing the connection)
+    assert loader.finished
+    with pytest.raises(spdl_client.SpdlError, match="no longer the loader's"):
+        next(it)
+    with pytest.raises(spdl_client.SpdlError, match="has ended"):
+        iter(loader)
+    assert loader.held_batches == 0
 
 
 def test_context_manager_closes(make_loader, dataset, daemon):
@@ -132,7 +140,7 @@ def test_context_manager_closes(make_loader, dataset, daemon):
         overrides={"source.root": dataset.root, "batch.size": 16, **SMALL},
     ) as loader:
         assert loader.config_name.endswith("imagenet.yaml")
-        batch = next(loader)
+        batch = next(iter(loader))
         assert batch["image"].shape == (16, 56, 56, 3)
     assert loader.closed
     # A batch may outlive its loader: its memory stays mapped and readable.
@@ -148,32 +156,43 @@ def test_state_dict_tracks_the_position(make_loader):
         next(it)
     state = loader.state_dict()
     assert (state["epoch"], state["batch_in_epoch"], state["batches_seen"], state["samples_seen"]) == (0, 4, 4, 32)
+    assert isinstance(state["resume_token"], str)  # mid-epoch: the daemon's token
     for _ in range(2):
         next(it)  # the epoch's last batch
     state = loader.state_dict()
     assert (state["epoch"], state["batch_in_epoch"]) == (1, 0)
     assert (state["batches_per_epoch"], state["batch_size"], state["dataset_size"]) == (6, 8, N)
     assert (state["rank"], state["world_size"], state["epochs"]) == (0, 1, 2)
-    assert isinstance(state["resume_token"], str)
+    assert state["resume_token"] is None  # an epoch's start needs none
     # Plain values: it survives JSON (and so torch.save) unchanged.
     assert json.loads(json.dumps(state)) == state
     assert make_loader(batch=8).state_dict()["resume_token"] is None
 
 
+def _run(loader, stop=None) -> list:
+    """The paths of each batch of the loader's remaining epochs (one iter() per epoch), stopping
+    after `stop` batches (a break out of the epoch's loop)."""
+    seen = []
+    while loader.epoch < loader.epochs:
+        for b in loader:
+            seen.append(list(b.paths))
+            if len(seen) == stop:
+                return seen
+    return seen
+
+
 @pytest.mark.parametrize("stop", [1, 4, 6, 9])
 def test_load_state_dict_continues_exactly_where_it_stopped(make_loader, stop):
-    full = [list(b.paths) for b in make_loader(batch=8, epochs=2)]
+    full = _run(make_loader(batch=8, epochs=2))
+    assert len(full) == 12
     first = make_loader(batch=8, epochs=2)
-    seen = []
-    for b in first:
-        seen.append(list(b.paths))
-        if len(seen) == stop:
-            break
+    seen = _run(first, stop)
     state = json.loads(json.dumps(first.state_dict()))
+    assert (state["epoch"], state["batch_in_epoch"]) == divmod(stop, 6)
     first.close()
     resumed = make_loader(batch=8, epochs=2)
     resumed.load_state_dict(state)
-    rest = [list(b.paths) for b in resumed]
+    rest = _run(resumed)
     assert seen + rest == full
     assert resumed.state_dict()["batches_seen"] == len(full)
 
@@ -194,7 +213,7 @@ def test_defaults_come_from_the_environment(make_loader, daemon, dataset, monkey
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = make_loader(socket=None, rank=None, world_size=None, epochs=None, batch=4)
-    assert (loader.socket, loader.rank, loader.world_size, loader.epochs) == (daemon.socket, 1, 3, 1)
+    assert (loader.socket, loader.rank, loader.world_size, loader.epochs) == (daemon.socket, 1, 3, None)
     assert loader.info["samples_per_epoch"] == N // 3
     assert sum(1 for _ in loader) == len(loader) == N // 3 // 4  # (list(loader) would hold every slot)
 
@@ -217,7 +236,7 @@ def test_config_file_text_and_overrides(make_loader, dataset, daemon, tmp_path):
     loader = make_loader(str(path), overrides=["batch.size=12", "prefetch=3"])
     assert loader.config_name == str(path)
     assert (loader.info["batch_size"], loader.info["num_slots"]) == (12, 3)
-    assert next(loader)["image"].shape == (12, 32, 32, 3)
+    assert next(iter(loader))["image"].shape == (12, 32, 32, 3)
     # Override values may be Python values: numbers, booleans, lists.
     loader = make_loader(path, overrides={"batch.size": 6, "batch.drop_last": True, "source.extensions": [".jpg"]})
     assert loader.info["batch_size"] == 6 and len(loader) == N // 6

@@ -30,7 +30,7 @@ def test_views_are_zero_copy_into_the_shared_mapping(make_loader):
     loader = make_loader(batch=8)
     lo = loader.region_address()
     hi = lo + loader.region_size()
-    batch = next(loader)
+    batch = next(iter(loader))
     for name, t in batch.items():
         assert t.__dlpack_device__() == (1, 0)  # kDLCPU
         x = torch.from_dlpack(t)
@@ -69,13 +69,14 @@ def test_dropping_batches_gives_the_slots_back(make_loader):
 @pytest.mark.filterwarnings("ignore:spdl_client. all 2 slots")
 def test_all_slots_held_blocks_until_a_view_dies(make_loader):
     loader = make_loader(batch=4, prefetch=2, epochs=0)
-    a = next(loader)
-    b = next(loader)  # two batches held: both slots
+    it = iter(loader)
+    a = next(it)
+    b = next(it)  # two batches held: both slots
     view = torch.from_dlpack(a["image"])
     del a  # the view still holds a's slot
     assert loader.held_batches == 2
     got = []
-    waiter = threading.Thread(target=lambda: got.append(next(loader)))
+    waiter = threading.Thread(target=lambda: got.append(next(it)))
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive() and not got, "next() must wait while every slot is leased"
@@ -86,18 +87,20 @@ def test_all_slots_held_blocks_until_a_view_dies(make_loader):
 
 def test_a_kept_view_stays_valid_and_unchanged(make_loader):
     loader = make_loader(batch=4, prefetch=3, epochs=2)  # keep 1 view, 2 slots left to iterate with
-    first = next(loader)
+    it = iter(loader)
+    first = next(it)
     kept = torch.from_dlpack(first["image"])
     kept_labels = np.from_dlpack(first["label"])
     copy, copy_labels = kept.clone(), kept_labels.copy()
     kept_slot = first.slot
     del first
     later = 0
-    for batch in loader:
-        assert batch.slot != kept_slot, "the daemon refilled a slot that a view still uses"
-        torch.from_dlpack(batch["image"]).sum()
-        assert torch.equal(kept, copy) and np.array_equal(kept_labels, copy_labels)
-        later += 1
+    for epoch in (it, loader):  # the rest of epoch 0, then all of epoch 1
+        for batch in epoch:
+            assert batch.slot != kept_slot, "the daemon refilled a slot that a view still uses"
+            torch.from_dlpack(batch["image"]).sum()
+            assert torch.equal(kept, copy) and np.array_equal(kept_labels, copy_labels)
+            later += 1
     assert later == 2 * len(loader) - 1
     del batch
     assert loader.held_batches == 1
@@ -107,7 +110,8 @@ def test_a_kept_view_stays_valid_and_unchanged(make_loader):
 
 def test_release_never_frees_memory_under_a_live_view(make_loader):
     loader = make_loader(batch=4, prefetch=2, epochs=1)
-    first = next(loader)
+    it = iter(loader)
+    first = next(it)
     view = torch.from_dlpack(first["image"])
     copy = view.clone()
     first.release()
@@ -116,7 +120,7 @@ def test_release_never_frees_memory_under_a_live_view(make_loader):
         torch.from_dlpack(first["image"])  # no new views after release()
     assert err.value.code == "FAILED_PRECONDITION" and "released" in str(err.value)
     assert loader.held_batches == 1  # the view keeps the slot
-    for batch in loader:  # 11 more batches through the one slot left
+    for batch in it:  # 11 more batches through the one slot left
         assert batch.slot != first.slot
         assert torch.equal(view, copy)
         batch.release()  # no views: the slot goes back right here
@@ -129,21 +133,22 @@ def test_release_never_frees_memory_under_a_live_view(make_loader):
 
 def test_released_batch_without_views_frees_its_slot_at_once(make_loader):
     loader = make_loader(batch=4, prefetch=2)
-    with next(loader) as batch:  # a Batch is a context manager: released at the end of the block
+    with next(iter(loader)) as batch:  # a Batch is a context manager: released at the end of the block
         assert loader.held_batches == 1
     assert batch.released and loader.held_batches == 0
 
 
 def test_unconsumed_capsules_and_views_dropped_on_another_thread(make_loader):
     loader = make_loader(batch=4, prefetch=2)
-    batch = next(loader)
+    it = iter(loader)
+    batch = next(it)
     capsule = batch["image"].__dlpack__()
     batch.release()
     assert loader.held_batches == 1  # a capsule nobody consumed owns a reference too
     del capsule
     assert loader.held_batches == 0
 
-    batch = next(loader)
+    batch = next(it)
     views = [torch.from_dlpack(batch["image"]), np.from_dlpack(batch["label"])]
     del batch
     assert loader.held_batches == 1
@@ -152,11 +157,11 @@ def test_unconsumed_capsules_and_views_dropped_on_another_thread(make_loader):
     dropper.start()
     dropper.join()
     assert _wait_for(lambda: loader.held_batches == 0)
-    assert next(loader).rows == 4  # and the loader goes on
+    assert next(it).rows == 4  # and the loader goes on
 
 
 def test_dlpack_protocol_arguments(make_loader):
-    batch = next(make_loader(batch=4))
+    batch = next(iter(make_loader(batch=4)))
     t = batch["image"]
     assert "image" in repr(t) and "uint8" in repr(t) and "image" in repr(batch)
     for kwargs in ({"stream": None}, {"stream": -1}, {"max_version": (1, 0)}, {"dl_device": (1, 0)}, {"copy": False}):
@@ -169,10 +174,11 @@ def test_dlpack_protocol_arguments(make_loader):
 
 def test_next_with_every_slot_held_warns(make_loader):
     loader = make_loader(batch=4, prefetch=2, epochs=0)
-    a, b = next(loader), next(loader)
+    it = iter(loader)
+    a, b = next(it), next(it)
     release_later = threading.Timer(0.2, a.release)
     release_later.start()
     with pytest.warns(RuntimeWarning, match="all 2 slots of the job"):
-        c = next(loader)  # waits for the timer's release
+        c = next(it)  # waits for the timer's release
     release_later.join()
     assert c.seq == b.seq + 1

@@ -18,7 +18,8 @@ GIL_CHILD = textwrap.dedent(
     import spdl_client
 
     loader = spdl_client.Loader(sys.argv[1], socket=sys.argv[2], epochs=0)
-    held = [next(loader)]
+    it = iter(loader)
+    held = [next(it)]
     counts = {"during": 0}
     waiting = threading.Event()
 
@@ -35,7 +36,7 @@ GIL_CHILD = textwrap.dedent(
     t.start()
     t0 = time.monotonic()
     waiting.set()
-    batch = next(loader)
+    batch = next(it)
     waited = time.monotonic() - t0
     t.join()
     print(json.dumps({"waited": waited, "during": counts["during"], "seq": batch.seq}))

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -74,6 +75,7 @@ struct JobInfo {
   uint64_t samples_per_epoch = 0;  // for this rank
   uint64_t dataset_size = 0;       // samples in the whole source
   uint32_t num_slots = 0;          // prefetch depth: batches the daemon can have ready at once
+  std::vector<std::string> classes;  // class names by label (an image folder); empty otherwise
   std::vector<TensorView> layout;  // full-batch shapes and bytes; data == nullptr
 };
 
@@ -189,7 +191,19 @@ struct Options {
   uint32_t world_size = 1;  // 0 is taken as 1
   uint32_t epochs = 1;      // 0 = until End(); a resumed job counts the epochs before the token too
   std::string resume_token; // from Batch::resume_token() / Loader::state(): continue after that batch
+  // Without a resume_token: start at the beginning of this epoch (its samples in the same order as
+  // in any other run's epoch `start_epoch`); must be below `epochs` unless that is 0.
+  uint32_t start_epoch = 0;
   std::string client_name;  // free text for the daemon's logs; empty = "spdl-client pid=N"
+
+  // ---- waiting ----
+  // Called on the waiting thread about every `wait_poll` while Open() or Next() waits for the
+  // daemon. A non-OK Status ends the wait and is returned as it is: by Open() (the job is dropped),
+  // or by Next() without losing anything (not sticky: the Loader stays usable and the next Next()
+  // carries on). For interrupts and deadlines (the Python binding checks Ctrl-C and its read
+  // timeout here). Empty: waits are not interrupted.
+  std::function<Status()> on_wait;
+  std::chrono::milliseconds wait_poll{50};
 
   // ---- GPU delivery (output.device: cuda:N) ----
   // A Loader delivers host memory only: it refuses a cuda job unless `accept_device_job` is set,
@@ -222,6 +236,8 @@ class Loader {
   //  - other daemon refusals map their code (PERMISSION_DENIED, RESOURCE_EXHAUSTED, NOT_FOUND,
   //    SHUTTING_DOWN -> kUnavailable, ...) and carry the daemon's message.
   //  - a daemon that accepts the connection but does not answer Hello within 30 s -> kUnavailable.
+  //  - Options::on_wait returned an error while waiting -> that Status (the connection is closed).
+  //  - start_epoch with a resume_token, or at/after `epochs` -> kInvalidArgument (from the daemon).
   static Result<std::unique_ptr<Loader>> Open(const Options& options);
 
   ~Loader();  // closes the connection (the daemon ends the job and takes every slot back)
@@ -236,7 +252,8 @@ class Loader {
   //  - the job failed on the daemon (Error JOB_FAILED) -> kDataLoss with the daemon's message;
   //    other Errors map their code as in Open().
   //  - a protocol violation by the daemon -> kInternal.
-  // Errors are sticky: once Next() has failed, every later call returns the same Status.
+  //  - Options::on_wait returned an error -> that Status, NOT sticky (nothing was consumed).
+  // Other errors are sticky: once Next() has failed, every later call returns the same Status.
   // After the JobStats event every later call returns kFailedPrecondition "the job has finished".
   // After End(): batches still in flight are released at once without being returned, EpochEnds
   // are skipped, and Next() returns the JobStats if the daemon sends them, or kCancelled "the job

@@ -106,19 +106,23 @@ def main() -> int:
               f"{args.epochs} epoch(s)", flush=True)
         model.train()
         step, samples, t0 = 0, 0, time.perf_counter()
-        for batch in loader:
-            x, y = to_model_input(batch)
-            batch.release()  # nothing refers to the slot any more: the daemon can refill it now
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            samples += y.numel()
-            if step % args.log_every == 0 or step == 1:
-                rate = samples / (time.perf_counter() - t0)
-                print(f"rank {rank} epoch {batch.epoch} step {step}: loss {loss.item():.4f} ({rate:.0f} samples/s)",
-                      flush=True)
+        for epoch in range(args.epochs):
+            loader.set_epoch(epoch)  # as DistributedSampler.set_epoch: the next iter() yields this epoch
+            for batch in loader:  # one epoch: len(loader) batches
+                x, y = to_model_input(batch)
+                batch.release()  # nothing refers to the slot any more: the daemon can refill it now
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+                samples += y.numel()
+                if step % args.log_every == 0 or step == 1:
+                    rate = samples / (time.perf_counter() - t0)
+                    print(f"rank {rank} epoch {epoch} step {step}: loss {loss.item():.4f} ({rate:.0f} samples/s)",
+                          flush=True)
+                if args.max_steps and step >= args.max_steps:
+                    break
             if args.max_steps and step >= args.max_steps:
                 break
         elapsed = time.perf_counter() - t0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SpdlError"]
+__all__ = ["SpdlError", "SpdlTimeoutError"]
 
 
 class SpdlError(RuntimeError):
@@ -18,6 +18,7 @@ class SpdlError(RuntimeError):
     - ``"NOT_FOUND"``, ``"RESOURCE_EXHAUSTED"`` (over the daemon's memory budget or quotas);
     - ``"DATA_LOSS"``: the job failed on the daemon (``on_error: fail`` and a bad sample);
     - ``"FAILED_PRECONDITION"``: a protocol version mismatch, a closed loader, a released batch;
+    - ``"DEADLINE_EXCEEDED"``: a wait ran past its ``timeout`` (:class:`SpdlTimeoutError`);
     - ``"CANCELLED"``, ``"INTERNAL"`` (a protocol error: a bug).
     """
 
@@ -30,4 +31,14 @@ class SpdlError(RuntimeError):
         return (type(self), (self.message, self.code))
 
 
+class SpdlTimeoutError(SpdlError, TimeoutError):
+    """A wait for spdld ran past its timeout (``code`` ``"DEADLINE_EXCEEDED"``); also a
+    :class:`TimeoutError`. The message names the job and what was awaited. Nothing was lost: the
+    loader stays usable, and the same call again keeps waiting."""
+
+    def __init__(self, message: str, code: str = "DEADLINE_EXCEEDED") -> None:
+        super().__init__(message, code)
+
+
 SpdlError.__module__ = "spdl_client"  # how tracebacks name it (and where pickle finds it)
+SpdlTimeoutError.__module__ = "spdl_client"

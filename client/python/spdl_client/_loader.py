@@ -9,16 +9,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
 
 from . import _spdl_client as _native
-from ._errors import SpdlError
+from ._errors import SpdlError, SpdlTimeoutError
 
-__all__ = ["Loader", "Batch", "Tensor", "DEFAULT_SOCKET"]
+__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "DEFAULT_SOCKET", "DEFAULT_TIMEOUT"]
 
 Tensor = _native.Tensor
 
 #: Where the packaged daemon listens (systemd/spdld.service); $SPDLD_SOCKET overrides it.
 DEFAULT_SOCKET = "/run/spdld/spdld.sock"
 
-ConfigLike = Union[str, "os.PathLike[str]"]
+ConfigLike = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 OverridesLike = Union[Mapping[str, Any], Iterable[Union[str, tuple]], None]
 
 
@@ -108,34 +108,107 @@ class Batch(Mapping):
         return f"<spdl_client.Batch epoch={self.epoch} batch_in_epoch={self.batch_in_epoch} rows={self.rows} {{{tensors}}}{state}>"
 
 
+#: The default ``timeout`` of a Loader's waits for the daemon, in seconds (``Loader(timeout=...)``).
+DEFAULT_TIMEOUT = 300.0
+
+_DEFAULT: Any = object()  # "the loader's own timeout"
+
+
+class EpochIterator:
+    """One epoch of a :class:`Loader`'s batches: what ``iter(loader)`` returns.
+
+    Yields the epoch's :class:`Batch` objects in order and stops at the epoch's end. ``len(it)`` is
+    the number of batches it has still to yield. ``it.next(timeout=...)`` is ``next(it)`` with its
+    own timeout (None at the epoch's end). Only the loader's latest iterator may be used: a later
+    ``iter(loader)``, :meth:`Loader.set_epoch` to another epoch, :meth:`Loader.load_state_dict` or
+    :meth:`Loader.close` ends this one (it then raises SpdlError ``FAILED_PRECONDITION``).
+    """
+
+    __slots__ = ("_loader", "epoch", "start", "_yielded", "_done")
+
+    def __init__(self, loader: "Loader", epoch: int, start: int) -> None:
+        self._loader = loader
+        self.epoch: int = epoch  # the epoch it yields
+        self.start: int = start  # batch_in_epoch of its first batch (> 0 after a mid-epoch resume)
+        self._yielded = 0
+        self._done = False
+
+    @property
+    def position(self) -> int:
+        """batch_in_epoch of the next batch."""
+        return self.start + self._yielded
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __len__(self) -> int:
+        return 0 if self._done else max(0, len(self._loader) - self.position)
+
+    def __next__(self) -> Batch:
+        batch = self.next()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def next(self, timeout: Optional[float] = _DEFAULT) -> Optional[Batch]:
+        """The epoch's next batch, or None at its end; waits at most ``timeout`` seconds (default: the
+        loader's; None: no limit), then raises :class:`SpdlTimeoutError` (nothing is lost)."""
+        if self._done:
+            return None
+        if self._loader._iterator is not self:
+            raise SpdlError(
+                f"spdl_client: this iterator of epoch {self.epoch} is no longer the loader's (a later iter(loader), "
+                "set_epoch, load_state_dict, end or close came after it): the rest of its epoch was dropped",
+                "FAILED_PRECONDITION",
+            )
+        batch = self._loader._next_batch(self, timeout)
+        if batch is None:
+            self._done = True
+            return None
+        self._yielded += 1
+        return batch
+
+    def __repr__(self) -> str:
+        return f"<spdl_client.EpochIterator epoch={self.epoch} next={self.position} left={len(self)}>"
+
+
 class Loader:
-    """One job on the node's spdld daemon; iterate it to receive the job's batches.
+    """One job on the node's spdld daemon, iterated like ``torch.utils.data.DataLoader``.
 
-    ``Loader(config, *, socket=None, rank=None, world_size=None, overrides=None, epochs=None)``
+    ``Loader(config, *, socket=None, rank=None, world_size=None, device=None, overrides=None,
+    epochs=None, timeout=300.0)``
 
-    - ``config``: the job config: a path (str or PathLike) to a YAML file, or the YAML text itself
-      (a str that is not an existing file and contains a newline or ':').
+    - ``config``: the job config: a path (str or PathLike) to a YAML file, the YAML text itself (a
+      str that is not an existing file and contains a newline or ':'), or a dict (any Mapping) of
+      the same structure (sent as JSON, which is YAML).
     - ``socket``: the daemon's control socket; default ``$SPDLD_SOCKET``, else
       ``/run/spdld/spdld.sock``.
     - ``rank`` / ``world_size``: this trainer's place among the job's ranks; default the
       ``RANK`` / ``WORLD_SIZE`` environment variables that torchrun sets, else 0 / 1.
+    - ``device``: for a GPU job (``output.device: cuda`` or ``cuda:N``), the GPU to deliver to:
+      ``"cuda:N"``, ``N`` or a ``torch.device`` (``"cpu"`` makes it a CPU job). Default: under
+      torchrun (``$LOCAL_RANK`` set), ``cuda:$LOCAL_RANK`` for a job whose config asks for a GPU;
+      else the config's own ``output.device``. An ``output.device`` in ``overrides`` wins too.
     - ``overrides``: config values to change before validation, as a dict
       ``{"source.root": "/data", "batch.size": 64}`` or a list of ``"key.path=value"`` strings
       (values are YAML, as with ``spdl-client --set``).
-    - ``epochs``: how many epochs the job runs (None: 1; 0: until closed).
+    - ``epochs``: how many epochs the job may run; None (or 0): as many as the trainer iterates.
+    - ``timeout``: the longest wait, in seconds, for the daemon to accept the job and for each
+      batch (None: no limit); past it a :class:`SpdlTimeoutError` names the job and what it waited for.
 
-    Iterating yields one :class:`Batch` per step, across all epochs, and stops when the job is done
-    (the daemon sends its final statistics). The end of each epoch is recorded in
-    :attr:`epoch_summaries` (nothing is yielded for it). Errors raise :class:`SpdlError` with the
-    daemon's message. While waiting for a batch the GIL is released.
-
-    ``len(loader)`` is the number of batches per epoch for this rank (the same on every rank); the
-    whole job yields ``len(loader) * epochs`` batches.
+    Iteration is a DataLoader's: ``iter(loader)`` yields exactly one epoch (an
+    :class:`EpochIterator`), ``len(loader)`` is the batches of one epoch for this rank, and the next
+    ``iter(loader)`` yields the next epoch. The job keeps running between epochs (the daemon
+    prefetches the next one while the trainer validates). :meth:`set_epoch` (like
+    ``DistributedSampler.set_epoch``) chooses the epoch the next ``iter()`` yields. Breaking out of an
+    epoch and iterating again drops the rest of that epoch. Epoch ends are recorded in
+    :attr:`epoch_summaries`.
 
     Threads: use a Loader from one thread at a time (calls from several threads are serialized;
-    :meth:`close` refuses while another thread waits in ``next()``). Batches and their views may be
-    dropped on any thread. A Batch may outlive its Loader (its memory stays mapped), but once the
-    loader is closed the daemon may reuse the memory: copy what you need first.
+    :meth:`close` refuses while another thread waits for a batch). Waits release the GIL, and Ctrl-C
+    interrupts them (KeyboardInterrupt within ~0.1 s; the loader stays usable). Batches and their
+    views may be dropped on any thread. A Batch may outlive its Loader (its memory stays mapped), but
+    once the loader is closed the daemon no longer protects it: copy what you need first.
 
     Closing (:meth:`close`, the end of a ``with`` block, or the Loader being garbage collected)
     disconnects, which ends the job on the daemon.
@@ -148,84 +221,205 @@ class Loader:
         socket: Optional[str] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        device: Any = None,
         overrides: OverridesLike = None,
         epochs: Optional[int] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         client_name: Optional[str] = None,
     ) -> None:
         self._core = None  # first, so that close() works even if the rest fails
-        yaml_text, config_name = _read_config(config)
+        self._iterator: Optional[EpochIterator] = None
+        yaml_text, config_name, parsed = _read_config(config)
         self.socket: str = _resolve_socket(socket)
         self.rank, self.world_size = _resolve_rank(rank, world_size)
-        self.epochs: int = _resolve_epochs(epochs)
+        self.epochs: Optional[int] = _resolve_epochs(epochs)
+        #: The default timeout of every wait, in seconds (None: no limit); may be changed.
+        self.timeout: Optional[float] = _resolve_timeout(timeout)
         self.overrides: list = _resolve_overrides(overrides)
+        dev = _resolve_device(device, self.overrides, yaml_text, parsed)
+        if dev is not None:
+            self.overrides.append(("output.device", dev))
         self.config_name: str = config_name
         if client_name is None:
             client_name = f"spdl_client (python) pid={os.getpid()} rank={self.rank}/{self.world_size}"
         self._yaml_text = yaml_text
         self._client_name = client_name
-        self._core = _native.Core.open(
-            self.socket, yaml_text, config_name, self.overrides, self.rank, self.world_size, self.epochs, client_name
-        )
-        self._info: dict = self._core.info
-        self._device: str = self._core.device
         self._finished = False
         self._job_stats: Optional[dict] = None
         self.epoch_summaries: list[dict] = []
         self._batches_seen = 0
         self._samples_seen = 0
-        # Position of the next batch: (epoch, batch_in_epoch).
-        self._next_epoch = 0
-        self._next_batch_in_epoch = 0
+        # The epoch the next iter() yields, and the batch it starts at (> 0 only after a mid-epoch
+        # load_state_dict).
+        self._epoch = 0
+        self._start_batch = 0
+        self._open((0, 0), b"", self.timeout)
 
-    # ---- iteration ----
+    # ---- the job on the daemon ----
 
-    def __iter__(self) -> "Loader":
-        return self
-
-    def __next__(self) -> Batch:
-        if self._finished:
-            raise StopIteration
-        core = self._open_core()
-        if core.held >= self._info["num_slots"] and not self._all_batches_seen():
-            warnings.warn(
-                f"spdl_client: all {self._info['num_slots']} slots of the job (prefetch) are held by live "
-                "batches or views of them: next() waits until one is dropped or released (from another "
-                "thread), or for ever. Keep at most prefetch - 1 batches alive (e.g. not list(loader)).",
-                RuntimeWarning,
-                stacklevel=2,
+    def _open(self, at: tuple, token: bytes, timeout: Optional[float]) -> None:
+        """(Re)opens the job so that its next batch is ``at`` = (epoch, batch_in_epoch): from
+        ``token`` when given, else from the start of epoch ``at[0]``. Ends the job open before."""
+        self._detach_iterator()
+        old, self._core = self._core, None
+        if old is not None:
+            old.close()
+        try:
+            self._core = _native.Core.open(
+                self.socket, self._yaml_text, self.config_name, self.overrides, self.rank, self.world_size,
+                self.epochs or 0, self._client_name, token, 0 if token else at[0], timeout,
             )
-        while True:
-            kind, a, b = core.next()
-            if kind == "batch":
-                batch = Batch(a, b)
-                self._advance(batch)
-                return batch
-            if kind == "epoch_end":
-                self.epoch_summaries.append(a)
-                continue
+        except SpdlTimeoutError:
+            raise SpdlTimeoutError(
+                f"spdl_client: spdld at {self.socket} did not accept the job ({self.config_name}, rank "
+                f"{self.rank}/{self.world_size}) within {timeout:g} s: is the daemon overloaded, or its "
+                "dataset scan slow? Pass a longer timeout= (None: no limit)"
+            ) from None
+        self._info: dict = self._core.info
+        self._device: str = self._core.device
+        self._open_token = token  # the position's token until a batch brings a newer one
+        self._stream = tuple(at)  # (epoch, batch_in_epoch) of the next batch the job delivers
+        self._finished = False
+        self._job_stats = None
+
+    def _detach_iterator(self) -> None:
+        self._iterator = None
+
+    def _resolve_wait(self, timeout: Any) -> Optional[float]:
+        return self.timeout if timeout is _DEFAULT else _resolve_timeout(timeout)
+
+    def _next_event(self, timeout: Any, what: str) -> tuple:
+        """The job's next event, with the position, the summaries and the stats kept up to date."""
+        t = self._resolve_wait(timeout)
+        ev = self._open_core().next(t)
+        if ev is None:
+            job = self._info["job_id"]
+            raise SpdlTimeoutError(
+                f"spdl_client: job {job} ({self.config_name}, rank {self.rank}/{self.world_size}) on "
+                f"{self.socket}: no {what} from spdld within {t:g} s. The daemon is alive but delivered nothing "
+                "in that time (a stalled source: an unanswering HTTP server, a hung file system; or a pipeline "
+                f"far slower than the trainer: `spdlctl stats {job}` shows where it waits). Nothing was lost: "
+                "call again to keep waiting (it.next(timeout=...)), or pass a longer Loader(timeout=...) "
+                "(None: no limit)."
+            )
+        kind, a, b = ev
+        if kind == "batch":
+            self._stream = (b["epoch"], b["batch_in_epoch"] + 1)
+        elif kind == "epoch_end":
+            self.epoch_summaries.append(a)
+            self._stream = (a["epoch"] + 1, 0)
+        else:
             a["epochs"] = list(self.epoch_summaries)
             self._job_stats = a
             self._finished = True
-            raise StopIteration
+        return kind, a, b
 
-    def next(self) -> Optional[Batch]:
-        """The next batch, or None when the job is done."""
-        return next(self, None)
+    # ---- iteration ----
+
+    def __iter__(self) -> EpochIterator:
+        """One epoch: the one :meth:`set_epoch` chose, else the one after the previous ``iter()``'s.
+        A previous iterator still running is ended (the rest of its epoch is dropped)."""
+        self._open_core()
+        self._detach_iterator()
+        epoch, start = self._epoch, self._start_batch
+        if self.epochs is not None and epoch >= self.epochs:
+            raise SpdlError(
+                f"spdl_client: epoch {epoch} is past the job's epochs={self.epochs} (epochs 0..{self.epochs - 1} "
+                "were iterated or skipped); open the Loader with more epochs, or epochs=None for as many as "
+                "you iterate",
+                "FAILED_PRECONDITION",
+            )
+        if self._finished:
+            raise SpdlError("spdl_client: the job has ended (end() was called): no more epochs", "FAILED_PRECONDITION")
+        self._reposition(epoch, start)
+        it = EpochIterator(self, epoch, start)
+        self._iterator = it
+        self._epoch, self._start_batch = epoch + 1, 0
+        return it
+
+    def _reposition(self, epoch: int, start: int) -> None:
+        """Makes the job's next batch (epoch, start): it is already, or a few batches are left
+        before it (they are read and dropped: their slots go back at once), or the job is reopened
+        at the start of that epoch."""
+        if self._stream == (epoch, start):
+            return
+        se, sb = self._stream
+        per = len(self)
+        if start == 0 and (se, sb) < (epoch, 0):
+            left = (per - sb) + (epoch - se - 1) * per
+            if left <= int(self._info["num_slots"]):  # prefetched already, or nearly: drain
+                while self._stream < (epoch, 0) and not self._finished:
+                    self._warn_if_all_slots_held()
+                    self._next_event(_DEFAULT, f"the rest of epoch {self._stream[0]} (being dropped)")
+                if self._stream == (epoch, 0):
+                    return
+        if start != 0:
+            raise SpdlError(f"spdl_client: cannot start epoch {epoch} at batch {start} without its resume token",
+                            "INTERNAL")
+        self._open((epoch, 0), b"", self.timeout)
+
+    def _next_batch(self, it: EpochIterator, timeout: Any = _DEFAULT) -> Optional[Batch]:
+        """The next batch of ``it``'s epoch, or None at the epoch's end. The one place where the
+        iterator's batches are made."""
+        self._warn_if_all_slots_held()
+        kind, a, b = self._next_event(timeout, f"batch {it.position} of epoch {it.epoch}")
+        if kind == "batch":
+            if (b["epoch"], b["batch_in_epoch"]) != (it.epoch, it.position):
+                raise SpdlError(
+                    f"spdl_client: spdld delivered batch {b['batch_in_epoch']} of epoch {b['epoch']} where batch "
+                    f"{it.position} of epoch {it.epoch} was due (is the daemon older than this client?)",
+                    "INTERNAL",
+                )
+            batch = Batch(a, b)
+            self._batches_seen += 1
+            self._samples_seen += batch.rows
+            return batch
+        if kind == "epoch_end" and self.epochs is not None and a["epoch"] + 1 >= self.epochs:
+            self._next_event(timeout, "the job's final statistics")  # the last epoch: JobEnd follows
+        return None
+
+    def _warn_if_all_slots_held(self) -> None:
+        if self._open_core().held >= self._info["num_slots"]:
+            warnings.warn(
+                f"spdl_client: all {self._info['num_slots']} slots of the job (prefetch) are held by live "
+                "batches or views of them: the next batch waits until one is dropped or released (from another "
+                "thread), or until the timeout. Keep at most prefetch - 1 batches alive (e.g. not list(loader)).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def __len__(self) -> int:
+        """Batches per epoch for this rank (the same on every rank)."""
         return int(self._info["batches_per_epoch"])
 
-    def _all_batches_seen(self) -> bool:
-        return self.epochs > 0 and self._batches_seen >= len(self) * self.epochs
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``iter(loader)`` yield epoch ``epoch`` (its samples in the same order as any
+        other run's epoch ``epoch``), like ``DistributedSampler.set_epoch``. The epoch the next
+        ``iter()`` yields anyway is a no-op (so the usual ``for e in range(E): loader.set_epoch(e)``
+        loop just works, also after a mid-epoch :meth:`load_state_dict`); a later one skips ahead
+        (the job is reopened there, or the few batches before it are dropped). An earlier one raises
+        ValueError: the loader has moved past it.
+        """
+        e = int(epoch)
+        if e < 0:
+            raise ValueError(f"set_epoch({epoch}): epochs count from 0")
+        if e == self._epoch:
+            return
+        if e < self._epoch:
+            raise ValueError(
+                f"set_epoch({e}): this loader has moved on to epoch {self._epoch} (each iter(loader) yields the next "
+                "epoch); going back is not supported. Call set_epoch before iterating the epoch, or open a new Loader "
+                "(or load_state_dict) to replay an epoch"
+            )
+        if self.epochs is not None and e >= self.epochs:
+            raise ValueError(f"set_epoch({e}): the loader was opened with epochs={self.epochs}")
+        self._detach_iterator()
+        self._epoch, self._start_batch = e, 0
 
-    def _advance(self, batch: Batch) -> None:
-        self._batches_seen += 1
-        self._samples_seen += batch.rows
-        self._next_epoch = batch.epoch
-        self._next_batch_in_epoch = batch.batch_in_epoch + 1
-        if self._next_batch_in_epoch >= len(self):
-            self._next_epoch += 1
-            self._next_batch_in_epoch = 0
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter(loader)`` yields."""
+        return self._epoch
 
     # ---- job ----
 
@@ -242,16 +436,28 @@ class Loader:
     def info(self) -> dict:
         """What the daemon said when it accepted the job (a copy): ``job_id``, ``batch_size``,
         ``batches_per_epoch``, ``samples_per_epoch`` (this rank), ``dataset_size`` (the whole source),
-        ``num_slots`` (prefetch depth) and ``layout`` (per tensor: name, dtype, full-batch shape,
-        bytes); plus ``rank``, ``world_size``, ``epochs`` and ``socket`` as opened."""
+        ``num_slots`` (prefetch depth), ``classes`` and ``layout`` (per tensor: name, dtype, full-batch
+        shape, bytes); plus ``rank``, ``world_size``, ``epochs`` and ``socket`` as opened."""
         d = dict(self._info)
         d["layout"] = [dict(t) for t in self._info["layout"]]
+        d["classes"] = list(self._info["classes"])
         d.update(rank=self.rank, world_size=self.world_size, epochs=self.epochs, socket=self.socket)
         return d
 
     @property
+    def classes(self) -> Optional[list]:
+        """The class names by label (an image folder's sub-directories, sorted), or None for a source
+        without them (lists, shards, URLs)."""
+        return list(self._info["classes"]) or None
+
+    @property
+    def dataset_size(self) -> int:
+        """Samples in the whole source (all ranks)."""
+        return int(self._info["dataset_size"])
+
+    @property
     def finished(self) -> bool:
-        """Whether the job is done (iteration has stopped and :meth:`stats` are the daemon's)."""
+        """Whether the job is done: its last epoch was iterated, or :meth:`end` was called."""
         return self._finished
 
     @property
@@ -295,13 +501,25 @@ class Loader:
             "epochs": list(self.epoch_summaries),
         }
 
-    def end(self) -> None:
-        """Asks the daemon to stop the job early; keep iterating to drain it (iteration then
-        stops with the daemon's stats, or raises SpdlError CANCELLED if it just disconnects)."""
-        self._open_core().end()
+    def end(self, timeout: Optional[float] = _DEFAULT) -> None:
+        """Stops the job now and waits (at most ``timeout``) for the daemon's final :meth:`stats`;
+        batches in flight are dropped. Afterwards the loader yields no more epochs."""
+        core = self._open_core()
+        self._detach_iterator()
+        if self._finished:
+            return
+        core.end()
+        try:
+            while not self._finished:
+                self._next_event(timeout, "the job's final statistics after end()")
+        except SpdlError as e:
+            if e.code != "CANCELLED":  # the daemon just closed the connection: the job is over too
+                raise
+            self._finished = True
 
     def close(self) -> None:
         """Disconnects: the daemon ends the job and takes its slots back. Idempotent."""
+        self._detach_iterator()
         core, self._core = self._core, None
         if core is not None:
             try:
@@ -319,19 +537,29 @@ class Loader:
     # ---- position ----
 
     def state_dict(self) -> dict:
-        """The loader's position: where the next batch would start, and how to continue from there.
+        """The loader's position, for a checkpoint: where the next batch would come from.
 
-        ``{"epoch", "batch_in_epoch"}`` (0-based, of the next batch), ``batches_seen`` and
-        ``samples_seen`` (yielded so far), the job's shape (``rank``, ``world_size``, ``epochs``,
-        ``batch_size``, ``batches_per_epoch``, ``dataset_size``) and ``resume_token``: the daemon's
-        token for "right after the last batch yielded" (hex, None before the first batch). Plain
-        JSON-able values, so it can be saved with a checkpoint (torch.save, json).
+        While an epoch's iterator is unfinished (also after breaking out of it), the position is
+        inside that epoch; else it is the start of the epoch the next ``iter()`` yields.
+        ``{"epoch", "batch_in_epoch"}`` (0-based), ``batches_seen`` and ``samples_seen`` (yielded so
+        far), the job's shape (``rank``, ``world_size``, ``epochs``, ``batch_size``,
+        ``batches_per_epoch``, ``dataset_size``) and ``resume_token`` (hex; the daemon's token for a
+        mid-epoch position, None at an epoch's start). Plain JSON-able values (torch.save, json).
         """
-        token = bytes(self._open_core().state)
+        it = self._iterator
+        if it is not None and not it._done:
+            epoch, batch = it.epoch, it.position
+        else:
+            epoch, batch = self._epoch, self._start_batch
+        if batch >= len(self):  # the epoch's last batch was yielded: the next one starts the next epoch
+            epoch, batch = epoch + 1, 0
+        token = None
+        if batch > 0:
+            token = (bytes(self._open_core().state) or self._open_token).hex()
         return {
-            "version": 1,
-            "epoch": self._next_epoch,
-            "batch_in_epoch": self._next_batch_in_epoch,
+            "version": 2,
+            "epoch": epoch,
+            "batch_in_epoch": batch,
             "batches_seen": self._batches_seen,
             "samples_seen": self._samples_seen,
             "rank": self.rank,
@@ -340,42 +568,51 @@ class Loader:
             "batch_size": int(self._info["batch_size"]),
             "batches_per_epoch": int(self._info["batches_per_epoch"]),
             "dataset_size": int(self._info["dataset_size"]),
-            "resume_token": token.hex() if token else None,
+            "resume_token": token,
         }
 
-    def load_state_dict(self, state: Mapping) -> None:
-        """Continues from a :meth:`state_dict`: the job is reopened on the daemon so that iteration
-        yields exactly the samples after the saved point, in the same order, then the later epochs.
+    def load_state_dict(self, state: Mapping, timeout: Optional[float] = _DEFAULT) -> None:
+        """Continues from a :meth:`state_dict`: the next ``iter(loader)`` yields the saved epoch from
+        the saved batch on (exactly the samples after the saved point, in the same order), and the
+        ``iter()`` after it the next epoch, as torchdata's StatefulDataLoader does.
 
-        Call it before iterating (batches already prefetched by this loader are dropped). The state
-        must come from the same job (config, dataset, rank, world size): the daemon refuses a token
-        of another job with a clear error. A state saved before the first batch starts from the top.
+        A mid-epoch state reopens the job from its token now (``timeout`` bounds the wait); the
+        daemon refuses a token of another job (config, dataset, rank, world size) with a clear error.
         """
-        if int(state.get("version", 0)) != 1:
+        version = int(state.get("version", 0))
+        if version not in (1, 2):
             raise ValueError(f"unknown state_dict version {state.get('version')!r}")
         if (int(state["rank"]), int(state["world_size"])) != (self.rank, self.world_size):
             raise ValueError(
                 f"the state is for rank {state['rank']}/{state['world_size']}, this loader is rank "
                 f"{self.rank}/{self.world_size}"
             )
+        epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         token = state.get("resume_token")
-        if not token:
-            return  # saved before the first batch: this loader already starts there
-        old = self._open_core()
-        self._core = None
-        old.close()
-        self._core = _native.Core.open(
-            self.socket, self._yaml_text, self.config_name, self.overrides, self.rank, self.world_size,
-            self.epochs, self._client_name, bytes.fromhex(token),
-        )
-        self._info = self._core.info
-        self._finished = False
-        self._job_stats = None
-        self.epoch_summaries = []
+        if batch > 0:
+            if not token:
+                raise ValueError(f"the state is at batch {batch} of epoch {epoch} but has no resume_token")
+            self._open((epoch, batch), bytes.fromhex(token), self._resolve_wait(timeout))
+        self._detach_iterator()
+        self._epoch, self._start_batch = epoch, batch
         self._batches_seen = int(state["batches_seen"])
         self._samples_seen = int(state["samples_seen"])
-        self._next_epoch = int(state["epoch"])
-        self._next_batch_in_epoch = int(state["batch_in_epoch"])
+
+    # ---- adapters ----
+
+    def as_dataset(self) -> "torch.utils.data.IterableDataset":  # noqa: F821
+        """A ``torch.utils.data.IterableDataset`` over this loader, for frameworks that insist on a
+        DataLoader: each ``iter()`` yields one epoch of ``{name: torch.Tensor}`` dicts (zero-copy
+        views; the slot goes back when they die), ``len()`` is ``len(loader)``, ``set_epoch`` is
+        forwarded. Wrap it as ``DataLoader(ds, batch_size=None, num_workers=0)``: the batches are
+        batched already, and worker processes cannot share the loader's connection (refused).
+
+        Cost: per batch, one ``torch.from_dlpack`` per tensor and DataLoader's own bookkeeping
+        (microseconds); no copy unless ``pin_memory=True`` (which copies every batch into pinned
+        memory). Batch metadata (paths, labels list, epoch) is not passed on: iterate the loader
+        itself for it.
+        """
+        return _make_dataset(self)
 
     # ---- zero-copy checks ----
 
@@ -395,27 +632,76 @@ class Loader:
         return self._core
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else ("finished" if self._finished else "open")
+        state = "closed" if self.closed else ("finished" if self._finished else f"next epoch {self._epoch}")
         return f"<spdl_client.Loader job={self._info['job_id']} rank={self.rank}/{self.world_size} {state}>"
+
+
+def _make_dataset(loader: Loader):
+    import torch
+
+    class LoaderDataset(torch.utils.data.IterableDataset):
+        """An IterableDataset over a spdl_client.Loader (see Loader.as_dataset)."""
+
+        def __init__(self, loader: Loader) -> None:
+            super().__init__()
+            self.loader = loader
+
+        def __iter__(self):
+            if torch.utils.data.get_worker_info() is not None:
+                raise RuntimeError(
+                    "spdl_client: a Loader's dataset cannot run in DataLoader worker processes (the daemon "
+                    "already works in parallel, and workers cannot share the loader's connection): use "
+                    "num_workers=0 and batch_size=None"
+                )
+            for batch in self.loader:
+                views = {name: torch.from_dlpack(t) for name, t in batch.items()}
+                batch.release()  # the views alone hold the slot now: it goes back when they die
+                del batch
+                yield views
+
+        def __len__(self) -> int:
+            return len(self.loader)
+
+        def set_epoch(self, epoch: int) -> None:
+            self.loader.set_epoch(epoch)
+
+    return LoaderDataset(loader)
 
 
 # ---- argument resolution ----
 
 
-def _read_config(config: ConfigLike) -> tuple:
-    """Returns (yaml_text, name for messages)."""
+def _read_config(config: Any) -> tuple:
+    """Returns (yaml_text, name for messages, the parsed config when it was given as a Mapping)."""
+    if isinstance(config, Mapping):
+        try:
+            text = json.dumps(config, indent=2, default=_json_value)  # JSON is YAML
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"config dict: {e}") from None
+        return text, "<dict>", config
     if isinstance(config, os.PathLike):
         path = os.fspath(config)
-        return _read_file(path), path
+        return _read_file(path), path, None
     if not isinstance(config, str):
-        raise TypeError(f"config must be a path or YAML text (str), not {type(config).__name__}")
+        raise TypeError(f"config must be a path, YAML text (str) or a dict, not {type(config).__name__}")
     if os.path.isfile(config):
-        return _read_file(config), config
+        return _read_file(config), config, None
     if "\n" in config or ":" in config:
-        return config, "<config>"
+        return config, "<config>", None
     raise FileNotFoundError(
         f"job config {config!r}: no such file (YAML text is recognized by a newline or a ':')"
     )
+
+
+def _json_value(value: Any) -> Any:
+    """json.dumps' fallback for config values: paths, numpy scalars and arrays, sets."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{value!r} ({type(value).__name__}) is not a config value (str, number, bool, list, dict, path)")
 
 
 def _read_file(path: str) -> str:
@@ -449,13 +735,69 @@ def _resolve_rank(rank: Optional[int], world_size: Optional[int]) -> tuple:
     return r, w
 
 
-def _resolve_epochs(epochs: Optional[int]) -> int:
+def _resolve_epochs(epochs: Optional[int]) -> Optional[int]:
     if epochs is None:
-        return 1
+        return None
     e = int(epochs)
     if e < 0:
-        raise ValueError(f"epochs must be >= 0 (0 = endless), not {e}")
-    return e
+        raise ValueError(f"epochs must be None (as many as iterated) or >= 1, not {e}")
+    return e or None  # 0: the daemon's "until ended", the same as None
+
+
+def _resolve_timeout(timeout: Optional[float]) -> Optional[float]:
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if not t >= 0:
+        raise ValueError(f"timeout must be None (no limit) or a number of seconds >= 0, not {timeout!r}")
+    return t
+
+
+def _normalize_device(device: Any) -> str:
+    if isinstance(device, bool):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N', N or a torch.device, not {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device {device}: a CUDA ordinal is >= 0")
+        return f"cuda:{device}"
+    text = str(device)  # also torch.device
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise ValueError(f"device {device!r}: expected 'cpu', 'cuda', 'cuda:N', N or a torch.device")
+
+
+def _config_device(yaml_text: str, parsed: Optional[Mapping]) -> Optional[str]:
+    """The config's output.device, or None when it has none (or cannot be read here)."""
+    if parsed is None:
+        try:
+            import yaml
+        except ImportError:
+            warnings.warn("spdl_client: PyYAML is not installed, so LOCAL_RANK cannot pick the GPU of a cuda job; "
+                          "pass device= (pip install PyYAML)", RuntimeWarning, stacklevel=4)
+            return None
+        try:
+            parsed = yaml.safe_load(yaml_text)
+        except yaml.YAMLError:
+            return None  # the daemon reports the error, with its line
+    output = parsed.get("output") if isinstance(parsed, Mapping) else None
+    device = output.get("device") if isinstance(output, Mapping) else None
+    return None if device is None else str(device)
+
+
+def _resolve_device(device: Any, overrides: list, yaml_text: str, parsed: Optional[Mapping]) -> Optional[str]:
+    """The output.device override to send, or None: `device` when given; else, under torchrun
+    (LOCAL_RANK), cuda:LOCAL_RANK for a job whose config asks for a GPU."""
+    if device is not None:
+        return _normalize_device(device)
+    if any(key == "output.device" for key, _ in overrides):
+        return None
+    local_rank = _env_int("LOCAL_RANK", -1)
+    if local_rank < 0:
+        return None
+    configured = _config_device(yaml_text, parsed)
+    if configured is None or not configured.startswith("cuda"):
+        return None
+    return f"cuda:{local_rank}"
 
 
 def _yaml_value(value: Any) -> str:

@@ -25,7 +25,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -53,7 +55,8 @@ namespace {
 // Raises spdl_client.SpdlError(message, code). The class lives in spdl_client/_errors.py so that
 // Python code can subclass and document it; it is looked up on first use (the import is cached).
 [[noreturn]] void ThrowError(const std::string& message, const char* code) {
-  py::object cls = py::module_::import("spdl_client._errors").attr("SpdlError");
+  const bool timeout = std::string(code) == "DEADLINE_EXCEEDED";
+  py::object cls = py::module_::import("spdl_client._errors").attr(timeout ? "SpdlTimeoutError" : "SpdlError");
   py::object exc = cls(message, code);
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw py::error_already_set();
@@ -179,6 +182,8 @@ class Tensor {
  public:
   Tensor(std::shared_ptr<Lease> lease, size_t index)
       : lease_(std::move(lease)), view_(lease_->tensors().at(index)), gpu_(lease_->gpu()), device_(lease_->device()) {}
+  Tensor(Tensor&& other) noexcept
+      : lease_(other.lease()), view_(std::move(other.view_)), gpu_(other.gpu_), device_(other.device_) {}
 
   const std::string& name() const { return view_.name; }
   std::string dtype() const { return client::DTypeName(view_.dtype); }
@@ -187,10 +192,14 @@ class Tensor {
   size_t itemsize() const { return client::DTypeSize(view_.dtype); }
   size_t ndim() const { return view_.shape.size(); }
   uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(view_.data); }
-  bool released() const { return lease_ == nullptr; }
+  bool released() const { return lease() == nullptr; }
 
   // Drops this Tensor's reference to the slot; views exported before keep theirs.
-  void Release() { lease_.reset(); }
+  void Release() {
+    std::shared_ptr<Lease> dropped;  // destroyed (maybe releasing the slot) outside the lock
+    std::lock_guard<std::mutex> lock(*mu_);
+    dropped.swap(lease_);
+  }
 
   py::tuple DLPackDevice() const {
     if (gpu_) return py::make_tuple(static_cast<int>(kDLCUDA), device_);
@@ -224,7 +233,8 @@ class Tensor {
     if (!copy.is_none() && copy.cast<bool>()) {
       ThrowBufferError("spdl_client tensors are zero-copy views; __dlpack__(copy=True) is not supported");
     }
-    if (!lease_) {
+    const std::shared_ptr<Lease> lease = this->lease();
+    if (!lease) {
       ThrowError("tensor '" + view_.name + "' belongs to a released batch: export it before release()",
                  "FAILED_PRECONDITION");
     }
@@ -236,7 +246,7 @@ class Tensor {
       if (!stream.is_none()) s = stream.cast<int64_t>();
       if (s == 0) ThrowBufferError("__dlpack__(stream=0) is ambiguous for CUDA: pass 1 for the legacy default stream");
       if (s != -1) {
-        Status st = lease_->WaitOn(s == 1 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(s)));
+        Status st = lease->WaitOn(s == 1 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(s)));
         if (!st.ok()) ThrowStatus(st);
       }
     }
@@ -244,7 +254,7 @@ class Tensor {
     ex->shape = view_.shape;
     ex->strides.assign(view_.shape.size(), 1);
     for (size_t i = view_.shape.size(); i-- > 1;) ex->strides[i - 1] = ex->strides[i] * view_.shape[i];
-    ex->lease = lease_;
+    ex->lease = lease;
     DLTensor& t = ex->managed.dl_tensor;
     t.data = view_.data;
     t.device = gpu_ ? DLDevice{kDLCUDA, device_} : DLDevice{kDLCPU, 0};
@@ -264,10 +274,17 @@ class Tensor {
   std::string Repr() const {
     std::string s = "<spdl_client.Tensor '" + view_.name + "' " + dtype() + " [";
     for (size_t i = 0; i < view_.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(view_.shape[i]);
-    return s + "]" + (lease_ ? "" : " released") + ">";
+    return s + "]" + (released() ? " released" : "") + ">";
   }
 
  private:
+  std::shared_ptr<Lease> lease() const {
+    std::lock_guard<std::mutex> lock(*mu_);
+    return lease_;
+  }
+
+  // Guards lease_: Release() and exports may race on a free-threaded Python (no GIL).
+  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
   std::shared_ptr<Lease> lease_;  // null once released
   client::TensorView view_;       // a copy: the metadata outlives release
   bool gpu_ = false;              // device memory (a cuda job)
@@ -330,6 +347,7 @@ py::dict JobInfoDict(const client::JobInfo& info) {
   d["samples_per_epoch"] = info.samples_per_epoch;
   d["dataset_size"] = info.dataset_size;
   d["num_slots"] = info.num_slots;
+  d["classes"] = py::cast(info.classes);
   py::list layout;
   for (const auto& t : info.layout) {
     py::dict td;
@@ -343,6 +361,58 @@ py::dict JobInfoDict(const client::JobInfo& info) {
   return d;
 }
 
+// ---- waits: Ctrl-C and timeouts ----
+
+// What the client library's wait hook (Options::on_wait) checks while a call waits for the daemon
+// without the GIL: Python's pending signals (Ctrl-C runs the SIGINT handler, which raises
+// KeyboardInterrupt) and the call's deadline. Used by one waiting thread at a time (Core::mu_).
+struct WaitState {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point deadline = Clock::time_point::max();
+  bool timed_out = false;
+  bool signalled = false;  // the Python error is set (in this thread's state) for the caller to raise
+
+  // A Python timeout (None, or seconds >= 0). REQUIRES: the GIL.
+  static std::optional<double> Seconds(const py::object& timeout_s) {
+    if (timeout_s.is_none()) return std::nullopt;
+    const double t = timeout_s.cast<double>();
+    if (!(t >= 0)) throw py::value_error("timeout must be None or a number of seconds >= 0");
+    return std::min(t, 1e9);
+  }
+
+  // Starts a wait of `seconds` (nullopt: no limit).
+  void Start(std::optional<double> seconds) {
+    timed_out = signalled = false;
+    deadline = Clock::time_point::max();
+    if (seconds)
+      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*seconds));
+  }
+
+  // Options::on_wait: runs without the GIL on the waiting thread.
+  Status Check() {
+    if (!IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {  // only the main thread runs handlers; elsewhere always 0
+        signalled = true;
+        return Cancelled("interrupted by a signal");
+      }
+    }
+    if (Clock::now() >= deadline) {
+      timed_out = true;
+      return Cancelled("timed out");
+    }
+    return Status::Ok();
+  }
+
+  static bool IsFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+  }
+};
+
 // ---- Core ----
 
 class Core {
@@ -350,8 +420,12 @@ class Core {
   static std::unique_ptr<Core> Open(std::string socket, std::string config_yaml, std::string config_name,
                                     std::vector<std::pair<std::string, std::string>> overrides, uint32_t rank,
                                     uint32_t world_size, uint32_t epochs, std::string client_name,
-                                    py::bytes resume_token) {
+                                    py::bytes resume_token, uint32_t start_epoch, const py::object& timeout) {
+    auto wait = std::make_shared<WaitState>();
+    wait->Start(WaitState::Seconds(timeout));
     client::Options o;
+    o.on_wait = [wait] { return wait->Check(); };
+    o.start_epoch = start_epoch;
     o.resume_token = std::string(resume_token);
     o.socket_path = std::move(socket);
     o.config_yaml = std::move(config_yaml);
@@ -368,6 +442,11 @@ class Core {
     {
       py::gil_scoped_release nogil;
       r.emplace(client::Loader::Open(o));
+    }
+    if (wait->signalled) throw py::error_already_set();  // KeyboardInterrupt (the job was dropped)
+    if (wait->timed_out) {
+      ThrowError("spdld did not accept the job within " + py::str(timeout).cast<std::string>() + " s",
+                 "DEADLINE_EXCEEDED");
     }
     if (!r->ok()) ThrowStatus(r->status());
     std::unique_ptr<client::Loader> loader = std::move(**r);
@@ -387,25 +466,30 @@ class Core {
         gr.emplace(client::GpuLoader::Attach(std::move(loader), std::move(g)));
       }
       if (!gr->ok()) ThrowStatus(gr->status());
-      return std::unique_ptr<Core>(new Core(std::move(**gr), info, addr, size, device));
+      return std::unique_ptr<Core>(new Core(std::move(**gr), info, addr, size, device, wait));
     }
 #endif
     const client::JobInfo info = loader->info();
     const uintptr_t addr = reinterpret_cast<uintptr_t>(loader->region_data());
     const size_t size = loader->region_size();
-    return std::unique_ptr<Core>(new Core(std::move(loader), info, addr, size, device.empty() ? "cpu" : device));
+    return std::unique_ptr<Core>(new Core(std::move(loader), info, addr, size, device.empty() ? "cpu" : device, wait));
   }
 
   // The next event as (kind, a, b): ("batch", [Tensor, ...], metadata dict), ("epoch_end", dict,
-  // None) or ("stats", dict, None). Waits with the GIL released.
-  py::tuple Next() {
+  // None) or ("stats", dict, None); None when `timeout` seconds (None: no limit) pass first, with
+  // nothing lost (call again to keep waiting). Waits with the GIL released; a signal whose handler
+  // raises (Ctrl-C: KeyboardInterrupt) ends the wait with that exception within ~50 ms, and the
+  // Core stays usable.
+  py::object Next(const py::object& timeout) {
     std::optional<Result<client::Event>> ev;
 #if SPDL_PY_GPU
     std::optional<Result<client::GpuEvent>> gev;
 #endif
+    const std::optional<double> seconds = WaitState::Seconds(timeout);
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> lock(mu_);
+      wait_->Start(seconds);
 #if SPDL_PY_GPU
       if (gpu_ != nullptr) {
         gev.emplace(gpu_->Next());
@@ -417,6 +501,8 @@ class Core {
         ev.emplace(loader_->Next());
       }
     }
+    if (wait_->signalled) throw py::error_already_set();
+    if (wait_->timed_out) return py::none();
 #if SPDL_PY_GPU
     if (gev) {
       if (!gev->ok()) ThrowStatus(gev->status());
@@ -437,9 +523,14 @@ class Core {
 
   // The resume token of the last batch returned (empty bytes before the first).
   py::bytes state() {
-    std::lock_guard<std::mutex> lock(mu_);
-    const client::Loader* l = loader();
-    return py::bytes(l == nullptr ? std::string() : l->state());
+    std::string token;
+    {
+      py::gil_scoped_release nogil;  // a thread inside Next() holds mu_ and may want the GIL
+      std::lock_guard<std::mutex> lock(mu_);
+      const client::Loader* l = loader();
+      if (l != nullptr) token = l->state();
+    }
+    return py::bytes(token);
   }
 
   // Asks the daemon to end the job early (the next Next() returns the stats or CANCELLED).
@@ -478,6 +569,7 @@ class Core {
   }
 
   bool closed() {
+    py::gil_scoped_release nogil;  // as in state()
     std::lock_guard<std::mutex> lock(mu_);
     return loader() == nullptr;
   }
@@ -490,13 +582,23 @@ class Core {
   const std::string& device() const { return device_; }
 
  private:
-  Core(std::unique_ptr<client::Loader> loader, client::JobInfo info, uintptr_t addr, size_t size, std::string device)
-      : loader_(std::move(loader)), info_(std::move(info)), region_address_(addr), region_size_(size),
-        device_(std::move(device)) {}
+  Core(std::unique_ptr<client::Loader> loader, client::JobInfo info, uintptr_t addr, size_t size, std::string device,
+       std::shared_ptr<WaitState> wait)
+      : loader_(std::move(loader)),
+        info_(std::move(info)),
+        region_address_(addr),
+        region_size_(size),
+        device_(std::move(device)),
+        wait_(std::move(wait)) {}
 #if SPDL_PY_GPU
-  Core(std::unique_ptr<client::GpuLoader> gpu, client::JobInfo info, uintptr_t addr, size_t size, std::string device)
-      : gpu_(std::move(gpu)), info_(std::move(info)), region_address_(addr), region_size_(size),
-        device_(std::move(device)) {}
+  Core(std::unique_ptr<client::GpuLoader> gpu, client::JobInfo info, uintptr_t addr, size_t size, std::string device,
+       std::shared_ptr<WaitState> wait)
+      : gpu_(std::move(gpu)),
+        info_(std::move(info)),
+        region_address_(addr),
+        region_size_(size),
+        device_(std::move(device)),
+        wait_(std::move(wait)) {}
 #endif
 
   // REQUIRES: mu_ held. The host Loader (of the GPU loader for a cuda job), or null once closed.
@@ -532,13 +634,20 @@ class Core {
   const uintptr_t region_address_;
   const size_t region_size_;
   const std::string device_;
+  const std::shared_ptr<WaitState> wait_;  // the client library's wait hook; used under mu_
   const HeldCounter held_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace
 }  // namespace spdl::python
 
+// Py_MOD_GIL_NOT_USED (free-threaded Python): the module keeps no global state, Core serializes its
+// calls on its own mutex, leases count atomically and a Tensor guards its lease.
+#if PYBIND11_VERSION_HEX >= 0x020D0000
+PYBIND11_MODULE(_spdl_client, m, py::mod_gil_not_used()) {
+#else
 PYBIND11_MODULE(_spdl_client, m) {
+#endif
   using spdl::python::Core;
   using spdl::python::Tensor;
   m.doc() = "spdl_client's native part: see spdl_client (the Python API) and client/include/spdl/client.h";
@@ -576,8 +685,9 @@ PYBIND11_MODULE(_spdl_client, m) {
   py::class_<Core>(m, "Core", "One job on spdld (use spdl_client.Loader)")
       .def_static("open", &Core::Open, py::arg("socket"), py::arg("config_yaml"), py::arg("config_name"),
                   py::arg("overrides"), py::arg("rank"), py::arg("world_size"), py::arg("epochs"),
-                  py::arg("client_name"), py::arg("resume_token") = py::bytes())
-      .def("next", &Core::Next)
+                  py::arg("client_name"), py::arg("resume_token") = py::bytes(), py::arg("start_epoch") = 0,
+                  py::arg("timeout") = py::none())
+      .def("next", &Core::Next, py::arg("timeout") = py::none())
       .def_property_readonly("state", &Core::state)
       .def("end", &Core::End)
       .def("close", &Core::Close)
