@@ -105,7 +105,8 @@ class AudioDecoder {
   // channel is zero), for the batch's lengths tensor. `sample_seed` (SampleSeed of the job seed,
   // epoch and sample index) draws the random start; it is unused with AudioCrop::kStart.
   // Errors: kInvalidArgument for bad ops or a null dst; kDataLoss (with FFmpeg's message) for
-  // data that is not audio FFmpeg reads, has no audio stream, or is corrupt; kResourceExhausted
+  // data that is not audio FFmpeg reads, has no audio stream, is corrupt, or states a sample rate
+  // over 768000 Hz (the highest the resampler is set up for); kResourceExhausted
   // naming the duration (or channel count) and the limit; kFailedPrecondition when this FFmpeg
   // has no decoder for the codec. On error dst may hold partial output. info, when given, is
   // filled as far as decoding got.

@@ -524,6 +524,55 @@ TEST_CASE("Audio: bad input and limits are clear errors") {
   CHECK(d.DecodeInto(ReadBytes(dir / "t.wav"), ops, nullptr).status().code() == StatusCode::kInvalidArgument);
 }
 
+// A canonical PCM s16le WAV (44-byte header) that states `rate` Hz, with `frames` samples of a ramp.
+std::vector<uint8_t> WavBytes(uint32_t rate, uint16_t channels, uint32_t frames) {
+  const uint32_t data_bytes = frames * channels * 2;
+  std::vector<uint8_t> w;
+  auto put = [&](uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) w.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  auto tag = [&](const char* t) { w.insert(w.end(), t, t + 4); };
+  tag("RIFF");
+  put(36 + data_bytes, 4);
+  tag("WAVE");
+  tag("fmt ");
+  put(16, 4);
+  put(1, 2);  // PCM
+  put(channels, 2);
+  put(rate, 4);
+  put(rate * channels * 2, 4);  // byte rate (wraps for absurd rates, as in the file found)
+  put(channels * 2, 2);
+  put(16, 2);
+  tag("data");
+  put(data_bytes, 4);
+  for (uint32_t i = 0; i < frames * channels; ++i) put(static_cast<uint16_t>(i * 64), 2);
+  return w;
+}
+
+// Found by tests/fuzz/audio_fuzz (corpus/audio/regress_wav_84mhz_rate): a WAV header stating an
+// 84 MHz sample rate made libswresample fail with ENOMEM after trying to allocate gigabytes of
+// filter, reported as kInternal ("cannot set up the resampler"). A rate over 768000 Hz is now
+// refused from the header, before anything is decoded or allocated, as corrupt data.
+TEST_CASE("Audio: a header's absurd sample rate is refused before decoding, as corrupt data") {
+  AudioDecoder d;
+  const AudioOps ops = Ops(16000, 1, 1600);
+  std::vector<float> out(1600);
+  for (uint32_t rate : {83959616u, 768001u, 0x7fffffffu}) {
+    CAPTURE(rate);
+    Result<int64_t> r = d.DecodeInto(WavBytes(rate, 1, 4000), ops, out.data());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(rate) + " Hz") && Catch::Contains("768000"));
+  }
+  // The highest rate itself is resampled as any other, and the decoder is unharmed.
+  Result<int64_t> r = d.DecodeInto(WavBytes(768000, 1, 76800), ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r >= 1590);
+  r = d.DecodeInto(WavBytes(8000, 2, 800), ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r >= 1590);
+}
+
 // ============================== video ==============================
 
 TEST_CASE("Video: the frames chosen by start, stride and fps are the expected ones, H.264 and VP9") {
