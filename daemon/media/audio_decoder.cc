@@ -51,8 +51,9 @@ std::string Seconds(double s) {
 }
 
 // The channel mix, set before swr_init: mono from stereo is the mean of the two, stereo from
-// mono is the same signal in both; anything else is swresample's default matrix, scaled down
-// where needed so that no output can exceed full scale (rematrix_maxval = 1).
+// mono is the same signal in both, a layout without channel positions gives the mean of all its
+// channels; anything else is swresample's default matrix, scaled down where needed so that no
+// output can exceed full scale (rematrix_maxval = 1).
 int SetMixing(SwrContext* s, const AVChannelLayout& in, const AVChannelLayout& out) {
   if (in.nb_channels == 2 && out.nb_channels == 1) {
     const double m[2] = {0.5, 0.5};
@@ -61,6 +62,12 @@ int SetMixing(SwrContext* s, const AVChannelLayout& in, const AVChannelLayout& o
   if (in.nb_channels == 1 && out.nb_channels == 2) {
     const double m[2] = {1.0, 1.0};
     return swr_set_matrix(s, m, 1);
+  }
+  if (in.order == AV_CHANNEL_ORDER_UNSPEC) {
+    // No channel positions to mix by (say 9 channels and no channel mask: swresample has no
+    // default matrix and swr_init fails): every output channel is the mean of all of them.
+    const std::vector<double> m(static_cast<size_t>(out.nb_channels) * in.nb_channels, 1.0 / in.nb_channels);
+    return swr_set_matrix(s, m.data(), in.nb_channels);
   }
   return av_opt_set_double(s, "rematrix_maxval", 1.0, 0);
 }

@@ -16,8 +16,9 @@
 //      then known from the first frame's timestamp. If the demuxer lands after the start, it
 //      decodes from the beginning instead.
 //   4. Decodes, converts with libswresample (sample format, rate and channel layout: mono from
-//      stereo is (L + R) / 2, stereo from mono is the signal in both channels, other layouts get
-//      swresample's default matrix scaled so that no output exceeds full scale; note that
+//      stereo is (L + R) / 2, stereo from mono is the signal in both channels, a layout without
+//      channel positions (9 channels and no mask, say) gives each output channel the mean of all,
+//      other layouts get swresample's default matrix scaled so that no output exceeds full scale; note that
 //      `ffmpeg -ac N` mixes at 1/sqrt(2) instead), drops the output before the start, and writes the rest
 //      straight into dst until num_samples are there; then stops decoding. After a seek the
 //      resampler starts on a source sample that lies on the output sample grid, so a clip is the
