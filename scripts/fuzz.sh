@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz) with clang, ASan and UBSan, and runs each for SECONDS
 # (default 60) on a fresh copy of its seed corpus. Exits non-zero if any target finds a crash, a
-# leak, a timeout or a broken invariant; the input that did it is kept under
-# $FUZZ_BUILD_DIR/artifacts/<target>/ (copy it to tests/fuzz/crashes/<target>/ to report it).
+# leak, a timeout, an allocation over its limit or a broken invariant; the input that did it is
+# kept under $FUZZ_BUILD_DIR/artifacts/<target>/ (copy it to tests/fuzz/crashes/<target>/ to
+# report it).
 #
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZ_BUILD_DIR=build-fuzz   where to build (a separate clang build; default build-fuzz)
-#   FUZZ_TARGETS="control_fuzz config_fuzz resume_fuzz"   which targets to run
+#   FUZZ_TARGETS="control_fuzz config_fuzz:20 ..."   which targets to run, each for SECONDS or
+#                               for its own :N seconds (default: all eight)
 #   FUZZ_ARGS="-max_len=8192"   extra libFuzzer flags for every target
 #   JOBS=N                      build parallelism (default nproc)
 #
-# Reproduce a finding: $FUZZ_BUILD_DIR/bin/<target> FILE   (control_fuzz: CONTROL_FUZZ_TRACE=1
-# prints the frames in and the messages out).
+# Per-target flags (below): dictionaries for tar and http; the media targets run with
+# -malloc_limit_mb=512 (what a decoder may allocate by design is bounded by the target's
+# max_pixels / durations, far below that: a larger allocation is a finding) and a longer -timeout.
+#
+# Reproduce a finding: $FUZZ_BUILD_DIR/bin/<target> FILE   (FUZZ_TRACE=1 prints what each input
+# came to; control_fuzz: CONTROL_FUZZ_TRACE=1 prints the frames in and the messages out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-60}"
 build_dir="${FUZZ_BUILD_DIR:-build-fuzz}"
-targets=(${FUZZ_TARGETS:-control_fuzz config_fuzz resume_fuzz})
+specs=(${FUZZ_TARGETS:-control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz video_fuzz http_fuzz})
+targets=()
+for spec in "${specs[@]}"; do targets+=("${spec%%:*}"); done
 jobs="${JOBS:-$(nproc)}"
 
 # ---- clang with libFuzzer (Debian: clang, libclang-rt-14-dev) ----
@@ -38,7 +46,9 @@ fi
 # ---- build ----
 t0=$(date +%s)
 cmake -S tests/fuzz -B "$build_dir" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" make_control_corpus
+build_targets=("${targets[@]}")
+[[ " ${targets[*]} " == *" control_fuzz "* ]] && build_targets+=(make_control_corpus)
+cmake --build "$build_dir" -j "$jobs" --target "${build_targets[@]}"
 echo "fuzz: build took $(( $(date +%s) - t0 ))s"
 
 # ---- run ----
@@ -47,7 +57,10 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 summary=()
 failed=0
-for target in "${targets[@]}"; do
+for spec in "${specs[@]}"; do
+  target="${spec%%:*}"
+  secs="$seconds"
+  [[ "$spec" == *:* ]] && secs="${spec##*:}"
   name="${target%_fuzz}"
   corpus="$build_dir/corpus/$name"
   artifacts="$build_dir/artifacts/$name"
@@ -55,7 +68,7 @@ for target in "${targets[@]}"; do
   rm -rf "$corpus"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
   cp tests/fuzz/corpus/"$name"/* "$corpus"/
-  extra=()
+  extra=(-timeout=10)
   case "$target" in
     control_fuzz)
       "$build_dir"/bin/make_control_corpus "$corpus" >/dev/null  # seeds that track control.proto
@@ -65,13 +78,24 @@ for target in "${targets[@]}"; do
       find config -name '*.yaml' | while read -r f; do cp "$f" "$corpus/example_$(echo "$f" | tr / _)"; done
       extra+=(-dict=tests/fuzz/config.dict)
       ;;
+    tar_fuzz)
+      extra+=(-dict=tests/fuzz/tar.dict -max_len=65536)
+      ;;
+    http_fuzz)
+      extra+=(-dict=tests/fuzz/http.dict -max_len=8192)
+      ;;
+    image_fuzz | audio_fuzz | video_fuzz)
+      extra=(-timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=512)
+      ;;
   esac
-  echo "fuzz: running $target for ${seconds}s (log: $log)"
+  echo "fuzz: running $target for ${secs}s (log: $log)"
+  started=$(date +%s)
   set +e
-  "$build_dir/bin/$target" "$corpus" -max_total_time="$seconds" -detect_leaks=1 -timeout=10 \
+  "$build_dir/bin/$target" "$corpus" -max_total_time="$secs" -detect_leaks=1 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "${extra[@]}" ${FUZZ_ARGS:-} >"$log" 2>&1
   rc=$?
   set -e
+  took=$(( $(date +%s) - started ))
   # The last status line: "#N  DONE  cov: C ft: F corp: K/SIZE ... exec/s: E rss: R".
   status_line=$(grep -E '^#[0-9]+' "$log" | tail -n 1 || true)
   execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
@@ -91,7 +115,7 @@ for target in "${targets[@]}"; do
     grep -E 'ERROR|invariant failed|SUMMARY|#[0-9]+ 0x' "$log" | head -n 30 || true
     echo "----"
   fi
-  summary+=("$target: $verdict, ${execs:-0} executions (${rate:-?}/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs, ${seconds}s")
+  summary+=("$target: $verdict, ${execs:-0} executions (${rate:-?}/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs, ${took}s of ${secs}s")
 done
 
 echo "fuzz summary:"

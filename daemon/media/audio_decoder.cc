@@ -29,6 +29,10 @@ using SwrPtr = std::unique_ptr<SwrContext, SwrDeleter>;
 constexpr RandomStream kAudioStartStream = static_cast<RandomStream>(0x61756469);  // "audi"
 
 constexpr int64_t kMaxOutputSamples = int64_t{1} << 31;
+// The highest sample rate, of the output or of a source: a header can state any int, and
+// libswresample fails (ENOMEM, after trying to allocate gigabytes of filter) on absurd ratios
+// (tests/fuzz/audio_fuzz found an 84 MHz WAV).
+constexpr int kMaxSampleRate = 768000;
 constexpr int kScratchSamples = 4096;  // per channel, for output that is dropped
 constexpr int kTailSamples = 64;       // the clip's last samples per channel go through scratch
 
@@ -47,8 +51,9 @@ std::string Seconds(double s) {
 }
 
 // The channel mix, set before swr_init: mono from stereo is the mean of the two, stereo from
-// mono is the same signal in both; anything else is swresample's default matrix, scaled down
-// where needed so that no output can exceed full scale (rematrix_maxval = 1).
+// mono is the same signal in both, a layout without channel positions gives the mean of all its
+// channels; anything else is swresample's default matrix, scaled down where needed so that no
+// output can exceed full scale (rematrix_maxval = 1).
 int SetMixing(SwrContext* s, const AVChannelLayout& in, const AVChannelLayout& out) {
   if (in.nb_channels == 2 && out.nb_channels == 1) {
     const double m[2] = {0.5, 0.5};
@@ -58,6 +63,12 @@ int SetMixing(SwrContext* s, const AVChannelLayout& in, const AVChannelLayout& o
     const double m[2] = {1.0, 1.0};
     return swr_set_matrix(s, m, 1);
   }
+  if (in.order == AV_CHANNEL_ORDER_UNSPEC) {
+    // No channel positions to mix by (say 9 channels and no channel mask: swresample has no
+    // default matrix and swr_init fails): every output channel is the mean of all of them.
+    const std::vector<double> m(static_cast<size_t>(out.nb_channels) * in.nb_channels, 1.0 / in.nb_channels);
+    return swr_set_matrix(s, m.data(), in.nb_channels);
+  }
   return av_opt_set_double(s, "rematrix_maxval", 1.0, 0);
 }
 
@@ -66,7 +77,7 @@ int SetMixing(SwrContext* s, const AVChannelLayout& in, const AVChannelLayout& o
 Status ValidateAudioOps(const AudioOps& ops) {
   std::string bad;
   auto add = [&](const std::string& m) { bad += (bad.empty() ? "" : "; ") + m; };
-  if (ops.sample_rate < 1 || ops.sample_rate > 768000) {
+  if (ops.sample_rate < 1 || ops.sample_rate > kMaxSampleRate) {
     add("sample_rate must be in [1, 768000] (got " + std::to_string(ops.sample_rate) + ")");
   }
   if (ops.channels != 1 && ops.channels != 2) add("channels must be 1 or 2 (got " + std::to_string(ops.channels) + ")");
@@ -220,9 +231,11 @@ Status AudioDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, AudioInfo& in
       return ResourceExhausted("audio with " + std::to_string(f->ch_layout.nb_channels) +
                                " channels, over the limit of " + std::to_string(ops.max_channels));
     }
-    if (f->sample_rate <= 0) {
+    if (f->sample_rate <= 0 || f->sample_rate > kMaxSampleRate) {
       av_channel_layout_uninit(&layout);
-      return DataLoss("audio frame without a sample rate");
+      return DataLoss(f->sample_rate <= 0 ? std::string("audio frame without a sample rate")
+                                          : "audio frame at " + std::to_string(f->sample_rate) +
+                                                " Hz, over the highest sample rate (768000 Hz)");
     }
     if (!swr_ready) {
       AVChannelLayout out_layout{};
@@ -340,6 +353,10 @@ Result<int64_t> AudioDecoder::Impl::Decode(std::span<const uint8_t> data, const 
     if (par->ch_layout.nb_channels > ops.max_channels) {
       return ResourceExhausted("audio with " + std::to_string(par->ch_layout.nb_channels) +
                                " channels, over the limit of " + std::to_string(ops.max_channels));
+    }
+    if (par->sample_rate > kMaxSampleRate) {
+      return DataLoss(info.codec + " audio at " + std::to_string(par->sample_rate) +
+                      " Hz, over the highest sample rate (768000 Hz)");
     }
     if (st->duration != AV_NOPTS_VALUE && st->duration > 0) {
       info.duration_seconds = static_cast<double>(st->duration) * av_q2d(st->time_base);

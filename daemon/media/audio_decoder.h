@@ -16,8 +16,9 @@
 //      then known from the first frame's timestamp. If the demuxer lands after the start, it
 //      decodes from the beginning instead.
 //   4. Decodes, converts with libswresample (sample format, rate and channel layout: mono from
-//      stereo is (L + R) / 2, stereo from mono is the signal in both channels, other layouts get
-//      swresample's default matrix scaled so that no output exceeds full scale; note that
+//      stereo is (L + R) / 2, stereo from mono is the signal in both channels, a layout without
+//      channel positions (9 channels and no mask, say) gives each output channel the mean of all,
+//      other layouts get swresample's default matrix scaled so that no output exceeds full scale; note that
 //      `ffmpeg -ac N` mixes at 1/sqrt(2) instead), drops the output before the start, and writes the rest
 //      straight into dst until num_samples are there; then stops decoding. After a seek the
 //      resampler starts on a source sample that lies on the output sample grid, so a clip is the
@@ -105,7 +106,8 @@ class AudioDecoder {
   // channel is zero), for the batch's lengths tensor. `sample_seed` (SampleSeed of the job seed,
   // epoch and sample index) draws the random start; it is unused with AudioCrop::kStart.
   // Errors: kInvalidArgument for bad ops or a null dst; kDataLoss (with FFmpeg's message) for
-  // data that is not audio FFmpeg reads, has no audio stream, or is corrupt; kResourceExhausted
+  // data that is not audio FFmpeg reads, has no audio stream, is corrupt, or states a sample rate
+  // over 768000 Hz (the highest the resampler is set up for); kResourceExhausted
   // naming the duration (or channel count) and the limit; kFailedPrecondition when this FFmpeg
   // has no decoder for the codec. On error dst may hold partial output. info, when given, is
   // filled as far as decoding got.

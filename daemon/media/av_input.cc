@@ -67,6 +67,47 @@ bool ParametersComplete(const AVStream* s) {
   return true;
 }
 
+uint32_t Le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+// Checks the chunks of [begin, end) of a RIFF file, and those of its LIST chunks (to `depth`).
+Status CheckRiffChunks(std::span<const uint8_t> d, uint64_t begin, uint64_t end, int depth) {
+  uint64_t off = begin;
+  while (end - off >= 8) {
+    const uint8_t* id = d.data() + off;
+    const uint64_t size = Le32(id + 4);
+    const uint64_t body = off + 8;
+    const bool list = std::memcmp(id, "LIST", 4) == 0;
+    const bool media = std::memcmp(id, "data", 4) == 0 || std::memcmp(id, "idx1", 4) == 0 ||
+                       (list && body + 4 <= d.size() && std::memcmp(d.data() + body, "movi", 4) == 0);
+    if (body + size > d.size()) {
+      if (media) return Status::Ok();  // a file cut short in its media data: the demuxer reads what is there
+      std::string name;
+      for (int i = 0; i < 4; ++i) name += (id[i] >= 0x20 && id[i] < 0x7f) ? static_cast<char>(id[i]) : '?';
+      return DataLoss("RIFF chunk '" + name + "' at offset " + std::to_string(off) + " states " + std::to_string(size) +
+                      " bytes, past the end of the file (" + std::to_string(d.size()) + " bytes)");
+    }
+    if (list && !media && size >= 4 && depth > 0) {
+      SPDL_RETURN_IF_ERROR(CheckRiffChunks(d, body + 4, body + size, depth - 1));
+    }
+    off = body + size + (size & 1);
+    if (off > end) break;
+  }
+  return Status::Ok();
+}
+
+// RIFF files (WAV, AVI): libavformat allocates some chunks at their stated size before reading
+// them (LIST INFO entries, WAV 'bext' history, AVI stream headers), bounded only by the enclosing
+// chunk's stated size, so a file of a few hundred bytes could ask for gigabytes
+// (tests/fuzz/audio_fuzz). Every chunk other than the media data ('data', 'LIST movi', 'idx1',
+// which are streamed, and may be cut short in a truncated file) must lie inside the file.
+Status CheckRiff(std::span<const uint8_t> d) {
+  if (d.size() < 12 || std::memcmp(d.data(), "RIFF", 4) != 0) return Status::Ok();
+  if (std::memcmp(d.data() + 8, "WAVE", 4) != 0 && std::memcmp(d.data() + 8, "AVI ", 4) != 0) return Status::Ok();
+  return CheckRiffChunks(d, 12, d.size(), /*depth=*/4);
+}
+
 }  // namespace
 
 Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed, const char* what) {
@@ -74,6 +115,9 @@ Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed,
   if (data.empty()) return DataLoss("not an " + kind + " file: no data");
   if (data.size() > static_cast<size_t>(INT64_MAX / 2)) {
     return ResourceExhausted(kind + " file of " + std::to_string(data.size()) + " bytes is too large");
+  }
+  if (Status riff = CheckRiff(data); !riff.ok()) {
+    return DataLoss("not an " + kind + " file FFmpeg reads: " + riff.message());
   }
   AvInput in;
   in.reader_ = std::make_unique<Reader>();

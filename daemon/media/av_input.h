@@ -31,7 +31,9 @@ class AvInput {
   // its stream headers. It runs avformat_find_stream_info (which may decode a few packets) only
   // when the headers leave the parameters of a stream of `needed` type incomplete.
   // kDataLoss (with libavformat's message) when the bytes are not a container FFmpeg reads or
-  // are cut short in the headers; kResourceExhausted when the buffer is too large for an int.
+  // are cut short in the headers, or (checked first, without libavformat) when a RIFF file (WAV,
+  // AVI) has a chunk other than its media data that states more bytes than the file holds;
+  // kResourceExhausted when the buffer is too large for an int.
   // `what` names the kind of media in messages ("audio", "video").
   static Result<AvInput> Open(std::span<const uint8_t> data, AVMediaType needed, const char* what);
 

@@ -30,6 +30,12 @@ constexpr size_t kBufferSlack = 256;
 constexpr size_t kMaxRetainedBytes = size_t{64} << 20;
 // Row alignment of YUV planes and of the scratch image (swscale's SIMD prefers aligned rows).
 constexpr size_t kPlaneAlign = 64;
+// swscale may write past the end of a very narrow output row (measured, FFmpeg 5.1: gray rows of
+// 1 or 2 pixels get up to 5 bytes more). Inside an image the next row is written afterwards, but
+// past the destination's last row those bytes belong to the next sample of the batch (found by
+// tests/fuzz/image_fuzz). Rows narrower than this are resampled into the scratch image (which
+// has slack) and copied, never straight into the destination.
+constexpr size_t kMinDirectRowBytes = 16;
 
 struct TjDeleter {
   void operator()(void* h) const noexcept { tjDestroy(h); }
@@ -626,7 +632,8 @@ Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps&
   const ResizeCropPlan& g = plan.geometry;
   // Straight into the destination when nothing is left to do after swscale; else into the
   // scratch image, then the output pass.
-  const bool direct = ops.raw_output() && plan.final.identity();
+  const bool direct = ops.raw_output() && plan.final.identity() &&
+                      static_cast<size_t>(plan.scaled_width) * ops.channels >= kMinDirectRowBytes;
   // Floating-point outputs keep a 16-bit source's precision (the scratch image is then 16-bit).
   const bool allow_wide = ops.dtype != OutputDType::kUInt8;
   const int c = ops.channels;

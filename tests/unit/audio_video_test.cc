@@ -524,6 +524,124 @@ TEST_CASE("Audio: bad input and limits are clear errors") {
   CHECK(d.DecodeInto(ReadBytes(dir / "t.wav"), ops, nullptr).status().code() == StatusCode::kInvalidArgument);
 }
 
+// A canonical PCM s16le WAV (44-byte header) that states `rate` Hz, with `frames` samples of a ramp.
+std::vector<uint8_t> WavBytes(uint32_t rate, uint16_t channels, uint32_t frames) {
+  const uint32_t data_bytes = frames * channels * 2;
+  std::vector<uint8_t> w;
+  auto put = [&](uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) w.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  auto tag = [&](const char* t) { w.insert(w.end(), t, t + 4); };
+  tag("RIFF");
+  put(36 + data_bytes, 4);
+  tag("WAVE");
+  tag("fmt ");
+  put(16, 4);
+  put(1, 2);  // PCM
+  put(channels, 2);
+  put(rate, 4);
+  put(rate * channels * 2, 4);  // byte rate (wraps for absurd rates, as in the file found)
+  put(channels * 2, 2);
+  put(16, 2);
+  tag("data");
+  put(data_bytes, 4);
+  for (uint32_t i = 0; i < frames * channels; ++i) put(static_cast<uint16_t>(i * 64), 2);
+  return w;
+}
+
+// Found by tests/fuzz/audio_fuzz (corpus/audio/regress_wav_84mhz_rate): a WAV header stating an
+// 84 MHz sample rate made libswresample fail with ENOMEM after trying to allocate gigabytes of
+// filter, reported as kInternal ("cannot set up the resampler"). A rate over 768000 Hz is now
+// refused from the header, before anything is decoded or allocated, as corrupt data.
+TEST_CASE("Audio: a header's absurd sample rate is refused before decoding, as corrupt data") {
+  AudioDecoder d;
+  const AudioOps ops = Ops(16000, 1, 1600);
+  std::vector<float> out(1600);
+  for (uint32_t rate : {83959616u, 768001u, 0x7fffffffu}) {
+    CAPTURE(rate);
+    Result<int64_t> r = d.DecodeInto(WavBytes(rate, 1, 4000), ops, out.data());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(rate) + " Hz") && Catch::Contains("768000"));
+  }
+  // The highest rate itself is resampled as any other, and the decoder is unharmed.
+  Result<int64_t> r = d.DecodeInto(WavBytes(768000, 1, 76800), ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r >= 1590);
+  r = d.DecodeInto(WavBytes(8000, 2, 800), ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r >= 1590);
+}
+
+// Found by tests/fuzz/audio_fuzz (corpus/audio/regress_wav_9ch_no_layout): a WAV of 9 channels
+// without a channel mask has no channel positions, swresample has no default matrix for it and
+// swr_init failed (reported as kInternal). Each output channel is now the mean of all channels.
+TEST_CASE("Audio: channels without positions are mixed as their mean") {
+  constexpr int kChannels = 9, kFrames = 40;
+  const std::vector<uint8_t> wav = WavBytes(8000, kChannels, kFrames);
+  AudioDecoder d;
+  for (int out_channels : {1, 2}) {
+    CAPTURE(out_channels);
+    const AudioOps ops = Ops(8000, out_channels, kFrames);
+    std::vector<float> out(static_cast<size_t>(kFrames) * out_channels);
+    Result<int64_t> r = d.DecodeInto(wav, ops, out.data());
+    REQUIRE(r.ok());
+    REQUIRE(*r == kFrames);
+    for (int c = 0; c < out_channels; ++c) {
+      for (int t = 0; t < kFrames; ++t) {
+        double mean = 0;  // WavBytes' sample i (interleaved) is i * 64
+        for (int k = 0; k < kChannels; ++k) mean += (t * kChannels + k) * 64 / 32768.0 / kChannels;
+        CHECK(out[static_cast<size_t>(c) * kFrames + t] == Approx(mean).margin(1e-4));
+      }
+    }
+  }
+}
+
+// Found by tests/fuzz/audio_fuzz (corpus/audio/regress_wav_list_4gb): a 483-byte WAV whose LIST
+// chunk states ~4 GB made libavformat allocate 926 MB for one INFO entry before reading it (any
+// such file could take a worker's memory, or the node's). A RIFF chunk other than the media data
+// that runs past the end of the file is now refused before libavformat sees the file; a file cut
+// short in its data still decodes.
+TEST_CASE("Audio: a RIFF chunk stating more bytes than the file holds is refused before parsing") {
+  auto le32 = [](uint32_t v) {
+    return std::vector<uint8_t>{static_cast<uint8_t>(v), static_cast<uint8_t>(v >> 8), static_cast<uint8_t>(v >> 16),
+                                static_cast<uint8_t>(v >> 24)};
+  };
+  auto with_chunk = [&](const char* id, uint32_t size, std::vector<uint8_t> body) {
+    std::vector<uint8_t> wav = WavBytes(8000, 1, 800);
+    std::vector<uint8_t> chunk(id, id + 4);
+    const std::vector<uint8_t> sz = le32(size);
+    chunk.insert(chunk.end(), sz.begin(), sz.end());
+    chunk.insert(chunk.end(), body.begin(), body.end());
+    wav.insert(wav.begin() + 36, chunk.begin(), chunk.end());  // after 'fmt ', before 'data'
+    return wav;
+  };
+  std::vector<uint8_t> info = {'I', 'N', 'F', 'O', 'I', 'S', 'F', 'T', 0x3b, 0x6f, 0x32, 0x37, 'L', 'a', 'v', 'f'};
+  AudioDecoder d;
+  const AudioOps ops = Ops(8000, 1, 800);
+  std::vector<float> out(800);
+  for (const auto& [name, wav] : {std::pair{"LIST", with_chunk("LIST", 0xfdffffe6u, info)},
+                                  std::pair{"bext", with_chunk("bext", 0x40000000u, std::vector<uint8_t>(700, 'x'))},
+                                  std::pair{"LIST", with_chunk("LIST", 16, info)}}) {
+    CAPTURE(name);
+    Result<int64_t> r = d.DecodeInto(wav, ops, out.data());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("RIFF chunk '") && Catch::Contains("past the end of the file"));
+  }
+  // The same chunks, inside the file, are read as before; a file cut in its data decodes what is there.
+  info[8] = 4;  // ISFT of 4 bytes
+  info[9] = info[10] = info[11] = 0;
+  Result<int64_t> r = d.DecodeInto(with_chunk("LIST", static_cast<uint32_t>(info.size()), info), ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r == 800);
+  std::vector<uint8_t> cut = WavBytes(8000, 1, 800);
+  cut.resize(44 + 600);
+  r = d.DecodeInto(cut, ops, out.data());
+  REQUIRE(r.ok());
+  CHECK(*r == 300);
+}
+
 // ============================== video ==============================
 
 TEST_CASE("Video: the frames chosen by start, stride and fps are the expected ones, H.264 and VP9") {

@@ -2066,5 +2066,50 @@ TEST_CASE("Decode throughput per format and output, one thread", "[.bench]") {
   }
 }
 
+// Found by tests/fuzz/image_fuzz (corpus/image/regress_gray_1px_swscale_overrun): swscale writes
+// a few bytes past a very narrow output row (gray, 1 or 2 pixels wide: up to 5 bytes), and the
+// decoder let it write straight into the destination, so the bytes after the image — the next
+// sample's row of the batch — were overwritten. Every row width and source format must keep to
+// its own bytes, and give the pixels a roomy destination gets.
+TEST_CASE("A narrow output writes nothing past its own bytes") {
+  constexpr size_t kTail = 64;
+  constexpr uint8_t kGuard = 0xA5;
+  std::vector<std::pair<const char*, std::vector<uint8_t>>> files;
+  files.emplace_back("JPEG", MakeJpeg(20, 12));
+  for (ImageFormat f : {ImageFormat::kBmp, ImageFormat::kPng}) {
+    Result<std::vector<uint8_t>> bytes = EncodeImage(f, MakeRaw(RawPixels::kRgba, 20, 12));
+    REQUIRE(bytes.ok());
+    files.emplace_back(ImageFormatName(f), std::move(bytes).value());
+  }
+  ImageDecoder decoder;
+  for (const auto& [name, file] : files) {
+    for (int channels : {1, 3}) {
+      for (int w : {1, 2, 3, 5, 6, 16}) {
+        for (int h : {1, 16}) {
+          CAPTURE(name, channels, w, h);
+          ImageOps ops;
+          ops.resize_width = w;
+          ops.resize_height = h;
+          ops.channels = channels;
+          const size_t row = OutputImageBytes(ops, w, h);
+          std::vector<uint8_t> exact(row + kTail, kGuard);
+          REQUIRE(decoder.DecodeInto(file, ops, exact.data(), w, h).ok());
+          CHECK(std::all_of(exact.begin() + static_cast<ptrdiff_t>(row), exact.end(),
+                            [](uint8_t b) { return b == kGuard; }));
+          // The same image with 64 spare bytes after each row.
+          const size_t stride = static_cast<size_t>(w) * channels + 64;
+          std::vector<uint8_t> roomy(stride * h + kTail, 0);
+          REQUIRE(decoder.DecodeRgbInto(file, ops, roomy.data(), w, h, stride).ok());
+          for (int y = 0; y < h; ++y) {
+            CHECK(std::equal(exact.begin() + static_cast<ptrdiff_t>(y * w * channels),
+                             exact.begin() + static_cast<ptrdiff_t>((y + 1) * w * channels),
+                             roomy.begin() + static_cast<ptrdiff_t>(y * stride)));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spdl::media

@@ -1,0 +1,144 @@
+// image_fuzz: an image sample's bytes through ImageDecoder::DecodeInto — the call every image job
+// makes per sample (jobs/sample_decoder.cc) — into a buffer of exactly one slot row
+// (OutputImageBytes), so that ASan sees any write past the row. Every decoder path: JPEG through
+// libjpeg-turbo (YUV planes or RGB, DCT-scaled partial decodes or full ones, gray, CMYK, EXIF
+// orientation), PNG, WebP, TIFF, GIF and BMP through libavcodec, swscale and the output pass.
+//
+// Input (FuzzedDataProvider): the image file first, then, from the end, the ops:
+//   geometry (0 resize shorter side + center crop, 1 resize to exactly h x w, 2 random resized
+//   crop, 3 center crop alone, padded when the image is smaller), output width and height (1..48),
+//   the shorter side (1..64), dtype, layout, gray output, EXIF orientation, alpha composite, DCT
+//   scaling allowed, the JPEG RGB path instead of YUV planes, interpolation, flip probability
+//   (0, 1/2, 1), normalize (float outputs), max_pixels (4096, 65536, 2^20 or 2^22), the sample seed.
+// The seeds (corpus/image/, written by make_media_corpus.sh) are real files with such a trailer.
+//
+// max_pixels stays at most 2^22 so that what the decoders may allocate by design (a few bytes per
+// source pixel) stays far under libFuzzer's -malloc_limit_mb (scripts/fuzz.sh sets 512): a larger
+// allocation means something sized a buffer from the file before the guard refused it.
+//
+// Invariants (FUZZ_CHECK aborts; libFuzzer saves the input):
+//   - the status is OK, kDataLoss, kResourceExhausted or kFailedPrecondition (never
+//     kInvalidArgument for valid ops and the right output size, never kInternal);
+//   - kResourceExhausted names the limit; on OK the header's size is within max_pixels, the
+//     format known, the DCT scale 1, 2, 4 or 8 (1 without DCT scaling or for non-JPEG);
+//   - decoding twice (the decoders are reused, as a worker's are) into rows prefilled with
+//     different bytes gives the same status and, on OK, the same bytes: every byte of the row is
+//     written (padding included), and nothing depends on uninitialised memory or on the last image;
+//   - nothing is written outside the row (GuardedRow: poisoned guards with a pattern checked after
+//     each call, for writes by the uninstrumented libraries).
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "fuzz_check.h"
+#include "guarded_row.h"
+#include "media/image_decoder.h"
+#include "media/image_ops.h"
+
+namespace {
+
+using namespace spdl;
+using namespace spdl::media;
+
+struct Case {
+  ImageOps ops;
+  int width = 0, height = 0;
+  bool rgb_path = false;
+  uint64_t seed = 0;
+};
+
+Case ReadCase(FuzzedDataProvider& in) {
+  Case c;
+  ImageOps& o = c.ops;
+  const int geometry = in.ConsumeIntegralInRange(0, 3);
+  c.width = in.ConsumeIntegralInRange(1, 48);
+  c.height = in.ConsumeIntegralInRange(1, 48);
+  const int shorter = in.ConsumeIntegralInRange(1, 64);
+  switch (geometry) {
+    case 0:
+      o.resize_shorter = shorter;
+      o.crop_height = c.height;
+      o.crop_width = c.width;
+      break;
+    case 1:
+      o.resize_height = c.height;
+      o.resize_width = c.width;
+      break;
+    case 2:
+      o.random_crop_height = c.height;
+      o.random_crop_width = c.width;
+      break;
+    default:
+      o.crop_height = c.height;
+      o.crop_width = c.width;
+      break;
+  }
+  o.dtype = static_cast<OutputDType>(in.ConsumeIntegralInRange(0, 3));
+  o.layout = in.ConsumeBool() ? OutputLayout::kNCHW : OutputLayout::kNHWC;
+  o.channels = in.ConsumeBool() ? 1 : 3;
+  o.exif_orientation = in.ConsumeBool();
+  o.alpha = in.ConsumeBool() ? AlphaMode::kComposite : AlphaMode::kDrop;
+  o.background = {17, 128, 240};
+  o.allow_dct_scaling = in.ConsumeBool();
+  c.rgb_path = in.ConsumeBool();
+  o.interpolation = static_cast<Interpolation>(in.ConsumeIntegralInRange(0, 2));
+  o.flip_probability = in.ConsumeIntegralInRange(0, 2) * 0.5;
+  const bool normalize = in.ConsumeBool();
+  if (normalize && o.dtype != OutputDType::kUInt8) {
+    o.normalize = true;
+    o.mean = {0.485, 0.456, 0.406};
+    o.stddev = {0.229, 0.224, 0.225};
+  }
+  static constexpr int64_t kMaxPixels[] = {4096, 65536, int64_t{1} << 20, int64_t{1} << 22};
+  o.max_pixels = kMaxPixels[in.ConsumeIntegralInRange(0, 3)];
+  c.seed = in.ConsumeIntegral<uint8_t>() * 0x9e3779b97f4a7c15ull;
+  return c;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static ImageDecoder* yuv = new ImageDecoder(JpegDecodePath::kYuvPlanes);
+  static ImageDecoder* rgb = new ImageDecoder(JpegDecodePath::kRgb);
+
+  FuzzedDataProvider in(data, size);
+  const Case c = ReadCase(in);
+  const std::vector<uint8_t> file = in.ConsumeRemainingBytes<uint8_t>();
+  FUZZ_CHECK(ValidateImageOps(c.ops).ok());
+  ImageDecoder& decoder = c.rgb_path ? *rgb : *yuv;
+
+  // One slot row each, on the heap and exactly sized: ASan flags a byte written past it.
+  const size_t row = OutputImageBytes(c.ops, c.width, c.height);
+  GuardedRow a(row, 0x55), b(row, 0xaa);
+
+  ImageInfo info;
+  const Status s = decoder.DecodeInto(file, c.ops, a.data(), c.width, c.height, c.seed, &info);
+  const StatusCode code = s.code();
+  FUZZ_TRACE("image_fuzz: %s %dx%d dct 1/%d -> %dx%d: %s\n", ImageFormatName(info.format), info.width, info.height,
+             info.dct_scale, c.width, c.height, s.ok() ? "OK" : s.message().c_str());
+  a.CheckGuards();
+  FUZZ_CHECK(code == StatusCode::kOk || code == StatusCode::kDataLoss || code == StatusCode::kResourceExhausted ||
+             code == StatusCode::kFailedPrecondition);
+  FUZZ_CHECK(s.ok() || !s.message().empty());
+  if (code == StatusCode::kResourceExhausted) FUZZ_CHECK(s.message().find("limit") != std::string::npos);
+  if (s.ok()) {
+    FUZZ_CHECK(info.format != ImageFormat::kUnknown);
+    FUZZ_CHECK(info.width >= 1 && info.height >= 1);
+    FUZZ_CHECK(int64_t{info.width} * info.height <= c.ops.max_pixels);
+    FUZZ_CHECK(info.dct_scale == 1 || info.dct_scale == 2 || info.dct_scale == 4 || info.dct_scale == 8);
+    if (!c.ops.allow_dct_scaling || info.format != ImageFormat::kJpeg) FUZZ_CHECK(info.dct_scale == 1);
+  }
+
+  ImageInfo again;
+  const Status s2 = decoder.DecodeInto(file, c.ops, b.data(), c.width, c.height, c.seed, &again);
+  b.CheckGuards();
+  FUZZ_CHECK(s2.code() == code);
+  if (s.ok()) {
+    FUZZ_CHECK(again.width == info.width && again.height == info.height && again.dct_scale == info.dct_scale);
+    FUZZ_CHECK(std::memcmp(a.data(), b.data(), row) == 0);
+  }
+  return 0;
+}
