@@ -1,6 +1,6 @@
 """Pixel parity with a PyTorch DataLoader, through the real daemon.
 
-Real-content photographs (generated here: 1/f colour fields, hard-edged shapes, texture and sensor
+Real-content photographs (photos.py: 1/f colour fields, hard-edged shapes, texture and sensor
 noise; ImageNet-sized) are written by PIL as JPEGs in 4:2:0, 4:2:2, 4:4:4 and grayscale. spdld's batches
 are compared with what torchvision 0.14 makes of the same files on PIL images
 (`Image.open(f).convert("RGB" | "L")`, then `F.resize`, `F.center_crop`, `F.resized_crop`):
@@ -21,12 +21,13 @@ import math
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 import torchvision.transforms.functional as F
 from torchvision.transforms import InterpolationMode
 
-LAYOUTS = {"420": {"subsampling": 2}, "422": {"subsampling": 1}, "444": {"subsampling": 0}, "gray": None}
+from photos import LAYOUTS, make_photo, save_photo
+
 SIZES = [(500, 375), (385, 289), (375, 500), (640, 427)]  # ImageNet-like (width, height)
 SEED = 11  # sampler.seed of every job
 MODES = {
@@ -41,44 +42,6 @@ MAX_MEAN = 0.5
 MAX_P999 = 4.0
 
 
-# ---- real-content photographs ------------------------------------------------------------------
-
-
-def _field(rng: np.random.Generator, w: int, h: int, channels: int) -> np.ndarray:
-    """A 1/f ("natural image") random field: octaves of smooth noise, amplitude halving per octave."""
-    out = np.zeros((h, w, channels))
-    amp = 1.0
-    for octave in range(1, 8):
-        gw, gh = max(2, w >> (8 - octave)), max(2, h >> (8 - octave))
-        for c in range(channels):
-            small = Image.fromarray(rng.normal(0, 1, (gh, gw)).astype(np.float32), mode="F")
-            out[..., c] += amp * np.asarray(small.resize((w, h), Image.BICUBIC))
-        amp *= 0.55
-    return out
-
-
-def make_photo(rng: np.random.Generator, w: int, h: int) -> Image.Image:
-    base = 120 + 45 * _field(rng, w, h, 3) + rng.uniform(-40, 40, 3)
-    img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(img)
-    for _ in range(14):  # hard edges: objects, horizons, thin lines
-        x0, y0 = rng.uniform(-0.2, 1.0) * w, rng.uniform(-0.2, 1.0) * h
-        x1, y1 = x0 + rng.uniform(0.05, 0.6) * w, y0 + rng.uniform(0.05, 0.6) * h
-        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
-        kind = rng.integers(0, 3)
-        if kind == 0:
-            draw.ellipse([x0, y0, x1, y1], fill=colour)
-        elif kind == 1:
-            pts = [(float(rng.uniform(0, w)), float(rng.uniform(0, h))) for _ in range(int(rng.integers(3, 7)))]
-            draw.polygon(pts, fill=colour)
-        else:
-            draw.line([x0, y0, x1, y1], fill=colour, width=int(rng.integers(1, 4)))
-    a = np.asarray(img).astype(np.float64)
-    a += 12 * _field(rng, w, h, 1)[..., :1] * (rng.uniform(0, 1, (h, w, 1)) > 0.5)  # patchy texture
-    a += rng.normal(0, 5, a.shape)  # sensor noise
-    return Image.fromarray(np.clip(a, 0, 255).round().astype(np.uint8))
-
-
 @pytest.fixture(scope="module")
 def photos(daemon):
     """root/c/<layout>_<n>.jpg for every layout and size; returns (root, sorted relative paths)."""
@@ -86,13 +49,9 @@ def photos(daemon):
     folder = root / "c"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(2026)
-    for layout, kw in LAYOUTS.items():
+    for layout in LAYOUTS:
         for n, (w, h) in enumerate(SIZES):
-            img = make_photo(rng, w, h)
-            if kw is None:
-                img.convert("L").save(folder / f"{layout}_{n}.jpg", quality=90)
-            else:
-                img.save(folder / f"{layout}_{n}.jpg", quality=90, **kw)
+            save_photo(make_photo(rng, w, h), folder / f"{layout}_{n}.jpg", layout)
     files = sorted(f"c/{p.name}" for p in folder.iterdir())
     return root, files
 
