@@ -370,6 +370,17 @@ def main():
                 results["raw"].setdefault("spdld_video", []).append(dict(e, format=name))
                 results["video"].append({"format": name, "op": e["op"], "rate": rate(e)})
 
+    # Sections not measured this time keep the previous run's figures (said so in the table's title).
+    previous_path = os.path.join(BENCH, "ops_results.json")
+    if (a.no_audio or a.no_video) and os.path.exists(previous_path):
+        previous = json.load(open(previous_path))
+        for kind, skipped in (("audio", a.no_audio), ("video", a.no_video)):
+            if skipped and previous.get(kind):
+                results[kind] = previous[kind]
+                desc = previous[f"{kind}_desc"].split(" [figures of the run of ")[0]
+                results[f"{kind}_desc"] = f"{desc} [figures of the run of {previous.get(f'{kind}_when', previous['when'])}]"
+                results[f"{kind}_when"] = previous.get(f"{kind}_when", previous["when"])
+
     results["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results["minutes"] = (time.time() - t0) / 60
     with open(os.path.join(BENCH, "ops_results.json"), "w") as f:
