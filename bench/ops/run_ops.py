@@ -182,7 +182,9 @@ def python_peers(files, repeats):
     }
 
     def tv_decode(b):
-        return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+        # RGB like PIL's convert("RGB") (a gray JPEG gives three channels, as a DataLoader's would).
+        return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                                          mode=torchvision.io.ImageReadMode.RGB)
 
     tv = {
         "decode": lambda b: tv_decode(b),
