@@ -2,12 +2,12 @@
 // files held in memory (no I/O in the timed loop). Driven by bench/ops/run_ops.py, which runs
 // the same operations with PIL / torchvision and writes the comparison; not run by the tests.
 //
-//   spdl-ops-bench image [--repeats N] FILE...   # JPEG decode and each transform
+//   spdl-ops-bench image [--repeats N] [--resample exact|fast|both] FILE...   # decode and each transform
 //   spdl-ops-bench audio [--repeats N] [--rate R] [--seconds S] FILE...
 //   spdl-ops-bench video [--repeats N] [--frames T] [--stride S] [--size P] FILE...
 //
 // Prints one JSON object per line and operation: {"kind", "op", "items", "cpu_s": [...],
-// "wall_s": [...], "units": ...} with one figure per repeat. CPU time is the process's
+// "wall_s": [...], "units": ...} with one figure per repeat (images also carry "resample"). CPU time is the process's
 // (CLOCK_PROCESS_CPUTIME_ID; the decoders use one thread), so a busy machine does not inflate it.
 #include <time.h>
 
@@ -50,7 +50,8 @@ std::vector<uint8_t> ReadFile(const std::string& path) {
 // Runs `pass` (one pass over every item, returning false on an error) `repeats` times after one
 // warm-up pass and prints the timings.
 void Measure(const std::string& kind, const std::string& op, size_t items, double units_per_pass,
-             const std::string& unit, int repeats, const std::function<bool()>& pass) {
+             const std::string& unit, int repeats, const std::function<bool()>& pass,
+             const std::string& resample = "") {
   if (!pass()) std::exit(1);  // warm-up: caches, page faults, first-use allocations
   nlohmann::json cpu = nlohmann::json::array(), wall = nlohmann::json::array();
   for (int r = 0; r < repeats; ++r) {
@@ -61,10 +62,11 @@ void Measure(const std::string& kind, const std::string& op, size_t items, doubl
   }
   nlohmann::json j = {{"kind", kind}, {"op", op},     {"items", items}, {"units", units_per_pass},
                       {"unit", unit}, {"cpu_s", cpu}, {"wall_s", wall}};
+  if (!resample.empty()) j["resample"] = resample;
   std::cout << j.dump() << std::endl;
 }
 
-int Images(const std::vector<std::vector<uint8_t>>& files, int repeats) {
+int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const std::string& resample) {
   struct Op {
     const char* name;
     ImageOps ops;
@@ -88,10 +90,19 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats) {
   r.stddev = {0.229, 0.224, 0.225};
   ops.push_back({"decode+random_resized_crop224+flip+normalize_f32", r});
 
+  std::vector<Op> all;
+  for (const char* mode : {"exact", "fast"}) {
+    if (resample != "both" && resample != mode) continue;
+    for (Op op : ops) {
+      op.ops.resample = std::string(mode) == "fast" ? spdl::media::Resample::kFast : spdl::media::Resample::kExact;
+      all.push_back(op);
+    }
+  }
   spdl::media::ImageDecoder decoder;
   std::vector<uint8_t> out;
-  for (const Op& op : ops) {
+  for (const Op& op : all) {
     uint64_t epoch = 0;
+    const std::string mode = op.ops.resample == spdl::media::Resample::kFast ? "fast" : "exact";
     Measure("image", op.name, files.size(), static_cast<double>(files.size()), "images", repeats, [&] {
       ++epoch;
       for (size_t i = 0; i < files.size(); ++i) {
@@ -111,7 +122,7 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats) {
         }
       }
       return true;
-    });
+    }, mode);
   }
   return 0;
 }
@@ -208,6 +219,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> paths;
   int repeats = 5, rate = 16000, frames = 16, stride = 2, size = 112;
   double seconds = 1.0;
+  std::string resample = "both";
   app.add_option("kind", kind, "image | audio | video")->required()->check(CLI::IsMember({"image", "audio", "video"}));
   app.add_option("files", paths, "input files")->required();
   app.add_option("--repeats", repeats, "timed passes over all files (after one warm-up)");
@@ -216,10 +228,12 @@ int main(int argc, char** argv) {
   app.add_option("--frames", frames, "video: frames per clip");
   app.add_option("--stride", stride, "video: frame stride");
   app.add_option("--size", size, "video: output height and width");
+  app.add_option("--resample", resample, "image: exact, fast or both (each op once per path)")
+      ->check(CLI::IsMember({"exact", "fast", "both"}));
   CLI11_PARSE(app, argc, argv);
   std::vector<std::vector<uint8_t>> files;
   for (const auto& p : paths) files.push_back(ReadFile(p));
-  if (kind == "image") return Images(files, repeats);
+  if (kind == "image") return Images(files, repeats, resample);
   if (kind == "audio") return Audio(files, repeats, rate, seconds);
   return Video(files, repeats, frames, stride, size);
 }

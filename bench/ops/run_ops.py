@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """Per-operation single-thread figures: spdld's media functions (spdl-ops-bench, C++) against
 PIL + torchvision (what a DataLoader worker runs) and torchvision's tensor path, on the same
-ImageNet-sized JPEGs held in memory; plus spdld alone on audio and video clips.
+ImageNet-sized JPEGs held in memory; plus spdld alone on audio and video clips. spdld's image
+operations run on both paths: exact (the default: PIL's pixels) and fast (decode.resample: fast).
 
   /usr/bin/python3 bench/ops/run_ops.py --build-dir build-ops            # ~5 min on 2 busy cores
   /usr/bin/python3 bench/ops/run_ops.py --build-dir build-ops --quick    # ~1 min smoke run
+  /usr/bin/python3 bench/ops/run_ops.py --build-dir build-ops --photos 40  # + photograph-like JPEGs
+                                                                         # in 4:2:0, 4:2:2, 4:4:4, gray
 
 Needs BUILD/bin/spdl-ops-bench and BUILD/bin/spdl-make-dataset (build them Release:
 `cmake -S . -B build-ops -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-ops spdl-ops-bench
@@ -66,6 +69,28 @@ def make_images(build, root, count):
         d = os.path.join(root, c)
         if os.path.isdir(d):
             out += [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".jpg")]
+    return out
+
+
+def make_photos(root, per_layout):
+    """Photograph-like JPEGs (tests/python/photos.py) in 4:2:0, 4:2:2, 4:4:4 and grayscale, ImageNet-sized."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+    import numpy as np
+    from photos import LAYOUTS, make_photo, save_photo
+
+    marker = os.path.join(root, f"done-{per_layout}")
+    os.makedirs(root, exist_ok=True)
+    out = {layout: [os.path.join(root, f"{layout}_{i:03d}.jpg") for i in range(per_layout)] for layout in LAYOUTS}
+    if not os.path.exists(marker):
+        log(f"photos: writing {len(LAYOUTS) * per_layout} JPEGs to {root}")
+        rng = np.random.default_rng(26)
+        for i in range(per_layout):
+            w = int(rng.integers(300, 640))
+            h = int(min(max(w * rng.uniform(0.6, 1.4), 250), 640))
+            img = make_photo(rng, w, h)
+            for layout in LAYOUTS:
+                save_photo(img, out[layout][i], layout)
+        open(marker, "w").close()
     return out
 
 
@@ -157,7 +182,9 @@ def python_peers(files, repeats):
     }
 
     def tv_decode(b):
-        return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+        # RGB like PIL's convert("RGB") (a gray JPEG gives three channels, as a DataLoader's would).
+        return torchvision.io.decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                                          mode=torchvision.io.ImageReadMode.RGB)
 
     tv = {
         "decode": lambda b: tv_decode(b),
@@ -205,22 +232,28 @@ def write_section(results):
              f"CPU time), the median of {r['repeats']} timed passes over all files held in memory, after a warm-up "
              f"pass. Load average before/after: {r['load_before']} / {r['load_after']} on {r['cpus']} CPUs "
              "(CPU time is used because wall time on this shared machine mostly measures the other load). "
-             f"Versions: {r['versions']}.", "",
-             f"### Images: {r['images']['count']} ImageNet-sized JPEGs (`spdl-make-dataset --min-side 250 "
-             f"--max-side 650 --quality 96`, mean {r['images']['mean_w']:.0f}×{r['images']['mean_h']:.0f}, "
-             f"{r['images']['mean_kb']:.0f} kB, 4:2:0)", "",
-             "| operation | spdld (images/s) | PIL + torchvision | torchvision tensors | spdld / PIL |",
-             "|---|---|---|---|---|"]
-    for op in IMAGE_OPS:
-        s = r["image"].get(op, {}).get("spdld")
-        p = r["image"].get(op, {}).get("PIL + torchvision")
-        t = r["image"].get(op, {}).get("torchvision tensors")
-        ratio = f"{s / p:.2f}×" if s and p else "—"
-        lines.append(f"| {op} | {fmt(s)} | {fmt(p)} | {fmt(t)} | {ratio} |")
-    lines += ["",
-              "- spdld: `ImageDecoder::DecodeInto` (header read, libjpeg-turbo to Y/Cb/Cr planes with DCT-domain "
+             f"Versions: {r['versions']}.", ""]
+    for key, entry in r["image_sets"].items():
+        lines += [f"### Images: {entry['desc']}", "",
+                  "| operation | spdld exact (images/s) | spdld fast | PIL + torchvision | torchvision tensors | "
+                  "exact / PIL | exact / fast |",
+                  "|---|---|---|---|---|---|---|"]
+        for op in IMAGE_OPS:
+            row = entry["rates"].get(op, {})
+            s, f = row.get("spdld exact"), row.get("spdld fast")
+            p, t = row.get("PIL + torchvision"), row.get("torchvision tensors")
+            ratio = f"{s / p:.2f}×" if s and p else "—"
+            cost = f"{s / f:.2f}×" if s and f else "—"
+            lines.append(f"| {op} | {fmt(s)} | {fmt(f)} | {fmt(p)} | {fmt(t)} | {ratio} | {cost} |")
+        lines.append("")
+    lines += [
+              "- spdld exact (the default, `decode.resample: exact`): `ImageDecoder::DecodeInto` — header read, "
+              "libjpeg-turbo full-size decode to RGB with its defaults (as PIL), PIL's separable resampling of only "
+              "the kept window (media/resample.h), then the output pass for flip / normalize / CHW; the pixels "
+              "equal PIL + torchvision's (tests/python/test_parity.py).",
+              "- spdld fast (`decode.resample: fast`): the same, but libjpeg-turbo to Y/Cb/Cr planes with DCT-domain "
               "scaling when the target is at most half the source, one swscale pass for colour conversion + "
-              "crop + resize, then the output pass for flip / normalize / CHW), writing into a reused buffer. "
+              "crop + resize. Both write into a reused buffer. "
               "`decode` is a full-size decode to RGB (no transform). Random crops are drawn from "
               "(seed, epoch, index) as in a job.",
               "- PIL + torchvision: `Image.open(BytesIO).convert('RGB')`, then torchvision 0.14's transforms on "
@@ -229,8 +262,8 @@ def write_section(results):
               "end with a PIL image (no tensor conversion), which flatters PIL slightly.",
               "- torchvision tensors: `torchvision.io.decode_jpeg` (libjpeg-turbo, full size), tensor transforms "
               "with `antialias=True`, `float()/255` + `normalize`.",
-              "- Filters differ: spdld's swscale bilinear (area-weighted when downscaling) vs PIL's antialiased "
-              "bilinear; the pixels agree within the tolerances of tests/unit/media_test.cc, not exactly."]
+              "- The fast path's filters differ from PIL's (swscale bilinear on DCT-scaled Y/Cb/Cr planes): its "
+              "pixels are close, not equal (README, \"Pixels equal to PIL's\")."]
     if r.get("errors"):
         lines += ["", "Errors: " + "; ".join(r["errors"])]
     if r.get("audio"):
@@ -267,6 +300,9 @@ def main():
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/spdld-bench/ops"), help="generated files")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--images", type=int, default=400)
+    ap.add_argument("--photos", type=int, default=0,
+                    help="also N photograph-like JPEGs per layout (4:2:0, 4:2:2, 4:4:4, gray)")
+    ap.add_argument("--no-peers-on-photos", action="store_true", help="PIL / torchvision on the synthetic set only")
     ap.add_argument("--quick", action="store_true", help="fewer files and repeats")
     ap.add_argument("--no-audio", action="store_true")
     ap.add_argument("--no-video", action="store_true")
@@ -276,27 +312,41 @@ def main():
     t0 = time.time()
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeats": a.repeats,
-               "cpus": os.cpu_count(), "load_before": load_before, "image": {}, "errors": [], "raw": {}}
+               "cpus": os.cpu_count(), "load_before": load_before, "errors": [], "raw": {}}
 
-    images = make_images(a.build_dir, os.path.join(a.work, "images"), a.images)
     from PIL import Image
-    sizes = [Image.open(p).size for p in images]
-    results["images"] = {"count": len(images), "mean_w": statistics.mean(s[0] for s in sizes),
-                         "mean_h": statistics.mean(s[1] for s in sizes),
-                         "mean_kb": statistics.mean(os.path.getsize(p) for p in images) / 1000}
-    log(f"images: spdld on {len(images)} files")
-    raw_spdld = run_spdld(a.build_dir, "image", images, a.repeats)
-    results["raw"]["spdld_image"] = raw_spdld
-    for e in raw_spdld:
-        results["image"].setdefault(e["op"], {})["spdld"] = rate(e)
-    log("images: PIL + torchvision, torchvision tensors")
-    peers, versions = python_peers(images, a.repeats)
-    results["raw"]["peers_image"] = {f"{k[0]}|{k[1]}": v for k, v in peers.items()}
-    for (peer, op), e in peers.items():
-        if "error" in e:
-            results["errors"].append(f"{peer} {op}: {e['error']}")
-            continue
-        results["image"].setdefault(op, {})[peer] = statistics.median(e["items"] / c for c in e["cpu_s"])
+
+    sets = {"synthetic": make_images(a.build_dir, os.path.join(a.work, "images"), a.images)}
+    if a.photos:
+        for layout, files in make_photos(os.path.join(a.work, "photos"), a.photos).items():
+            sets[f"photos {layout}"] = files
+    results["image_sets"] = {}
+    versions = {}
+    for key, images in sets.items():
+        sizes = [Image.open(p).size for p in images]
+        desc = (f"{len(images)} ImageNet-sized JPEGs, mean {statistics.mean(s[0] for s in sizes):.0f}×"
+                f"{statistics.mean(s[1] for s in sizes):.0f}, "
+                f"{statistics.mean(os.path.getsize(p) for p in images) / 1000:.0f} kB")
+        if key == "synthetic":
+            desc += " (`spdl-make-dataset --min-side 250 --max-side 650 --quality 96`: smooth pattern + noise, 4:2:0)"
+        else:
+            desc += f" (photograph-like content, tests/python/photos.py, PIL quality 90, {key.split()[1]})"
+        entry = {"desc": desc, "rates": {}}
+        log(f"images [{key}]: spdld (exact and fast) on {len(images)} files")
+        raw_spdld = run_spdld(a.build_dir, "image", images, a.repeats, ["--resample", "both"])
+        results["raw"][f"spdld_image {key}"] = raw_spdld
+        for e in raw_spdld:
+            entry["rates"].setdefault(e["op"], {})[f"spdld {e.get('resample', 'exact')}"] = rate(e)
+        if key == "synthetic" or not a.no_peers_on_photos:
+            log(f"images [{key}]: PIL + torchvision, torchvision tensors")
+            peers, versions = python_peers(images, a.repeats)
+            results["raw"][f"peers_image {key}"] = {f"{k[0]}|{k[1]}": v for k, v in peers.items()}
+            for (peer, op), e in peers.items():
+                if "error" in e:
+                    results["errors"].append(f"{peer} {op}: {e['error']}")
+                    continue
+                entry["rates"].setdefault(op, {})[peer] = statistics.median(e["items"] / c for c in e["cpu_s"])
+        results["image_sets"][key] = entry
     ffv = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True).stdout.split("\n")[0].split(" ")[2]
     results["versions"] = (f"python {platform.python_version()}, torch {versions['torch']}, torchvision "
                            f"{versions['torchvision']}, PIL {versions['PIL']}, FFmpeg {ffv}")
@@ -321,6 +371,17 @@ def main():
                                                                         "--size", "112"]):
                 results["raw"].setdefault("spdld_video", []).append(dict(e, format=name))
                 results["video"].append({"format": name, "op": e["op"], "rate": rate(e)})
+
+    # Sections not measured this time keep the previous run's figures (said so in the table's title).
+    previous_path = os.path.join(BENCH, "ops_results.json")
+    if (a.no_audio or a.no_video) and os.path.exists(previous_path):
+        previous = json.load(open(previous_path))
+        for kind, skipped in (("audio", a.no_audio), ("video", a.no_video)):
+            if skipped and previous.get(kind):
+                results[kind] = previous[kind]
+                desc = previous[f"{kind}_desc"].split(" [figures of the run of ")[0]
+                results[f"{kind}_desc"] = f"{desc} [figures of the run of {previous.get(f'{kind}_when', previous['when'])}]"
+                results[f"{kind}_when"] = previous.get(f"{kind}_when", previous["when"])
 
     results["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     results["minutes"] = (time.time() - t0) / 60

@@ -108,7 +108,21 @@ std::optional<Interpolation> ReadInterpolation(Diagnostics& diag, const Field& f
   return internal::ReadChoice<Interpolation>(diag, f,
                                              {{"bilinear", Interpolation::kBilinear},
                                               {"bicubic", Interpolation::kBicubic},
-                                              {"area", Interpolation::kArea}});
+                                              {"area", Interpolation::kArea},
+                                              {"box", Interpolation::kArea},
+                                              {"nearest", Interpolation::kNearest},
+                                              {"hamming", Interpolation::kHamming},
+                                              {"lanczos", Interpolation::kLanczos}});
+}
+
+// Video frames are always resampled by swscale, which has no hamming filter.
+std::optional<Interpolation> ReadVideoInterpolation(Diagnostics& diag, const Field& f) {
+  return internal::ReadChoice<Interpolation>(diag, f,
+                                             {{"bilinear", Interpolation::kBilinear},
+                                              {"bicubic", Interpolation::kBicubic},
+                                              {"area", Interpolation::kArea},
+                                              {"nearest", Interpolation::kNearest},
+                                              {"lanczos", Interpolation::kLanczos}});
 }
 
 // Reads a list of file name endings (".jpg"), lower-cased. nullopt when absent or bad.
@@ -329,8 +343,13 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
   m.ReportUnknownKeys();
 }
 
-void ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
+// Returns the resample field (absent when not given), for the check against the transforms.
+Field ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
   MapReader m(diag, field);
+  const Field resample = m.Get("resample");
+  if (auto v = internal::ReadChoice<Resample>(diag, resample, {{"exact", Resample::kExact}, {"fast", Resample::kFast}})) {
+    out->resample = *v;
+  }
   if (auto v = internal::ReadChoice<ColorMode>(diag, m.Get("color"),
                                                {{"rgb", ColorMode::kRgb}, {"gray", ColorMode::kGray}})) {
     out->color = *v;
@@ -359,6 +378,7 @@ void ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
   }
   if (auto v = internal::ReadInt(diag, m.Get("max_pixels"), 1, kMaxPixelsLimit)) out->max_pixels = *v;
   m.ReportUnknownKeys();
+  return resample;
 }
 
 // A parsed transform and the field a size complaint about it should point at.
@@ -765,7 +785,7 @@ void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
   const Field width = m.Require("width");
   if (auto v = internal::ReadInt(diag, height, 1, kMaxImageSide)) out->height = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, width, 1, kMaxImageSide)) out->width = static_cast<int>(*v);
-  if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) out->interpolation = *v;
+  if (auto v = ReadVideoInterpolation(diag, m.Get("interpolation"))) out->interpolation = *v;
   m.ReportUnknownKeys();
 }
 
@@ -908,8 +928,18 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   ReadBatch(diag, m.Get("batch"), &out->batch);
   std::optional<Field> normalize;
   if (out->media == Media::kImage) {
-    ReadDecode(diag, m.Get("decode"), &out->decode);
+    const Field resample = ReadDecode(diag, m.Get("decode"), &out->decode);
     normalize = ReadTransforms(diag, m.Get("transforms"), out);
+    if (out->decode.resample == Resample::kFast) {
+      for (const TransformOp& t : out->transforms) {
+        const auto* r = std::get_if<ResizeOp>(&t);
+        const auto* c = std::get_if<RandomResizedCropOp>(&t);
+        if ((r && r->interpolation == Interpolation::kHamming) || (c && c->interpolation == Interpolation::kHamming)) {
+          diag.Error(resample, "hamming interpolation has no fast path: use resample: exact");
+          break;
+        }
+      }
+    }
   } else {
     RefuseImageKeys(diag, m, out->media);
   }

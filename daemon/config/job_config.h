@@ -19,7 +19,17 @@
 
 namespace spdl::config {
 
-enum class Interpolation { kBilinear, kBicubic, kArea };
+// The resampling filter of a resize (torchvision's InterpolationMode on PIL images). YAML: bilinear |
+// bicubic | area (or box: PIL's BOX on the exact path, swscale's area average on the fast one) |
+// nearest | hamming (exact path only) | lanczos. Video frames take bilinear | bicubic | area | nearest |
+// lanczos (always swscale).
+enum class Interpolation { kBilinear, kBicubic, kArea, kNearest, kHamming, kLanczos };
+
+// How images are decoded and resampled (YAML decode.resample).
+enum class Resample {
+  kExact,  // exact: the pixels of PIL + torchvision (full-size decode, PIL's filters); the default
+  kFast,   // fast: DCT-scaled decode to Y/Cb/Cr planes + one swscale pass (close to PIL's, not equal)
+};
 
 // Resize, either keeping the aspect ratio (shorter side -> `shorter`) or to a fixed height x width.
 // Exactly one of: shorter > 0, or height > 0 && width > 0 (the parser guarantees it).
@@ -27,7 +37,7 @@ struct ResizeOp {
   int shorter = 0;  // target length of the shorter side (aspect ratio kept); 0 = not used
   int height = 0;   // fixed output height; 0 = not used
   int width = 0;    // fixed output width; 0 = not used
-  Interpolation interpolation = Interpolation::kBilinear;  // YAML: bilinear | bicubic | area
+  Interpolation interpolation = Interpolation::kBilinear;  // see Interpolation
 
   bool operator==(const ResizeOp&) const = default;
 };
@@ -51,7 +61,7 @@ struct RandomResizedCropOp {
   double scale_max = 1.0;
   double ratio_min = 3.0 / 4.0;      // YAML: ratio: [min, max], 0 < min <= max
   double ratio_max = 4.0 / 3.0;
-  Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area
+  Interpolation interpolation = Interpolation::kBilinear;  // see Interpolation
 
   bool operator==(const RandomResizedCropOp&) const = default;
 };
@@ -195,6 +205,7 @@ struct DecodeConfig {
   AlphaMode alpha = AlphaMode::kDrop;               // YAML: drop | composite
   std::array<int, 3> background = {255, 255, 255};  // RGB 0..255, for alpha: composite
   int64_t max_pixels = 178956970;  // refuse images with more pixels (PIL's limit), from the header
+  Resample resample = Resample::kExact;  // YAML: exact | fast (hamming needs exact)
 
   bool operator==(const DecodeConfig&) const = default;
 };
@@ -275,7 +286,7 @@ struct VideoConfig {
   double start_seconds = 0;   // when not random_start
   int height = 0;             // output frame size, 1..16384 each (required)
   int width = 0;
-  Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area
+  Interpolation interpolation = Interpolation::kBilinear;  // bilinear | bicubic | area | nearest | lanczos
 
   bool operator==(const VideoConfig&) const = default;
 };

@@ -18,6 +18,12 @@ media::Interpolation ToMedia(config::Interpolation i) {
       return media::Interpolation::kBicubic;
     case config::Interpolation::kArea:
       return media::Interpolation::kArea;
+    case config::Interpolation::kNearest:
+      return media::Interpolation::kNearest;
+    case config::Interpolation::kHamming:
+      return media::Interpolation::kHamming;
+    case config::Interpolation::kLanczos:
+      return media::Interpolation::kLanczos;
   }
   return media::Interpolation::kBilinear;
 }
@@ -96,6 +102,7 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
   ops.alpha = c.decode.alpha == config::AlphaMode::kComposite ? media::AlphaMode::kComposite : media::AlphaMode::kDrop;
   for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(c.decode.background[i]);
   ops.max_pixels = c.decode.max_pixels;
+  ops.resample = c.decode.resample == config::Resample::kFast ? media::Resample::kFast : media::Resample::kExact;
   Status valid = media::ValidateImageOps(ops);
   if (!valid.ok()) return InvalidArgument("transforms: " + valid.message());
   return ops;

@@ -15,6 +15,7 @@ extern "C" {
 
 #include "media/ffmpeg_image.h"
 #include "media/pixel_convert.h"
+#include "media/resample.h"
 #include "media/sws_cache.h"
 
 namespace spdl::media {
@@ -49,6 +50,9 @@ int InterpolationFlag(Interpolation i) {
     case Interpolation::kBilinear: return SWS_BILINEAR;
     case Interpolation::kBicubic: return SWS_BICUBIC;
     case Interpolation::kArea: return SWS_AREA;
+    case Interpolation::kNearest: return SWS_POINT;
+    case Interpolation::kLanczos: return SWS_LANCZOS;
+    case Interpolation::kHamming: break;  // no fast path (ValidateImageOps refuses it)
   }
   return SWS_BILINEAR;
 }
@@ -222,6 +226,27 @@ std::string SizeString(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h);
 }
 
+ResampleFilter FilterOf(Interpolation i) {
+  switch (i) {
+    case Interpolation::kBilinear: return ResampleFilter::kBilinear;
+    case Interpolation::kBicubic: return ResampleFilter::kBicubic;
+    case Interpolation::kArea: return ResampleFilter::kBox;
+    case Interpolation::kNearest: return ResampleFilter::kNearest;
+    case Interpolation::kHamming: return ResampleFilter::kHamming;
+    case Interpolation::kLanczos: return ResampleFilter::kLanczos;
+  }
+  return ResampleFilter::kBilinear;
+}
+
+// Packed RGB24 to its luma in place, as PIL's convert("L"): (19595 R + 38470 G + 7471 B + 0x8000) >> 16
+// (ITU-R 601 weights in 16-bit fixed point). The one-byte output never overtakes the input.
+void RgbToLumaInPlace(uint8_t* px, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t v = 19595u * px[3 * i] + 38470u * px[3 * i + 1] + 7471u * px[3 * i + 2] + 0x8000u;
+    px[i] = static_cast<uint8_t>(v >> 16);
+  }
+}
+
 }  // namespace
 
 struct ImageDecoder::Impl {
@@ -288,6 +313,15 @@ struct ImageDecoder::Impl {
 
   Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
                 uint64_t seed, bool jpeg_only, ImageInfo* info);
+  // Resample::kExact: the whole image decoded to packed pixels (ops.channels; 16-bit when wide),
+  // turned upright, then PIL's resampling of the kept window, then the output pass.
+  Status DecodeExact(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out, uint64_t seed,
+                     bool jpeg_only, ImageInfo* info);
+  // The whole image, in stored orientation, as packed pixels of ops.channels channels in `pixels`
+  // (a colour image's luma for one channel, as PIL's convert("L")); 16-bit samples when allow_wide
+  // and the source has more than 8 bits (then *wide is set).
+  Status DecodePacked(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, bool allow_wide,
+                      PackedImage* img, bool* wide);
   Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
                    uint64_t seed, ImageInfo* info);
 
@@ -296,6 +330,7 @@ struct ImageDecoder::Impl {
   TjHandle tj;
   FfmpegImageDecoder ffmpeg;
   SwsCache sws;
+  Resampler resampler;
   ValueTable table;               // for the ops seen last
   std::vector<uint8_t> pixels;    // decoded RGB or YUV planes of the current image
   std::vector<uint8_t> scratch;   // the resampled image, before the output pass
@@ -431,6 +466,7 @@ void ImageDecoder::Impl::TrimBuffers() {
   for (std::vector<uint8_t>* v : {&pixels, &scratch, &resized, &upright}) {
     if (v->size() > kMaxRetainedBytes) std::vector<uint8_t>().swap(*v);
   }
+  resampler.Trim(kMaxRetainedBytes);
   ffmpeg.Trim(kMaxRetainedBytes);
 }
 
@@ -627,6 +663,7 @@ Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, cons
 Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps& ops,
                                   const OutputImage& out, uint64_t seed, bool jpeg_only,
                                   ImageInfo* info) {
+  if (ops.resample == Resample::kExact) return DecodeExact(data, ops, out, seed, jpeg_only, info);
   Plan plan;
   SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, jpeg_only, info, &plan));
   const ResizeCropPlan& g = plan.geometry;
@@ -667,6 +704,135 @@ Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps&
   src.channels = c;
   src.wide = wide;
   ConvertInto(src, plan.final, plan.place_x, plan.place_y, table, out);
+  return Status::Ok();
+}
+
+Status ImageDecoder::Impl::DecodePacked(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                                        bool allow_wide, PackedImage* img, bool* wide) {
+  *wide = false;
+  int pitch = 0;
+  img->width = plan.width;
+  img->height = plan.height;
+  img->channels = ops.channels;
+  if (plan.format == ImageFormat::kJpeg) {
+    // libjpeg-turbo's defaults (ISLOW DCT, fancy upsampling, its own YCbCr -> RGB), as PIL decodes.
+    // A grayscale JPEG gives its one channel directly for gray output (PIL's "L" image).
+    const bool gray_source = plan.jpeg.colorspace == TJCS_GRAY;
+    int width, height;
+    SPDL_RETURN_IF_ERROR(
+        DecodeRgb(data, plan.jpeg, 1, &width, &height, &pitch, /*gray=*/ops.channels == 1 && gray_source));
+    if (ops.channels == 1 && !gray_source) {
+      RgbToLumaInPlace(pixels.data(), static_cast<size_t>(width) * height);
+      pitch = width;
+    }
+  } else {
+    SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
+    if (f->width != plan.width || f->height != plan.height) {
+      return DataLoss(std::string(ImageFormatName(plan.format)) + " decoded to " + SizeString(f->width, f->height) +
+                      ", not the header's " + SizeString(plan.width, plan.height));
+    }
+    const auto format = static_cast<AVPixelFormat>(f->format);
+    const bool composite = ops.alpha == AlphaMode::kComposite && HasAlpha(format);
+    SwsKey key;
+    key.src_width = key.dst_width = f->width;
+    key.src_height = key.dst_height = f->height;
+    key.flags = SwsFlags(Interpolation::kBilinear);
+    SourcePlanes src;
+    if (allow_wide && IsWide(format) && !composite && FrameWindow(f, 0, 0, &key, &src)) {
+      // 16 bits kept for floating-point outputs (swscale converts at full size, nothing resampled).
+      *wide = true;
+      key.dst_format = PackedFormat(ops.channels, /*wide=*/true);
+      pitch = f->width * ops.channels * 2;
+      SPDL_RETURN_IF_ERROR(Scale(key, src, Buffer(pixels, static_cast<size_t>(pitch) * f->height), pitch));
+    } else {
+      // As PIL's convert("RGB") (alpha dropped or composited, palettes expanded), then its luma
+      // for gray output (a gray source's luma is itself).
+      SPDL_RETURN_IF_ERROR(FrameToRgb(f, ops, &pitch));
+      if (ops.channels == 1) {
+        RgbToLumaInPlace(pixels.data(), static_cast<size_t>(f->width) * f->height);
+        pitch = f->width;
+      }
+    }
+  }
+  img->data = pixels.data();
+  img->stride = static_cast<size_t>(pitch);
+  img->wide = *wide;
+  return Status::Ok();
+}
+
+Status ImageDecoder::Impl::DecodeExact(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                                       uint64_t seed, bool jpeg_only, ImageInfo* info) {
+  Plan plan;
+  SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, jpeg_only, info, &plan));
+  const ResizeCropPlan& g = plan.geometry;
+  const bool allow_wide = ops.dtype != OutputDType::kUInt8;
+  PackedImage img;
+  bool wide = false;
+  SPDL_RETURN_IF_ERROR(DecodePacked(data, ops, plan, allow_wide, &img, &wide));
+  if (info != nullptr) info->sample_bits = wide ? 16 : 8;
+  const size_t pixel = static_cast<size_t>(ops.channels) * (wide ? 2 : 1);
+
+  // Upright first (PIL's exif_transpose comes before the transforms), so the passes run in the
+  // displayed image's order.
+  const Orientation o = plan.upright;
+  if (!o.identity()) {
+    const int sw = img.width, sh = img.height;
+    const int dw = o.transpose ? sh : sw, dh = o.transpose ? sw : sh;
+    uint8_t* up = Buffer(upright, static_cast<size_t>(dw) * dh * pixel);
+    for (int y = 0; y < dh; ++y) {
+      for (int x = 0; x < dw; ++x) {
+        const int u = o.transpose ? y : x, v = o.transpose ? x : y;
+        const int sx = o.flip_x ? sw - 1 - u : u, sy = o.flip_y ? sh - 1 - v : v;
+        std::memcpy(up + (static_cast<size_t>(y) * dw + x) * pixel,
+                    img.data + static_cast<size_t>(sy) * img.stride + static_cast<size_t>(sx) * pixel, pixel);
+      }
+    }
+    img.data = up;
+    img.stride = static_cast<size_t>(dw) * pixel;
+    img.width = dw;
+    img.height = dh;
+  }
+
+  // What PIL resizes: the whole image, or (random_resized_crop: crop, then resize) the crop alone.
+  ResampleRequest req;
+  req.filter = FilterOf(ops.interpolation);
+  if (ops.random_crop()) {
+    const auto x0 = static_cast<int>(plan.window.x0), y0 = static_cast<int>(plan.window.y0);
+    img.data += static_cast<size_t>(y0) * img.stride + static_cast<size_t>(x0) * pixel;
+    img.width = static_cast<int>(plan.window.x1) - x0;
+    img.height = static_cast<int>(plan.window.y1) - y0;
+  }
+  req.out_width = g.resized_width;
+  req.out_height = g.resized_height;
+  req.window_x = g.keep_x;
+  req.window_y = g.keep_y;
+  req.window_width = g.keep_width;
+  req.window_height = g.keep_height;
+
+  // Straight into the destination when nothing is left to do; else into the scratch image, then
+  // the output pass (flip, dtype, normalization, layout).
+  const bool direct = ops.raw_output() && !plan.flipped;
+  if (direct) {
+    uint8_t* target = static_cast<uint8_t*>(out.data) + static_cast<size_t>(g.dst_y) * out.row_stride +
+                      static_cast<size_t>(g.dst_x) * ops.channels;
+    SPDL_RETURN_IF_ERROR(resampler.Resample(img, req, target, out.row_stride));
+    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, g, ops.channels);
+    return Status::Ok();
+  }
+  const size_t target_stride = AlignUp(static_cast<size_t>(g.keep_width) * pixel, kPlaneAlign);
+  uint8_t* target = Buffer(scratch, target_stride * g.keep_height);
+  SPDL_RETURN_IF_ERROR(resampler.Resample(img, req, target, target_stride));
+  if (!table.BuiltFor(ops)) table.Build(ops);
+  SourceImage src;
+  src.data = target;
+  src.stride = target_stride;
+  src.width = g.keep_width;
+  src.height = g.keep_height;
+  src.channels = ops.channels;
+  src.wide = wide;
+  const Orientation final = plan.flipped ? MirrorHorizontally(Orientation{}) : Orientation{};
+  const int place_x = plan.flipped ? g.out_width - g.dst_x - g.keep_width : g.dst_x;
+  ConvertInto(src, final, place_x, g.dst_y, table, out);
   return Status::Ok();
 }
 

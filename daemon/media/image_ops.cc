@@ -68,6 +68,9 @@ Status ValidateImageOps(const ImageOps& ops) {
     }
   }
   if (ops.channels != 1 && ops.channels != 3) errors.push_back("channels must be 1 or 3");
+  if (ops.resample == Resample::kFast && ops.interpolation == Interpolation::kHamming) {
+    errors.push_back("hamming interpolation has no fast path (resample: exact)");
+  }
   if (!(ops.flip_probability >= 0 && ops.flip_probability <= 1)) {
     errors.push_back("flip_probability outside [0, 1]");
   }

@@ -25,7 +25,22 @@
 
 namespace spdl::media {
 
-enum class Interpolation { kBilinear, kBicubic, kArea };
+// The resampling filter, as torchvision's InterpolationMode on PIL images. kArea is PIL's BOX
+// (InterpolationMode.BOX) on the exact path and swscale's area average on the fast one. kHamming has
+// no fast path.
+enum class Interpolation { kBilinear, kBicubic, kArea, kNearest, kHamming, kLanczos };
+
+// How the image is decoded and resampled.
+enum class Resample {
+  // The pixels PIL + torchvision give (Image.open(f).convert(mode), then Resize / CenterCrop /
+  // resized_crop on the PIL image): a full-size decode with libjpeg-turbo's defaults (as PIL's),
+  // PIL's separable filters (resample.h), only the kept window computed. Bit-exact for JPEG.
+  kExact,
+  // Faster and close, not equal: JPEG decoded to Y/Cb/Cr planes with DCT-domain downscaling, one
+  // swscale pass for colour conversion + crop + resize (README "Pixels equal to PIL's" has the
+  // measured difference).
+  kFast,
+};
 
 // Element type of the output image tensor.
 enum class OutputDType { kUInt8, kFloat32, kFloat16, kBFloat16 };
@@ -67,6 +82,7 @@ struct ImageOps {
   double flip_probability = 0;
 
   Interpolation interpolation = Interpolation::kBilinear;
+  Resample resample = Resample::kExact;
 
   // ---- output ----
   // 3: RGB. 1: gray — the luma of a colour source (ITU-R 601, full range, as PIL's convert("L")),
@@ -87,8 +103,8 @@ struct ImageOps {
   // Decompression-bomb guard on the source's width * height (PIL's default limit), checked from
   // the header before the pixels are decoded (every format).
   int64_t max_pixels = 178956970;
-  // Let the JPEG decoder downscale in the DCT domain (1/2, 1/4, 1/8) when the target is at most
-  // half the source; faster, and within resampling tolerance of a full decode.
+  // Resample::kFast only: let the JPEG decoder downscale in the DCT domain (1/2, 1/4, 1/8) when the
+  // target is at most half the source; faster, and within resampling tolerance of a full decode.
   bool allow_dct_scaling = true;
   // JPEG only: apply the EXIF Orientation tag (rotate / mirror to the upright image) before the
   // geometry, as PIL's ImageOps.exif_transpose.
@@ -105,7 +121,8 @@ struct ImageOps {
 // Returns kInvalidArgument naming every bad field: negative sizes, only one of
 // resize_height/resize_width or of crop_height/crop_width set, a random crop mixed with the
 // deterministic geometry, a bad scale or ratio range, a flip probability outside [0, 1],
-// normalize with uint8 output, a zero std, max_pixels <= 0, channels other than 1 or 3.
+// normalize with uint8 output, a zero std, max_pixels <= 0, channels other than 1 or 3, hamming with
+// Resample::kFast.
 Status ValidateImageOps(const ImageOps& ops);
 
 // Output size the ops produce for a src_width x src_height source (as displayed, i.e. after any

@@ -23,6 +23,8 @@ int SwsFlags(Interpolation i) {
   int f = SWS_BILINEAR;
   if (i == Interpolation::kBicubic) f = SWS_BICUBIC;
   if (i == Interpolation::kArea) f = SWS_AREA;
+  if (i == Interpolation::kNearest) f = SWS_POINT;
+  if (i == Interpolation::kLanczos) f = SWS_LANCZOS;
   return f | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT | SWS_FULL_CHR_H_INP;
 }
 

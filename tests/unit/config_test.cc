@@ -448,7 +448,9 @@ TEST_CASE("job config: bad transforms") {
     std::vector<ConfigError> errors =
         bad("  - resize: {shorter: 10, interpolation: cubic}\n  - center_crop: {size: [0, 8]}\n");
     REQUIRE(errors.size() == 2);
-    CHECK(errors[0].message == "must be one of bilinear | bicubic | area (got 'cubic'); did you mean 'bicubic'?");
+    CHECK(errors[0].message ==
+          "must be one of bilinear | bicubic | area | box | nearest | hamming | lanczos (got 'cubic'); did you mean "
+          "'bicubic'?");
     CHECK(errors[1].path == "transforms.1.center_crop.size.0");
     CHECK(errors[1].message == "must be at least 1 (got 0)");
   }
@@ -625,6 +627,37 @@ TEST_CASE("job config: bad random transforms, normalize and decode settings") {
     CHECK(ErrorAt(errors, "decode.max_pixels").message == "must be at least 1 (got 0)");
     CHECK(Contains(ErrorAt(errors, "decode.x").message, "unknown key"));
   }
+  SECTION("decode.resample: exact | fast; hamming has no fast path") {
+    std::vector<ConfigError> errors = bad("decode: {resample: quick}\ntransforms: [{center_crop: {size: 8}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(Contains(ErrorAt(errors, "decode.resample").message, "must be one of exact | fast"));
+    errors = bad("decode: {resample: fast}\ntransforms: [{resize: {height: 8, width: 8, interpolation: hamming}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(ErrorAt(errors, "decode.resample").message == "hamming interpolation has no fast path: use resample: exact");
+    errors = bad("decode: {resample: fast}\ntransforms: [{random_resized_crop: {size: 8, interpolation: hamming}}]\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].path == "decode.resample");
+  }
+}
+
+TEST_CASE("job config: decode.resample and every interpolation are read") {
+  auto parse = [](const std::string& text) { return ParseGoodJob("source: {type: image_folder, root: /d}\n" + text); };
+  CHECK(parse("transforms: [{center_crop: {size: 8}}]\n").decode.resample == Resample::kExact);
+  CHECK(parse("decode: {resample: fast}\ntransforms: [{center_crop: {size: 8}}]\n").decode.resample ==
+        Resample::kFast);
+  const std::vector<std::pair<std::string, Interpolation>> names = {
+      {"bilinear", Interpolation::kBilinear}, {"bicubic", Interpolation::kBicubic}, {"area", Interpolation::kArea},
+      {"box", Interpolation::kArea},          {"nearest", Interpolation::kNearest}, {"hamming", Interpolation::kHamming},
+      {"lanczos", Interpolation::kLanczos}};
+  for (const auto& [name, value] : names) {
+    const JobConfig c = parse("transforms: [{resize: {height: 8, width: 8, interpolation: " + name + "}}]\n");
+    CHECK(std::get<ResizeOp>(c.transforms[0]).interpolation == value);
+  }
+  // Video frames go through swscale, which has no hamming.
+  const std::vector<ConfigError> v =
+      ParseBadJob("media: video\nsource: {root: /d}\nvideo: {height: 8, width: 8, interpolation: hamming}\n");
+  REQUIRE(v.size() == 1);
+  CHECK(Contains(v[0].message, "must be one of bilinear | bicubic | area | nearest | lanczos"));
 }
 
 TEST_CASE("job config: several errors at once, all with lines, sorted") {

@@ -25,6 +25,7 @@
 #include "media/ffmpeg_image.h"
 #include "media/image_encoder.h"
 #include "media/pixel_convert.h"
+#include "media/resample.h"
 #include "media/sample_random.h"
 
 namespace spdl::media {
@@ -210,6 +211,12 @@ ImageOps ResizeCrop(int shorter, int crop, Interpolation interp = Interpolation:
   return ops;
 }
 
+// The same ops on the fast path (Resample::kFast: DCT scaling, swscale).
+ImageOps Fast(ImageOps ops) {
+  ops.resample = Resample::kFast;
+  return ops;
+}
+
 const char* PathName(JpegDecodePath p) {
   return p == JpegDecodePath::kYuvPlanes ? "yuv" : "rgb";
 }
@@ -308,8 +315,9 @@ TEST_CASE("EncodeJpeg rejects bad arguments") {
   CHECK(((*j)[0] == 0xFF && (*j)[1] == 0xD8));
 }
 
-// Decodes `jpeg` with `ops` on both paths and checks each against the analytic pattern, and the
-// default path against the reference path.
+// Decodes `jpeg` with `ops` on the exact path and on both JPEG paths of the fast one and checks
+// each against the analytic pattern and against the reference path. expect_dct_scale is the fast
+// path's (the exact path never scales in the DCT domain).
 void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, const ImageOps& ops,
                             int expect_dct_scale) {
   const Geometry g = TorchvisionGeometry(w, h, ops.resize_shorter, ops.crop_width);
@@ -330,13 +338,23 @@ void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, cons
   CHECK(ref_err.mean <= kMaxMeanAbsVsAnalytic);
   CHECK(ref_err.p99 <= kMaxP99VsAnalytic);
 
-  for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
-    INFO("path " << PathName(path));
-    ImageDecoder decoder(path);
+  struct Path {
+    const char* name;
+    Resample resample;
+    JpegDecodePath jpeg_path;
+    int dct_scale;
+  };
+  for (Path path : {Path{"exact", Resample::kExact, JpegDecodePath::kYuvPlanes, 1},
+                    Path{"fast yuv", Resample::kFast, JpegDecodePath::kYuvPlanes, expect_dct_scale},
+                    Path{"fast rgb", Resample::kFast, JpegDecodePath::kRgb, expect_dct_scale}}) {
+    INFO("path " << path.name);
+    ImageOps o = ops;
+    o.resample = path.resample;
+    ImageDecoder decoder(path.jpeg_path);
     GuardedImage out(ow, oh);
-    REQUIRE(decoder.DecodeJpegInto(jpeg, ops, out.data(), ow, oh, out.stride, &info).ok());
+    REQUIRE(decoder.DecodeJpegInto(jpeg, o, out.data(), ow, oh, out.stride, &info).ok());
     CHECK((info.width == w && info.height == h));
-    CHECK(info.dct_scale == expect_dct_scale);
+    CHECK(info.dct_scale == path.dct_scale);
     CHECK(out.GuardsIntact());
     const ErrorStats a = VsAnalytic(out, g);
     const ErrorStats r = VsImage(out, ref);
@@ -730,9 +748,12 @@ TEST_CASE("swscale contexts are cached") {
   ImageDecoder decoder;
   GuardedImage out(224, 224);
   for (int i = 0; i < 5; ++i) {
-    REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride)
+    REQUIRE(decoder.DecodeJpegInto(jpeg, Fast(ResizeCrop(256, 224)), out.data(), 224, 224, out.stride)
                 .ok());
   }
+  CHECK(decoder.sws_contexts_built() == 1);
+  // The exact path resamples JPEGs without swscale.
+  REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
   CHECK(decoder.sws_contexts_built() == 1);
 }
 
@@ -740,12 +761,13 @@ TEST_CASE("A moved decoder keeps working") {
   const std::vector<uint8_t> jpeg = MakeJpeg(500, 375);
   ImageDecoder a;
   GuardedImage out(224, 224);
-  REQUIRE(a.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
+  const ImageOps fast = Fast(ResizeCrop(256, 224));
+  REQUIRE(a.DecodeJpegInto(jpeg, fast, out.data(), 224, 224, out.stride).ok());
   ImageDecoder b(std::move(a));
   REQUIRE(b.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
   ImageDecoder c;
   c = std::move(b);
-  REQUIRE(c.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
+  REQUIRE(c.DecodeJpegInto(jpeg, fast, out.data(), 224, 224, out.stride).ok());
   CHECK(c.sws_contexts_built() == 1);
 }
 
@@ -1030,12 +1052,13 @@ TEST_CASE("PlanRandomResizedCrop follows torchvision's get_params") {
 TEST_CASE("A random resized crop matches the analytic pattern and the reference path") {
   const int w = 640, h = 480;
   const std::vector<uint8_t> jpeg = MakeJpeg(w, h);
-  const ImageOps ops = RandomCrop(160);
   int dct_scaled = 0;
   for (uint64_t seed = 0; seed < 24; ++seed) {
     INFO("seed " << seed);
-    for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
-      INFO("path " << PathName(path));
+    for (int variant = 0; variant < 3; ++variant) {  // exact, fast yuv, fast rgb
+      const JpegDecodePath path = variant == 2 ? JpegDecodePath::kRgb : JpegDecodePath::kYuvPlanes;
+      const ImageOps ops = variant == 0 ? RandomCrop(160) : Fast(RandomCrop(160));
+      INFO((variant == 0 ? "exact" : "fast ") << PathName(path));
       ImageDecoder decoder(path);
       GuardedImage out(160, 160), ref(160, 160);
       ImageInfo info, ref_info;
@@ -1070,7 +1093,7 @@ TEST_CASE("A random resized crop matches the analytic pattern and the reference 
       CHECK(vs_ref.p99 <= kMaxP99VsReference);
     }
   }
-  CHECK(dct_scaled > 0);  // big crops of a 640x480 image go through DCT scaling
+  CHECK(dct_scaled > 0);  // big crops of a 640x480 image go through DCT scaling (fast path)
 }
 
 // out mirrored left-right equals ref, element for element (any dtype, either layout).
@@ -1951,6 +1974,250 @@ void Measure(const char* name, F&& decode_one) {
   }
   const double cpu = ThreadCpuSeconds() - cpu_start;
   std::printf("  %-48s %6.0f images/s wall, %6.0f images/CPU-s\n", name, n / elapsed, n / cpu);
+}
+
+// ---- the exact path: PIL's resampling (media/resample.h) ----
+
+// Resamples packed src (w x h, c channels) to ow x oh and returns the window's pixels.
+std::vector<uint8_t> ResampleWindow(const std::vector<uint8_t>& src, int w, int h, int c, int ow, int oh,
+                                    ResampleFilter f, int wx, int wy, int ww, int wh) {
+  PackedImage img;
+  img.data = src.data();
+  img.stride = static_cast<size_t>(w) * c;
+  img.width = w;
+  img.height = h;
+  img.channels = c;
+  ResampleRequest r{ow, oh, wx, wy, ww, wh, f};
+  std::vector<uint8_t> out(static_cast<size_t>(ww) * wh * c);
+  Resampler rs;
+  REQUIRE(rs.Resample(img, r, out.data(), static_cast<size_t>(ww) * c).ok());
+  return out;
+}
+
+TEST_CASE("Resample: the weights are PIL's (support scaled by the downscale, fixed point)") {
+  // Bilinear 4 -> 2: output 0 is centred on 1.0 with support 2: taps 0, 1, 2 weighted
+  // f(-0.25), f(0.25), f(0.75) = 0.75, 0.75, 0.25, normalized: 3/7, 3/7, 1/7.
+  AxisWeights w;
+  ComputeAxisWeights(4, 2, ResampleFilter::kBilinear, 0, 2, &w);
+  CHECK(w.taps == 5);
+  CHECK(w.first == std::vector<int>{0, 1});
+  CHECK(w.count == std::vector<int>{3, 3});
+  const double one = 1 << kResamplePrecisionBits;
+  CHECK(w.weights[0] == static_cast<int32_t>(3.0 / 7 * one + 0.5));
+  CHECK(w.weights[1] == static_cast<int32_t>(3.0 / 7 * one + 0.5));
+  CHECK(w.weights[2] == static_cast<int32_t>(1.0 / 7 * one + 0.5));
+  // A window's weights are the whole axis's, shifted.
+  AxisWeights part;
+  ComputeAxisWeights(4, 2, ResampleFilter::kBilinear, 1, 2, &part);
+  CHECK(part.first == std::vector<int>{1});
+  CHECK(std::equal(part.weights.begin(), part.weights.end(), w.weights.begin() + w.taps));
+  // Bicubic has negative lobes, rounded away from zero.
+  ComputeAxisWeights(10, 3, ResampleFilter::kBicubic, 0, 3, &w);
+  CHECK(*std::min_element(w.weights.begin(), w.weights.end()) < 0);
+}
+
+TEST_CASE("Resample: every filter gives PIL 9.4's values on a row") {
+  // Values written by PIL 9.4: Image.fromarray(row).resize((n, 1), filter) of this 13-pixel row.
+  const std::vector<uint8_t> row = {171, 206, 5, 206, 120, 131, 161, 73, 250, 13, 71, 98, 146};
+  struct Case {
+    ResampleFilter f;
+    std::vector<uint8_t> down5, up29;
+  };
+  const std::vector<Case> cases = {
+      {ResampleFilter::kNearest, {206, 206, 161, 13, 98},
+       {171, 171, 206, 206, 5, 5, 5, 206, 206, 120, 120, 131, 131, 161, 161, 161, 73, 73, 250, 250, 13, 13, 71, 71, 71,
+        98, 98, 146, 146}},
+      {ResampleFilter::kBox, {127, 163, 122, 132, 105},
+       {171, 171, 206, 206, 5, 5, 5, 206, 206, 120, 120, 131, 131, 161, 161, 161, 73, 73, 250, 250, 13, 13, 71, 71, 71,
+        98, 98, 146, 146}},
+      {ResampleFilter::kBilinear, {149, 132, 138, 107, 100},
+       {171, 177, 193, 192, 102, 12, 88, 178, 179, 141, 122, 127, 134, 148, 161, 122, 82, 134, 213, 193, 87, 21, 47, 72,
+        84, 96, 116, 138, 146}},
+      {ResampleFilter::kHamming, {155, 142, 133, 113, 107},
+       {171, 172, 198, 205, 97, 6, 67, 202, 194, 126, 121, 129, 131, 150, 161, 127, 74, 106, 242, 233, 45, 14, 53, 71,
+        83, 98, 110, 144, 146}},
+      {ResampleFilter::kBicubic, {147, 131, 140, 107, 99},
+       {168, 177, 207, 198, 90, 6, 74, 190, 197, 140, 116, 122, 134, 155, 161, 115, 72, 131, 236, 215, 79, 6, 34, 72,
+        85, 96, 118, 141, 151}},
+      {ResampleFilter::kLanczos, {146, 127, 147, 105, 95},
+       {158, 184, 219, 195, 78, 5, 68, 185, 211, 150, 106, 111, 138, 166, 161, 102, 66, 138, 240, 220, 87, 0, 20, 74,
+        90, 95, 119, 141, 152}},
+  };
+  for (const Case& c : cases) {
+    INFO("filter " << static_cast<int>(c.f));
+    CHECK(ResampleWindow(row, 13, 1, 1, 5, 1, c.f, 0, 0, 5, 1) == c.down5);
+    CHECK(ResampleWindow(row, 13, 1, 1, 29, 1, c.f, 0, 0, 29, 1) == c.up29);
+    // The same row as a column: the vertical pass gives the same values.
+    CHECK(ResampleWindow(row, 1, 13, 1, 1, 5, c.f, 0, 0, 1, 5) == c.down5);
+  }
+}
+
+TEST_CASE("Resample: a window equals the same crop of the whole resize, for every filter and size") {
+  uint64_t state = 12345;
+  auto next = [&state](int lo, int hi) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + static_cast<int>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    const int w = next(1, 90), h = next(1, 90), c = trial % 3 == 0 ? 1 : 3;
+    std::vector<uint8_t> src(static_cast<size_t>(w) * h * c);
+    for (auto& v : src) v = static_cast<uint8_t>(next(0, 255));
+    const int ow = next(1, 120), oh = next(1, 120);
+    const int wx = next(0, ow - 1), wy = next(0, oh - 1);
+    const int ww = next(1, ow - wx), wh = next(1, oh - wy);
+    const auto f = static_cast<ResampleFilter>(trial % 6);
+    INFO(w << "x" << h << "x" << c << " -> " << ow << "x" << oh << " window " << ww << "x" << wh << "+" << wx << "+"
+           << wy << " filter " << static_cast<int>(f));
+    const std::vector<uint8_t> whole = ResampleWindow(src, w, h, c, ow, oh, f, 0, 0, ow, oh);
+    const std::vector<uint8_t> window = ResampleWindow(src, w, h, c, ow, oh, f, wx, wy, ww, wh);
+    bool same = true;
+    for (int y = 0; y < wh && same; ++y) {
+      same = std::memcmp(window.data() + static_cast<size_t>(y) * ww * c,
+                         whole.data() + (static_cast<size_t>(wy + y) * ow + wx) * c, static_cast<size_t>(ww) * c) == 0;
+    }
+    CHECK(same);
+  }
+}
+
+TEST_CASE("Resample: identity is a copy, constant images stay constant, 16-bit keeps its precision") {
+  std::vector<uint8_t> src(7 * 5 * 3);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37);
+  for (int f = 0; f < 6; ++f) {
+    CHECK(ResampleWindow(src, 7, 5, 3, 7, 5, static_cast<ResampleFilter>(f), 0, 0, 7, 5) == src);
+  }
+  const std::vector<uint8_t> flat(40 * 30 * 3, 200);
+  for (int f = 0; f < 6; ++f) {
+    const auto out = ResampleWindow(flat, 40, 30, 3, 17, 61, static_cast<ResampleFilter>(f), 0, 0, 17, 61);
+    CHECK(std::all_of(out.begin(), out.end(), [](uint8_t v) { return v == 200; }));
+  }
+  // 16-bit: a constant 1000 * 65.5 stays exact (no 8-bit rounding on the way).
+  std::vector<uint16_t> wide(40 * 30, 65500);
+  wide[0] = 0;
+  PackedImage img;
+  img.data = reinterpret_cast<const uint8_t*>(wide.data());
+  img.stride = 40 * 2;
+  img.width = 40;
+  img.height = 30;
+  img.channels = 1;
+  img.wide = true;
+  std::vector<uint16_t> out(20 * 15);
+  Resampler rs;
+  REQUIRE(rs.Resample(img, ResampleRequest{20, 15, 0, 0, 20, 15, ResampleFilter::kBilinear},
+                      reinterpret_cast<uint8_t*>(out.data()), 20 * 2)
+              .ok());
+  CHECK(out[19] == 65500);
+  CHECK(out[0] < 65500);
+  CHECK(out[0] > 65500 / 2);
+  // Bad requests are refused.
+  CHECK(rs.Resample(img, ResampleRequest{20, 15, 10, 0, 11, 15, ResampleFilter::kBilinear},
+                    reinterpret_cast<uint8_t*>(out.data()), 20 * 2)
+            .code() == StatusCode::kInvalidArgument);
+  img.channels = 2;
+  CHECK(rs.Resample(img, ResampleRequest{20, 15, 0, 0, 20, 15, ResampleFilter::kBilinear},
+                    reinterpret_cast<uint8_t*>(out.data()), 20 * 2)
+            .code() == StatusCode::kInvalidArgument);
+}
+
+// The exact path by hand: libjpeg-turbo's full-size RGB decode with its defaults, the whole resize
+// by the Resampler, then torchvision's crop.
+std::vector<uint8_t> ExactByHand(const std::vector<uint8_t>& jpeg, int w, int h, int rw, int rh, int cx, int cy,
+                                 int cw, int ch, ResampleFilter f) {
+  tjhandle tj = tjInitDecompress();
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+  REQUIRE(tjDecompress2(tj, jpeg.data(), jpeg.size(), rgb.data(), w, w * 3, h, TJPF_RGB, 0) == 0);
+  tjDestroy(tj);
+  const std::vector<uint8_t> whole = ResampleWindow(rgb, w, h, 3, rw, rh, f, 0, 0, rw, rh);
+  std::vector<uint8_t> out(static_cast<size_t>(cw) * ch * 3);
+  for (int y = 0; y < ch; ++y) {
+    std::memcpy(out.data() + static_cast<size_t>(y) * cw * 3, whole.data() + (static_cast<size_t>(cy + y) * rw + cx) * 3,
+                static_cast<size_t>(cw) * 3);
+  }
+  return out;
+}
+
+TEST_CASE("The exact path is a full decode, PIL's resize and torchvision's crop, computed on the window only") {
+  for (ChromaSubsampling s : {ChromaSubsampling::k420, ChromaSubsampling::k422, ChromaSubsampling::k444}) {
+    for (auto [w, h] : {std::pair{500, 375}, std::pair{385, 289}, std::pair{375, 500}}) {
+      INFO(w << "x" << h << " subsampling " << static_cast<int>(s));
+      const std::vector<uint8_t> jpeg = MakeJpeg(w, h, s);
+      const Geometry g = TorchvisionGeometry(w, h, 256, 224);
+      for (Interpolation interp : {Interpolation::kBilinear, Interpolation::kBicubic, Interpolation::kArea,
+                                   Interpolation::kNearest, Interpolation::kHamming, Interpolation::kLanczos}) {
+        ImageOps ops = ResizeCrop(256, 224, interp);
+        ImageDecoder decoder;
+        ImageInfo info;
+        std::vector<uint8_t> out(224 * 224 * 3);
+        REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 224, 224, 224 * 3, 0, &info).ok());
+        CHECK(info.dct_scale == 1);
+        const ResampleFilter f = interp == Interpolation::kBilinear  ? ResampleFilter::kBilinear
+                                 : interp == Interpolation::kBicubic ? ResampleFilter::kBicubic
+                                 : interp == Interpolation::kArea    ? ResampleFilter::kBox
+                                 : interp == Interpolation::kNearest ? ResampleFilter::kNearest
+                                 : interp == Interpolation::kHamming ? ResampleFilter::kHamming
+                                                                     : ResampleFilter::kLanczos;
+        CHECK(out == ExactByHand(jpeg, w, h, g.rw, g.rh, g.off_x, g.off_y, 224, 224, f));
+      }
+    }
+  }
+}
+
+TEST_CASE("The exact path: a random resized crop resizes the crop alone; float output is the uint8 / 255") {
+  const std::vector<uint8_t> jpeg = MakeJpeg(640, 480);
+  ImageOps ops;
+  ops.random_crop_height = ops.random_crop_width = 160;
+  ops.interpolation = Interpolation::kBicubic;
+  for (uint64_t seed : {1, 2, 3}) {
+    ImageDecoder decoder;
+    ImageInfo info;
+    std::vector<uint8_t> out(160 * 160 * 3);
+    REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 160, 160, 160 * 3, seed, &info).ok());
+    // By hand: crop the full decode, then resize the crop as an image of its own.
+    tjhandle tj = tjInitDecompress();
+    std::vector<uint8_t> rgb(640 * 480 * 3);
+    REQUIRE(tjDecompress2(tj, jpeg.data(), jpeg.size(), rgb.data(), 640, 640 * 3, 480, TJPF_RGB, 0) == 0);
+    tjDestroy(tj);
+    const CropRect r = info.crop;
+    std::vector<uint8_t> crop(static_cast<size_t>(r.width) * r.height * 3);
+    for (int y = 0; y < r.height; ++y) {
+      std::memcpy(crop.data() + static_cast<size_t>(y) * r.width * 3,
+                  rgb.data() + (static_cast<size_t>(r.y + y) * 640 + r.x) * 3, static_cast<size_t>(r.width) * 3);
+    }
+    CHECK(out == ResampleWindow(crop, r.width, r.height, 3, 160, 160, ResampleFilter::kBicubic, 0, 0, 160, 160));
+
+    ImageOps f32 = ops;
+    f32.dtype = OutputDType::kFloat32;
+    f32.layout = OutputLayout::kNCHW;
+    std::vector<float> planar(3 * 160 * 160);
+    REQUIRE(decoder.DecodeInto(jpeg, f32, planar.data(), 160, 160, seed).ok());
+    bool same = true;
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 160 * 160; ++i) same = same && planar[c * 160 * 160 + i] == static_cast<float>(out[i * 3 + c] / 255.0);
+    }
+    CHECK(same);
+  }
+}
+
+TEST_CASE("The exact path: gray output is PIL's convert(\"L\") of the decoded RGB, then the resize") {
+  const int w = 500, h = 375;
+  const std::vector<uint8_t> jpeg = MakeJpeg(w, h);
+  ImageOps ops = ResizeCrop(256, 224);
+  ops.channels = 1;
+  ImageDecoder decoder;
+  std::vector<uint8_t> out(224 * 224);
+  REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 224, 224, 224).ok());
+  tjhandle tj = tjInitDecompress();
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3), luma(static_cast<size_t>(w) * h);
+  REQUIRE(tjDecompress2(tj, jpeg.data(), jpeg.size(), rgb.data(), w, w * 3, h, TJPF_RGB, 0) == 0);
+  tjDestroy(tj);
+  for (size_t i = 0; i < luma.size(); ++i) {
+    luma[i] = static_cast<uint8_t>((19595u * rgb[3 * i] + 38470u * rgb[3 * i + 1] + 7471u * rgb[3 * i + 2] + 0x8000u) >> 16);
+  }
+  const Geometry g = TorchvisionGeometry(w, h, 256, 224);
+  CHECK(out == ResampleWindow(luma, w, h, 1, g.rw, g.rh, ResampleFilter::kBilinear, g.off_x, g.off_y, 224, 224));
+  // Hamming has no fast path.
+  ops.resample = Resample::kFast;
+  ops.interpolation = Interpolation::kHamming;
+  CHECK(decoder.DecodeRgbInto(jpeg, ops, out.data(), 224, 224, 224).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Decode throughput, one thread", "[.bench]") {
