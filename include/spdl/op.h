@@ -47,20 +47,20 @@
 extern "C" {
 #endif
 
-/* clang-format off: as the ABI was first written down */
+/* clang-format off */
 #define SPDL_OP_ABI_VERSION 1
 
 /* One image: row-major HWC, uint8. data points at height rows of stride bytes each; a row holds
  * width * channels samples (channels: 3 = R, G, B; 1 = gray). */
 typedef struct {
-  uint8_t* data; /* row-major HWC, uint8 */
+  uint8_t* data;              /* row-major HWC, uint8 */
   int32_t height, width, channels;
-  int64_t stride; /* bytes per row */
+  int64_t stride;             /* bytes per row */
 } spdl_image;
 
 typedef struct {
-  uint32_t abi_version; /* SPDL_OP_ABI_VERSION */
-  const char* name;     /* unique within the library */
+  uint32_t abi_version;       /* SPDL_OP_ABI_VERSION */
+  const char* name;           /* unique within the library */
   /* args_json: the op's `args` from the job config as JSON. NULL on error (message in err). */
   void* (*create)(const char* args_json, char* err, size_t err_len);
   /* In place, same size. seed: per sample, from (sampler.seed, epoch, sample index). 0 = ok. */
