@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
@@ -95,16 +96,19 @@ void PrintStats(const JobSummary& j) {
                 st.share_group_job_id(), st.share_members());
   }
   // One row per stage: totals, then the recent window. CONC and QCAP 0 = unlimited (the pool / the ring).
-  std::printf("  %-8s %4s %4s %4s %5s %5s %10s %7s %8s %8s %8s %8s %8s %8s %9s | %8s %8s %8s %9s\n", "STAGE", "KIND",
-              "CONC", "RUN", "QUEUE", "QCAP", "TASKS", "FAILED", "AVG_MS", "P50_MS", "P90_MS", "P99_MS", "PUTW_S",
-              "GETW_S", "ITEMS/S", "W_AVG_MS", "W_P50_MS", "W_P99_MS", "W_ITEMS/S");
+  // User ops have rows of their own ("op:NAME", their time a share of decode's): the name column fits them.
+  int name_width = 8;
+  for (const auto& s : st.stages()) name_width = std::max(name_width, static_cast<int>(s.name().size()));
+  std::printf("  %-*s %4s %4s %4s %5s %5s %10s %7s %8s %8s %8s %8s %8s %8s %9s | %8s %8s %8s %9s\n", name_width,
+              "STAGE", "KIND", "CONC", "RUN", "QUEUE", "QCAP", "TASKS", "FAILED", "AVG_MS", "P50_MS", "P90_MS",
+              "P99_MS", "PUTW_S", "GETW_S", "ITEMS/S", "W_AVG_MS", "W_P50_MS", "W_P99_MS", "W_ITEMS/S");
   for (const auto& s : st.stages()) {
-    std::printf("  %-8s %4s %4u %4" PRIu64 " %5" PRIu64 " %5u %10" PRIu64 " %7" PRIu64
+    std::printf("  %-*s %4s %4u %4" PRIu64 " %5" PRIu64 " %5u %10" PRIu64 " %7" PRIu64
                 " %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f %9.1f | %8.3f %8.3f %8.3f %9.1f\n",
-                s.name().c_str(), s.kind().c_str(), s.concurrency(), s.running(), s.queue_length(), s.queue_capacity(),
-                s.tasks(), s.failures(), s.avg_ms(), s.p50_ms(), s.p90_ms(), s.p99_ms(), s.put_wait_seconds(),
-                s.get_wait_seconds(), s.items_per_s(), s.window_avg_ms(), s.window_p50_ms(), s.window_p99_ms(),
-                s.window_items_per_s());
+                name_width, s.name().c_str(), s.kind().c_str(), s.concurrency(), s.running(), s.queue_length(),
+                s.queue_capacity(), s.tasks(), s.failures(), s.avg_ms(), s.p50_ms(), s.p90_ms(), s.p99_ms(),
+                s.put_wait_seconds(), s.get_wait_seconds(), s.items_per_s(), s.window_avg_ms(), s.window_p50_ms(),
+                s.window_p99_ms(), s.window_items_per_s());
   }
 }
 

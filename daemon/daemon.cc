@@ -22,6 +22,7 @@
 #include "ops/listen_fds.h"
 #include "ops/startup_checks.h"
 #include "pipeline/thread_pool.h"
+#include "plugins/op_loader.h"
 #include "server/control_server.h"
 
 namespace spdl {
@@ -86,6 +87,14 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(
       Step("check the allowed data roots", [&] { return report(ops::CheckAllowedRoots(config_.allowed_roots)); }));
+  SPDL_RETURN_IF_ERROR(Step("check the plugin directories", [&] {
+    // Not fatal: a job asking for an op there is refused with the same reason.
+    if (config_.plugin_dirs.empty()) spdlog::info("start-up: no plugin_dirs: op transforms are disabled");
+    for (const std::string& p : plugins::OpLoader(config_.plugin_dirs).CheckDirs()) {
+      spdlog::warn("start-up: {} (jobs asking for ops from it are refused)", p);
+    }
+    return Status::Ok();
+  }));
   SPDL_RETURN_IF_ERROR(Step("route FFmpeg's log into spdlog", [&] {
     media::RouteFfmpegLogToSpdlog();  // before any decoding thread starts
     return Status::Ok();
@@ -280,12 +289,14 @@ void Daemon::Reload() {
   restart_only("socket_group", config_.socket_group, next.socket_group);
   restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
   restart_only("metrics_port", config_.metrics_port, next.metrics_port);
+  restart_only("plugin_dirs", Join(config_.plugin_dirs), Join(next.plugin_dirs));
   // Keep what only a restart changes, so status and later reloads report what really runs.
   next.socket_path = config_.socket_path;
   next.socket_mode = config_.socket_mode;
   next.socket_group = config_.socket_group;
   next.max_frame_bytes = config_.max_frame_bytes;
   next.metrics_port = config_.metrics_port;
+  next.plugin_dirs = config_.plugin_dirs;
 
   spdlog::set_level(spdlog::level::from_str(next.log_level));
   // Resizing waits for removed threads to finish the task they run (milliseconds); jobs go on.

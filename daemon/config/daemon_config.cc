@@ -181,6 +181,21 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = ReadByteSize(diag, m.Get("cache_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
     out->cache_bytes = *v;
   }
+  // User ops (issue 14).
+  const Field plugin_dirs = m.Get("plugin_dirs");
+  if (auto items = internal::ReadList(diag, plugin_dirs)) {
+    std::vector<std::string> list;
+    for (const Field& item : *items) {
+      std::optional<std::string> d = internal::ReadString(diag, item);
+      if (!d) continue;
+      if (!IsCleanAbsolutePath(*d)) {
+        diag.Error(item, "must be an absolute directory without '..' (got '" + *d + "')");
+        continue;
+      }
+      list.push_back(*d);
+    }
+    out->plugin_dirs = std::move(list);
+  }
   m.ReportUnknownKeys();
 }
 

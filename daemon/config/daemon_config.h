@@ -51,6 +51,12 @@ struct DaemonConfig {
   // dataset identity + sample); 0 = off. A byte size like memory_budget_bytes. It assumes datasets
   // do not change on disk while the daemon runs.
   uint64_t cache_bytes = 0;
+  // User ops (include/spdl/op.h; job config `op:` transforms): the directories op libraries are
+  // loaded from, by file name, searched in order. Empty (the default) = ops disabled. Each
+  // directory and library must be owned by root or spdld's user and writable by nobody else (checked
+  // when a job asks for a library; refused with the reason). Absolute paths without '..'. Read at
+  // start-up: a change takes a restart (libraries, once loaded, stay loaded).
+  std::vector<std::string> plugin_dirs;
 
   bool operator==(const DaemonConfig&) const = default;
 };

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
@@ -22,8 +23,10 @@ constexpr int64_t kMaxImageSide = 16384;
 constexpr int64_t kMaxPixelsLimit = int64_t{1} << 40;
 constexpr const char* kNeedFixedSize =
     "transforms must produce a fixed image size (end with center_crop or resize {height, width})";
-constexpr const char* kTransformNames =
-    "resize, center_crop, random_resized_crop, horizontal_flip or normalize";
+constexpr const char* kTransformNames = "resize, center_crop, random_resized_crop, horizontal_flip, normalize or op";
+constexpr size_t kMaxUserOps = 16;
+constexpr size_t kMaxOpArgsBytes = 64 * 1024;
+constexpr int kMaxOpArgsDepth = 32;
 
 // "cuda" or "cuda:N".
 bool IsCudaDevice(const std::string& device) {
@@ -517,6 +520,99 @@ std::optional<ParsedOp> ReadNormalize(Diagnostics& diag, const Field& field, Col
   return ParsedOp{op, field};
 }
 
+// A YAML value as JSON: maps (string keys) -> objects, lists -> arrays, plain scalars -> null
+// (~, null, empty), booleans (true/false), integers, finite numbers, else strings; quoted
+// scalars stay strings. nullopt after an error.
+std::optional<nlohmann::json> YamlToJson(Diagnostics& diag, const Field& f, int depth) {
+  if (depth > kMaxOpArgsDepth) {
+    diag.Error(f, "args nest deeper than " + std::to_string(kMaxOpArgsDepth) + " levels");
+    return std::nullopt;
+  }
+  const YAML::Node& n = f.node;
+  if (!n.IsDefined() || n.IsNull()) return nlohmann::json(nullptr);
+  if (n.IsScalar()) {
+    const std::string& s = n.Scalar();
+    if (n.Tag() == "!") return nlohmann::json(s);  // quoted: a string whatever it looks like
+    if (s == "true" || s == "True" || s == "TRUE") return nlohmann::json(true);
+    if (s == "false" || s == "False" || s == "FALSE") return nlohmann::json(false);
+    int64_t i = 0;
+    if (auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), i);
+        ec == std::errc() && p == s.data() + s.size() && !s.empty()) {
+      return nlohmann::json(i);
+    }
+    double d = 0;
+    if (auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+        ec == std::errc() && p == s.data() + s.size() && !s.empty() && std::isfinite(d)) {
+      return nlohmann::json(d);
+    }
+    return nlohmann::json(s);
+  }
+  if (n.IsSequence()) {
+    nlohmann::json out = nlohmann::json::array();
+    size_t i = 0;
+    for (const auto& item : n) {
+      Field child{item, f.path + "." + std::to_string(i++), item.Mark()};
+      auto v = YamlToJson(diag, child, depth + 1);
+      if (!v) return std::nullopt;
+      out.push_back(std::move(*v));
+    }
+    return out;
+  }
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& kv : n) {
+    if (!kv.first.IsScalar()) {
+      diag.Error(f, "args keys must be plain strings");
+      return std::nullopt;
+    }
+    const std::string key = kv.first.Scalar();
+    Field child{kv.second, f.path + "." + key, kv.first.Mark()};
+    auto v = YamlToJson(diag, child, depth + 1);
+    if (!v) return std::nullopt;
+    out[key] = std::move(*v);
+  }
+  return out;
+}
+
+// op: {library, name, args}. The library and the op are found when the job is submitted.
+std::optional<ParsedOp> ReadUserOp(Diagnostics& diag, const Field& item, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  UserOp op;
+  const Field library = m.Require("library");
+  if (auto v = internal::ReadString(diag, library)) {
+    if (v->empty() || v->find('/') != std::string::npos || *v == "." || *v == "..") {
+      diag.Error(library, "a library is a file name in the daemon's plugin_dirs, without '/', e.g. libmyops.so (got '" +
+                              *v + "')");
+    } else {
+      op.library = *v;
+    }
+  }
+  const Field name = m.Require("name");
+  if (auto v = internal::ReadString(diag, name)) {
+    if (v->empty())
+      diag.Error(name, "must not be empty");
+    else
+      op.name = *v;
+  }
+  const Field args = m.Get("args");
+  if (Present(args) && !args.node.IsNull() && !args.node.IsMap()) {
+    diag.Error(args, "args is a map of the op's settings, got " + internal::Describe(args.node));
+  } else if (Present(args) && !args.node.IsNull()) {
+    if (auto json = YamlToJson(diag, args, 0)) {
+      op.args_json = json->dump();
+      if (op.args_json.size() > kMaxOpArgsBytes) {
+        diag.Error(args, "args take " + std::to_string(op.args_json.size()) + " bytes as JSON, more than " +
+                             std::to_string(kMaxOpArgsBytes));
+      }
+    }
+  }
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  op.path = field.path;
+  op.line = item.key_mark.is_null() ? 0 : item.key_mark.line + 1;
+  return ParsedOp{op, field};
+}
+
 // One list entry: a map with exactly one key naming the transform.
 std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, ColorMode color) {
   if (!item.node.IsMap()) {
@@ -538,9 +634,10 @@ std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, Colo
   if (name == "random_resized_crop") return ReadRandomResizedCrop(diag, m.Get("random_resized_crop"));
   if (name == "horizontal_flip") return ReadHorizontalFlip(diag, m.Get("horizontal_flip"));
   if (name == "normalize") return ReadNormalize(diag, m.Get("normalize"), color);
+  if (name == "op") return ReadUserOp(diag, item, m.Get("op"));
   std::string message = "unknown transform '" + name + "'";
-  const std::string suggestion = internal::Suggest(
-      name, {"resize", "center_crop", "random_resized_crop", "horizontal_flip", "normalize"});
+  const std::string suggestion =
+      internal::Suggest(name, {"resize", "center_crop", "random_resized_crop", "horizontal_flip", "normalize", "op"});
   if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
   diag.ErrorAtKey(m.entries().front().field, message + "; expected " + kTransformNames);
   return std::nullopt;
@@ -552,6 +649,7 @@ const char* TransformName(const TransformOp& op) {
   if (std::holds_alternative<CenterCropOp>(op)) return "center_crop";
   if (std::holds_alternative<RandomResizedCropOp>(op)) return "random_resized_crop";
   if (std::holds_alternative<HorizontalFlipOp>(op)) return "horizontal_flip";
+  if (std::holds_alternative<UserOp>(op)) return "op";
   return "normalize";
 }
 
@@ -559,8 +657,8 @@ const char* TransformName(const TransformOp& op) {
 // if any, for the check against output.dtype.
 //
 // Order rules: random_resized_crop replaces resize and center_crop (never with them);
-// horizontal_flip and normalize come after every geometric transform; each of
-// random_resized_crop, horizontal_flip and normalize at most once.
+// horizontal_flip, op and normalize come after every geometric transform, op before normalize;
+// each of random_resized_crop, horizontal_flip and normalize at most once, op at most 16 times.
 std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
   if (!Present(field) || field.node.IsNull()) {
     diag.ErrorAtKey(field, kNeedFixedSize);
@@ -577,7 +675,8 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   int shorter = 0, height = 0, width = 0;
   bool all_ok = true;
   bool seen_resize_or_crop = false;
-  std::string seen_random_crop, seen_flip, seen_normalize;  // the item path, once seen
+  std::string seen_random_crop, seen_flip, seen_normalize, seen_op;  // the item path, once seen
+  size_t user_ops = 0;
   std::optional<Field> normalize_item;
   for (const Field& item : *items) {
     std::optional<ParsedOp> parsed = ReadTransform(diag, item, out->decode.color);
@@ -586,12 +685,27 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       continue;
     }
     const std::string name = TransformName(parsed->op);
+    const bool user_op = std::holds_alternative<UserOp>(parsed->op);
     const bool geometric = !std::holds_alternative<HorizontalFlipOp>(parsed->op) &&
-                           !std::holds_alternative<NormalizeOp>(parsed->op);
+                           !std::holds_alternative<NormalizeOp>(parsed->op) && !user_op;
     if (geometric && (!seen_flip.empty() || !seen_normalize.empty())) {
       diag.Error(item, name + " comes after " + (seen_flip.empty() ? "normalize" : "horizontal_flip") +
                            ": resize, center_crop and random_resized_crop must come before "
                            "horizontal_flip and normalize");
+    } else if (geometric && !seen_op.empty()) {
+      diag.Error(item, name + " comes after the op at " + seen_op +
+                           ": ops run on the image at its output size, after resize, center_crop and "
+                           "random_resized_crop");
+    }
+    if (user_op) {
+      if (!seen_normalize.empty()) {
+        diag.Error(item, "op comes after normalize (" + seen_normalize +
+                             "): ops work on uint8 pixels, so they come before normalize");
+      }
+      if (++user_ops == kMaxUserOps + 1) {
+        diag.Error(item, "at most " + std::to_string(kMaxUserOps) + " ops in one job");
+      }
+      if (seen_op.empty()) seen_op = item.path;
     }
     out->transforms.push_back(parsed->op);
     if (const auto* r = std::get_if<ResizeOp>(&parsed->op)) {
@@ -627,6 +741,8 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       state = Size::kFixed;
       height = rc->height;
       width = rc->width;
+    } else if (user_op) {
+      // no size change; order checked above
     } else if (std::holds_alternative<HorizontalFlipOp>(parsed->op)) {
       if (!seen_flip.empty()) {
         diag.Error(item, "only one horizontal_flip (the first is " + seen_flip + ")");

@@ -87,8 +87,25 @@ struct NormalizeOp {
   bool operator==(const NormalizeOp&) const = default;
 };
 
-using TransformOp =
-    std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp>;
+// A user op (include/spdl/op.h) from a library in the daemon's plugin_dirs, run in the decode stage
+// on the uint8 HWC pixels at the output size. YAML: op: {library: NAME, name: OP, args: {...}}.
+// Must come after the geometric transforms and before normalize; ops and horizontal_flip run in
+// the order written. At most 16 per job. The library and op are looked up, and `create` runs, when
+// the job is submitted (jobs/sample_decoder.h); they are not checked here.
+struct UserOp {
+  std::string library;           // a file name (no '/') in the daemon's plugin_dirs, e.g. libmyops.so
+  std::string name;              // the op's name within the library
+  std::string args_json = "{}";  // YAML `args` (a map; default {}) as JSON: objects with sorted keys, so
+                                 // equal args give equal text (part of the resume fingerprint)
+  // Where the entry is written (for messages): "transforms.N.op" and its 1-based line (0 when set
+  // by --set). Not part of the op's identity: operator== and the resume fingerprint ignore them.
+  std::string path;
+  int line = 0;
+
+  bool operator==(const UserOp& o) const { return library == o.library && name == o.name && args_json == o.args_json; }
+};
+
+using TransformOp = std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp, UserOp>;
 
 // What a job does with a sample that cannot be read or decoded.
 enum class OnError {

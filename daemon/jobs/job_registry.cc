@@ -166,7 +166,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       executor_(executor),
       io_executor_(io_executor ? io_executor : executor),
       worker_threads_(worker_threads),
-      cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr) {}
+      cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr),
+      op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -216,8 +217,8 @@ struct RegistryPrepared final : PreparedJob {
 // The slow part of Submit: parse and validate the config, open the source (the folder scan, list
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
-void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
-                const std::shared_ptr<io::SampleCache>& cache) {
+void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
+                plugins::OpLoader* op_loader) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : req.config_name();
@@ -249,8 +250,10 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
     return fail(proto::Error::BAD_REQUEST,
                 "rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size));
   }
-  auto decoder = MakeSampleDecoder(spec.config);
-  if (!decoder.ok()) return fail(proto::Error::INVALID_CONFIG, decoder.status().message());
+  auto decoder = MakeSampleDecoder(spec.config, op_loader);  // user ops: libraries loaded, `create` run
+  if (!decoder.ok()) {
+    return fail(proto::Error::INVALID_CONFIG, "invalid job config " + name + ": " + decoder.status().message());
+  }
   spec.decoder = std::move(decoder).value();
 
   auto source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
@@ -319,11 +322,12 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   p->request = request;
   p->peer = peer;
   // A copy: a SIGHUP reload may change config_ while the task runs.
-  return [p, daemon = config_, cache = cache_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
-    if (hook) hook(p->request);
-    PrepareJob(p.get(), daemon, cache);
-    return p;
-  };
+  return
+      [p, daemon = config_, cache = cache_, ops = op_loader_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+        if (hook) hook(p->request);
+        PrepareJob(p.get(), daemon, cache, ops.get());
+        return p;
+      };
 }
 
 SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {

@@ -24,10 +24,11 @@
 
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
-#include "jobs/gpu_delivery.h"
 #include "io/sample_cache.h"
+#include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
+#include "plugins/op_loader.h"
 
 namespace spdl::jobs {
 
@@ -106,6 +107,9 @@ class JobRegistry final : public JobService {
   ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
+  // User ops from plugin_dirs (as at construction: a change takes a restart); shared with the
+  // Prepare tasks, which make each job's ops. Thread-safe.
+  const std::shared_ptr<plugins::OpLoader> op_loader_;
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;

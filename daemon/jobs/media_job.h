@@ -78,6 +78,8 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   }
   Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
+  // The decoder's user-op figures ("op:NAME" rows, their time part of decode's).
+  std::vector<const pipeline::StageStats*> SubStageStats() const override { return spec_.decoder->SubStageStats(); }
 
   MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget);
 

@@ -134,6 +134,12 @@ Fingerprint JobFingerprint(const io::SampleSource& source, const config::JobConf
   c.source.connect_timeout_ms = defaults.source.connect_timeout_ms;
   c.source.max_attempts = defaults.source.max_attempts;
   c.source.max_in_flight = defaults.source.max_in_flight;
+  for (auto& t : c.transforms) {  // an op's place in the YAML text is not part of it (library, name, args are)
+    if (auto* op = std::get_if<config::UserOp>(&t)) {
+      op->path.clear();
+      op->line = 0;
+    }
+  }
 
   Fnv dataset;
   HashSamples(dataset, source);

@@ -13,7 +13,8 @@
 //   rank, world size
 //   media       media, audio.*, video.*
 //   decode      decode.*
-//   transforms  the whole transform chain, every parameter
+//   transforms  the whole transform chain, every parameter; a user op by its library's file name,
+//               its name and its args (as canonical JSON), not by the library's contents
 //   output      output.* except device and copy (dtype, layout, ... )
 //   other       every other field of the job config — any field added later lands here (or in the
 //               struct it is added to) by itself: the config structs are hashed field by field

@@ -1,11 +1,16 @@
 #include "jobs/sample_decoder.h"
 
+#include <chrono>
 #include <cstring>
+#include <utility>
 #include <variant>
 
 #include "media/audio_decoder.h"
 #include "media/image_decoder.h"
+#include "media/pixel_convert.h"
+#include "media/sample_random.h"
 #include "media/video_decoder.h"
+#include "plugins/op_loader.h"
 
 namespace spdl::jobs {
 namespace {
@@ -129,6 +134,124 @@ class ImageSampleDecoder final : public SampleDecoder {
   std::vector<RowTensor> tensors_;
 };
 
+// One step run on the uint8 image after the geometry: a user op or the horizontal flip.
+struct PixelStep {
+  int op = -1;        // index into the ops; -1 = the flip
+  double flip_p = 0;  // the flip's probability
+};
+
+// An image job with user ops: geometry into a uint8 HWC image (the row, or a per-thread scratch),
+// the steps in config order, then the output pass (see the header).
+class OpImageSampleDecoder final : public SampleDecoder {
+ public:
+  OpImageSampleDecoder(media::ImageOps ops, int width, int height, std::vector<std::unique_ptr<plugins::Op>> user_ops,
+                       std::vector<PixelStep> steps, uint32_t decode_concurrency)
+      : ops_(ops), width_(width), height_(height), user_ops_(std::move(user_ops)), steps_(std::move(steps)) {
+    pixel_ops_ = ops;
+    pixel_ops_.dtype = media::OutputDType::kUInt8;
+    pixel_ops_.layout = media::OutputLayout::kNHWC;
+    pixel_ops_.normalize = false;
+    pixel_ops_.mean = {0, 0, 0};
+    pixel_ops_.stddev = {1, 1, 1};
+    pixel_ops_.flip_probability = 0;  // a step, in its place among the ops
+    const std::vector<int64_t> shape = ops.layout == media::OutputLayout::kNCHW
+                                           ? std::vector<int64_t>{ops.channels, height, width}
+                                           : std::vector<int64_t>{height, width, ops.channels};
+    tensors_ = {{"image", ImageDType(ops), shape, media::OutputImageBytes(ops, width, height)}};
+    for (const auto& op : user_ops_) {
+      std::string name = "op:" + op->name();
+      for (const auto& s : stats_) {
+        if (s->name() == name) name += "#" + std::to_string(stats_.size());
+      }
+      stats_.push_back(std::make_unique<pipeline::StageStats>(name, pipeline::StageKind::kCpu, decode_concurrency, 0));
+    }
+  }
+  const std::vector<RowTensor>& tensors() const override { return tensors_; }
+  bool random() const override { return true; }  // every op gets its seed
+  std::vector<const pipeline::StageStats*> SubStageStats() const override {
+    std::vector<const pipeline::StageStats*> out;
+    for (const auto& s : stats_) out.push_back(s.get());
+    return out;
+  }
+
+  Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
+    thread_local media::ImageDecoder decoder;
+    thread_local std::vector<uint8_t> scratch;  // the uint8 image when the output is not uint8 NHWC
+    const int c = ops_.channels;
+    const size_t stride = static_cast<size_t>(width_) * static_cast<size_t>(c);
+    uint8_t* pixels = rows[0];
+    if (!ops_.raw_output()) {
+      scratch.resize(stride * static_cast<size_t>(height_));
+      pixels = scratch.data();
+    }
+    SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed));
+    for (const PixelStep& step : steps_) {
+      if (step.op < 0) {
+        media::SampleRng rng(seed, media::RandomStream::kFlip);  // the draw the decoder's own flip makes
+        if (rng.Bernoulli(step.flip_p)) Mirror(pixels, stride, c);
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s = user_ops_[step.op]->Apply(pixels, height_, width_, c, static_cast<int64_t>(stride),
+                                           media::UserOpSeed(seed, static_cast<uint32_t>(step.op)));
+      const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+      stats_[step.op]->Record(static_cast<uint64_t>(nanos.count()), s.ok());
+      if (!s.ok()) return s;
+    }
+    if (!ops_.raw_output()) {
+      thread_local media::ValueTable table;
+      if (!table.BuiltFor(ops_)) table.Build(ops_);
+      media::SourceImage src{pixels, stride, width_, height_, c, false};
+      media::OutputImage out{rows[0], width_, height_, stride * media::DTypeSize(ops_.dtype), ops_.layout, c};
+      media::ConvertInto(src, media::Orientation{}, 0, 0, table, out);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Mirrors the image left-right in place.
+  void Mirror(uint8_t* pixels, size_t stride, int c) const {
+    for (int y = 0; y < height_; ++y) {
+      uint8_t* row = pixels + static_cast<size_t>(y) * stride;
+      for (int l = 0, r = width_ - 1; l < r; ++l, --r) {
+        for (int k = 0; k < c; ++k) std::swap(row[l * c + k], row[r * c + k]);
+      }
+    }
+  }
+
+  const media::ImageOps ops_;
+  media::ImageOps pixel_ops_;  // the geometry only: uint8 HWC, no flip, no normalize
+  const int width_, height_;
+  std::vector<RowTensor> tensors_;
+  const std::vector<std::unique_ptr<plugins::Op>> user_ops_;
+  const std::vector<PixelStep> steps_;
+  std::vector<std::unique_ptr<pipeline::StageStats>> stats_;  // per op; atomic counters
+};
+
+// The chain's user ops, made through *loader, and the steps after the geometry. An error names
+// the entry's path and line.
+Status MakeUserOps(const config::JobConfig& c, plugins::OpLoader* loader,
+                   std::vector<std::unique_ptr<plugins::Op>>* ops, std::vector<PixelStep>* steps) {
+  for (const auto& t : c.transforms) {
+    if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
+      steps->push_back({-1, f->p});
+      continue;
+    }
+    const auto* u = std::get_if<config::UserOp>(&t);
+    if (u == nullptr) continue;
+    const std::string where =
+        u->path + (u->line > 0 ? " (line " + std::to_string(u->line) + ")" : std::string(" (--set)")) + ": ";
+    if (loader == nullptr) {
+      return InvalidArgument(where + "ops are disabled on this spdld (its daemon config has no plugin_dirs)");
+    }
+    Result<std::unique_ptr<plugins::Op>> op = loader->Create(u->library, u->name, u->args_json);
+    if (!op.ok()) return Status(op.status().code(), where + op.status().message());
+    steps->push_back({static_cast<int>(ops->size()), 0});
+    ops->push_back(std::move(op).value());
+  }
+  return Status::Ok();
+}
+
 class AudioSampleDecoder final : public SampleDecoder {
  public:
   explicit AudioSampleDecoder(media::AudioOps ops) : ops_(ops) {
@@ -174,10 +297,18 @@ class VideoSampleDecoder final : public SampleDecoder {
 
 }  // namespace
 
-Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& c) {
+Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& c, plugins::OpLoader* loader) {
   switch (c.media) {
     case config::Media::kImage: {
       SPDL_ASSIGN_OR_RETURN(media::ImageOps ops, ImageOpsFor(c));
+      std::vector<std::unique_ptr<plugins::Op>> user_ops;
+      std::vector<PixelStep> steps;
+      SPDL_RETURN_IF_ERROR(MakeUserOps(c, loader, &user_ops, &steps));
+      if (!user_ops.empty()) {
+        return std::shared_ptr<const SampleDecoder>(std::make_shared<OpImageSampleDecoder>(
+            ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
+            static_cast<uint32_t>(c.stages.decode.concurrency)));
+      }
       return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height));
     }
     case config::Media::kAudio: {

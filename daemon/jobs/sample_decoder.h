@@ -8,8 +8,20 @@
 //   audio  audio  float32|int16 [B, C, L] (channels first)   length  int64 [B]: valid samples
 //   video  video  uint8 [B, T, H, W, 3] (RGB)                 frames  int64 [B]: real frames
 //
-// Threading: a SampleDecoder is immutable after MakeSampleDecoder; Decode may run on many worker
-// threads at once (each thread keeps its own FFmpeg / libjpeg-turbo decoder, thread_local).
+// User ops (config `op:` transforms, include/spdl/op.h) in an image job: the decoder makes the
+// uint8 HWC image at the output size (the geometry: resize, crops), then runs the ops and the
+// horizontal flip in the order the config lists them on it, then normalizes / converts it to the
+// output dtype and layout. With output uint8 NHWC that image is the batch row itself (the ops edit
+// shared memory in place, nothing is copied); otherwise it is a per-thread scratch image and the
+// conversion is the same output pass the decoder uses (media/pixel_convert.h), so a job whose ops
+// change nothing delivers the same values as one without them (16-bit sources excepted: with ops
+// they go through 8 bits). Each op's seed is media::UserOpSeed(sample seed, its index among the
+// ops); each op's time is its own row of the job's stage figures ("op:NAME", part of decode's
+// time, see SubStageStats).
+//
+// Threading: a SampleDecoder is immutable after MakeSampleDecoder (its op figures are atomic
+// counters); Decode may run on many worker threads at once (each thread keeps its own FFmpeg /
+// libjpeg-turbo decoder and scratch image, thread_local).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +32,12 @@
 
 #include "common/status.h"
 #include "config/job_config.h"
+#include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
+
+namespace spdl::plugins {
+class OpLoader;
+}
 
 namespace spdl::jobs {
 
@@ -47,10 +64,18 @@ class SampleDecoder {
   // `sample_seed` is media::SampleSeed(job seed, epoch, sample index). Errors are the decoder's
   // (kDataLoss for bad data, kResourceExhausted for a guard, ...); rows may then hold partial output.
   virtual Status Decode(std::span<const uint8_t> bytes, uint64_t sample_seed, std::span<uint8_t* const> rows) const = 0;
+
+  // Figures timed inside Decode: one per user op ("op:NAME"), in chain order; alive as long as
+  // the decoder. Empty without ops.
+  virtual std::vector<const pipeline::StageStats*> SubStageStats() const { return {}; }
 };
 
 // The decoder for a validated job config (its media, transforms / audio / video blocks).
-// kInvalidArgument naming the key when the config asks for something the decoders refuse.
-Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& config);
+// kInvalidArgument naming the key when the config asks for something the decoders refuse. User
+// ops are made through *ops (their libraries loaded, `create` run with their args); an op that
+// cannot be made refuses the job with its reason and its entry's path and line. `ops` may be null
+// when the config has no op entries (else: ops are disabled).
+Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& config,
+                                                               plugins::OpLoader* ops = nullptr);
 
 }  // namespace spdl::jobs

@@ -44,4 +44,9 @@ int64_t SampleRng::UniformInt(int64_t lo, int64_t hi) {
 
 bool SampleRng::Bernoulli(double p) { return Uniform(0.0, 1.0) < p; }
 
+uint64_t UserOpSeed(uint64_t sample_seed, uint32_t op_index) {
+  SampleRng rng(sample_seed, static_cast<RandomStream>(static_cast<uint64_t>(RandomStream::kUserOp) + op_index));
+  return rng.Next();
+}
+
 }  // namespace spdl::media

@@ -17,8 +17,14 @@ namespace spdl::media {
 // the job's seed, the epoch and the sample's index in the dataset.
 uint64_t SampleSeed(uint64_t job_seed, uint64_t epoch, uint64_t sample_index);
 
-// Streams of a sample's seed, one per random transform.
-enum class RandomStream : uint64_t { kResizedCrop = 1, kFlip = 2 };
+// Streams of a sample's seed, one per random transform. User op i of a job's chain (its i-th `op`
+// entry, from 0) draws from stream kUserOp + i (see UserOpSeed).
+enum class RandomStream : uint64_t { kResizedCrop = 1, kFlip = 2, kUserOp = 16 };
+
+// The seed handed to user op `op_index` (0-based among the chain's ops) for one sample: the first
+// draw of its own stream of the sample's seed, so each op's randomness is independent of the
+// others' and of the built-in transforms'.
+uint64_t UserOpSeed(uint64_t sample_seed, uint32_t op_index);
 
 // A SplitMix64 generator (Steele, Lea, Flood 2014): 64 bits of state, statistically strong enough
 // for augmentation, and cheap to seed per sample.

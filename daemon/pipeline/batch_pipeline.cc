@@ -69,7 +69,8 @@ BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, R
       owner_(std::move(owner)),
       specs_(processor_->Stages()),
       cpu_queue_(cpu->NewQueue(options_.weight)),
-      io_queue_(io->NewQueue(options_.weight)) {
+      io_queue_(io->NewQueue(options_.weight)),
+      sub_stats_(processor_->SubStageStats()) {
   if (options_.resume) dispatch_epoch_ = options_.resume->epoch;
   stages_.resize(specs_.size());
   for (size_t s = 0; s < specs_.size(); ++s) {
@@ -84,7 +85,7 @@ BatchPipeline::BatchPipeline(Executor* cpu, Executor* io, shm::SlotRing* ring, R
     stats_.push_back(std::make_unique<StageStats>(specs_[s].name, specs_[s].kind, st.concurrency, st.capacity));
   }
   // The window starts at zero: until it is ~10 s old it covers the job's whole life.
-  history_.push_back({Clock::now(), std::vector<StageSnapshot>(specs_.size()), 0});
+  history_.push_back({Clock::now(), std::vector<StageSnapshot>(specs_.size() + sub_stats_.size()), 0});
 }
 
 BatchPipeline::EpochState& BatchPipeline::EpochLocked(uint32_t epoch) {
@@ -521,6 +522,7 @@ uint64_t BatchPipeline::EpochSkipped(uint32_t epoch) const {
 std::vector<StageSnapshot> BatchPipeline::StageSnapshots() const {
   std::vector<StageSnapshot> out;
   for (auto& s : stats_) out.push_back(s->Snapshot());
+  for (const StageStats* s : sub_stats_) out.push_back(s->Snapshot());
   return out;
 }
 

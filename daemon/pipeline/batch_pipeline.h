@@ -77,6 +77,10 @@ class RowProcessor {
   virtual Status RunStage(uint32_t stage, RowTask& t) = 0;
   // Copies row `from` of `slot` over row `to` (to pack a short batch). REQUIRES: to < from.
   virtual void MoveRow(uint32_t slot, uint32_t from, uint32_t to) = 0;
+  // Figures of parts timed inside a stage (a job's user ops inside decode), reported after the
+  // stages with their totals and window; their time is also counted in their stage's. Constant;
+  // the objects outlive the pipeline.
+  virtual std::vector<const StageStats*> SubStageStats() const { return {}; }
 };
 
 using EpochOrderFn = std::function<std::vector<uint64_t>(uint64_t epoch)>;
@@ -297,6 +301,7 @@ class BatchPipeline {
   std::unique_ptr<Executor> cpu_queue_;  // this job's queues on the shared pools
   std::unique_ptr<Executor> io_queue_;
   std::vector<std::unique_ptr<StageStats>> stats_;  // by stage; the counters are atomic
+  const std::vector<const StageStats*> sub_stats_;  // processor_->SubStageStats(), reported after stats_
 
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> in_flight_{0};

@@ -17,7 +17,7 @@ DESTDIR=$tmp/stage cmake --install "$build_dir" --prefix /usr >"$tmp/install.log
 for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
          usr/lib/sysusers.d/spdld.conf etc/spdld/spdld.yaml usr/share/spdld/examples/imagenet.yaml \
          usr/include/spdl/client.h usr/include/spdl/control.h usr/include/spdl/common/status.h \
-         usr/include/spdl/proto/control.pb.h usr/share/doc/spdld/README.md; do
+         usr/include/spdl/proto/control.pb.h usr/include/spdl/op.h usr/share/doc/spdld/README.md; do
   [ -e "$tmp/stage/$f" ] || fail "cmake --install did not install /$f"
 done
 libdir=$(cd "$tmp/stage/usr" && dirname "$(find . -name libspdl_client.a | head -1)" | sed 's#^\./##')
@@ -43,6 +43,11 @@ export PKG_CONFIG_SYSROOT_DIR=$tmp/stage PKG_CONFIG_PATH=$tmp/stage/usr/$libdir/
 # shellcheck disable=SC2046
 c++ -std=c++20 "$tmp/hello.cc" -o "$tmp/hello" $(pkg-config --cflags --libs spdl-client) || fail "cannot build against spdl-client.pc"
 "$tmp/hello" || fail "the program linked against the client library did not run"
+
+echo "== an op library built with cc against the installed spdl/op.h alone"
+cc -O2 -shared -fPIC -I"$tmp/stage/usr/include" -o "$tmp/libexample_ops.so" "$src_dir/examples/ops/example_ops.c" -lm \
+  || fail "the example op does not build against the installed spdl/op.h"
+nm -D --defined-only "$tmp/libexample_ops.so" | grep -q ' T spdl_ops$' || fail "the op library does not export spdl_ops"
 
 echo "== cpack -G DEB"
 (cd "$build_dir" && cpack -G DEB -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; fail "cpack failed"; }

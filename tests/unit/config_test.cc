@@ -435,7 +435,7 @@ TEST_CASE("job config: bad transforms") {
     REQUIRE(errors.size() == 6);
     CHECK(ErrorAt(errors, "transforms.0.rezise").message ==
           "unknown transform 'rezise' (did you mean 'resize'?); expected resize, center_crop, "
-          "random_resized_crop, horizontal_flip or normalize");
+          "random_resized_crop, horizontal_flip, normalize or op");
     CHECK(ErrorAt(errors, "transforms.1").line == 4);
     CHECK(Contains(ErrorAt(errors, "transforms.1").message, "got 'flip'"));
     CHECK(Contains(ErrorAt(errors, "transforms.2").message, "exactly one key"));
