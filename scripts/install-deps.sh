@@ -16,6 +16,8 @@ packages=(
   # the Python client, its tests and the benchmark (Debian's python3 has torch)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   python3-torchvision python3-pil python3-psutil python3-matplotlib
+  # spdl_client reads a YAML config's output.device; scripts/test-wheel.sh builds the wheel in venvs
+  python3-yaml python3-venv python3-pip
 )
 
 missing=()

@@ -8,7 +8,6 @@ import subprocess
 
 import numpy as np
 import pytest
-import torch
 
 SECONDS = {"short": 0.25, "long": 0.75}  # 4000 and 12000 samples at 16 kHz
 AMPLITUDE = 0.5
@@ -48,10 +47,10 @@ def test_an_audio_batch_arrives_via_dlpack(make_loader, audio_root, dtype):
     assert len(batches) == 1
     batch = batches[0]
     audio = np.from_dlpack(batch["audio"])
-    lengths = torch.from_dlpack(batch["length"])
-    labels = torch.from_dlpack(batch["label"])
+    lengths = np.from_dlpack(batch["length"])
+    labels = np.from_dlpack(batch["label"])
     assert audio.dtype == np.dtype(dtype) and audio.shape == (4, 1, length)
-    assert lengths.dtype == torch.int64 and labels.tolist() == batch.labels == [0, 0, 1, 1]
+    assert lengths.dtype == np.int64 and labels.tolist() == batch.labels == [0, 0, 1, 1]
     scale = 32768.0 if dtype == "int16" else 1.0
     for r, path in enumerate(batch.paths):
         want = min(length, round(SECONDS[path.split("/")[1].removesuffix(".wav")] * 16000))
@@ -60,6 +59,10 @@ def test_an_audio_batch_arrives_via_dlpack(make_loader, audio_root, dtype):
         assert not x[int(lengths[r]):].any()  # zero padding
         rms = math.sqrt(float(np.mean(x[200 : want - 200] ** 2)))
         assert abs(rms - AMPLITUDE / math.sqrt(2)) < 0.01, (path, rms)
-    # torch sees the same memory and dtype.
+    # torch (where installed) sees the same memory and dtype.
+    try:
+        import torch
+    except ImportError:
+        return  # numpy above saw it; torch's DLPack import is tested in test_memory.py
     t = torch.from_dlpack(batch["audio"])
     assert t.dtype == (torch.float32 if dtype == "float32" else torch.int16) and tuple(t.shape) == (4, 1, length)

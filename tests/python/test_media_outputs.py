@@ -18,7 +18,6 @@ import tarfile
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import spdl_client
@@ -93,11 +92,11 @@ def test_gray_normalize_takes_one_mean_and_std(make_loader, gray_root):
              "output: {dtype: float32, layout: NCHW}\n")
     config = _identity_job(gray_root, batch=6, extra=extra, normalize="{mean: [0.5], std: 0.25}")
     (batch,) = list(make_loader(config, epochs=1))
-    x = torch.from_dlpack(batch["image"])
-    assert x.dtype == torch.float32 and tuple(x.shape) == (6, 1, H, W)
+    x = np.from_dlpack(batch["image"])
+    assert x.dtype == np.float32 and tuple(x.shape) == (6, 1, H, W)
     u8 = np.from_dlpack(next(iter(make_loader(_identity_job(gray_root, batch=6, extra="decode: {color: gray}\n"),
                                               epochs=1)))["image"])
-    np.testing.assert_allclose(x.numpy()[:, 0], (u8[..., 0] / 255.0 - 0.5) / 0.25, atol=1e-5)
+    np.testing.assert_allclose(x[:, 0], (u8[..., 0] / 255.0 - 0.5) / 0.25, atol=1e-5)
 
     # Three values for one channel: refused, with the line.
     bad = _identity_job(gray_root, extra="decode: {color: gray}\noutput: {dtype: float32}\n",
@@ -136,7 +135,11 @@ def test_16bit_png_keeps_its_precision_in_floating_point_output(make_loader, png
     root, values = png16_root
     loader = make_loader(_identity_job(root, batch=2, extra=f"output: {{dtype: {dtype}}}\n"), epochs=1)
     (batch,) = list(loader)
-    images = torch.from_dlpack(batch["image"]).to(torch.float64).numpy()
+    if dtype == "bfloat16":  # numpy has no bfloat16: through torch
+        torch = pytest.importorskip("torch", reason="bfloat16 output is read through torch, not installed here")
+        images = np.asarray(torch.from_dlpack(batch["image"]).to(torch.float64).tolist())
+    else:
+        images = np.from_dlpack(batch["image"]).astype(np.float64)
     for r, path in enumerate(batch.paths):
         src = values[path]
         want = (src if src.ndim == 3 else np.repeat(src[..., None], 3, axis=-1)) / 65535.0
@@ -229,8 +232,8 @@ def test_tar_sidecars_arrive_as_bytes_and_lengths(make_loader, jpg_txt_shard):
         ("transcript", "uint8", (6, MAX)), ("transcript_length", "int32", (6,))]
     (batch,) = list(loader)
     data = np.from_dlpack(batch["transcript"])
-    lengths = torch.from_dlpack(batch["transcript_length"])
-    assert data.dtype == np.uint8 and lengths.dtype == torch.int32
+    lengths = np.from_dlpack(batch["transcript_length"])
+    assert data.dtype == np.uint8 and lengths.dtype == np.int32
     assert batch.paths == list(TEXTS)
     for r, key in enumerate(batch.paths):
         want = _want(TEXTS[key])
@@ -299,8 +302,8 @@ def test_folder_sidecars_and_spdl_client_json(make_loader, daemon):
     config = _identity_job(root, batch=3, extra="extra_outputs: [{name: caption, from: .caption, max_bytes: 16, "
                                                 "on_missing: empty, on_overflow: truncate}]\n")
     (batch,) = list(make_loader(config, epochs=1))
-    caption = batch.torch()["caption"]
-    lengths = batch.torch()["caption_length"]
+    caption = batch.numpy()["caption"]
+    lengths = batch.numpy()["caption_length"]
     for r, rel in enumerate(batch.paths):
         want = (texts[rel] or b"")[:16]
         assert int(lengths[r]) == len(want) and bytes(caption[r, : len(want)].tolist()) == want, rel

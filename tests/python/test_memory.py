@@ -8,9 +8,10 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
-import spdl_client
+import spdl_client  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="these tests take torch views of the batches; torch is not installed here")
 
 
 def _addr(a: np.ndarray) -> int:

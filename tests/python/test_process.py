@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import REPO, SMALL, job_yaml, subprocess_env
 
 # The child holds the only slot (prefetch: 1) and waits for the next batch on its main thread; a
@@ -58,6 +60,7 @@ def test_the_gil_is_released_while_waiting_for_a_batch(daemon, dataset):
 
 
 def test_the_example_trains_a_few_steps(daemon, dataset):
+    pytest.importorskip("torch", reason="the example trains with torch; torch is not installed here")
     cmd = [sys.executable, str(REPO / "client/python/examples/train_cnn.py"), "--data", str(dataset.root),
            "--max-steps", "3", "--batch-size", "8", "--num-classes", "4", "--log-every", "1"]
     for k, v in SMALL.items():
