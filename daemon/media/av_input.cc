@@ -79,7 +79,9 @@ Status CheckRiffChunks(std::span<const uint8_t> d, uint64_t begin, uint64_t end,
     const uint64_t size = Le32(id + 4);
     const uint64_t body = off + 8;
     const bool list = std::memcmp(id, "LIST", 4) == 0;
+    // (A second top-level 'RIFF' is an OpenDML AVI's 'AVIX' extension: more media data.)
     const bool media = std::memcmp(id, "data", 4) == 0 || std::memcmp(id, "idx1", 4) == 0 ||
+                       std::memcmp(id, "RIFF", 4) == 0 ||
                        (list && body + 4 <= d.size() && std::memcmp(d.data() + body, "movi", 4) == 0);
     if (body + size > d.size()) {
       if (media) return Status::Ok();  // a file cut short in its media data: the demuxer reads what is there
@@ -101,7 +103,8 @@ Status CheckRiffChunks(std::span<const uint8_t> d, uint64_t begin, uint64_t end,
 // them (LIST INFO entries, WAV 'bext' history, AVI stream headers), bounded only by the enclosing
 // chunk's stated size, so a file of a few hundred bytes could ask for gigabytes
 // (tests/fuzz/audio_fuzz). Every chunk other than the media data ('data', 'LIST movi', 'idx1',
-// which are streamed, and may be cut short in a truncated file) must lie inside the file.
+// 'RIFF AVIX', which are streamed, and may be cut short in a truncated file) must lie inside the
+// file.
 Status CheckRiff(std::span<const uint8_t> d) {
   if (d.size() < 12 || std::memcmp(d.data(), "RIFF", 4) != 0) return Status::Ok();
   if (std::memcmp(d.data() + 8, "WAVE", 4) != 0 && std::memcmp(d.data() + 8, "AVI ", 4) != 0) return Status::Ok();

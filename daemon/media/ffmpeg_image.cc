@@ -130,7 +130,15 @@ Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
     }
     return DataLoss(name + " decode failed: " + AvError(rc));
   }
-  avcodec_flush_buffers(ctx);  // forget this image: the next call starts clean
+  // Forget this image: the next call starts clean. Flushing is enough for most decoders, not for
+  // TIFF's, which keeps the last file's tags (StripByteCounts, Predictor, ...) for the next one
+  // that lacks them (found by tests/fuzz/image_fuzz): it gets a fresh context instead. The frame
+  // keeps its own reference to its buffers.
+  if (format == ImageFormat::kTiff) {
+    DropContext(format);
+  } else {
+    avcodec_flush_buffers(ctx);
+  }
   const AVFrame* f = frame_.get();
   if (f->width <= 0 || f->height <= 0 || f->format < 0) {
     return DataLoss(name + " decode gave an empty picture");

@@ -3,8 +3,9 @@
 // PAL8, GRAY8, RGB48BE, YUV420P, ...); the caller resamples it with swscale.
 //
 // Internal to media/. Not thread-safe: each ImageDecoder (one per worker thread) owns one. It
-// keeps an open codec context per format, a packet and a frame between calls; after any decode
-// error the context is dropped and a fresh one opened on the next call, so one corrupt file can
+// keeps an open codec context per format (flushed after each image; TIFF's is not kept, as its
+// decoder carries tags over to the next file), a packet and a frame between calls; after any
+// decode error the context is dropped and a fresh one opened on the next call, so one file can
 // leave no state behind.
 #pragma once
 

@@ -2378,5 +2378,72 @@ TEST_CASE("A narrow output writes nothing past its own bytes") {
   }
 }
 
+// A little-endian RGB TIFF of one uncompressed strip, with or without the StripByteCounts tag
+// (readers then take the strip to run to the end of the file).
+std::vector<uint8_t> HandMadeTiff(int w, int h, bool strip_byte_counts) {
+  std::vector<uint8_t> t = {'I', 'I', 42, 0, 8, 0, 0, 0};
+  auto put16 = [&](uint32_t v) { t.insert(t.end(), {uint8_t(v), uint8_t(v >> 8)}); };
+  auto put32 = [&](uint32_t v) {
+    t.insert(t.end(), {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)});
+  };
+  const uint32_t n = strip_byte_counts ? 10 : 9;
+  const uint32_t bits_at = 8 + 2 + 12 * n + 4, data_at = bits_at + 6;
+  const uint32_t bytes = static_cast<uint32_t>(w * h * 3);
+  auto entry = [&](uint16_t tag, uint16_t type, uint32_t value) {
+    put16(tag);
+    put16(type);
+    put32(tag == 258 ? 3 : 1);
+    if (type == 3 && tag != 258) {
+      put16(value);
+      put16(0);
+    } else {
+      put32(value);
+    }
+  };
+  put16(n);
+  entry(256, 4, static_cast<uint32_t>(w));  // ImageWidth
+  entry(257, 4, static_cast<uint32_t>(h));  // ImageLength
+  entry(258, 3, bits_at);                   // BitsPerSample 8, 8, 8
+  entry(259, 3, 1);                         // no compression
+  entry(262, 3, 2);                         // RGB
+  entry(273, 4, data_at);                   // StripOffsets
+  entry(277, 3, 3);                         // SamplesPerPixel
+  entry(278, 4, static_cast<uint32_t>(h));  // RowsPerStrip
+  if (strip_byte_counts) entry(279, 4, bytes);
+  entry(284, 3, 1);  // PlanarConfiguration: chunky
+  put32(0);          // no next directory
+  put16(8);
+  put16(8);
+  put16(8);
+  const std::vector<uint8_t> rgb = MakePattern(w, h);
+  t.insert(t.end(), rgb.begin(), rgb.end());
+  return t;
+}
+
+// Found by tests/fuzz/image_fuzz (corpus/image/regress_tiff_state_after_tiff): FFmpeg's TIFF
+// decoder keeps the last file's tags in its context, and the decoder kept that context for the
+// next TIFF (only flushing it), so a TIFF without StripByteCounts was read with the previous
+// file's strip size: an error, or another image's layout, depending on what the worker had
+// decoded before. Every TIFF must decode as it does on a fresh decoder.
+TEST_CASE("A TIFF decodes the same whatever TIFF the decoder read before") {
+  const std::vector<uint8_t> big = HandMadeTiff(24, 16, true);
+  const std::vector<uint8_t> small = HandMadeTiff(8, 8, false);
+  ImageOps ops;
+  ops.resize_width = ops.resize_height = 8;
+  std::vector<uint8_t> fresh(OutputImageBytes(ops, 8, 8)), after(fresh.size(), 0x55), out(fresh.size());
+  {
+    ImageDecoder decoder;
+    REQUIRE(decoder.DecodeInto(small, ops, fresh.data(), 8, 8).ok());
+  }
+  ImageDecoder decoder;
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(decoder.DecodeInto(big, ops, out.data(), 8, 8).ok());
+    const Status s = decoder.DecodeInto(small, ops, after.data(), 8, 8);
+    CAPTURE(round, s.ToString());
+    REQUIRE(s.ok());
+    CHECK(after == fresh);
+  }
+}
+
 }  // namespace
 }  // namespace spdl::media
