@@ -176,7 +176,8 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
     safe[i] = used == 0 || (w.first[i] + (used - 1) * kTapsPerVector) * C + 8 <= row_bytes;
   }
   constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
-  alignas(32) int32_t lanes[8];
+  const __m128i half4 = _mm_set1_epi32(half);
+  const __m256i next_tap = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 0, 0);  // lanes 3-5 onto 0-2
   for (int y = 0; y < rows; ++y) {
     const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
     uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
@@ -200,13 +201,23 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
         const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + v * 8));
         acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, kv));
       }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+      // Sum the lanes of one channel, add half, shift, clip to bytes (as ClipSample).
+      __m128i sum;
       if (C == 3) {
-        for (int c = 0; c < 3; ++c) out[i * 3 + c] = ClipSample<uint8_t, int32_t>(half + lanes[c] + lanes[3 + c]);
+        sum = _mm_add_epi32(_mm256_castsi256_si128(acc),
+                            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(acc, next_tap)));
       } else {
-        int32_t sum = half;
-        for (int l = 0; l < 8; ++l) sum += lanes[l];
-        out[i] = ClipSample<uint8_t, int32_t>(sum);
+        sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
+        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
+      }
+      sum = _mm_srai_epi32(_mm_add_epi32(sum, half4), kResamplePrecisionBits);
+      sum = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
+      const auto bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
+      if (C == 3 && i + 1 < n) {
+        std::memcpy(out + i * 3, &bytes, 4);  // the fourth byte is the next pixel's, written next
+      } else {
+        std::memcpy(out + i * C, &bytes, C);
       }
     }
   }
