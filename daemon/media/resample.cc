@@ -278,22 +278,24 @@ __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_s
 #endif  // SPDL_RESAMPLE_AVX2
 
 // The 8-bit passes: AVX2 when the CPU has it, else the portable code.
-void Horizontal8(const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst, size_t dst_stride,
-                 std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
+void Horizontal8(bool simd, const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst,
+                 size_t dst_stride, std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (HaveAvx2() && src.channels == 3) return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
-  if (HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2() && src.channels == 3) return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
 #endif
+  (void)simd;
   (void)wide;
   (void)safe;
   HorizontalAny<uint8_t, int32_t>(src, y0, rows, w, dst, dst_stride);
 }
 
-void Vertical8(const uint8_t* in, size_t in_stride, int row0, int x0, int n, const AxisWeights& w, uint8_t* dst,
-               size_t dst_stride, std::vector<int32_t>& sums) {
+void Vertical8(bool simd, const uint8_t* in, size_t in_stride, int row0, int x0, int n, const AxisWeights& w,
+               uint8_t* dst, size_t dst_stride, std::vector<int32_t>& sums) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (HaveAvx2()) return VerticalAvx2(in, in_stride, row0, x0, n, w, dst, dst_stride);
+  if (simd && HaveAvx2()) return VerticalAvx2(in, in_stride, row0, x0, n, w, dst, dst_stride);
 #endif
+  (void)simd;
   Vertical<uint8_t, int32_t>(in, in_stride, row0, x0, n, w, dst, dst_stride, sums);
 }
 
@@ -412,7 +414,7 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
       Vertical<uint16_t, int64_t>(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst,
                                   dst_stride, sums_);
     } else {
-      Vertical8(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride, sums32_);
+      Vertical8(simd_, src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride, sums32_);
     }
     return Status::Ok();
   }
@@ -424,7 +426,7 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     if (src.wide) {
       HorizontalAny<uint16_t, int64_t>(rows, 0, r.window_height, horizontal_, dst, dst_stride);
     } else {
-      Horizontal8(rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_weights_, simd_safe_);
+      Horizontal8(simd_, rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_weights_, simd_safe_);
     }
     return Status::Ok();
   }
@@ -440,8 +442,8 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     HorizontalAny<uint16_t, int64_t>(src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride);
     Vertical<uint16_t, int64_t>(rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums_);
   } else {
-    Horizontal8(src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_weights_, simd_safe_);
-    Vertical8(rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums32_);
+    Horizontal8(simd_, src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_weights_, simd_safe_);
+    Vertical8(simd_, rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums32_);
   }
   return Status::Ok();
 }

@@ -84,7 +84,8 @@ struct ResampleRequest {
 
 class Resampler {
  public:
-  Resampler() = default;
+  // simd: use the CPU's vector unit when it has AVX2 (false: the portable code only, for tests).
+  explicit Resampler(bool simd = true) : simd_(simd) {}
   Resampler(Resampler&&) noexcept = default;
   Resampler& operator=(Resampler&&) noexcept = default;
   Resampler(const Resampler&) = delete;
@@ -100,6 +101,7 @@ class Resampler {
   void Trim(size_t max_bytes);
 
  private:
+  bool simd_ = true;
   AxisWeights horizontal_;
   AxisWeights vertical_;
   std::vector<int> index_x_;
