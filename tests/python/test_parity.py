@@ -7,7 +7,8 @@ are compared with what torchvision 0.14 makes of the same files on PIL images
 shorter-side resize + centre crop, fixed-size resizes (down and up), a centre crop larger than the
 image (zero padding), and random_resized_crop with the window the daemon draws (computed here from the
 same seed: the port of media/sample_random + PlanRandomResizedCrop below), per interpolation mode;
-and JPEGs with EXIF Orientation tags 2..8 (decode.exif_orientation) against ImageOps.exif_transpose.
+JPEGs with EXIF Orientation tags 2..8 (decode.exif_orientation) against ImageOps.exif_transpose; and
+PNGs (RGB, L, P, RGBA) and lossless WebP.
 
 The default path (decode.resample: exact) must be within the issue's targets — mean absolute
 difference <= 0.5 level and <= 4 levels at the 99.9th percentile — per mode and layout (it is
@@ -223,3 +224,45 @@ def test_exif_orientation_matches_pil_exif_transpose(make_loader, exif_photos, m
             worst = max(worst, int(diff.max()))
             assert diff.mean() <= MAX_MEAN and np.percentile(diff, 99.9) <= MAX_P999, path
     print(f"\n  parity exact exif_orientation 2..8 {mode}: max {worst}")
+
+
+@pytest.fixture(scope="module")
+def png_photos(daemon):
+    """Lossless sources: PNGs in RGB, L, P (a 256-colour palette) and RGBA, and a lossless WebP."""
+    root = daemon.tmp / "parity_png"
+    folder = root / "c"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(9)
+    for n, (w, h) in enumerate(SIZES[:2]):
+        img = make_photo(rng, w, h)
+        img.save(folder / f"rgb_{n}.png")
+        img.convert("L").save(folder / f"l_{n}.png")
+        img.quantize(256).save(folder / f"p_{n}.png")
+        rgba = img.copy()
+        rgba.putalpha(Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)))
+        rgba.save(folder / f"rgba_{n}.png")
+        img.save(folder / f"webp_{n}.webp", lossless=True)
+    return root, sorted(f"c/{p.name}" for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_lossless_formats_match_pil(make_loader, png_photos, mode):
+    """Other formats decode losslessly through FFmpeg, then the same resampler: PIL's pixels
+    (convert("RGB") drops alpha and expands palettes, as decode.alpha: drop does)."""
+    root, files = png_photos
+    config = (
+        f"source: {{type: image_folder, root: {root}, extensions: [.png, .webp]}}\n"
+        "sampler: {shuffle: false}\n"
+        f"batch: {{size: {len(files)}}}\n"
+        f"transforms: [{{resize: {{shorter: 256, interpolation: {mode}}}}}, {{center_crop: {{size: 224}}}}]\n"
+    )
+    seen = 0
+    for batch in make_loader(config):
+        for path, image in zip(batch.paths, np.from_dlpack(batch["image"])):
+            img = Image.open(root / path).convert("RGB")
+            want = np.asarray(F.center_crop(F.resize(img, 256, MODES[mode]), 224))
+            diff = np.abs(image.astype(np.int16) - want.astype(np.int16))
+            print(f"\n  parity exact {path:20s} {mode}: mean {diff.mean():.3f} max {diff.max()}", end="")
+            assert diff.max() == 0, path
+            seen += 1
+    assert seen == len(files)
