@@ -103,26 +103,30 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const st
   for (const Op& op : all) {
     uint64_t epoch = 0;
     const std::string mode = op.ops.resample == spdl::media::Resample::kFast ? "fast" : "exact";
-    Measure("image", op.name, files.size(), static_cast<double>(files.size()), "images", repeats, [&] {
-      ++epoch;
-      for (size_t i = 0; i < files.size(); ++i) {
-        spdl::media::ImageInfo info;
-        if (!decoder.ReadJpegHeader(files[i], &info).ok()) {
-          std::cerr << "file " << i << ": not a JPEG\n";
-          return false;
-        }
-        int w = 0, h = 0;
-        spdl::media::OutputSize(op.ops, info.width, info.height, &w, &h);
-        const size_t bytes = spdl::media::OutputImageBytes(op.ops, w, h);
-        if (out.size() < bytes) out.resize(bytes);
-        spdl::Status s = decoder.DecodeInto(files[i], op.ops, out.data(), w, h, spdl::media::SampleSeed(1, epoch, i));
-        if (!s.ok()) {
-          std::cerr << "file " << i << ": " << s.ToString() << "\n";
-          return false;
-        }
-      }
-      return true;
-    }, mode);
+    Measure(
+        "image", op.name, files.size(), static_cast<double>(files.size()), "images", repeats,
+        [&] {
+          ++epoch;
+          for (size_t i = 0; i < files.size(); ++i) {
+            spdl::media::ImageInfo info;
+            if (!decoder.ReadJpegHeader(files[i], &info).ok()) {
+              std::cerr << "file " << i << ": not a JPEG\n";
+              return false;
+            }
+            int w = 0, h = 0;
+            spdl::media::OutputSize(op.ops, info.width, info.height, &w, &h);
+            const size_t bytes = spdl::media::OutputImageBytes(op.ops, w, h);
+            if (out.size() < bytes) out.resize(bytes);
+            spdl::Status s =
+                decoder.DecodeInto(files[i], op.ops, out.data(), w, h, spdl::media::SampleSeed(1, epoch, i));
+            if (!s.ok()) {
+              std::cerr << "file " << i << ": " << s.ToString() << "\n";
+              return false;
+            }
+          }
+          return true;
+        },
+        mode);
   }
   return 0;
 }

@@ -350,7 +350,8 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
 Field ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
   MapReader m(diag, field);
   const Field resample = m.Get("resample");
-  if (auto v = internal::ReadChoice<Resample>(diag, resample, {{"exact", Resample::kExact}, {"fast", Resample::kFast}})) {
+  if (auto v =
+          internal::ReadChoice<Resample>(diag, resample, {{"exact", Resample::kExact}, {"fast", Resample::kFast}})) {
     out->resample = *v;
   }
   if (auto v = internal::ReadChoice<ColorMode>(diag, m.Get("color"),

@@ -50,9 +50,12 @@ int InterpolationFlag(Interpolation i) {
     case Interpolation::kBilinear: return SWS_BILINEAR;
     case Interpolation::kBicubic: return SWS_BICUBIC;
     case Interpolation::kArea: return SWS_AREA;
-    case Interpolation::kNearest: return SWS_POINT;
-    case Interpolation::kLanczos: return SWS_LANCZOS;
-    case Interpolation::kHamming: break;  // no fast path (ValidateImageOps refuses it)
+    case Interpolation::kNearest:
+      return SWS_POINT;
+    case Interpolation::kLanczos:
+      return SWS_LANCZOS;
+    case Interpolation::kHamming:
+      break;  // no fast path (ValidateImageOps refuses it)
   }
   return SWS_BILINEAR;
 }
@@ -228,12 +231,18 @@ std::string SizeString(int64_t w, int64_t h) {
 
 ResampleFilter FilterOf(Interpolation i) {
   switch (i) {
-    case Interpolation::kBilinear: return ResampleFilter::kBilinear;
-    case Interpolation::kBicubic: return ResampleFilter::kBicubic;
-    case Interpolation::kArea: return ResampleFilter::kBox;
-    case Interpolation::kNearest: return ResampleFilter::kNearest;
-    case Interpolation::kHamming: return ResampleFilter::kHamming;
-    case Interpolation::kLanczos: return ResampleFilter::kLanczos;
+    case Interpolation::kBilinear:
+      return ResampleFilter::kBilinear;
+    case Interpolation::kBicubic:
+      return ResampleFilter::kBicubic;
+    case Interpolation::kArea:
+      return ResampleFilter::kBox;
+    case Interpolation::kNearest:
+      return ResampleFilter::kNearest;
+    case Interpolation::kHamming:
+      return ResampleFilter::kHamming;
+    case Interpolation::kLanczos:
+      return ResampleFilter::kLanczos;
   }
   return ResampleFilter::kBilinear;
 }

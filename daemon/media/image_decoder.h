@@ -13,27 +13,37 @@
 //   3. Plans the torchvision geometry (image_ops.h): resize + center crop, or a random resized
 //      crop drawn from the sample's seed; maps the part of the image that survives to a source
 //      rectangle (in stored orientation).
-//   4. JPEG (libjpeg-turbo): when the target is at most half that rectangle, decodes at 1/2, 1/4
-//      or 1/8 scale in the DCT domain (3/4 and 7/8 measured slower than a full decode, so they
-//      are never used); decodes to Y/Cb/Cr planes (JpegDecodePath::kYuvPlanes, the default) or
-//      RGB (kRgb). Other formats (libavcodec): one full decode to the codec's own pixel format
-//      (RGB, RGBA, palette, gray, 16-bit, YUV 4:2:0 for lossy WebP).
-//   5. One swscale pass converts and resamples only the source rectangle. When the output is
-//      uint8 NHWC and nothing is mirrored or rotated, it writes straight into the destination.
-//      Otherwise it writes a uint8 scratch image (per decoder, so per thread), and one pass
-//      (pixel_convert.h) turns it upright, mirrors it (random horizontal flip), pads, normalizes,
-//      converts to the output dtype and lays it out HWC or CHW into the destination.
+//   4. ops.resample == Resample::kExact (the default; PIL's pixels): decodes the whole image —
+//      JPEG by libjpeg-turbo with its defaults (ISLOW DCT, fancy upsampling, its YCbCr -> RGB:
+//      what PIL does), other formats by libavcodec then swscale to packed RGB at the same size
+//      (alpha dropped or composited, palettes expanded) — turns it upright, and resamples it with
+//      PIL's separable filters (resample.h), computing only the kept window of the resized image
+//      (a random resized crop: its rectangle resized as an image of its own, as torchvision's
+//      resized_crop). Gray output is PIL's convert("L") of the RGB image (a gray JPEG's own
+//      samples). It writes straight into the destination when the output is uint8 NHWC and
+//      nothing is mirrored; else through the output pass (step 6).
+//   5. Resample::kFast: JPEG (libjpeg-turbo): when the target is at most half that rectangle,
+//      decodes at 1/2, 1/4 or 1/8 scale in the DCT domain (3/4 and 7/8 measured slower than a
+//      full decode, so they are never used); decodes to Y/Cb/Cr planes (JpegDecodePath::kYuvPlanes,
+//      the default) or RGB (kRgb). Other formats (libavcodec): one full decode to the codec's own
+//      pixel format (RGB, RGBA, palette, gray, 16-bit, YUV 4:2:0 for lossy WebP). Then one swscale
+//      pass converts and resamples only the source rectangle, straight into the destination when
+//      the output is uint8 NHWC and nothing is mirrored or rotated.
+//   6. Otherwise the resampled image goes to a scratch image (per decoder, so per thread), and one
+//      pass (pixel_convert.h) turns it upright (fast path), mirrors it (random horizontal flip),
+//      pads, normalizes, converts to the output dtype and lays it out HWC or CHW into the
+//      destination.
 // CMYK/YCCK and RGB-coded JPEGs are decoded through RGB on either path (CMYK converted as
 // libjpeg-turbo does: R = C * K / 255, for Adobe's inverted CMYK). Grayscale images become three
 // equal channels, or, with ops.channels = 1, stay one: then every image is gray, a colour one
 // converted to its luma (ITU-R 601, full range, as PIL's convert("L")) — a JPEG by libjpeg-turbo's
-// own grayscale output (the Y plane; chroma is not decoded), CMYK through RGB, other formats by
-// swscale in the resampling pass. Alpha is dropped, or composited over ops.background at the
-// source resolution (ops.alpha; at 8 bits). 16-bit images are resampled by swscale from their
-// 16-bit samples: for floating-point outputs into a 16-bit scratch image, so the output is
-// v / 65535 at full precision (ImageInfo::sample_bits = 16); for uint8 the 8-bit value is the high
-// byte, as PIL makes it (within one level of v / 257). Palette images are
-// expanded to RGB before resampling. A GIF gives its first frame (checked to be complete: FFmpeg
+// own grayscale output on the fast path (the Y plane; chroma is not decoded), CMYK through RGB, other
+// formats by swscale in the resampling pass (the exact path: PIL's formula on the RGB image). Alpha is dropped, or composited over ops.background at the
+// source resolution (ops.alpha; at 8 bits). 16-bit images are resampled from their 16-bit samples
+// (exact path: resample.h with 64-bit sums; fast path: swscale): for floating-point outputs into a
+// 16-bit scratch image, so the output is v / 65535 at full precision (ImageInfo::sample_bits = 16);
+// for uint8 the 8-bit value is the high byte, as PIL makes it (within one level of v / 257). Palette
+// images are expanded to RGB before resampling. A GIF gives its first frame (checked to be complete: FFmpeg
 // would show a cut one); an animated WebP is refused.
 //
 // Strictness: every libjpeg warning is an error (kDataLoss): truncation, but also "Corrupt JPEG
@@ -73,7 +83,8 @@ struct ImageInfo {
   int sample_bits = 8;
 };
 
-// How JPEG data becomes RGB before resampling. Both give the same pixels within tolerance; the
+// Resample::kFast only: how JPEG data becomes RGB before resampling. Both give the same pixels
+// within tolerance; the
 // YUV path is faster because libjpeg-turbo skips chroma upsampling and colour conversion and
 // swscale does both with the resampling, in one pass (measured, one thread, 500x400 JPEG,
 // Resize(256) + CenterCrop(224): ~700 images per CPU-second against ~580 for kRgb).
@@ -122,7 +133,8 @@ class ImageDecoder {
                         int out_width, int out_height, size_t dst_stride,
                         ImageInfo* info = nullptr);
 
-  // The reference path, for tests: a full-size decode to RGB (never DCT-scaled, never YUV), the
+  // The swscale reference path, for tests of the fast path: a full-size decode to RGB (never
+  // DCT-scaled, never YUV), the
   // whole image turned upright, a plain swscale resize of the whole image to the resize size
   // (or of the random crop's rectangle to the output size), a copy of the crop, then the flip.
   // Any format; uint8 HWC RGB output only (ops.channels = 3). Same contract and errors as
@@ -134,7 +146,8 @@ class ImageDecoder {
   // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);
 
-  // swscale contexts built so far by this decoder (cache misses), for tests and stats.
+  // swscale contexts built so far by this decoder (cache misses), for tests and stats (the exact
+  // path builds one only for non-JPEG formats that need a pixel-format conversion).
   uint64_t sws_contexts_built() const;
 
  private:

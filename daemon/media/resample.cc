@@ -54,12 +54,17 @@ struct Filter {
 
 Filter FilterOf(ResampleFilter f) {
   switch (f) {
-    case ResampleFilter::kBox: return {BoxFilter, 0.5};
-    case ResampleFilter::kHamming: return {HammingFilter, 1.0};
-    case ResampleFilter::kBicubic: return {CubicFilter, 2.0};
-    case ResampleFilter::kLanczos: return {LanczosFilter, 3.0};
+    case ResampleFilter::kBox:
+      return {BoxFilter, 0.5};
+    case ResampleFilter::kHamming:
+      return {HammingFilter, 1.0};
+    case ResampleFilter::kBicubic:
+      return {CubicFilter, 2.0};
+    case ResampleFilter::kLanczos:
+      return {LanczosFilter, 3.0};
     case ResampleFilter::kBilinear:
-    case ResampleFilter::kNearest: break;
+    case ResampleFilter::kNearest:
+      break;
   }
   return {TriangleFilter, 1.0};
 }
@@ -133,12 +138,14 @@ void Vertical(const uint8_t* in, size_t in_stride, int row0, int x0, int n, cons
 template <typename T, typename Acc>
 void HorizontalAny(const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst, size_t dst_stride) {
   switch (src.channels) {
-    case 1: return Horizontal<T, Acc, 1>(src, y0, rows, w, dst, dst_stride);
-    case 3: return Horizontal<T, Acc, 3>(src, y0, rows, w, dst, dst_stride);
-    default: return Horizontal<T, Acc, 4>(src, y0, rows, w, dst, dst_stride);
+    case 1:
+      return Horizontal<T, Acc, 1>(src, y0, rows, w, dst, dst_stride);
+    case 3:
+      return Horizontal<T, Acc, 3>(src, y0, rows, w, dst, dst_stride);
+    default:
+      return Horizontal<T, Acc, 4>(src, y0, rows, w, dst, dst_stride);
   }
 }
-
 
 #ifdef SPDL_RESAMPLE_AVX2
 // AVX2 versions of the 8-bit passes (chosen at run time when the CPU has AVX2). The same integer
@@ -154,8 +161,8 @@ bool HaveAvx2() {
 // whether an output's 8-byte loads stay inside the row (else it takes the scalar code).
 template <int C>
 __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int y0, int rows, const AxisWeights& w,
-                                                   uint8_t* dst, size_t dst_stride, std::vector<int32_t>& wide,
-                                                   std::vector<uint8_t>& safe) {
+                                                    uint8_t* dst, size_t dst_stride, std::vector<int32_t>& wide,
+                                                    std::vector<uint8_t>& safe) {
   constexpr int kTapsPerVector = C == 3 ? 2 : 8;
   const int n = static_cast<int>(w.first.size());
   const int vectors = (w.taps + kTapsPerVector - 1) / kTapsPerVector;
@@ -176,7 +183,8 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
     safe[i] = used == 0 || (w.first[i] + (used - 1) * kTapsPerVector) * C + 8 <= row_bytes;
   }
   constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
-  alignas(32) int32_t lanes[8];
+  const __m128i half4 = _mm_set1_epi32(half);
+  const __m256i next_tap = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 0, 0);  // lanes 3-5 onto 0-2
   for (int y = 0; y < rows; ++y) {
     const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
     uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
@@ -200,13 +208,23 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
         const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + v * 8));
         acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, kv));
       }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+      // Sum the lanes of one channel, add half, shift, clip to bytes (as ClipSample).
+      __m128i sum;
       if (C == 3) {
-        for (int c = 0; c < 3; ++c) out[i * 3 + c] = ClipSample<uint8_t, int32_t>(half + lanes[c] + lanes[3 + c]);
+        sum = _mm_add_epi32(_mm256_castsi256_si128(acc),
+                            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(acc, next_tap)));
       } else {
-        int32_t sum = half;
-        for (int l = 0; l < 8; ++l) sum += lanes[l];
-        out[i] = ClipSample<uint8_t, int32_t>(sum);
+        sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
+        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
+      }
+      sum = _mm_srai_epi32(_mm_add_epi32(sum, half4), kResamplePrecisionBits);
+      sum = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
+      const auto bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
+      if (C == 3 && i + 1 < n) {
+        std::memcpy(out + i * 3, &bytes, 4);  // the fourth byte is the next pixel's, written next
+      } else {
+        std::memcpy(out + i * C, &bytes, C);
       }
     }
   }
@@ -214,10 +232,10 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
 
 // Eight 32-bit sums to eight clipped bytes, in order, in the low 64 bits.
 __attribute__((target("avx2"))) inline __m256i PackSums(__m256i a, __m256i b, __m256i c, __m256i d) {
-  const __m256i ab = _mm256_packs_epi32(_mm256_srai_epi32(a, kResamplePrecisionBits),
-                                        _mm256_srai_epi32(b, kResamplePrecisionBits));
-  const __m256i cd = _mm256_packs_epi32(_mm256_srai_epi32(c, kResamplePrecisionBits),
-                                        _mm256_srai_epi32(d, kResamplePrecisionBits));
+  const __m256i ab =
+      _mm256_packs_epi32(_mm256_srai_epi32(a, kResamplePrecisionBits), _mm256_srai_epi32(b, kResamplePrecisionBits));
+  const __m256i cd =
+      _mm256_packs_epi32(_mm256_srai_epi32(c, kResamplePrecisionBits), _mm256_srai_epi32(d, kResamplePrecisionBits));
   return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
@@ -228,7 +246,7 @@ __attribute__((target("avx2"))) inline __m256i Load8(const uint8_t* p) {
 
 // Vertical, 8-bit: 32 (then 8) columns at a time.
 __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_stride, int row0, int x0, int n,
-                                                 const AxisWeights& w, uint8_t* dst, size_t dst_stride) {
+                                                  const AxisWeights& w, uint8_t* dst, size_t dst_stride) {
   constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
   const __m256i h = _mm256_set1_epi32(half);
   for (size_t i = 0; i < w.first.size(); ++i) {
@@ -252,8 +270,8 @@ __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_s
     for (; j + 8 <= n; j += 8) {
       __m256i a = h;
       for (int t = 0; t < count; ++t) {
-        a = _mm256_add_epi32(a, _mm256_mullo_epi32(Load8(base + static_cast<size_t>(t) * in_stride + j),
-                                                   _mm256_set1_epi32(k[t])));
+        a = _mm256_add_epi32(
+            a, _mm256_mullo_epi32(Load8(base + static_cast<size_t>(t) * in_stride + j), _mm256_set1_epi32(k[t])));
       }
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(PackSums(a, a, a, a)));
     }
@@ -267,22 +285,24 @@ __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_s
 #endif  // SPDL_RESAMPLE_AVX2
 
 // The 8-bit passes: AVX2 when the CPU has it, else the portable code.
-void Horizontal8(const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst, size_t dst_stride,
-                 std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
+void Horizontal8(bool simd, const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst,
+                 size_t dst_stride, std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (HaveAvx2() && src.channels == 3) return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
-  if (HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2() && src.channels == 3) return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
 #endif
+  (void)simd;
   (void)wide;
   (void)safe;
   HorizontalAny<uint8_t, int32_t>(src, y0, rows, w, dst, dst_stride);
 }
 
-void Vertical8(const uint8_t* in, size_t in_stride, int row0, int x0, int n, const AxisWeights& w, uint8_t* dst,
-               size_t dst_stride, std::vector<int32_t>& sums) {
+void Vertical8(bool simd, const uint8_t* in, size_t in_stride, int row0, int x0, int n, const AxisWeights& w,
+               uint8_t* dst, size_t dst_stride, std::vector<int32_t>& sums) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (HaveAvx2()) return VerticalAvx2(in, in_stride, row0, x0, n, w, dst, dst_stride);
+  if (simd && HaveAvx2()) return VerticalAvx2(in, in_stride, row0, x0, n, w, dst, dst_stride);
 #endif
+  (void)simd;
   Vertical<uint8_t, int32_t>(in, in_stride, row0, x0, n, w, dst, dst_stride, sums);
 }
 
@@ -398,10 +418,10 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
   if (!need_h) {
     // Vertical only, straight from the source's window columns.
     if (src.wide) {
-      Vertical<uint16_t, int64_t>(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst,
-                                  dst_stride, sums_);
+      Vertical<uint16_t, int64_t>(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride,
+                                  sums_);
     } else {
-      Vertical8(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride, sums32_);
+      Vertical8(simd_, src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride, sums32_);
     }
     return Status::Ok();
   }
@@ -413,7 +433,7 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     if (src.wide) {
       HorizontalAny<uint16_t, int64_t>(rows, 0, r.window_height, horizontal_, dst, dst_stride);
     } else {
-      Horizontal8(rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_weights_, simd_safe_);
+      Horizontal8(simd_, rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_weights_, simd_safe_);
     }
     return Status::Ok();
   }
@@ -421,7 +441,8 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
   // vertical pass from those rows.
   const int row0 = vertical_.first.front();
   int row_end = row0;
-  for (size_t i = 0; i < vertical_.first.size(); ++i) row_end = std::max(row_end, vertical_.first[i] + vertical_.count[i]);
+  for (size_t i = 0; i < vertical_.first.size(); ++i)
+    row_end = std::max(row_end, vertical_.first[i] + vertical_.count[i]);
   const size_t rows_stride = (pixel * r.window_width + 63) / 64 * 64;
   const size_t need = rows_stride * static_cast<size_t>(row_end - row0);
   if (rows_.size() < need) rows_.resize(need);
@@ -429,8 +450,8 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     HorizontalAny<uint16_t, int64_t>(src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride);
     Vertical<uint16_t, int64_t>(rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums_);
   } else {
-    Horizontal8(src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_weights_, simd_safe_);
-    Vertical8(rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums32_);
+    Horizontal8(simd_, src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_weights_, simd_safe_);
+    Vertical8(simd_, rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums32_);
   }
   return Status::Ok();
 }

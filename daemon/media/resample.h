@@ -84,7 +84,8 @@ struct ResampleRequest {
 
 class Resampler {
  public:
-  Resampler() = default;
+  // simd: use the CPU's vector unit when it has AVX2 (false: the portable code only, for tests).
+  explicit Resampler(bool simd = true) : simd_(simd) {}
   Resampler(Resampler&&) noexcept = default;
   Resampler& operator=(Resampler&&) noexcept = default;
   Resampler(const Resampler&) = delete;
@@ -100,13 +101,14 @@ class Resampler {
   void Trim(size_t max_bytes);
 
  private:
+  bool simd_ = true;
   AxisWeights horizontal_;
   AxisWeights vertical_;
   std::vector<int> index_x_;
   std::vector<int> index_y_;
-  std::vector<uint8_t> rows_;        // the horizontal pass's rows, before the vertical pass
-  std::vector<int64_t> sums_;        // one output row's sums in the vertical pass (16-bit samples)
-  std::vector<int32_t> sums32_;      // the same for 8-bit samples
+  std::vector<uint8_t> rows_;          // the horizontal pass's rows, before the vertical pass
+  std::vector<int64_t> sums_;          // one output row's sums in the vertical pass (16-bit samples)
+  std::vector<int32_t> sums32_;        // the same for 8-bit samples
   std::vector<int32_t> simd_weights_;  // the horizontal weights laid out for the AVX2 pass
   std::vector<uint8_t> simd_safe_;     // per output: its vector loads stay inside the row
 };

@@ -47,6 +47,8 @@ struct VideoOps {
   double start_seconds = 0;  // kFixed only
   int height = 112;          // output frame size: each frame is resized to exactly height x width
   int width = 112;
+  // swscale's filter: bilinear, bicubic, area, nearest or lanczos (hamming is read as bilinear; the
+  // job config refuses it for video).
   Interpolation interpolation = Interpolation::kBilinear;
   // Guards: refuse a stream whose frames have more pixels than this (from the header, before
   // decoding), and a clip that needs more than max_decoded_frames decoded frames (a long run

@@ -6,7 +6,9 @@ are compared with what torchvision 0.14 makes of the same files on PIL images
 (`Image.open(f).convert("RGB" | "L")`, then `F.resize`, `F.center_crop`, `F.resized_crop`):
 shorter-side resize + centre crop, fixed-size resizes (down and up), a centre crop larger than the
 image (zero padding), and random_resized_crop with the window the daemon draws (computed here from the
-same seed: the port of media/sample_random + PlanRandomResizedCrop below), per interpolation mode.
+same seed: the port of media/sample_random + PlanRandomResizedCrop below), per interpolation mode;
+JPEGs with EXIF Orientation tags 2..8 (decode.exif_orientation) against ImageOps.exif_transpose; and
+PNGs (RGB, L, P, RGBA) and lossless WebP.
 
 The default path (decode.resample: exact) must be within the issue's targets — mean absolute
 difference <= 0.5 level and <= 4 levels at the 99.9th percentile — per mode and layout (it is
@@ -21,7 +23,7 @@ import math
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 import torchvision.transforms.functional as F
 from torchvision.transforms import InterpolationMode
@@ -183,3 +185,84 @@ def test_pixels_match_pil_and_torchvision(make_loader, photos, geometry, mode, c
         if resample == "fast" and (s["mean"] > 6 or s["p99.9"] > 128):
             failures.append(f"{layout}: {_fmt(s)}")
     assert not failures, f"{geometry} {mode} {color} ({resample}) differs from PIL + torchvision: " + "; ".join(failures)
+
+
+@pytest.fixture(scope="module")
+def exif_photos(daemon):
+    """JPEGs (4:2:0 and 4:4:4) whose EXIF Orientation tags (2..8) say how to turn them upright."""
+    root = daemon.tmp / "parity_exif"
+    folder = root / "c"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(8)
+    for tag in range(2, 9):
+        exif = Image.Exif()
+        exif[0x0112] = tag
+        for layout, sub in (("420", 2), ("444", 0)):
+            make_photo(rng, 420, 300).save(folder / f"{layout}_o{tag}.jpg", quality=90, subsampling=sub,
+                                           exif=exif.tobytes())
+    return root, sorted(f"c/{p.name}" for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_exif_orientation_matches_pil_exif_transpose(make_loader, exif_photos, mode):
+    """decode.exif_orientation: the image is turned upright first, as ImageOps.exif_transpose, then the
+    geometry: the same pixels."""
+    root, files = exif_photos
+    config = (
+        f"source: {{type: image_folder, root: {root}}}\n"
+        "sampler: {shuffle: false}\n"
+        f"batch: {{size: {len(files)}}}\n"
+        "decode: {exif_orientation: true}\n"
+        f"transforms: [{{resize: {{shorter: 160, interpolation: {mode}}}}}, {{center_crop: {{size: [144, 128]}}}}]\n"
+    )
+    worst = 0
+    for batch in make_loader(config):
+        for path, image in zip(batch.paths, np.from_dlpack(batch["image"])):
+            img = ImageOps.exif_transpose(Image.open(root / path)).convert("RGB")
+            want = np.asarray(F.center_crop(F.resize(img, 160, MODES[mode]), [144, 128]))
+            diff = np.abs(image.astype(np.int16) - want.astype(np.int16))
+            worst = max(worst, int(diff.max()))
+            assert diff.mean() <= MAX_MEAN and np.percentile(diff, 99.9) <= MAX_P999, path
+    print(f"\n  parity exact exif_orientation 2..8 {mode}: max {worst}")
+
+
+@pytest.fixture(scope="module")
+def png_photos(daemon):
+    """Lossless sources: PNGs in RGB, L, P (a 256-colour palette) and RGBA, and a lossless WebP."""
+    root = daemon.tmp / "parity_png"
+    folder = root / "c"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(9)
+    for n, (w, h) in enumerate(SIZES[:2]):
+        img = make_photo(rng, w, h)
+        img.save(folder / f"rgb_{n}.png")
+        img.convert("L").save(folder / f"l_{n}.png")
+        img.quantize(256).save(folder / f"p_{n}.png")
+        rgba = img.copy()
+        rgba.putalpha(Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)))
+        rgba.save(folder / f"rgba_{n}.png")
+        img.save(folder / f"webp_{n}.webp", lossless=True)
+    return root, sorted(f"c/{p.name}" for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_lossless_formats_match_pil(make_loader, png_photos, mode):
+    """Other formats decode losslessly through FFmpeg, then the same resampler: PIL's pixels
+    (convert("RGB") drops alpha and expands palettes, as decode.alpha: drop does)."""
+    root, files = png_photos
+    config = (
+        f"source: {{type: image_folder, root: {root}, extensions: [.png, .webp]}}\n"
+        "sampler: {shuffle: false}\n"
+        f"batch: {{size: {len(files)}}}\n"
+        f"transforms: [{{resize: {{shorter: 256, interpolation: {mode}}}}}, {{center_crop: {{size: 224}}}}]\n"
+    )
+    seen = 0
+    for batch in make_loader(config):
+        for path, image in zip(batch.paths, np.from_dlpack(batch["image"])):
+            img = Image.open(root / path).convert("RGB")
+            want = np.asarray(F.center_crop(F.resize(img, 256, MODES[mode]), 224))
+            diff = np.abs(image.astype(np.int16) - want.astype(np.int16))
+            print(f"\n  parity exact {path:20s} {mode}: mean {diff.mean():.3f} max {diff.max()}", end="")
+            assert diff.max() == 0, path
+            seen += 1
+    assert seen == len(files)

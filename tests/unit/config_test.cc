@@ -643,11 +643,11 @@ TEST_CASE("job config: bad random transforms, normalize and decode settings") {
 TEST_CASE("job config: decode.resample and every interpolation are read") {
   auto parse = [](const std::string& text) { return ParseGoodJob("source: {type: image_folder, root: /d}\n" + text); };
   CHECK(parse("transforms: [{center_crop: {size: 8}}]\n").decode.resample == Resample::kExact);
-  CHECK(parse("decode: {resample: fast}\ntransforms: [{center_crop: {size: 8}}]\n").decode.resample ==
-        Resample::kFast);
+  CHECK(parse("decode: {resample: fast}\ntransforms: [{center_crop: {size: 8}}]\n").decode.resample == Resample::kFast);
   const std::vector<std::pair<std::string, Interpolation>> names = {
-      {"bilinear", Interpolation::kBilinear}, {"bicubic", Interpolation::kBicubic}, {"area", Interpolation::kArea},
-      {"box", Interpolation::kArea},          {"nearest", Interpolation::kNearest}, {"hamming", Interpolation::kHamming},
+      {"bilinear", Interpolation::kBilinear}, {"bicubic", Interpolation::kBicubic},
+      {"area", Interpolation::kArea},         {"box", Interpolation::kArea},
+      {"nearest", Interpolation::kNearest},   {"hamming", Interpolation::kHamming},
       {"lanczos", Interpolation::kLanczos}};
   for (const auto& [name, value] : names) {
     const JobConfig c = parse("transforms: [{resize: {height: 8, width: 8, interpolation: " + name + "}}]\n");
