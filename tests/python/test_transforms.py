@@ -39,8 +39,11 @@ def test_batch_transform_keeps_order_and_every_batch_once(make_loader, threads):
     ref = plain_epoch(make_loader, batch=4, prefetch=6)
     seen_threads = set()
 
+    held = []
+
     def fn(batch):
         seen_threads.add(threading.current_thread().name)
+        held.append(loader.held_batches)
         time.sleep(0.002 * (batch.batch_in_epoch % 3))  # uneven work: later batches may finish first
         image = np.from_dlpack(batch["image"])
         return {"index": batch.batch_in_epoch, "paths": list(batch.paths), "flipped": image[:, :, ::-1].copy()}
@@ -58,6 +61,9 @@ def test_batch_transform_keeps_order_and_every_batch_once(make_loader, threads):
     else:
         assert all(name.startswith("spdl-transform") for name in seen_threads)
         assert len(seen_threads) <= threads
+    assert max(held) <= 6  # never more batches out than slots (prefetch 6)
+    if threads > 0:
+        assert max(held) >= 2  # ...but batches were taken ahead of the consumer
     del got
     assert loader.held_batches == 0  # fn copied: every slot is back
     # A second epoch through the same loader, and the state after it.
