@@ -5,6 +5,7 @@ the GPU batch passed through (on the test-only fake device)."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -155,6 +156,26 @@ def test_an_exception_in_fn_reaches_next_with_its_batch_and_leaks_nothing(make_l
         iter(loader)
     # The daemon ended the job: a new one runs at once.
     assert sum(b.rows for b in make_loader(batch=16)) == N
+
+
+def test_a_loader_dropped_mid_epoch_without_close_stops_its_threads_and_job(daemon, dataset):
+    from test_loader_epochs import daemon_jobs
+
+    before = {j["job_id"] for j in daemon_jobs(daemon.socket)}
+    loader = spdl_client.Loader(job_yaml(dataset.root, batch=4, prefetch=4), socket=daemon.socket, rank=0,
+                                world_size=1, transform=lambda b: b.rows, transform_threads=2)
+    it = iter(loader)
+    assert [next(it), next(it)] == [4, 4]
+    time.sleep(0.1)  # the feeder is ahead, waiting for room
+    del it, loader
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (transform_threads_alive() or {j["job_id"] for j in daemon_jobs(daemon.socket)} - before) and \
+            time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert transform_threads_alive() == []
+    assert {j["job_id"] for j in daemon_jobs(daemon.socket)} - before == set()
 
 
 def test_batch_seed_is_reproducible_across_a_resume(make_loader):

@@ -23,11 +23,11 @@ Thread safety: a TransformIterator is used from one thread, like the EpochIterat
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import queue
 import threading
 import traceback
+import weakref
 from typing import Any, Callable, Optional
 
 from ._errors import SpdlError, SpdlTimeoutError
@@ -158,6 +158,7 @@ def _add_note(e: BaseException, batch_meta: tuple) -> None:
 
 
 _END = object()
+_WAITING = object()  # the feeder's "no batch yet"
 LOADER_DEFAULT: Any = object()  # "the loader's own timeout"
 
 
@@ -181,7 +182,9 @@ class TransformIterator:
         self._queue: "queue.Queue" = queue.Queue()
         self._room = threading.Semaphore(self._depth)
         self._stop = threading.Event()
-        self._pending: collections.deque = collections.deque()  # inline: unused
+        info = loader.info
+        self._slots = int(info["num_slots"])
+        self._job_id = info["job_id"]
 
     @property
     def position(self) -> int:
@@ -234,7 +237,8 @@ class TransformIterator:
             self._last_token = token
             return out
         if self._feeder is None:
-            self._feeder = threading.Thread(target=self._feed, name="spdl-transform-feeder", daemon=True)
+            self._feeder = threading.Thread(target=TransformIterator._feed, args=(weakref.ref(self),),
+                                            name="spdl-transform-feeder", daemon=True)
             self._feeder.start()
         try:
             item = self._queue.get() if timeout is LOADER_DEFAULT else self._queue.get(timeout=timeout)
@@ -272,58 +276,86 @@ class TransformIterator:
 
     # ---- the feeder thread ----
 
-    def _feed(self) -> None:
-        """Takes the epoch's batches (at most `depth` ahead of the consumer) and submits FN on each."""
-        pool = self._spec.pool()
-        try:
-            while not self._stop.is_set():
-                if not self._room.acquire(timeout=0.05):
-                    continue
-                batch = self._take()
-                if batch is None:
-                    self._room.release()
-                    self._queue.put(_END)
-                    return
-                meta = (batch.epoch, batch.batch_in_epoch)
-                token = batch.resume_token
-                future = pool.submit(self._spec.apply, batch)
-                del batch  # the task holds it: its slot goes back when FN's result no longer refers to it
-                self._queue.put((future, meta, token))
-        except BaseException as e:  # noqa: BLE001: handed to the consumer
-            self._queue.put(e)
-
-    def _take(self):
-        """The inner iterator's next batch, waiting in short slices so a stop is seen; None at the
-        epoch's end or on a stop. The loader's timeout applies to the whole wait."""
+    @staticmethod
+    def _feed(wself: "weakref.ref") -> None:
+        """The feeder thread: takes the epoch's batches (at most `depth` ahead of the consumer) and
+        submits FN on each. It holds the iterator (and so the loader) only during each short step,
+        weakly in between, so a loader the trainer dropped without closing is still collected (and
+        its job ended)."""
         import time
 
-        limit = self._loader.timeout
-        deadline = None if limit is None else time.monotonic() + limit
-        slots = int(self._loader.info["num_slots"])
+        deadline = None
         while True:
-            if self._stop.is_set():
-                return None
-            if self._loader.held_batches >= slots:
-                # The trainer holds every slot (FN's results keep views): wait for one to come back
-                # rather than ask the daemon for a batch it cannot deliver.
-                if deadline is not None and time.monotonic() >= deadline:
-                    self._inner.next(0.0)  # warns that every slot is held and raises the loader's timeout
-                time.sleep(0.002)
+            self = wself()
+            if self is None or self._stop.is_set():
+                return
+            room = self._room
+            self = None
+            if not room.acquire(timeout=0.05):
                 continue
-            slice_s = 0.1
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SpdlTimeoutError(
-                        f"spdl_client: job {self._loader.info['job_id']} ({self._loader.config_name}): no batch "
-                        f"{self._inner.position} of epoch {self.epoch} from spdld within {limit:g} s (the loader's "
-                        "timeout; `spdlctl stats` shows where the pipeline waits)"
-                    )
-                slice_s = min(slice_s, left)
+            batch = _WAITING
+            while batch is _WAITING:  # in slices of at most 0.1 s, holding the iterator only meanwhile
+                self = wself()
+                if self is None or self._stop.is_set():
+                    room.release()
+                    return
+                try:
+                    if deadline is None and self._loader.timeout is not None:
+                        deadline = time.monotonic() + self._loader.timeout
+                    batch = self._take_once(deadline)
+                except BaseException as e:  # noqa: BLE001: the loader's own error, for the consumer
+                    self._queue.put(e)
+                    return
+                if batch is _WAITING:
+                    self = None
+            deadline = None
+            if batch is None:
+                room.release()
+                self._queue.put(_END)
+                return
             try:
-                return self._inner.next(slice_s)
-            except SpdlTimeoutError:
-                continue
+                meta = (batch.epoch, batch.batch_in_epoch)
+                token = batch.resume_token
+                future = self._spec.pool().submit(self._spec.apply, batch)
+            except BaseException as e:  # noqa: BLE001
+                self._queue.put(e)
+                return
+            batch = None  # the task holds it: its slot goes back when FN's result no longer refers to it
+            self._queue.put((future, meta, token))
+            self = future = None
+
+    def _take_once(self, deadline: Optional[float]) -> Any:
+        """One slice (<= 0.1 s) of the wait for the inner iterator's next batch: the batch, None at
+        the epoch's end, or the feeder's "nothing yet" marker (any object that is neither). Raises
+        the loader's timeout past `deadline`."""
+        import time
+
+        if self._loader.held_batches >= self._slots:
+            # The trainer holds every slot (FN's results keep views): wait for one to come back
+            # rather than ask the daemon for a batch it cannot deliver.
+            if deadline is not None and time.monotonic() >= deadline:
+                self._inner.next(0.0)  # warns that every slot is held and raises the loader's timeout
+            time.sleep(0.002)
+            return _WAITING
+        slice_s = 0.1
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SpdlTimeoutError(
+                    f"spdl_client: job {self._job_id} ({self._loader.config_name}): no batch "
+                    f"{self._inner.position} of epoch {self.epoch} from spdld within {self._loader.timeout:g} s "
+                    "(the loader's timeout; `spdlctl stats` shows where the pipeline waits)"
+                )
+            slice_s = min(slice_s, left)
+        try:
+            return self._inner.next(slice_s)
+        except SpdlTimeoutError:
+            return _WAITING
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()  # a feeder still running ends at its next step
 
     def _join_feeder(self) -> None:
         feeder, self._feeder = self._feeder, None
