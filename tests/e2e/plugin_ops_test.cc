@@ -246,7 +246,7 @@ TEST_CASE(
   CHECK(d.Stop(SIGTERM) == std::optional<int>(0));
 }
 
-TEST_CASE("a job with ops resumes exactly: the same pixels and seeds after the token; other args refuse the token") {
+TEST_CASE("a job with ops resumes exactly: the same pixels and seeds after the token, other args refuse the token") {
   PluginFixture f(3, 8);  // 24 images, 3 batches of 8
   DaemonProcess d(f.socket(), {"--config", f.config()});
   REQUIRE(d.Connectable());
@@ -365,7 +365,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an op failing one sample in ten gives exact skip counts; an op throwing a C++ exception fails its job, "
+    "an op failing one sample in ten gives exact skip counts, an op throwing a C++ exception fails its job, "
     "not the daemon") {
   PluginFixture f(5, 20);  // 100 images
   DaemonProcess d(f.socket(), {"--config", f.config()});
