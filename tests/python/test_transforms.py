@@ -97,9 +97,12 @@ def test_four_threads_run_a_sleeping_fn_in_parallel(make_loader):
 def test_sample_transform_collates_new_tensors(make_loader, dataset):
     ref = plain_epoch(make_loader, batch=8, prefetch=3)
 
+    seeds = []
+
     def fn(sample):
         image = sample["image"]
         assert image.shape == (56, 56, 3) and isinstance(sample["path"], str)
+        seeds.append(sample["seed"])
         return {
             "mean": image.reshape(-1, 3).mean(axis=0),
             "label": np.int64(sample["label"]),
@@ -117,6 +120,7 @@ def test_sample_transform_collates_new_tensors(make_loader, dataset):
         assert out["label"].tolist() == [dataset.label_of[p] for p in paths]
         assert out["path_len"].tolist() == [len(p) for p in paths]
     assert loader.held_batches == 0  # the results are copies: every slot went back
+    assert len(set(seeds)) == N and all(isinstance(x, int) for x in seeds)  # a seed per sample
 
     with pytest.raises(ValueError, match="pass either transform= or sample_transform="):
         spdl_client.Loader("x: 1\n", transform=fn, sample_transform=fn)

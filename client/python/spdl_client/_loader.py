@@ -211,7 +211,7 @@ class Loader:
       receives the GPU batch (e.g. for torchvision.transforms.v2 on the GPU).
     - ``sample_transform``: FN(sample) -> dict of arrays, instead of ``transform``: called per row
       with ``{tensor name: a numpy view of the row (torch for a GPU job), "path": str, "label":
-      int}``; every call returns the same keys with one fixed shape per key, and the loader yields
+      int, "seed": the row's seed, from batch.seed}``; every call returns the same keys with one fixed shape per key, and the loader yields
       the results stacked into new tensors (torch when FN returns torch tensors, else numpy); the
       batch's slot goes back at once. Cost: one Python call per sample and a copy of every result,
       against one call per batch for ``transform`` (prefer it when FN can work on whole batches).

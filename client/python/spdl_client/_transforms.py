@@ -52,6 +52,11 @@ def batch_seed(sampler_seed: int, epoch: int, batch_in_epoch: int) -> int:
     return _mix((h + _GOLDEN + int(batch_in_epoch)) & _MASK)
 
 
+def sample_seed(batch_seed_value: int, row: int) -> int:
+    """The seed handed to a sample transform for row `row` of a batch with seed `batch_seed_value`."""
+    return _mix((int(batch_seed_value) + _GOLDEN * (int(row) + 1)) & _MASK)
+
+
 class TransformSpec:
     """What the user asked for: the batch or the sample function and the number of threads."""
 
@@ -108,7 +113,8 @@ def _sample_views(batch) -> dict:
 
 
 def collate_samples(batch, fn: Callable) -> dict:
-    """``fn`` on each row of ``batch`` (a dict of that row's views plus ``path`` and ``label``),
+    """``fn`` on each row of ``batch`` (a dict of that row's views plus ``path``, ``label`` and
+    ``seed``: the row's own seed from the batch's),
     then the results stacked per key into new tensors (torch when fn returns torch tensors, else
     numpy). Every call must return the same keys with the same shapes. The batch is released
     afterwards: the results are copies."""
@@ -118,6 +124,7 @@ def collate_samples(batch, fn: Callable) -> dict:
         sample = {name: v[r] for name, v in views.items()}
         sample["path"] = batch.paths[r]
         sample["label"] = batch.labels[r]
+        sample["seed"] = None if batch.seed is None else sample_seed(batch.seed, r)
         out = fn(sample)
         if not isinstance(out, dict):
             raise TypeError(f"sample_transform must return a dict of arrays, not {type(out).__name__}")
