@@ -73,11 +73,11 @@ struct PluginFixture {
     fs::create_directories(bad_plugins());
     ::chmod(plugins().c_str(), 0755);
     ::chmod(bad_plugins().c_str(), 0777);  // world-writable: spdld must refuse it
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", plugins() + "/libtestops.so").empty());
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libtestops.so").empty());
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
                 .empty());
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", bad_plugins() + "/libplanted.so").empty());
-    REQUIRE(Compile("/usr/bin/c++", "tests/e2e/ops/throwing_op.cc", plugins() + "/libthrows.so").empty());
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", bad_plugins() + "/libplanted.so").empty());
+    REQUIRE(Compile("/usr/bin/c++", "tests/e2e/plugin_ops/throwing_op.cc", plugins() + "/libthrows.so").empty());
     std::ofstream(config()) << "socket_path: " << socket() << "\nallowed_roots: [" << dir.path << "]\n"
                             << "worker_threads: 2\n"
                             << (with_plugins ? "plugin_dirs: [" + plugins() + ", " + bad_plugins() + "]\n" : "");
