@@ -73,11 +73,11 @@ struct PluginFixture {
     fs::create_directories(bad_plugins());
     ::chmod(plugins().c_str(), 0755);
     ::chmod(bad_plugins().c_str(), 0777);  // world-writable: spdld must refuse it
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", plugins() + "/libtestops.so").empty());
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libtestops.so").empty());
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
                 .empty());
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/ops/test_ops.c", bad_plugins() + "/libplanted.so").empty());
-    REQUIRE(Compile("/usr/bin/c++", "tests/e2e/ops/throwing_op.cc", plugins() + "/libthrows.so").empty());
+    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", bad_plugins() + "/libplanted.so").empty());
+    REQUIRE(Compile("/usr/bin/c++", "tests/e2e/plugin_ops/throwing_op.cc", plugins() + "/libthrows.so").empty());
     std::ofstream(config()) << "socket_path: " << socket() << "\nallowed_roots: [" << dir.path << "]\n"
                             << "worker_threads: 2\n"
                             << (with_plugins ? "plugin_dirs: [" + plugins() + ", " + bad_plugins() + "]\n" : "");
@@ -246,6 +246,74 @@ TEST_CASE(
   CHECK(d.Stop(SIGTERM) == std::optional<int>(0));
 }
 
+TEST_CASE("a job with ops resumes exactly: the same pixels and seeds after the token, other args refuse the token") {
+  PluginFixture f(3, 8);  // 24 images, 3 batches of 8
+  DaemonProcess d(f.socket(), {"--config", f.config()});
+  REQUIRE(d.Connectable());
+  const std::string ops =
+      "  - op: {library: libtestops.so, name: add, args: {value: 5}}\n"
+      "  - horizontal_flip: {p: 0.5}\n"
+      "  - op: {library: libtestops.so, name: seed_stamp}\n";
+  JobRun whole = Run(f, Yaml(f, ops), 2);
+  REQUIRE(whole.error.empty());
+  REQUIRE(whole.rows.size() == 2 * f.images.size());
+
+  // Stop after the first batch, keep its token, resume from it.
+  std::string token;
+  {
+    client::Options o;
+    o.socket_path = f.socket();
+    o.config_yaml = Yaml(f, ops);
+    o.epochs = 2;
+    auto loader = client::Loader::Open(o);
+    REQUIRE(loader.ok());
+    for (;;) {
+      auto ev = (*loader)->Next();
+      REQUIRE(ev.ok());
+      if (auto* b = std::get_if<client::Batch>(&*ev)) {
+        token = b->resume_token();
+        break;
+      }
+    }
+  }
+  REQUIRE_FALSE(token.empty());
+  client::Options o;
+  o.socket_path = f.socket();
+  o.config_yaml = Yaml(f, ops);
+  o.epochs = 2;
+  o.resume_token = token;
+  auto loader = client::Loader::Open(o);
+  REQUIRE(loader.ok());
+  uint64_t rows = 0, differing = 0;
+  for (;;) {
+    auto ev = (*loader)->Next();
+    REQUIRE(ev.ok());
+    if (std::holds_alternative<client::JobStats>(*ev)) break;
+    auto* b = std::get_if<client::Batch>(&*ev);
+    if (b == nullptr) continue;
+    const client::TensorView* image = b->tensor("image");
+    const size_t row_bytes = image->bytes / image->shape[0];
+    for (uint32_t r = 0; r < b->rows(); ++r) {
+      const auto* p = static_cast<const uint8_t*>(image->data) + r * row_bytes;
+      differing += std::vector<uint8_t>(p, p + row_bytes) != whole.rows.at({b->epoch(), b->paths()[r]});
+      ++rows;
+    }
+  }
+  CHECK(rows == 2 * f.images.size() - 8);  // all but the first batch
+  CHECK(differing == 0);
+
+  // The op's args are in the fingerprint: the token of this job does not resume another.
+  client::Options other = o;
+  other.config_yaml = Yaml(f,
+                           "  - op: {library: libtestops.so, name: add, args: {value: 6}}\n"
+                           "  - horizontal_flip: {p: 0.5}\n"
+                           "  - op: {library: libtestops.so, name: seed_stamp}\n");
+  auto refused = client::Loader::Open(other);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("its transforms differ"));
+  CHECK(d.Stop(SIGTERM) == std::optional<int>(0));
+}
+
 TEST_CASE(
     "refused ops: a world-writable plugin dir, a wrong ABI, create refusing its args, an unknown op, no plugin_dirs") {
   PluginFixture f(2, 4);
@@ -297,7 +365,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an op failing one sample in ten gives exact skip counts; an op throwing a C++ exception fails its job, "
+    "an op failing one sample in ten gives exact skip counts, an op throwing a C++ exception fails its job, "
     "not the daemon") {
   PluginFixture f(5, 20);  // 100 images
   DaemonProcess d(f.socket(), {"--config", f.config()});

@@ -115,6 +115,12 @@ void CheckJob(const JobConfig& c) {
     } else if (const auto* n = std::get_if<NormalizeOp>(&op)) {
       for (double s : n->stddev) FUZZ_CHECK(s > 0);
       FUZZ_CHECK(c.output.dtype != DType::kUInt8);
+    } else if (const auto* u = std::get_if<UserOp>(&op)) {
+      // A user op: a bare file name, a name, args as a JSON object of bounded size.
+      FUZZ_CHECK(!u->library.empty() && u->library.find('/') == std::string::npos);
+      FUZZ_CHECK(!u->name.empty());
+      FUZZ_CHECK(u->args_json.size() >= 2 && u->args_json.front() == '{' && u->args_json.back() == '}');
+      FUZZ_CHECK(u->args_json.size() <= 64 * 1024);
     }
   }
 }

@@ -68,7 +68,7 @@ TEST_CASE("plugins: the trust check refuses writable-by-others and foreign-owned
              Catch::Contains("not a regular file"));
 }
 
-TEST_CASE("plugins: the example library loads once; posterize and gaussian_blur run; bad args are refused") {
+TEST_CASE("plugins: the example library loads once, posterize and gaussian_blur run, bad args are refused") {
   ExampleOps ex;
   plugins::OpLoader loader({ex.dir.path});
   CHECK(loader.CheckDirs().empty());
@@ -176,7 +176,7 @@ class ListSource final : public io::SampleSource {
   std::vector<io::SampleRef> samples_ = std::vector<io::SampleRef>(16, io::SampleRef{"s", 0});
 };
 
-TEST_CASE("resume: an op's library, name and args are in the fingerprint; its line is not") {
+TEST_CASE("resume: an op's library, name and args are in the fingerprint, its line is not") {
   const std::string geo = "  - resize: {height: 8, width: 8}\n";
   auto base = ParseJob(geo + "  - op: {library: libx.so, name: blur, args: {sigma: 1}}\n");
   auto moved = ParseJob("\n\n" + geo + "  - op: {library: libx.so, name: blur, args: {sigma: 1}}\n");
@@ -199,7 +199,7 @@ TEST_CASE("resume: an op's library, name and args are in the fingerprint; its li
 
 TEST_CASE(
     "decoder: posterize in place on uint8 rows and through float32 NCHW equals the decoder without it, "
-    "masked; its stats row counts it; a job without plugin dirs is refused with the entry's line") {
+    "masked, its stats row counts it, a job without plugin dirs is refused with the entry's line") {
   ExampleOps ex;
   plugins::OpLoader loader({ex.dir.path});
   std::vector<uint8_t> rgb(64 * 48 * 3);

@@ -20,6 +20,11 @@ the DLPack protocol. A batch's slot goes back to the daemon when the last refere
 Batch, a Tensor, or a torch/numpy view — is gone; see :class:`Batch`. Errors raise
 :class:`SpdlError` with the daemon's message; a wait past its timeout raises
 :class:`SpdlTimeoutError`.
+
+Your own augmentation runs in this process: ``Loader(..., transform=FN, transform_threads=N)``
+calls FN once per batch on N threads ahead of the step and yields its results in order
+(``sample_transform=FN``: once per sample, results collated); ``batch.seed`` makes its randomness
+reproducible across a resume. See :class:`Loader`.
 """
 
 from ._errors import SpdlError, SpdlTimeoutError

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
 
 from . import _spdl_client as _native
+from . import _transforms
 from ._errors import SpdlError, SpdlTimeoutError
 
 __all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "DEFAULT_SOCKET", "DEFAULT_TIMEOUT"]
@@ -42,10 +43,14 @@ class Batch(Mapping):
     Attributes: ``epoch`` (0-based), ``batch_in_epoch`` (0-based), ``seq`` (batch number since the
     job started), ``rows`` (valid rows: the batch size, fewer only for a last partial batch),
     ``slot``, ``paths`` (each row's path relative to ``source.root``), ``labels`` (each row's
-    label, as a list; the same values as the ``"label"`` tensor).
+    label, as a list; the same values as the ``"label"`` tensor), ``seed`` (a 64-bit seed for
+    randomness in a transform: a pure function of (``sampler.seed``, epoch, batch index), so a rerun
+    or a resumed job draws the same; None when the loader cannot read ``sampler.seed``, i.e. YAML
+    config text without PyYAML), ``resume_token`` (bytes: the daemon's position after this batch).
     """
 
-    __slots__ = ("_tensors", "epoch", "batch_in_epoch", "seq", "rows", "slot", "paths", "labels", "_released")
+    __slots__ = ("_tensors", "epoch", "batch_in_epoch", "seq", "rows", "slot", "paths", "labels", "seed",
+                 "resume_token", "_released")
 
     def __init__(self, tensors: list, meta: dict) -> None:
         self._tensors = {t.name: t for t in tensors}
@@ -56,6 +61,8 @@ class Batch(Mapping):
         self.slot: int = meta["slot"]
         self.paths: list[str] = meta["paths"]
         self.labels: list[int] = meta["labels"]
+        self.seed: Optional[int] = meta.get("seed")
+        self.resume_token: bytes = meta.get("resume_token", b"")
         self._released = False
 
     # Mapping
@@ -195,6 +202,24 @@ class Loader:
     - ``epochs``: how many epochs the job may run; None (or 0): as many as the trainer iterates.
     - ``timeout``: the longest wait, in seconds, for the daemon to accept the job and for each
       batch (None: no limit); past it a :class:`SpdlTimeoutError` names the job and what it waited for.
+    - ``transform``: FN(batch) -> anything: called once per batch with the :class:`Batch`; the
+      loader yields what it returns (a dict of tensors, a tuple, any object), in batch order.
+      Randomness: draw from ``batch.seed``. Whatever FN keeps (a view of the batch's tensors) keeps
+      the batch's slot leased, as a Batch does; an FN that copies frees the slot as soon as it
+      returns. An exception in FN comes out of ``next()`` as itself with a note naming the batch's
+      epoch and index, and the loader is closed (no slot or thread left behind). With a GPU job FN
+      receives the GPU batch (e.g. for torchvision.transforms.v2 on the GPU).
+    - ``sample_transform``: FN(sample) -> dict of arrays, instead of ``transform``: called per row
+      with ``{tensor name: a numpy view of the row (torch for a GPU job), "path": str, "label":
+      int, "seed": the row's seed, from batch.seed}``; every call returns the same keys with one fixed shape per key, and the loader yields
+      the results stacked into new tensors (torch when FN returns torch tensors, else numpy); the
+      batch's slot goes back at once. Cost: one Python call per sample and a copy of every result,
+      against one call per batch for ``transform`` (prefer it when FN can work on whole batches).
+    - ``transform_threads``: how many threads run FN (default 0: inline in ``next()``). With N > 0
+      FN runs on N threads ahead of consumption, at most ``prefetch - 1`` batches ahead (so the
+      daemon never has more batches out than slots; give the job ``prefetch >= N + 1``), results
+      still in batch order. On a free-threaded Python the N calls run in parallel; with the GIL, as
+      far as FN releases it (torch, numpy, I/O).
 
     Iteration is a DataLoader's: ``iter(loader)`` yields exactly one epoch (an
     :class:`EpochIterator`), ``len(loader)`` is the batches of one epoch for this rank, and the next
@@ -226,9 +251,14 @@ class Loader:
         epochs: Optional[int] = None,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
         client_name: Optional[str] = None,
+        transform: Optional[Any] = None,
+        sample_transform: Optional[Any] = None,
+        transform_threads: int = 0,
     ) -> None:
         self._core = None  # first, so that close() works even if the rest fails
         self._iterator: Optional[EpochIterator] = None
+        self._titer: Optional[_transforms.TransformIterator] = None  # the epoch's, with a transform
+        self._transform = _transforms.TransformSpec(transform, sample_transform, transform_threads)
         yaml_text, config_name, parsed = _read_config(config)
         self.socket: str = _resolve_socket(socket)
         self.rank, self.world_size = _resolve_rank(rank, world_size)
@@ -244,6 +274,7 @@ class Loader:
             client_name = f"spdl_client (python) pid={os.getpid()} rank={self.rank}/{self.world_size}"
         self._yaml_text = yaml_text
         self._client_name = client_name
+        self._sampler_seed: Optional[int] = _sampler_seed(yaml_text, parsed, self.overrides)
         self._finished = False
         self._job_stats: Optional[dict] = None
         self.epoch_summaries: list[dict] = []
@@ -283,7 +314,14 @@ class Loader:
         self._job_stats = None
 
     def _detach_iterator(self) -> None:
+        titer, self._titer = getattr(self, "_titer", None), None
+        if titer is not None:
+            titer.close()  # stops its feeder and drops the batches it took ahead
         self._iterator = None
+
+    def _close_after_transform_error(self) -> None:
+        """The transform raised: stop everything and end the job (the error goes on to the caller)."""
+        self.close()
 
     def _resolve_wait(self, timeout: Any) -> Optional[float]:
         return self.timeout if timeout is _DEFAULT else _resolve_timeout(timeout)
@@ -318,7 +356,8 @@ class Loader:
 
     def __iter__(self) -> EpochIterator:
         """One epoch: the one :meth:`set_epoch` chose, else the one after the previous ``iter()``'s.
-        A previous iterator still running is ended (the rest of its epoch is dropped)."""
+        A previous iterator still running is ended (the rest of its epoch is dropped). With a
+        transform, a TransformIterator yielding FN's results (same attributes and len())."""
         self._open_core()
         self._detach_iterator()
         epoch, start = self._epoch, self._start_batch
@@ -335,6 +374,9 @@ class Loader:
         it = EpochIterator(self, epoch, start)
         self._iterator = it
         self._epoch, self._start_batch = epoch + 1, 0
+        if self._transform.active:
+            self._titer = _transforms.TransformIterator(self, it, self._transform, int(self._info["num_slots"]) - 1)
+            return self._titer
         return it
 
     def _reposition(self, epoch: int, start: int) -> None:
@@ -370,6 +412,8 @@ class Loader:
                     f"{it.position} of epoch {it.epoch} was due (is the daemon older than this client?)",
                     "INTERNAL",
                 )
+            if self._sampler_seed is not None:
+                b["seed"] = _transforms.batch_seed(self._sampler_seed, b["epoch"], b["batch_in_epoch"])
             batch = Batch(a, b)
             self._batches_seen += 1
             self._samples_seen += batch.rows
@@ -520,6 +564,9 @@ class Loader:
     def close(self) -> None:
         """Disconnects: the daemon ends the job and takes its slots back. Idempotent."""
         self._detach_iterator()
+        spec = getattr(self, "_transform", None)  # absent when __init__ failed early
+        if spec is not None:
+            spec.shutdown()  # the transform threads, if any, are joined
         core, self._core = self._core, None
         if core is not None:
             try:
@@ -547,7 +594,10 @@ class Loader:
         mid-epoch position, None at an epoch's start). Plain JSON-able values (torch.save, json).
         """
         it = self._iterator
-        if it is not None and not it._done:
+        titer = self._titer  # with a transform: the position of what was yielded, not of what was fetched
+        if titer is not None and not titer._done:
+            epoch, batch = titer.epoch, titer.position
+        elif it is not None and not it._done and titer is None:
             epoch, batch = it.epoch, it.position
         else:
             epoch, batch = self._epoch, self._start_batch
@@ -555,7 +605,10 @@ class Loader:
             epoch, batch = epoch + 1, 0
         token = None
         if batch > 0:
-            token = (bytes(self._open_core().state) or self._open_token).hex()
+            if titer is not None and not titer._done:
+                token = (titer.last_token or self._open_token).hex()
+            else:
+                token = (bytes(self._open_core().state) or self._open_token).hex()
         return {
             "version": 2,
             "epoch": epoch,
@@ -798,6 +851,33 @@ def _resolve_device(device: Any, overrides: list, yaml_text: str, parsed: Option
     if configured is None or not configured.startswith("cuda"):
         return None
     return f"cuda:{local_rank}"
+
+
+def _sampler_seed(yaml_text: str, parsed: Optional[Mapping], overrides: list) -> Optional[int]:
+    """The job's sampler.seed as the daemon will see it (the config, then the overrides; default 0),
+    for Batch.seed; None when the config cannot be read here (YAML text without PyYAML)."""
+    seed: Any = 0
+    if parsed is None:
+        try:
+            import yaml
+        except ImportError:
+            parsed = None
+            seed = None
+        else:
+            try:
+                parsed = yaml.safe_load(yaml_text)
+            except yaml.YAMLError:
+                parsed = None  # the daemon reports the error, with its line
+    sampler = parsed.get("sampler") if isinstance(parsed, Mapping) else None
+    if isinstance(sampler, Mapping) and sampler.get("seed") is not None:
+        seed = sampler["seed"]
+    for key, value in overrides:
+        if key == "sampler.seed":
+            seed = value
+    try:
+        return None if seed is None else int(seed) & ((1 << 64) - 1)
+    except (TypeError, ValueError):
+        return None  # the daemon refuses it
 
 
 def _yaml_value(value: Any) -> str:

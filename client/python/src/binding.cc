@@ -621,6 +621,7 @@ class Core {
     meta["slot"] = batch.slot();
     meta["paths"] = py::cast(batch.paths());
     meta["labels"] = py::cast(batch.labels());
+    meta["resume_token"] = py::bytes(batch.resume_token());  // the position after this batch
     return py::make_tuple("batch", tensors, meta);
   }
 
