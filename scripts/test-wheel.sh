@@ -8,7 +8,7 @@
 #   3. each interpreter named in $SPDL_WHEEL_PYTHONS (e.g. "python3.10 python3.12 python3.13"):
 #      its own wheel, in a plain venv with numpy 2.x, PyYAML, Pillow and pytest from PyPI (no
 #      torch there: the tests that need it are skipped, and say so).
-# Needs pip's access to PyPI. Usage: scripts/test-wheel.sh [BUILD_DIR] (default: build; spdld,
+# SPDL_WHEEL_SKIP_SYSTEM=1 skips 1 and 2. Needs pip's access to PyPI. Usage: scripts/test-wheel.sh [BUILD_DIR] (default: build; spdld,
 # spdl-make-dataset, spdlctl and spdl-client are built there if missing). Exit status: pytest's.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -50,6 +50,8 @@ PY
   say "$2: passed"
 }
 
+if [[ "${SPDL_WHEEL_SKIP_SYSTEM:-0}" == 1 ]]; then SYSTEM_RUNS=0; else SYSTEM_RUNS=1; fi
+if ((SYSTEM_RUNS)); then
 build_wheel "$SYSTEM_PY" "$WORK/dist-system"
 say "built $(basename "$WORK"/dist-system/*.whl)"
 
@@ -60,9 +62,10 @@ run_suite "$WORK/debian" "Debian's numpy and torch"
 "$SYSTEM_PY" -m venv --system-site-packages "$WORK/pypi"
 "$WORK/pypi/bin/pip" install -q "$WORK"/dist-system/*.whl "numpy>=2"
 run_suite "$WORK/pypi" "numpy 2 from PyPI"
+fi
 
 for py in ${SPDL_WHEEL_PYTHONS:-}; do
-  name="$(basename "$py")"
+  name="python$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
   build_wheel "$py" "$WORK/dist-$name"
   "$py" -m venv "$WORK/venv-$name"
   "$WORK/venv-$name/bin/pip" install -q "$WORK/dist-$name"/*.whl "numpy>=2" pytest Pillow

@@ -264,6 +264,9 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     spec.source = p->cached;
   }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
+  if (!req.resume_token().empty() && req.start_epoch() > 0) {
+    return fail(proto::Error::BAD_REQUEST, "give either a resume token or start_epoch, not both");
+  }
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
     return fail(proto::Error::BAD_REQUEST,
                 "a job in order: completion cannot be resumed (it delivers batches out of order and "
@@ -280,9 +283,6 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     spec.resume = std::move(*point);
   }
   if (req.start_epoch() > 0) {
-    if (!req.resume_token().empty()) {
-      return fail(proto::Error::BAD_REQUEST, "give either a resume token or start_epoch, not both");
-    }
     if (spec.epochs != 0 && req.start_epoch() >= spec.epochs) {
       return fail(proto::Error::BAD_REQUEST, "start_epoch " + std::to_string(req.start_epoch()) +
                                                  " is past the last of the " + std::to_string(spec.epochs) +

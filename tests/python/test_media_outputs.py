@@ -126,7 +126,7 @@ def png16_root(daemon):
                     "-pix_fmt", "rgb48le", "-s", f"{W}x{H}", "-i", str(raw), "-frames:v", "1",
                     "-pix_fmt", "rgb48be", str(root / "a_rgb48.png")], check=True)
     gray = _rgb48(2)[..., 0]
-    Image.fromarray(gray.astype(np.uint16), mode="I;16").save(root / "b_gray16.png")
+    Image.fromarray(gray.astype(np.uint16)).save(root / "b_gray16.png")  # mode I;16 (the "mode=" argument is gone from newer Pillow)
     return root.parent, {"c/a_rgb48.png": rgb, "c/b_gray16.png": gray}
 
 

@@ -395,5 +395,73 @@ TEST_CASE("cache: members of a share group report the group's cache figures") {
   CHECK(b.job->Stats().share_group_job_id() == a.job->Stats().share_group_job_id());
 }
 
+// ---- SubmitJob.start_epoch (the Python client's set_epoch) ----
+
+// Every batch of a job, as (epoch, paths), releasing each at once; the job must end.
+std::vector<std::pair<uint32_t, std::vector<std::string>>> RunToEnd(jobs::JobRegistry& reg,
+                                                                    const proto::SubmitJob& req) {
+  auto r = reg.Submit(req, Me(), [] {});
+  REQUIRE(r.ok());
+  std::vector<std::pair<uint32_t, std::vector<std::string>>> got;
+  bool ended = false;
+  for (int round = 0; round < 100 && !ended; ++round) {
+    while (auto d = r.job->TakeNext()) {
+      got.emplace_back(d->batch.epoch(), std::vector<std::string>(d->batch.paths().begin(), d->batch.paths().end()));
+      REQUIRE(r.job->Release(d->batch.slot(), d->batch.generation()).ok());
+      if (d->job_end) {
+        ended = true;
+        break;
+      }
+    }
+  }
+  CHECK(ended);
+  return got;
+}
+
+TEST_CASE("start_epoch: a job started at epoch 1 delivers exactly an uninterrupted run's epoch 1") {
+  Folder f;
+  pipeline::InlineExecutor ex;
+  jobs::JobRegistry reg(Config(f), &ex);
+  const auto full = RunToEnd(reg, Request(f, ""));  // epochs 0 and 1, 3 batches each
+  REQUIRE(full.size() == 6);
+  proto::SubmitJob req = Request(f, "");
+  req.set_start_epoch(1);
+  const auto from1 = RunToEnd(reg, req);
+  REQUIRE(from1.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(from1[i].first == 1);
+    CHECK(from1[i].second == full[3 + i].second);
+  }
+  CHECK(full[0].second != full[3].second);  // epochs differ: the check above can tell them apart
+}
+
+TEST_CASE("start_epoch: past the requested epochs, or with a resume token, is refused") {
+  Folder f;
+  pipeline::InlineExecutor ex;
+  jobs::JobRegistry reg(Config(f), &ex);
+  proto::SubmitJob past = Request(f, "");  // epochs: 2
+  past.set_start_epoch(2);
+  auto r = reg.Submit(past, Me(), [] {});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error.code() == proto::Error::BAD_REQUEST);
+  CHECK_THAT(r.error.message(), Catch::Contains("start_epoch 2 is past the last of the 2 epochs"));
+  proto::SubmitJob both = Request(f, "");
+  both.set_start_epoch(1);
+  both.set_resume_token("x");
+  r = reg.Submit(both, Me(), [] {});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error.code() == proto::Error::BAD_REQUEST);
+  CHECK_THAT(r.error.message(), Catch::Contains("not both"));
+  proto::SubmitJob endless = Request(f, "");
+  endless.set_epochs(0);  // until ended: any start epoch
+  endless.set_start_epoch(7);
+  r = reg.Submit(endless, Me(), [] {});
+  REQUIRE(r.ok());
+  auto d = r.job->TakeNext();
+  REQUIRE(d);
+  CHECK(d->batch.epoch() == 7);
+  CHECK(reg.live_jobs() == 1);
+}
+
 }  // namespace
 }  // namespace spdl
