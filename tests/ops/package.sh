@@ -14,7 +14,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 echo "== cmake --install (DESTDIR, prefix /usr)"
 DESTDIR=$tmp/stage cmake --install "$build_dir" --prefix /usr >"$tmp/install.log"
-for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
+for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/bin/spdl-make-dataset usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
          usr/lib/sysusers.d/spdld.conf etc/spdld/spdld.yaml usr/share/spdld/examples/imagenet.yaml \
          usr/include/spdl/client.h usr/include/spdl/control.h usr/include/spdl/common/status.h \
          usr/include/spdl/proto/control.pb.h usr/share/doc/spdld/README.md; do
@@ -50,7 +50,7 @@ deb=$(ls "$tmp"/pkg/*.deb | head -1)
 [ -f "$deb" ] || fail "no .deb"
 echo "$(basename "$deb") $(du -h "$deb" | cut -f1)"
 dpkg-deb -c "$deb" > "$tmp/contents"
-for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
+for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/bin/spdl-make-dataset ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
          ./usr/lib/sysusers.d/spdld.conf ./etc/spdld/spdld.yaml ./usr/share/spdld/examples/imagenet.yaml \
          ./usr/include/spdl/client.h ./usr/$libdir/libspdl_client.a ./usr/$libdir/pkgconfig/spdl-client.pc; do
   grep -q " $f\$" "$tmp/contents" || fail "the .deb lacks $f"
