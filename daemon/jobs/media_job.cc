@@ -298,6 +298,7 @@ void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageS
   out->set_window_put_wait_seconds(window.put_wait_seconds);
   out->set_window_get_wait_seconds(window.get_wait_seconds);
   out->set_window_items_per_s(window_seconds > 0 ? static_cast<double>(window.tasks) / window_seconds : 0);
+  for (uint64_t n : total.histogram) out->add_task_histogram(n);
 }
 
 }  // namespace

@@ -340,7 +340,8 @@ int FreeTcpPort() {
 // Proto JSON prints 64-bit integers as strings.
 double Num(const nlohmann::json& j) { return j.is_string() ? std::stod(j.get<std::string>()) : j.get<double>(); }
 
-TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text, matches spdlctl") {
+TEST_CASE(
+    "the metrics endpoint, scraped over HTTP, parsed as Prometheus text and linted by promtool, matches spdlctl") {
   std::string probe;
   if (RunCommand({"/usr/bin/python3", "-c", "import prometheus_client"}, &probe) != 0) {
     WARN("skipped: python3-prometheus-client is not installed (apt-get install python3-prometheus-client)");
@@ -364,7 +365,8 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "stats"}, &stats_out) == 0);
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "status"}, &status_out) == 0);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
-  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/metrics"},
+  const std::string raw = f.dir.path + "/scrape.txt";
+  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/metrics", raw},
                      &scrape_out) == 0);
   INFO(stats_out);
   INFO(scrape_out);
@@ -375,7 +377,7 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   CHECK_THAT(m.at("content_type").get<std::string>(), Catch::StartsWith("text/plain; version=0.0.4"));
   const auto& s = m.at("samples");
   const std::string id = std::to_string(static_cast<uint64_t>(Num(job.at("job_id"))));
-  const std::string jl = "{job=" + id + ",rank=0,uid=" + std::to_string(::geteuid()) + "}";
+  const std::string jl = "{job_id=" + id + ",rank=0,uid=" + std::to_string(::geteuid()) + "}";
   const auto& st = job.at("stats");
   CHECK(s.at("spdld_jobs").get<double>() == 1);
   CHECK(s.at("spdld_draining").get<double>() == 0);
@@ -389,10 +391,36 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   CHECK(s.at("spdld_job_memory_bytes" + jl).get<double>() == Num(job.at("region_bytes")));
   REQUIRE_FALSE(st.at("stages").empty());
   for (const auto& stage : st.at("stages")) {
-    const std::string sl = "{job=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
+    const std::string sl = "{job_id=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
     CHECK(s.at("spdld_stage_tasks_total" + sl).get<double>() == Num(stage.at("tasks")));
     CHECK(s.at("spdld_stage_failures_total" + sl).get<double>() == Num(stage.at("failures")));
     CHECK(s.at("spdld_stage_queue_length" + sl).get<double>() == Num(stage.at("queue_length")));
+    // Task times as a histogram in seconds: every task counted, +Inf bucket = count.
+    const std::string hl = "{job_id=" + id + ",le=+Inf,stage=" + stage.at("name").get<std::string>() + "}";
+    CHECK(s.at("spdld_stage_task_seconds_bucket" + hl).get<double>() == Num(stage.at("tasks")));
+    CHECK(s.at("spdld_stage_task_seconds_count" + sl).get<double>() == Num(stage.at("tasks")));
+    CHECK(s.at("spdld_stage_task_seconds_sum" + sl).get<double>() ==
+          Approx(stage.at("busy_seconds").get<double>()));
+  }
+  // The client released nothing yet (it holds both batches): no wait counted.
+  CHECK(s.at("spdld_client_wait_seconds_count" + jl).get<double>() == 0);
+  CHECK(s.at("spdld_build_info{version=" + std::string(SPDLD_VERSION) + "}").get<double>() == 1);
+  CHECK(m.at("types").at("spdld_stage_task_seconds") == "histogram");
+  CHECK(m.at("types").at("spdld_client_wait_seconds") == "histogram");
+  for (const auto& [name, v] : s.items()) {
+    CHECK(name.find("job=") == std::string::npos);  // job_id, never job: Prometheus would rename it
+    CHECK(name.find("_ms") == std::string::npos);
+  }
+  // promtool's own check (the Prometheus linter) on the body as served: no problem reported.
+  std::string lint;
+  if (RunCommand({"/bin/sh", "-c", "command -v promtool"}, &lint) != 0) {
+    WARN("promtool part skipped: promtool is not installed (apt-get install prometheus)");
+  } else {
+    lint.clear();
+    const int rc = testing::RunCommandAs({}, {"/bin/sh", "-c", "promtool check metrics < " + raw}, &lint, true);
+    INFO(lint);
+    CHECK(rc == 0);
+    CHECK(lint.empty());
   }
   CHECK(m.at("types").at("spdld_job_samples") == "counter");
   CHECK(m.at("types").at("spdld_job_batches_ready") == "gauge");

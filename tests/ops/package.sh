@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build into a staging tree (cmake --install, DESTDIR) and checks what lands where;
 # builds the .deb with CPack and checks its contents (dpkg-deb -c), its Depends (from shlibdeps)
-# and conffiles; compiles and links a small program against the staged client library through
+# and conffiles; runs the service set-up (systemd-sysusers, systemd-tmpfiles, systemctl enable) in
+# the staging root as README.md's operations section does on a machine; compiles and links a small program against the staged client library through
 # its pkg-config file. Exit 77 (ctest: Skipped) when dpkg-deb or cpack is missing.
 set -euo pipefail
 build_dir=$1
@@ -25,6 +26,29 @@ libdir=$(cd "$tmp/stage/usr" && dirname "$(find . -name libspdl_client.a | head 
 grep -q '^ExecStart=/usr/bin/spdld --config /etc/spdld/spdld.yaml' "$tmp/stage/usr/lib/systemd/system/spdld.service" \
   || fail "the installed unit does not start /usr/bin/spdld"
 grep -q '^prefix=/usr$' "$tmp/stage/usr/$libdir/pkgconfig/spdl-client.pc" || fail "spdl-client.pc has the wrong prefix"
+
+echo "== the README's service steps in the staging root: systemd-sysusers, systemd-tmpfiles, systemctl enable"
+for f in usr/lib/tmpfiles.d/spdld.conf usr/share/doc/spdld/LICENSE usr/share/doc/spdld/spdld-network.conf; do
+  [ -e "$tmp/stage/$f" ] || fail "cmake --install did not install /$f"
+done
+if command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/null && command -v systemctl >/dev/null; then
+  root=$tmp/stage
+  mkdir -p "$root/etc"
+  systemd-sysusers --root="$root" || fail "systemd-sysusers --root failed"
+  uid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/passwd")
+  gid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/group")
+  [ -n "$uid" ] && [ -n "$gid" ] || fail "no user or group spdld after systemd-sysusers"
+  systemd-tmpfiles --root="$root" --create || fail "systemd-tmpfiles --root --create failed"
+  for d in var/lib/spdld run/spdld; do
+    [ "$(stat -c '%u:%g %a' "$root/$d")" = "$uid:$gid 755" ] || fail "/$d is $(stat -c '%u:%g %a' "$root/$d"), not spdld's 0755"
+  done
+  systemctl --root="$root" enable spdld.service >/dev/null 2>&1 || fail "systemctl --root enable spdld failed"
+  [ -L "$root/etc/systemd/system/multi-user.target.wants/spdld.service" ] || fail "spdld.service not enabled"
+  [ -L "$root/etc/systemd/system/sockets.target.wants/spdld.socket" ] || fail "spdld.socket not enabled with it (Also=)"
+  echo "user spdld $uid:$gid, /var/lib/spdld and /run/spdld, spdld.service and spdld.socket enabled"
+else
+  echo "SKIPPED part: systemd-sysusers / systemd-tmpfiles / systemctl missing (apt-get install systemd)"
+fi
 
 echo "== a program built against the installed client library (pkg-config)"
 cat > "$tmp/hello.cc" <<'CC'
@@ -63,4 +87,7 @@ done
 dpkg-deb -e "$deb" "$tmp/control"
 grep -qx /etc/spdld/spdld.yaml "$tmp/control/conffiles" || fail "/etc/spdld/spdld.yaml is not a conffile"
 [ -x "$tmp/control/postinst" ] || fail "no postinst"
+grep -q "systemd-sysusers /usr/lib/sysusers.d/spdld.conf" "$tmp/control/postinst" || fail "postinst does not run systemd-sysusers"
+grep -q "systemd-tmpfiles --create /usr/lib/tmpfiles.d/spdld.conf" "$tmp/control/postinst" || fail "postinst does not run systemd-tmpfiles"
+grep -q " ./usr/lib/tmpfiles.d/spdld.conf\$" "$tmp/contents" || fail "the .deb lacks tmpfiles.d/spdld.conf"
 echo "OK: install tree and .deb as expected"
