@@ -399,8 +399,7 @@ TEST_CASE(
     const std::string hl = "{job_id=" + id + ",le=+Inf,stage=" + stage.at("name").get<std::string>() + "}";
     CHECK(s.at("spdld_stage_task_seconds_bucket" + hl).get<double>() == Num(stage.at("tasks")));
     CHECK(s.at("spdld_stage_task_seconds_count" + sl).get<double>() == Num(stage.at("tasks")));
-    CHECK(s.at("spdld_stage_task_seconds_sum" + sl).get<double>() ==
-          Approx(stage.at("busy_seconds").get<double>()));
+    CHECK(s.at("spdld_stage_task_seconds_sum" + sl).get<double>() == Approx(stage.at("busy_seconds").get<double>()));
   }
   // The client released nothing yet (it holds both batches): no wait counted.
   CHECK(s.at("spdld_client_wait_seconds_count" + jl).get<double>() == 0);
