@@ -34,11 +34,18 @@ done
 if command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/null && command -v systemctl >/dev/null; then
   root=$tmp/stage
   mkdir -p "$root/etc"
-  systemd-sysusers --root="$root" || fail "systemd-sysusers --root failed"
+  # README.md's own lines (Operations), run against the staging root (--root after the program name).
+  readme_line() { grep -E "^$1 " "$src_dir/README.md" | head -1 | sed 's/ *#.*//'; }
+  sysusers=$(readme_line systemd-sysusers) tmpfiles=$(readme_line systemd-tmpfiles)
+  [ -n "$sysusers" ] && [ -n "$tmpfiles" ] || fail "README.md lost its systemd-sysusers / systemd-tmpfiles lines"
+  echo "README: $sysusers; $tmpfiles"
+  # shellcheck disable=SC2086
+  systemd-sysusers --root="$root" ${sysusers#systemd-sysusers } || fail "$sysusers (--root) failed"
   uid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/passwd")
   gid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/group")
   [ -n "$uid" ] && [ -n "$gid" ] || fail "no user or group spdld after systemd-sysusers"
-  systemd-tmpfiles --root="$root" --create || fail "systemd-tmpfiles --root --create failed"
+  # shellcheck disable=SC2086
+  systemd-tmpfiles --root="$root" ${tmpfiles#systemd-tmpfiles } || fail "$tmpfiles (--root) failed"
   for d in var/lib/spdld run/spdld; do
     [ "$(stat -c '%u:%g %a' "$root/$d")" = "$uid:$gid 755" ] || fail "/$d is $(stat -c '%u:%g %a' "$root/$d"), not spdld's 0755"
   done
