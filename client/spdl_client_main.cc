@@ -124,6 +124,7 @@ std::optional<std::string> FromHex(const std::string& hex) {
 
 int main(int argc, char** argv) {
   CLI::App app{"spdl-client: run a job on spdld and report throughput and time to first batch"};
+  app.set_version_flag("--version", std::string("spdl-client ") + SPDLD_VERSION);
   std::string socket_path, config_path, record_path;
   std::vector<std::string> sets;
   uint32_t epochs = 1, rank = 0, world_size = 1;

@@ -116,11 +116,15 @@ void PrintStats(const JobSummary& j) {
 
 int main(int argc, char** argv) {
   CLI::App app{"spdlctl: ask the node's spdld what it is doing"};
+  app.set_version_flag("--version", std::string("spdlctl ") + SPDLD_VERSION);
   std::string socket = "/run/spdld/spdld.sock";
   bool json = false;
   app.add_option("--socket", socket, "spdld's control socket")->envname("SPDLD_SOCKET")->capture_default_str();
   app.add_flag("--json", json, "print the answer as JSON");
   app.require_subcommand(1);
+  // Global options are accepted on either side of the subcommand (`spdlctl stats --json`): each
+  // subcommand passes the options it does not know up to the app.
+  app.fallthrough();
   auto* status = app.add_subcommand("status", "the daemon: uptime, threads, shared memory, job count");
   auto* jobs = app.add_subcommand("jobs", "your jobs (root: all) with their throughput");
   auto* stats = app.add_subcommand("stats", "per-stage figures of your jobs, or of one job");

@@ -217,8 +217,8 @@ Status Daemon::Start() {
         jobs::PeerInfo root;  // uid 0: every job
         return ops::RenderPrometheus(registry_->Status(root), ops::DaemonFacts{draining_});
       });
-      SPDL_RETURN_IF_ERROR(metrics_->Start(static_cast<uint16_t>(config_.metrics_port)));
-      spdlog::info("metrics on http://127.0.0.1:{}/metrics", metrics_->port());
+      SPDL_RETURN_IF_ERROR(metrics_->Start(config_.metrics_bind, static_cast<uint16_t>(config_.metrics_port)));
+      spdlog::info("metrics on http://{}/metrics", metrics_->endpoint());
       return Status::Ok();
     }));
   }
@@ -290,6 +290,7 @@ void Daemon::Reload() {
   restart_only("max_frame_bytes", config_.max_frame_bytes, next.max_frame_bytes);
   restart_only("metrics_port", config_.metrics_port, next.metrics_port);
   restart_only("plugin_dirs", Join(config_.plugin_dirs), Join(next.plugin_dirs));
+  restart_only("metrics_bind", config_.metrics_bind, next.metrics_bind);
   // Keep what only a restart changes, so status and later reloads report what really runs.
   next.socket_path = config_.socket_path;
   next.socket_mode = config_.socket_mode;
@@ -297,6 +298,7 @@ void Daemon::Reload() {
   next.max_frame_bytes = config_.max_frame_bytes;
   next.metrics_port = config_.metrics_port;
   next.plugin_dirs = config_.plugin_dirs;
+  next.metrics_bind = config_.metrics_bind;
 
   spdlog::set_level(spdlog::level::from_str(next.log_level));
   // Resizing waits for removed threads to finish the task they run (milliseconds); jobs go on.

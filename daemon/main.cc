@@ -11,6 +11,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"spdld: the per-node data-loading daemon"};
+  app.set_version_flag("--version", std::string("spdld ") + SPDLD_VERSION);
   std::string config_path;
   std::optional<std::string> socket_path;
   std::vector<std::string> allow_roots;

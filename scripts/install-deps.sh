@@ -1,24 +1,57 @@
 #!/usr/bin/env bash
-# Installs the Debian packages spdld needs to build, test, run the demo and the benchmark — only
-# those that are missing, so it is quick when everything is there. Needs root (or sudo).
+# Installs the Debian packages (and the few PyPI tools) spdld needs for one purpose — only those
+# that are missing, so it is quick when everything is there. Needs root (or sudo).
+#
+#   scripts/install-deps.sh demo    build + the daemon's and client's libraries: `make demo`
+#   scripts/install-deps.sh test    demo's, then the test stack (Python client, pytest, torch, ffmpeg,
+#                                   promtool, systemd-analyze, ...): `make test`
+#   scripts/install-deps.sh bench   test's, then the benchmark's plots: `make bench`
+#   scripts/install-deps.sh all     everything (the default)
+#
+# One array per purpose: add a package to the array of what needs it (measured fresh-machine
+# times per purpose: README.md, "Quick start").
 set -euo pipefail
 
-packages=(
-  # build
-  build-essential cmake ninja-build pkg-config
-  # libraries the daemon and the client are made of
+# build: compiler and tools; catch2 (header-only, ~1 MB) because the build configures the tests.
+build=(
+  build-essential cmake ninja-build pkg-config catch2
+)
+# the libraries the daemon, spdlctl, spdl-client and the C++ client library are made of
+libs=(
   libboost-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
   libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev
   libsystemd-dev
-  # tests
-  catch2 ffmpeg python3-prometheus-client
-  # the Python client, its tests and the benchmark (Debian's python3 has torch)
-  python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
-  python3-torchvision python3-pil python3-psutil python3-matplotlib
-  # spdl_client reads a YAML config's output.device; scripts/test-wheel.sh builds the wheel in venvs
-  python3-yaml python3-venv python3-pip
 )
+# tests: the Python client (python3-dev, pybind11, dlpack) and its tests (torch, numpy, PIL),
+# the media tests' `ffmpeg`, the metrics checks (prometheus-client, promtool from `prometheus`),
+# the unit checks (`systemd` for systemd-analyze, systemd-sysusers, systemd-tmpfiles), python3-venv
+# for the manifest validator (pip_test below)
+test=(
+  ffmpeg python3-prometheus-client prometheus systemd python3-venv python3-pip python3-yaml
+  python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
+  python3-torchvision python3-pil python3-psutil
+)
+# the benchmark against PyTorch's DataLoader: test's Python stack, and its plots
+bench=(
+  python3-matplotlib
+)
+# PyPI tools for the tests, installed into $SPDL_TOOLS_VENV (default /opt/spdld-test-tools):
+# kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas it carries.
+pip_test=(
+  kubernetes-validate
+)
+
+purpose=${1:-all}
+case "$purpose" in
+  demo | build) packages=("${build[@]}" "${libs[@]}") ;;
+  test) packages=("${build[@]}" "${libs[@]}" "${test[@]}") ;;
+  bench | all) packages=("${build[@]}" "${libs[@]}" "${test[@]}" "${bench[@]}") ;;
+  *) echo "usage: $0 [demo|test|bench|all]" >&2; exit 2 ;;
+esac
+
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -26,15 +59,24 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+  echo "install-deps ($purpose): all ${#packages[@]} packages present"
+else
+  echo "install-deps ($purpose): installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-[ "$(id -u)" -ne 0 ] && sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
+  venv=${SPDL_TOOLS_VENV:-/opt/spdld-test-tools}
+  need=()
+  for p in "${pip_test[@]}"; do
+    "$venv/bin/python3" -m pip show -q "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "install-deps ($purpose): installing ${need[*]} into $venv"
+    [ -x "$venv/bin/python3" ] || $sudo /usr/bin/python3 -m venv "$venv"
+    $sudo "$venv/bin/python3" -m pip install -q "${need[@]}"
+  fi
+fi

@@ -1,7 +1,8 @@
 #include "config/daemon_config.h"
 
-#include <charconv>
+#include <boost/asio/ip/address.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -175,6 +176,15 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   }
   // Operations keys.
   if (auto v = internal::ReadInt(diag, m.Get("metrics_port"), 0, 65535)) out->metrics_port = static_cast<int>(*v);
+  if (const internal::Field f = m.Get("metrics_bind"); auto v = internal::ReadString(diag, f)) {
+    boost::system::error_code ec;
+    (void)boost::asio::ip::make_address(*v, ec);
+    if (ec) {
+      diag.Error(f, "must be an IPv4 or IPv6 address like 127.0.0.1 or 0.0.0.0 (got '" + *v + "')");
+    } else {
+      out->metrics_bind = *v;
+    }
+  }
   if (auto v = internal::ReadInt(diag, m.Get("drain_seconds"), 0, 86400)) {
     out->drain_seconds = static_cast<int>(*v);
   }

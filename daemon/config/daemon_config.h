@@ -44,7 +44,9 @@ struct DaemonConfig {
   int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
   int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
   // Operations (see systemd/spdld.service.in).
-  int metrics_port = 0;                      // Prometheus /metrics on 127.0.0.1:PORT; 0 = off
+  int metrics_port = 0;                      // Prometheus /metrics on metrics_bind:PORT; 0 = off
+  std::string metrics_bind = "127.0.0.1";    // the address metrics listen on: an IPv4 or IPv6 literal
+                                             // (0.0.0.0 = every address, e.g. a pod's IP in Kubernetes)
   int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
                                              // to end before exiting anyway, 0..86400 (0 = at once)
   // Node-wide cache of encoded sample bytes (io/sample_cache.h: LRU, shared by every job, keyed by

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -54,17 +56,30 @@ Status ListVisible(const std::string& dir, std::vector<Entry>* entries) {
   return Status::Ok();
 }
 
+// The ending of a file name that did not match, for the refusal: ".png", or "(none)" without a '.'.
+std::string EndingOf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) return "(none)";
+  return Lower(name.substr(dot));
+}
+
 // Appends to *files the matching regular files below root/rel (rel non-empty), as paths relative
-// to root. Skips directories already in *seen.
+// to root, and counts the regular files that did not match in *others, by ending. Skips
+// directories already in *seen.
 Status CollectFiles(const std::string& root, const std::string& rel, const std::vector<std::string>& lower_exts,
-                    std::set<DirId>* seen, std::vector<std::string>* files, std::vector<FileStamp>* listed) {
+                    std::set<DirId>* seen, std::vector<std::string>* files, std::map<std::string, uint64_t>* others,
+                    std::vector<FileStamp>* listed) {
   std::vector<Entry> entries;
   SPDL_RETURN_IF_ERROR(ListVisible(root + "/" + rel, &entries));
   for (const Entry& e : entries) {
     const std::string child = rel + "/" + e.name;
     // A plain file needs no stat (ImageNet has 1.3M of them); links and unknown types do.
     if (e.type == DT_REG) {
-      if (HasExtension(e.name, lower_exts)) files->push_back(child);
+      if (HasExtension(e.name, lower_exts)) {
+        files->push_back(child);
+      } else {
+        ++(*others)[EndingOf(e.name)];
+      }
       continue;
     }
     if (e.type != DT_DIR && e.type != DT_LNK && e.type != DT_UNKNOWN) continue;
@@ -73,9 +88,13 @@ Status CollectFiles(const std::string& root, const std::string& rel, const std::
     if (S_ISDIR(st.st_mode)) {
       if (!seen->insert({st.st_dev, st.st_ino}).second) continue;
       if (listed) listed->push_back(MakeStamp(root + "/" + child, st));
-      SPDL_RETURN_IF_ERROR(CollectFiles(root, child, lower_exts, seen, files, listed));
-    } else if (S_ISREG(st.st_mode) && HasExtension(e.name, lower_exts)) {
-      files->push_back(child);
+      SPDL_RETURN_IF_ERROR(CollectFiles(root, child, lower_exts, seen, files, others, listed));
+    } else if (S_ISREG(st.st_mode)) {
+      if (HasExtension(e.name, lower_exts)) {
+        files->push_back(child);
+      } else {
+        ++(*others)[EndingOf(e.name)];
+      }
     }
   }
   return Status::Ok();
@@ -84,6 +103,20 @@ Status CollectFiles(const std::string& root, const std::string& rel, const std::
 std::string JoinExtensions(const std::vector<std::string>& exts) {
   std::string s;
   for (const std::string& e : exts) s += (s.empty() ? "" : ", ") + e;
+  return s;
+}
+
+// "48 .png, 2 .txt": the endings of the files that did not match, the most frequent first (at
+// most 5, then "..."). REQUIRES: others is not empty.
+std::string DescribeOthers(const std::map<std::string, uint64_t>& others) {
+  std::vector<std::pair<uint64_t, std::string>> byCount;
+  for (const auto& [ending, n] : others) byCount.emplace_back(n, ending);
+  std::stable_sort(byCount.begin(), byCount.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string s;
+  for (size_t i = 0; i < byCount.size() && i < 5; ++i) {
+    s += (i ? ", " : "") + std::to_string(byCount[i].first) + " " + byCount[i].second;
+  }
+  if (byCount.size() > 5) s += ", ...";
   return s;
 }
 
@@ -114,6 +147,7 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
   SPDL_RETURN_IF_ERROR(ListVisible(root, &entries));
   std::set<DirId> seen{{st.st_dev, st.st_ino}};
   std::vector<std::string> files;
+  std::map<std::string, uint64_t> others;  // files left out by `extensions`, by ending
   for (const Entry& e : entries) {
     const std::string& name = e.name;
     struct stat cst {};
@@ -123,9 +157,16 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
     if (!seen.insert({cst.st_dev, cst.st_ino}).second) continue;
     if (listed_dirs) listed_dirs->push_back(MakeStamp(root + "/" + name, cst));
     files.clear();
-    SPDL_RETURN_IF_ERROR(CollectFiles(root, name, lower_exts, &seen, &files, listed_dirs));
+    SPDL_RETURN_IF_ERROR(CollectFiles(root, name, lower_exts, &seen, &files, &others, listed_dirs));
     std::sort(files.begin(), files.end());
     for (std::string& f : files) m.samples.push_back(SampleRef{std::move(f), label});
+  }
+  if (m.samples.empty() && !others.empty()) {
+    uint64_t total = 0;
+    for (const auto& [ending, n] : others) total += n;
+    return NotFound(what + ": found " + std::to_string(total) + " files in its " + std::to_string(m.classes.size()) +
+                    " class sub-directories, none with the endings [" + JoinExtensions(lower_exts) + "] (" +
+                    DescribeOthers(others) + "); set source.extensions");
   }
   if (m.samples.empty()) {
     return NotFound(what + ": no files with extension " + JoinExtensions(extensions) +

@@ -553,6 +553,7 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
     s->set_region_bytes(r.region_bytes);
     *s->mutable_stats() = job->Stats();
     s->mutable_stats()->set_client_wait_seconds(r.client_wait_seconds.load());
+    for (const auto& n : r.client_wait_histogram) s->mutable_stats()->add_client_wait_histogram(n.load());
   }
   return st;
 }

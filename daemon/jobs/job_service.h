@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <string>
 
@@ -17,6 +18,7 @@
 #include <optional>
 
 #include "common/status.h"
+#include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
 
 namespace spdl::jobs {
@@ -78,6 +80,17 @@ struct JobRecord {
   uint32_t epochs = 1;
   uint64_t region_bytes = 0;
   std::atomic<double> client_wait_seconds{0};  // as last reported by the client
+  // Per Release, the growth of client_wait_seconds since the previous one, in
+  // pipeline::StageStats::Bucket buckets (RecordClientWait).
+  std::array<std::atomic<uint64_t>, pipeline::kHistogramBuckets> client_wait_histogram{};
+
+  // Stores the client's reported total wait and counts its growth since the last report.
+  void RecordClientWait(double total_seconds) {
+    const double before = client_wait_seconds.exchange(total_seconds);
+    const double grew = total_seconds > before ? total_seconds - before : 0.0;
+    const int b = pipeline::StageStats::Bucket(static_cast<uint64_t>(grew * 1e9));
+    client_wait_histogram[static_cast<size_t>(b)].fetch_add(1, std::memory_order_relaxed);
+  }
   std::weak_ptr<JobHandle> job;
 };
 

@@ -114,8 +114,11 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   popts.max_failures_fraction = s.config.max_failures.fraction;
   popts.max_failures_warmup = static_cast<uint64_t>(s.config.max_failures_warmup);
   popts.weight = s.config.weight;
-  popts.stages = {{s.config.stages.read.concurrency, s.config.stages.read.queue},
-                  {s.config.stages.decode.concurrency, s.config.stages.decode.queue}};
+  // The config has checked the ranges (concurrency 0..1024, queue 0..65536): both fit uint32_t.
+  auto stage = [](const config::StageConfig& c) {
+    return pipeline::StageOptions{static_cast<uint32_t>(c.concurrency), static_cast<uint32_t>(c.queue)};
+  };
+  popts.stages = {stage(s.config.stages.read), stage(s.config.stages.decode)};
   popts.log_name = "job " + std::to_string(s.job_id);
   popts.completion_order = s.config.order == config::Order::kCompletion;
   // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
@@ -296,6 +299,7 @@ void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageS
   out->set_window_put_wait_seconds(window.put_wait_seconds);
   out->set_window_get_wait_seconds(window.get_wait_seconds);
   out->set_window_items_per_s(window_seconds > 0 ? static_cast<double>(window.tasks) / window_seconds : 0);
+  for (uint64_t n : total.histogram) out->add_task_histogram(n);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -10,8 +10,15 @@
 #include <memory>
 #include <vector>
 
+#include "pipeline/stage_stats.h"
+
 namespace spdl::ops {
 namespace {
+
+// The internal histogram buckets exported as `le` bounds: every 4th (an octave) from 16 us to ~67 s.
+constexpr int kFirstBound = 12;  // BucketUpperNanos(12) = 16 us
+constexpr int kLastBound = 100;  // BucketUpperNanos(100) = 2^26 us, ~67 s
+static_assert(kLastBound < pipeline::kHistogramBuckets - 1);
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -38,10 +45,13 @@ std::string Escape(const std::string& v) {
 // Collects samples per family so each family is written once with its HELP and TYPE.
 class Exposition {
  public:
-  void Add(const std::string& name, const char* type, const char* help, const Labels& labels, double value) {
-    Family& f = families_[name];
+  // One sample of family `family` (default: `name`; a histogram's samples name their family).
+  void Add(const std::string& name, const char* type, const char* help, const Labels& labels, double value,
+           const std::string& family = "") {
+    const std::string& fam = family.empty() ? name : family;
+    Family& f = families_[fam];
     if (f.type.empty()) {
-      order_.push_back(name);
+      order_.push_back(fam);
       f.type = type;
       f.help = help;
     }
@@ -55,6 +65,28 @@ class Exposition {
     }
     line += ' ' + fmt::format("{}", value) + '\n';
     f.lines += line;
+  }
+  // A histogram family: NAME_bucket{labels..., le} (cumulative, at the octave bounds of `counts`,
+  // whose buckets are pipeline::StageStats's), NAME_sum = `sum`, NAME_count = every count.
+  template <typename Counts>
+  void AddHistogram(const std::string& name, const char* help, const Labels& labels, const Counts& counts, double sum) {
+    uint64_t total = 0;
+    int b = 0;
+    for (const auto& c : counts) {
+      total += c;
+      // One bound per octave from 16 us to ~67 s (the last internal bucket is open: +Inf only).
+      if (b >= kFirstBound && b <= kLastBound && b % 4 == 0) {
+        Labels l = labels;
+        l.emplace_back("le", fmt::format("{}", pipeline::StageStats::BucketUpperNanos(b) / 1e9));
+        Add(name + "_bucket", "histogram", help, l, double(total), name);
+      }
+      ++b;
+    }
+    Labels inf = labels;
+    inf.emplace_back("le", "+Inf");
+    Add(name + "_bucket", "histogram", help, inf, double(total), name);
+    Add(name + "_sum", "histogram", help, labels, sum, name);
+    Add(name + "_count", "histogram", help, labels, double(total), name);
   }
   std::string Text() const {
     std::string out;
@@ -94,22 +126,24 @@ const JobMetric kJobMetrics[] = {
      [](const proto::JobSummary& j) { return double(j.stats().batches()); }},
     {"spdld_job_skipped_total", "counter", "Bad samples skipped and replaced (on_error: skip).",
      [](const proto::JobSummary& j) { return double(j.stats().skipped()); }},
-    {"spdld_job_client_wait_seconds_total", "counter", "Time the client waited for data, as it last reported.",
-     [](const proto::JobSummary& j) { return j.stats().client_wait_seconds(); }},
+    {"spdld_job_samples_tried_total", "counter", "Samples that went through the stages, good or bad.",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_tried()); }},
+    {"spdld_job_samples_failed_total", "counter", "Samples that failed in some stage (skipped or fatal).",
+     [](const proto::JobSummary& j) { return double(j.stats().samples_failed()); }},
+    {"spdld_job_cache_hits_total", "counter", "The job's sample reads served from the node's sample cache.",
+     [](const proto::JobSummary& j) { return double(j.stats().cache_hits()); }},
+    {"spdld_job_cache_misses_total", "counter", "The job's sample reads that went to the file or URL.",
+     [](const proto::JobSummary& j) { return double(j.stats().cache_misses()); }},
     {"spdld_job_age_seconds", "gauge", "Seconds since the job was accepted.",
      [](const proto::JobSummary& j) { return j.stats().seconds(); }},
     {"spdld_job_first_batch_seconds", "gauge", "Seconds from acceptance to the first batch.",
      [](const proto::JobSummary& j) { return j.stats().first_batch_seconds(); }},
     {"spdld_job_batches_ready", "gauge", "Batches filled and waiting for the client.",
      [](const proto::JobSummary& j) { return double(j.stats().batches_ready()); }},
-    {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
-     [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
     {"spdld_job_batches_filling", "gauge", "Batches being filled by the pipeline.",
      [](const proto::JobSummary& j) { return double(j.stats().batches_filling()); }},
-    {"spdld_job_samples_tried_total", "counter", "Samples that went through the stages, good or bad.",
-     [](const proto::JobSummary& j) { return double(j.stats().samples_tried()); }},
-    {"spdld_job_samples_failed_total", "counter", "Samples that failed in some stage (skipped or fatal).",
-     [](const proto::JobSummary& j) { return double(j.stats().samples_failed()); }},
+    {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
+     [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
 };
 const StageMetric kStageMetrics[] = {
     {"spdld_stage_tasks_total", "counter", "Tasks run by the stage.",
@@ -118,20 +152,16 @@ const StageMetric kStageMetrics[] = {
      [](const proto::StageStats& s) { return double(s.failures()); }},
     {"spdld_stage_busy_seconds_total", "counter", "Worker time spent in the stage.",
      [](const proto::StageStats& s) { return s.busy_seconds(); }},
-    {"spdld_stage_queue_length", "gauge", "Rows waiting in the queue in front of the stage.",
-     [](const proto::StageStats& s) { return double(s.queue_length()); }},
-    {"spdld_stage_running", "gauge", "Tasks of the stage running now.",
-     [](const proto::StageStats& s) { return double(s.running()); }},
     {"spdld_stage_queue_wait_seconds_total", "counter", "Time rows waited in the stage's queue.",
      [](const proto::StageStats& s) { return s.get_wait_seconds(); }},
     {"spdld_stage_put_wait_seconds_total", "counter", "Time rows done here waited for room downstream.",
      [](const proto::StageStats& s) { return s.put_wait_seconds(); }},
-    {"spdld_stage_task_p50_ms", "gauge", "Median task time over the job.",
-     [](const proto::StageStats& s) { return s.p50_ms(); }},
-    {"spdld_stage_task_p90_ms", "gauge", "90th percentile task time over the job.",
-     [](const proto::StageStats& s) { return s.p90_ms(); }},
-    {"spdld_stage_task_p99_ms", "gauge", "99th percentile task time over the job.",
-     [](const proto::StageStats& s) { return s.p99_ms(); }},
+    {"spdld_stage_queue_length", "gauge", "Rows waiting in the queue in front of the stage (occupancy).",
+     [](const proto::StageStats& s) { return double(s.queue_length()); }},
+    {"spdld_stage_queue_capacity", "gauge", "Bound of the queue in front of the stage (0: bounded by the slot ring).",
+     [](const proto::StageStats& s) { return double(s.queue_capacity()); }},
+    {"spdld_stage_running", "gauge", "Tasks of the stage running now.",
+     [](const proto::StageStats& s) { return double(s.running()); }},
 };
 
 // One scrape: read the request, answer, close.
@@ -186,6 +216,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& facts) {
   Exposition e;
+  e.Add("spdld_build_info", "gauge", "The running spdld's version (value 1).", {{"version", SPDLD_VERSION}}, 1);
   e.Add("spdld_uptime_seconds", "gauge", "Seconds since spdld started.", {}, st.uptime_seconds());
   e.Add("spdld_worker_threads", "gauge", "Decode/transform worker threads.", {}, st.worker_threads());
   e.Add("spdld_memory_budget_bytes", "gauge", "Shared-memory budget for all jobs.", {},
@@ -193,15 +224,36 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {}, double(st.memory_in_use_bytes()));
   e.Add("spdld_jobs", "gauge", "Live jobs (all users).", {}, st.live_jobs());
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
+  if (st.jobs_size() > 0 && st.jobs(0).stats().cache_budget_bytes() > 0) {
+    const auto& c = st.jobs(0).stats();  // node-wide figures, the same in every job's stats
+    e.Add("spdld_cache_bytes", "gauge", "Bytes held by the node's sample cache.", {}, double(c.cache_bytes()));
+    e.Add("spdld_cache_budget_bytes", "gauge", "The sample cache's budget (cache_bytes).", {},
+          double(c.cache_budget_bytes()));
+    e.Add("spdld_cache_evictions_total", "counter", "Entries evicted from the sample cache.", {},
+          double(c.cache_evictions()));
+  }
   for (const auto& j : st.jobs()) {
     const Labels labels = {
-        {"job", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
+        {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
     for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
   }
   for (const auto& j : st.jobs()) {
+    const Labels labels = {
+        {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
+    e.AddHistogram("spdld_client_wait_seconds", "The client's wait for data, per batch released.", labels,
+                   j.stats().client_wait_histogram(), j.stats().client_wait_seconds());
+  }
+  for (const auto& j : st.jobs()) {
     for (const auto& s : j.stats().stages()) {
-      const Labels labels = {{"job", std::to_string(j.job_id())}, {"stage", s.name()}};
+      const Labels labels = {{"job_id", std::to_string(j.job_id())}, {"stage", s.name()}};
       for (const auto& m : kStageMetrics) e.Add(m.name, m.type, m.help, labels, m.get(s));
+    }
+  }
+  for (const auto& j : st.jobs()) {
+    for (const auto& s : j.stats().stages()) {
+      const Labels labels = {{"job_id", std::to_string(j.job_id())}, {"stage", s.name()}};
+      e.AddHistogram("spdld_stage_task_seconds", "Task times of the stage.", labels, s.task_histogram(),
+                     s.busy_seconds());
     }
   }
   return e.Text();
@@ -212,18 +264,22 @@ MetricsServer::MetricsServer(asio::io_context* io, std::function<std::string()> 
 
 MetricsServer::~MetricsServer() { Stop(); }
 
-Status MetricsServer::Start(uint16_t port) {
-  const tcp::endpoint ep(asio::ip::address_v4::loopback(), port);
+Status MetricsServer::Start(const std::string& address, uint16_t port) {
   boost::system::error_code ec;
+  const asio::ip::address addr = asio::ip::make_address(address, ec);
+  if (ec) return InvalidArgument("metrics_bind '" + address + "' is not an IPv4 or IPv6 address");
+  const tcp::endpoint ep(addr, port);
+  const std::string where = (addr.is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(port);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return Unavailable("cannot serve metrics on 127.0.0.1:" + std::to_string(port) + ": " + ec.message() +
-                       " (choose another metrics_port, or 0 to turn metrics off)");
+    return Unavailable("cannot serve metrics on " + where + ": " + ec.message() +
+                       " (choose another metrics_port or metrics_bind, or metrics_port 0 to turn metrics off)");
   }
   port_ = acceptor_.local_endpoint(ec).port();
+  endpoint_ = (addr.is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(port_);
   Accept();
   return Status::Ok();
 }

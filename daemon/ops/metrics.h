@@ -1,16 +1,24 @@
 // Prometheus metrics: the registry's status (proto DaemonStatus / JobSummary / JobStats /
-// StageStats) as Prometheus text exposition (format 0.0.4), served over HTTP on a loopback port
-// (daemon config metrics_port; 0 = off) with Boost.Beast on the daemon's io_context.
+// StageStats) as Prometheus text exposition (format 0.0.4), served over HTTP (daemon config
+// metrics_bind:metrics_port; port 0 = off; bind 127.0.0.1 by default, 0.0.0.0 for a pod's IP) with
+// Boost.Beast on the daemon's io_context. Names follow Prometheus conventions: base units (seconds,
+// bytes), counters end in _total, latencies are histograms (aggregatable across jobs and nodes),
+// and the per-job label is job_id (a `job` label would clash with the scrape job's).
 //
-// Exported families (labels: job, uid, rank on job series; job, stage on stage series):
-//   spdld_uptime_seconds, spdld_worker_threads, spdld_memory_budget_bytes,
-//   spdld_memory_in_use_bytes, spdld_jobs, spdld_draining                        (gauges)
-//   spdld_job_{samples,batches,skipped}_total, spdld_job_client_wait_seconds_total (counters)
-//   spdld_job_{age,first_batch}_seconds, spdld_job_batches_ready, spdld_job_memory_bytes (gauges)
-//   spdld_job_batches_filling (gauge), spdld_job_samples_{tried,failed}_total     (counters)
+// Exported families (labels: job_id, uid, rank on job series; job_id, stage on stage series):
+//   spdld_build_info{version} (gauge, 1), spdld_uptime_seconds, spdld_worker_threads,
+//   spdld_memory_budget_bytes, spdld_memory_in_use_bytes, spdld_jobs, spdld_draining   (gauges)
+//   spdld_cache_bytes, spdld_cache_budget_bytes (gauges), spdld_cache_evictions_total   (node-wide
+//     sample cache; present while a job runs, the figures are node-wide)
+//   spdld_job_{samples,batches,skipped,samples_tried,samples_failed}_total,
+//   spdld_job_cache_{hits,misses}_total                                                 (counters)
+//   spdld_job_{age,first_batch}_seconds, spdld_job_batches_{ready,filling},
+//   spdld_job_memory_bytes                                                               (gauges)
+//   spdld_client_wait_seconds{job_id,uid,rank} (histogram: the client's wait per Release)
 //   spdld_stage_{tasks,failures}_total, spdld_stage_busy_seconds_total,
-//   spdld_stage_{queue,put}_wait_seconds_total                                    (counters)
-//   spdld_stage_queue_length, spdld_stage_running, spdld_stage_task_p{50,90,99}_ms (gauges)
+//   spdld_stage_{queue,put}_wait_seconds_total                                          (counters)
+//   spdld_stage_queue_length, spdld_stage_queue_capacity, spdld_stage_running          (gauges)
+//   spdld_stage_task_seconds{job_id,stage} (histogram: task times)
 // A new JobStats / StageStats field is one line in the tables in metrics.cc.
 //
 // RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one
@@ -45,12 +53,15 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
-  // Binds 127.0.0.1:`port` and starts serving GET /metrics (anything else: 404; not GET: 405).
-  // kUnavailable when the port is taken.
-  Status Start(uint16_t port);
+  // Binds `address`:`port` (an IPv4 or IPv6 literal; port 0 = any free one) and starts serving
+  // GET /metrics (anything else: 404; not GET: 405). kUnavailable when the port is taken or the
+  // address is not this machine's; kInvalidArgument when `address` is not an address.
+  Status Start(const std::string& address, uint16_t port);
   // Stops accepting; connections in flight finish on their own.
   void Stop();
   uint16_t port() const { return port_; }
+  // "127.0.0.1:9464" or "[::1]:9464" once started.
+  std::string endpoint() const { return endpoint_; }
 
  private:
   void Accept();
@@ -59,6 +70,7 @@ class MetricsServer {
   const std::function<std::string()> render_;
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
+  std::string endpoint_;
   bool stopped_ = false;
   LogLimiter log_limiter_;
 };

@@ -99,7 +99,7 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       if (awaiting_consumer_events_) {
         return Fatal(proto::Error::BAD_REQUEST, "Release before CudaConsumerEvents in a GPU job");
       }
-      if (record_) record_->client_wait_seconds.store(msg.release().client_wait_seconds());
+      if (record_) record_->RecordClientWait(msg.release().client_wait_seconds());
       Status s = job_->Release(msg.release().slot(), msg.release().generation());
       if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad Release: " + s.message());
       return {};

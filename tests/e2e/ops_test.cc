@@ -12,7 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -338,7 +340,8 @@ int FreeTcpPort() {
 // Proto JSON prints 64-bit integers as strings.
 double Num(const nlohmann::json& j) { return j.is_string() ? std::stod(j.get<std::string>()) : j.get<double>(); }
 
-TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text, matches spdlctl") {
+TEST_CASE(
+    "the metrics endpoint, scraped over HTTP, parsed as Prometheus text and linted by promtool, matches spdlctl") {
   std::string probe;
   if (RunCommand({"/usr/bin/python3", "-c", "import prometheus_client"}, &probe) != 0) {
     WARN("skipped: python3-prometheus-client is not installed (apt-get install python3-prometheus-client)");
@@ -362,7 +365,8 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "stats"}, &stats_out) == 0);
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "status"}, &status_out) == 0);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
-  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/metrics"},
+  const std::string raw = f.dir.path + "/scrape.txt";
+  REQUIRE(RunCommand({"/usr/bin/python3", std::string(SPDL_SOURCE_DIR) + "/tests/ops/scrape.py", url + "/metrics", raw},
                      &scrape_out) == 0);
   INFO(stats_out);
   INFO(scrape_out);
@@ -373,7 +377,7 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   CHECK_THAT(m.at("content_type").get<std::string>(), Catch::StartsWith("text/plain; version=0.0.4"));
   const auto& s = m.at("samples");
   const std::string id = std::to_string(static_cast<uint64_t>(Num(job.at("job_id"))));
-  const std::string jl = "{job=" + id + ",rank=0,uid=" + std::to_string(::geteuid()) + "}";
+  const std::string jl = "{job_id=" + id + ",rank=0,uid=" + std::to_string(::geteuid()) + "}";
   const auto& st = job.at("stats");
   CHECK(s.at("spdld_jobs").get<double>() == 1);
   CHECK(s.at("spdld_draining").get<double>() == 0);
@@ -387,10 +391,35 @@ TEST_CASE("the metrics endpoint, scraped over HTTP and parsed as Prometheus text
   CHECK(s.at("spdld_job_memory_bytes" + jl).get<double>() == Num(job.at("region_bytes")));
   REQUIRE_FALSE(st.at("stages").empty());
   for (const auto& stage : st.at("stages")) {
-    const std::string sl = "{job=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
+    const std::string sl = "{job_id=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";
     CHECK(s.at("spdld_stage_tasks_total" + sl).get<double>() == Num(stage.at("tasks")));
     CHECK(s.at("spdld_stage_failures_total" + sl).get<double>() == Num(stage.at("failures")));
     CHECK(s.at("spdld_stage_queue_length" + sl).get<double>() == Num(stage.at("queue_length")));
+    // Task times as a histogram in seconds: every task counted, +Inf bucket = count.
+    const std::string hl = "{job_id=" + id + ",le=+Inf,stage=" + stage.at("name").get<std::string>() + "}";
+    CHECK(s.at("spdld_stage_task_seconds_bucket" + hl).get<double>() == Num(stage.at("tasks")));
+    CHECK(s.at("spdld_stage_task_seconds_count" + sl).get<double>() == Num(stage.at("tasks")));
+    CHECK(s.at("spdld_stage_task_seconds_sum" + sl).get<double>() == Approx(stage.at("busy_seconds").get<double>()));
+  }
+  // The client released nothing yet (it holds both batches): no wait counted.
+  CHECK(s.at("spdld_client_wait_seconds_count" + jl).get<double>() == 0);
+  CHECK(s.at("spdld_build_info{version=" + std::string(SPDLD_VERSION) + "}").get<double>() == 1);
+  CHECK(m.at("types").at("spdld_stage_task_seconds") == "histogram");
+  CHECK(m.at("types").at("spdld_client_wait_seconds") == "histogram");
+  for (const auto& [name, v] : s.items()) {
+    CHECK(name.find("job=") == std::string::npos);  // job_id, never job: Prometheus would rename it
+    CHECK(name.find("_ms") == std::string::npos);
+  }
+  // promtool's own check (the Prometheus linter) on the body as served: no problem reported.
+  std::string lint;
+  if (RunCommand({"/bin/sh", "-c", "command -v promtool"}, &lint) != 0) {
+    WARN("promtool part skipped: promtool is not installed (apt-get install prometheus)");
+  } else {
+    lint.clear();
+    const int rc = testing::RunCommandAs({}, {"/bin/sh", "-c", "promtool check metrics < " + raw}, &lint, true);
+    INFO(lint);
+    CHECK(rc == 0);
+    CHECK(lint.empty());
   }
   CHECK(m.at("types").at("spdld_job_samples") == "counter");
   CHECK(m.at("types").at("spdld_job_batches_ready") == "gauge");
@@ -522,6 +551,247 @@ TEST_CASE("spdlctl: every command answers --json, and the status and jobs tables
   REQUIRE(RunCommand({ctl, "--socket", f.socket(), "--json", "drain"}, &out) == 0);
   a->reset();
   CHECK(d.Stop(0, std::chrono::seconds(20)) == std::optional<int>(0));
+}
+
+// ---- the README's command lines, as written ----
+
+// The command lines of README.md's ```sh blocks that start with `build/bin/PROGRAM ` (continuation
+// lines joined, the `# comment` and a trailing `&` cut, `[optional parts]` dropped), split on
+// blanks, with the README's places swapped for the test's: build/bin/ -> the build's bin directory,
+// config/ -> the source tree's, /tmp/spdld.sock and /tmp/spdl-data -> `socket` and `data`.
+std::vector<std::vector<std::string>> ReadmeCommands(const std::string& program, const std::string& socket,
+                                                     const std::string& data) {
+  std::ifstream in(std::string(SPDL_SOURCE_DIR) + "/README.md");
+  REQUIRE(in);
+  std::vector<std::vector<std::string>> commands;
+  bool in_sh = false;
+  std::string pending;
+  auto replace_all = [](std::string s, const std::string& from, const std::string& to) {
+    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+      s.replace(at, from.size(), to);
+    return s;
+  };
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("```", 0) == 0) {
+      in_sh = !in_sh && line == "```sh";
+      continue;
+    }
+    if (!in_sh) continue;
+    if (pending.empty() && line.rfind("build/bin/" + program + " ", 0) != 0) continue;
+    const size_t hash = line.find(" #");
+    if (hash != std::string::npos) line.resize(hash);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    if (!line.empty() && line.back() == '\\') {
+      line.pop_back();
+      pending += line + " ";
+      continue;
+    }
+    line = pending + line;
+    pending.clear();
+    INFO(line);
+    REQUIRE(line.find_first_of("'\"$;|") == std::string::npos);  // no shell syntax beyond what is cut here
+    while (!line.empty() && (line.back() == '&' || line.back() == ' ')) line.pop_back();
+    for (size_t open = line.find('['); open != std::string::npos; open = line.find('[')) {
+      const size_t close = line.find(']', open);
+      REQUIRE(close != std::string::npos);
+      line.erase(open, close - open + 1);
+    }
+    line = replace_all(line, "/tmp/spdld.sock", socket);
+    line = replace_all(line, "/tmp/spdl-data", data);
+    std::vector<std::string> argv;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) {
+      if (w.rfind("build/bin/", 0) == 0) w = std::string(SPDL_BIN_DIR) + "/" + w.substr(10);
+      if (w.rfind("config/", 0) == 0) w = std::string(SPDL_SOURCE_DIR) + "/" + w;
+      argv.push_back(w);
+    }
+    commands.push_back(argv);
+  }
+  return commands;
+}
+
+std::string Joined(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+// A program started from a README line (spdld), stopped with SIGTERM.
+class Background {
+ public:
+  explicit Background(const std::vector<std::string>& argv) : pid_(::fork()) {
+    if (pid_ == 0) {
+      std::vector<char*> a;
+      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (pid_ > 0) Stop();
+  }
+  // SIGTERM and wait; the exit code (-1 when it did not exit by itself).
+  int Stop() {
+    if (pid_ <= 0) return exit_code_;
+    ::kill(pid_, SIGTERM);
+    Reap();
+    return exit_code_;
+  }
+  // Waits for an exit that something else caused (spdlctl drain); true when it came within 20 s.
+  bool WaitExit() {
+    for (int i = 0; i < 2000 && pid_ > 0; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        pid_ = 0;
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pid_ == 0;
+  }
+
+ private:
+  void Reap() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    pid_ = 0;
+  }
+  pid_t pid_;
+  int exit_code_ = -1;
+};
+
+bool WaitConnectable(const std::string& socket) {
+  for (int i = 0; i < 1000; ++i) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST_CASE(
+    "the README's command lines run as written: spdl-make-dataset, spdld as a normal user, spdl-client, "
+    "every spdlctl command with --json after it") {
+  TempDir t;
+  const std::string socket = t.path + "/spdld.sock", data = t.path + "/spdl-data";
+  const auto make = ReadmeCommands("spdl-make-dataset", socket, data);
+  const auto daemons = ReadmeCommands("spdld", socket, data);
+  const auto clients = ReadmeCommands("spdl-client", socket, data);
+  auto ctl = ReadmeCommands("spdlctl", socket, data);
+  REQUIRE(make.size() == 1);
+  REQUIRE(daemons.size() >= 2);
+  REQUIRE(clients.size() >= 2);
+  REQUIRE(ctl.size() >= 6);
+
+  std::string out;
+  INFO(Joined(make[0]));
+  REQUIRE(RunCommand(make[0], &out) == 0);
+  CHECK_THAT(out, Catch::StartsWith("wrote "));
+
+  // Each spdld line starts a daemon that answers; the first (the quick start's) runs the rest.
+  for (size_t i = daemons.size(); i-- > 1;) {
+    INFO(Joined(daemons[i]));
+    Background d(daemons[i]);
+    REQUIRE(WaitConnectable(socket));
+    REQUIRE(RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "status", "--socket", socket}, &out) == 0);
+    CHECK(d.Stop() == 0);
+  }
+  INFO(Joined(daemons[0]));
+  Background d(daemons[0]);
+  REQUIRE(WaitConnectable(socket));
+
+  for (const auto& c : clients) {
+    INFO(Joined(c));
+    out.clear();
+    REQUIRE(RunCommand(c, &out) == 0);
+    CHECK_THAT(out, Catch::Contains("samples in"));
+  }
+
+  // A job that runs until it is cancelled, for `stats JOB` and `cancel JOB`.
+  client::Options job;
+  job.socket_path = socket;
+  job.config_name = "job.yaml";
+  job.config_yaml = "source: {type: image_folder, root: " + data +
+                    "}\nbatch: {size: 4}\ntransforms:\n  - resize: {shorter: 40}\n  - center_crop: {size: 32}\n"
+                    "prefetch: 2\n";
+  auto loader = client::Loader::Open(job);
+  REQUIRE(loader.ok());
+  REQUIRE((*loader)->Next().ok());
+  const std::string id = std::to_string((*loader)->info().job_id);
+  // cancel, then drain, last: each ends what the others look at.
+  auto rank = [](const std::vector<std::string>& argv) {
+    for (const auto& a : argv) {
+      if (a == "cancel") return 1;
+      if (a == "drain") return 2;
+    }
+    return 0;
+  };
+  std::stable_sort(ctl.begin(), ctl.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  bool drained = false;
+  for (auto argv : ctl) {
+    for (auto& a : argv) {
+      if (a == "JOB") a = id;
+    }
+    const bool has_json = std::find(argv.begin(), argv.end(), "--json") != argv.end();
+    if (rank(argv) == 0 && !has_json) {  // the same command with --json after it
+      auto json = argv;
+      json.push_back("--json");
+      INFO(Joined(json));
+      out.clear();
+      REQUIRE(RunCommand(json, &out) == 0);
+      CHECK_NOTHROW(nlohmann::json::parse(out));
+    }
+    INFO(Joined(argv));
+    out.clear();
+    REQUIRE(RunCommand(argv, &out) == 0);
+    if (has_json) CHECK_NOTHROW(nlohmann::json::parse(out));
+    if (rank(argv) == 1) CHECK(out == "cancelled job " + id + "\n");
+    if (rank(argv) == 2) drained = true;
+  }
+  loader->reset();
+  REQUIRE(drained);
+  CHECK(d.WaitExit());
+  CHECK(d.Stop() == 0);
+}
+
+TEST_CASE("a folder whose files all lack the example config's endings is refused, counting them") {
+  OpsFixture f;
+  // 48 PNG files (the refusal comes from the folder scan, before anything is decoded).
+  for (int i = 0; i < 24; ++i) {
+    for (const char* cls : {"cat", "dog"}) {
+      fs::create_directories(f.dir.path + "/png/" + cls);
+      std::ofstream(f.dir.path + "/png/" + cls + "/" + std::to_string(i) + ".png") << "not decoded";
+    }
+  }
+  DaemonProcess d(f.socket(), {"--config", f.config()});
+  REQUIRE(d.Connectable());
+  std::string out;
+  const int rc = testing::RunCommandAs({},
+                                       {std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config",
+                                        std::string(SPDL_SOURCE_DIR) + "/config/examples/imagenet.yaml", "--set",
+                                        "source.root=" + f.dir.path + "/png", "--epochs", "1"},
+                                       &out, /*merge_stderr=*/true);
+  INFO(out);
+  CHECK(rc != 0);
+  CHECK_THAT(out, Catch::Contains("found 48 files in its 2 class sub-directories, none with the endings [.jpg, "
+                                  ".jpeg] (48 .png); set source.extensions"));
+  // With the endings set, the same folder is scanned (and its fake PNGs fail to decode: skipped).
+  out.clear();
+  testing::RunCommandAs({},
+                        {std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config",
+                         std::string(SPDL_SOURCE_DIR) + "/config/examples/imagenet.yaml", "--set",
+                         "source.root=" + f.dir.path + "/png", "--set", "source.extensions=[.png]", "--epochs", "1"},
+                        &out, true);
+  CHECK_THAT(out, !Catch::Contains("none with the endings"));
+  CHECK(d.Stop() == std::optional<int>(0));
 }
 
 }  // namespace

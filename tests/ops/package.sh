@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build into a staging tree (cmake --install, DESTDIR) and checks what lands where;
 # builds the .deb with CPack and checks its contents (dpkg-deb -c), its Depends (from shlibdeps)
-# and conffiles; compiles and links a small program against the staged client library through
+# and conffiles; runs the service set-up (systemd-sysusers, systemd-tmpfiles, systemctl enable) in
+# the staging root as README.md's operations section does on a machine; compiles and links a small program against the staged client library through
 # its pkg-config file. Exit 77 (ctest: Skipped) when dpkg-deb or cpack is missing.
 set -euo pipefail
 build_dir=$1
@@ -14,7 +15,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 echo "== cmake --install (DESTDIR, prefix /usr)"
 DESTDIR=$tmp/stage cmake --install "$build_dir" --prefix /usr >"$tmp/install.log"
-for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
+for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/bin/spdl-make-dataset usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
          usr/lib/sysusers.d/spdld.conf etc/spdld/spdld.yaml usr/share/spdld/examples/imagenet.yaml \
          usr/include/spdl/client.h usr/include/spdl/control.h usr/include/spdl/common/status.h \
          usr/include/spdl/proto/control.pb.h usr/include/spdl/op.h usr/share/doc/spdld/README.md; do
@@ -25,6 +26,36 @@ libdir=$(cd "$tmp/stage/usr" && dirname "$(find . -name libspdl_client.a | head 
 grep -q '^ExecStart=/usr/bin/spdld --config /etc/spdld/spdld.yaml' "$tmp/stage/usr/lib/systemd/system/spdld.service" \
   || fail "the installed unit does not start /usr/bin/spdld"
 grep -q '^prefix=/usr$' "$tmp/stage/usr/$libdir/pkgconfig/spdl-client.pc" || fail "spdl-client.pc has the wrong prefix"
+
+echo "== the README's service steps in the staging root: systemd-sysusers, systemd-tmpfiles, systemctl enable"
+for f in usr/lib/tmpfiles.d/spdld.conf usr/share/doc/spdld/LICENSE usr/share/doc/spdld/spdld-network.conf; do
+  [ -e "$tmp/stage/$f" ] || fail "cmake --install did not install /$f"
+done
+if command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/null && command -v systemctl >/dev/null; then
+  root=$tmp/stage
+  mkdir -p "$root/etc"
+  # README.md's own lines (Operations), run against the staging root (--root after the program name).
+  readme_line() { grep -E "^$1 " "$src_dir/README.md" | head -1 | sed 's/ *#.*//'; }
+  sysusers=$(readme_line systemd-sysusers) tmpfiles=$(readme_line systemd-tmpfiles)
+  [ -n "$sysusers" ] && [ -n "$tmpfiles" ] || fail "README.md lost its systemd-sysusers / systemd-tmpfiles lines"
+  echo "README: $sysusers; $tmpfiles"
+  # shellcheck disable=SC2086
+  systemd-sysusers --root="$root" ${sysusers#systemd-sysusers } || fail "$sysusers (--root) failed"
+  uid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/passwd")
+  gid=$(awk -F: '$1 == "spdld" { print $3 }' "$root/etc/group")
+  [ -n "$uid" ] && [ -n "$gid" ] || fail "no user or group spdld after systemd-sysusers"
+  # shellcheck disable=SC2086
+  systemd-tmpfiles --root="$root" ${tmpfiles#systemd-tmpfiles } || fail "$tmpfiles (--root) failed"
+  for d in var/lib/spdld run/spdld; do
+    [ "$(stat -c '%u:%g %a' "$root/$d")" = "$uid:$gid 755" ] || fail "/$d is $(stat -c '%u:%g %a' "$root/$d"), not spdld's 0755"
+  done
+  systemctl --root="$root" enable spdld.service >/dev/null 2>&1 || fail "systemctl --root enable spdld failed"
+  [ -L "$root/etc/systemd/system/multi-user.target.wants/spdld.service" ] || fail "spdld.service not enabled"
+  [ -L "$root/etc/systemd/system/sockets.target.wants/spdld.socket" ] || fail "spdld.socket not enabled with it (Also=)"
+  echo "user spdld $uid:$gid, /var/lib/spdld and /run/spdld, spdld.service and spdld.socket enabled"
+else
+  echo "SKIPPED part: systemd-sysusers / systemd-tmpfiles / systemctl missing (apt-get install systemd)"
+fi
 
 echo "== a program built against the installed client library (pkg-config)"
 cat > "$tmp/hello.cc" <<'CC'
@@ -55,7 +86,7 @@ deb=$(ls "$tmp"/pkg/*.deb | head -1)
 [ -f "$deb" ] || fail "no .deb"
 echo "$(basename "$deb") $(du -h "$deb" | cut -f1)"
 dpkg-deb -c "$deb" > "$tmp/contents"
-for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
+for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/bin/spdl-make-dataset ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
          ./usr/lib/sysusers.d/spdld.conf ./etc/spdld/spdld.yaml ./usr/share/spdld/examples/imagenet.yaml \
          ./usr/include/spdl/client.h ./usr/$libdir/libspdl_client.a ./usr/$libdir/pkgconfig/spdl-client.pc; do
   grep -q " $f\$" "$tmp/contents" || fail "the .deb lacks $f"
@@ -68,4 +99,7 @@ done
 dpkg-deb -e "$deb" "$tmp/control"
 grep -qx /etc/spdld/spdld.yaml "$tmp/control/conffiles" || fail "/etc/spdld/spdld.yaml is not a conffile"
 [ -x "$tmp/control/postinst" ] || fail "no postinst"
+grep -q "systemd-sysusers /usr/lib/sysusers.d/spdld.conf" "$tmp/control/postinst" || fail "postinst does not run systemd-sysusers"
+grep -q "systemd-tmpfiles --create /usr/lib/tmpfiles.d/spdld.conf" "$tmp/control/postinst" || fail "postinst does not run systemd-tmpfiles"
+grep -q " ./usr/lib/tmpfiles.d/spdld.conf\$" "$tmp/contents" || fail "the .deb lacks tmpfiles.d/spdld.conf"
 echo "OK: install tree and .deb as expected"

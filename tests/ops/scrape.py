@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Scrapes a Prometheus endpoint with a real HTTP GET and parses it with prometheus_client's parser.
 
-Prints JSON: {"status": HTTP status, "content_type": ..., "samples": {"name{k=v,...}": value},
-"types": {family: type}}. Exit 77 when prometheus_client is missing (apt-get install
+Usage: scrape.py URL [RAW_FILE]. Prints JSON: {"status": HTTP status, "content_type": ...,
+"samples": {"name{k=v,...}": value}, "types": {family: type}}; with RAW_FILE, also writes the body
+there as served (for `promtool check metrics`). Exit 77 when prometheus_client is missing (apt-get install
 python3-prometheus-client)."""
 import json
 import sys
@@ -21,6 +22,10 @@ try:
 except urllib.error.HTTPError as e:
     print(json.dumps({"status": e.code}))
     sys.exit(0)
+
+if len(sys.argv) > 2:
+    with open(sys.argv[2], "w") as f:
+        f.write(body)
 
 samples, types = {}, {}
 for fam in text_string_to_metric_families(body):

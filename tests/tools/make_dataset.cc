@@ -7,6 +7,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"spdl-make-dataset: write a sample image-folder dataset of JPEG files"};
+  app.set_version_flag("--version", std::string("spdl-make-dataset ") + SPDLD_VERSION);
   std::string root;
   spdl::testdata::DatasetOptions o;
   app.add_option("root", root, "directory to write (class sub-folders go below it)")->required();

@@ -1235,6 +1235,32 @@ TEST_CASE("every config shipped under config/ parses with no error") {
   }
 }
 
+TEST_CASE("metrics_bind: loopback by default, an address literal, anything else refused with its line") {
+  DaemonConfigResult d = ParseDaemonConfig("metrics_port: 9464\n");
+  REQUIRE(d.config.has_value());
+  CHECK(d.config->metrics_bind == "127.0.0.1");
+  d = ParseDaemonConfig("metrics_bind: 0.0.0.0\n");
+  REQUIRE(d.config.has_value());
+  CHECK(d.config->metrics_bind == "0.0.0.0");
+  d = ParseDaemonConfig("metrics_bind: \"::1\"\n");
+  REQUIRE(d.config.has_value());
+  CHECK(d.config->metrics_bind == "::1");
+  d = ParseDaemonConfig("metrics_port: 9464\nmetrics_bind: my-host\n");
+  CHECK_FALSE(d.config.has_value());
+  REQUIRE(d.errors.size() == 1);
+  CHECK(d.errors[0].line == 2);
+  CHECK(Contains(d.errors[0].message, "must be an IPv4 or IPv6 address"));
+}
+
+TEST_CASE("the Kubernetes ConfigMap's daemon config loads and serves metrics on the pod IP") {
+  DaemonConfigResult d = LoadDaemonConfig(std::string(SPDL_SOURCE_DIR) + "/deploy/kubernetes/base/spdld.yaml");
+  INFO(FormatConfigErrors(d.errors, "deploy/kubernetes/base/spdld.yaml"));
+  REQUIRE(d.config.has_value());
+  CHECK(d.config->metrics_bind == "0.0.0.0");
+  CHECK(d.config->metrics_port == 9464);
+  CHECK(d.config->socket_path == "/run/spdld/spdld.sock");
+}
+
 TEST_CASE("the shipped configs say what the docs say") {
   const std::string dir = std::string(SPDL_SOURCE_DIR) + "/config";
   DaemonConfigResult d = LoadDaemonConfig(dir + "/spdld.yaml");

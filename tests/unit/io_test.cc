@@ -118,11 +118,31 @@ TEST_CASE("ScanImageFolder: errors name the root") {
     CHECK(m.status().code() == StatusCode::kNotFound);
     CHECK_THAT(m.status().message(), Catch::Contains(t.path()) && Catch::Contains(".jpg"));
   }
-  SECTION("classes but no matching files") {
+  SECTION("classes but no matching files: how many were left out by the endings, and which endings") {
     t.Write("a/readme.txt");
     auto m = ScanImageFolder(t.path(), {".jpg", ".png"});
     CHECK(m.status().code() == StatusCode::kNotFound);
-    CHECK_THAT(m.status().message(), Catch::Contains(".jpg, .png"));
+    CHECK(m.status().message() == "image folder " + t.path() +
+                                      ": found 1 files in its 1 class sub-directories, none with the endings [.jpg, "
+                                      ".png] (1 .txt); set source.extensions");
+  }
+  SECTION("a folder of PNG files scanned for JPEG endings: the refusal counts them and names the key to set") {
+    for (int i = 0; i < 24; ++i) {
+      t.Write("cat/" + std::to_string(i) + ".PNG");
+      t.Write("dog/deep/" + std::to_string(i) + ".png");
+    }
+    t.Write("dog/NOTES");
+    auto m = ScanImageFolder(t.path(), {"jpg", ".JPEG"});
+    CHECK(m.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(m.status().message(),
+               Catch::Contains("found 49 files in its 2 class sub-directories, none with the endings [.jpg, .jpeg] "
+                               "(48 .png, 1 (none)); set source.extensions"));
+  }
+  SECTION("class sub-directories without any file") {
+    std::filesystem::create_directories(t / "a");
+    auto m = ScanImageFolder(t.path(), {".jpg"});
+    CHECK(m.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(m.status().message(), Catch::Contains("no files with extension .jpg") && Catch::Contains("1 classes"));
   }
   SECTION("no extensions") {
     t.Write("a/x.jpg");

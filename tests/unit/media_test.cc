@@ -1797,8 +1797,11 @@ std::vector<uint8_t> ExifSegment(int tag, bool big_endian) {
   u16(0x010F), u16(2), u32(4), u32(0x41424300);  // Make = "ABC"
   u16(0x0112), u16(3), u32(1), u16(static_cast<uint32_t>(tag)), u16(0);
   u32(0);   // no next IFD
-  std::vector<uint8_t> seg = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
-  seg.insert(seg.end(), tiff.begin(), tiff.end());
+  // Sized once and copied into (an insert that grows the vector trips GCC 12's -Warray-bounds).
+  const uint8_t header[] = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
+  std::vector<uint8_t> seg(sizeof(header) + tiff.size());
+  std::copy(std::begin(header), std::end(header), seg.begin());
+  std::copy(tiff.begin(), tiff.end(), seg.begin() + sizeof(header));
   const size_t len = seg.size() - 2;
   seg[2] = static_cast<uint8_t>(len >> 8);
   seg[3] = static_cast<uint8_t>(len);

@@ -12,6 +12,7 @@
 #include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "ops/startup_checks.h"
+#include "pipeline/stage_stats.h"
 
 namespace spdl::ops {
 namespace {
@@ -134,7 +135,7 @@ TEST_CASE("without NOTIFY_SOCKET the notifier sends nothing and has no watchdog"
   n.SetStatus("x");
 }
 
-TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labels") {
+TEST_CASE("the Prometheus text: job_id labels, _total counters, histograms in seconds, build info") {
   proto::DaemonStatus st;
   st.set_live_jobs(2);
   st.set_memory_budget_bytes(1 << 30);
@@ -148,24 +149,70 @@ TEST_CASE("the Prometheus text has one HELP and TYPE per family and escaped labe
     auto* stage = j->mutable_stats()->add_stages();
     stage->set_name(id == 3 ? "read" : "de\"code");
     stage->set_tasks(7);
+    stage->set_busy_seconds(0.5);
     stage->set_queue_length(3);
-    stage->set_p99_ms(1.5);
+    // 7 task times in the stage's buckets: 2 under 16 us (bucket 5), 4 in (0.5 ms, 1 ms], 1 open-ended.
+    for (int b = 0; b < pipeline::kHistogramBuckets; ++b) stage->add_task_histogram(0);
+    stage->set_task_histogram(pipeline::StageStats::Bucket(10'000), 2);
+    stage->set_task_histogram(pipeline::StageStats::Bucket(900'000), 4);
+    stage->set_task_histogram(pipeline::kHistogramBuckets - 1, 1);
+    for (int b = 0; b < pipeline::kHistogramBuckets; ++b) j->mutable_stats()->add_client_wait_histogram(0);
+    j->mutable_stats()->set_client_wait_histogram(pipeline::StageStats::Bucket(200'000'000), 3);  // 0.2 s
   }
   const std::string text = RenderPrometheus(st, DaemonFacts{true});
+  INFO(text);
   CHECK_THAT(text, Catch::Contains("# TYPE spdld_job_samples_total counter\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job=\"3\",uid=\"1000\",rank=\"0\"} 300\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job=\"4\",uid=\"1000\",rank=\"1\"} 400\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_job_client_wait_seconds_total{job=\"3\",uid=\"1000\",rank=\"0\"} 0.25\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_stage_tasks_total{job=\"4\",stage=\"de\\\"code\"} 7\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_stage_queue_length{job=\"3\",stage=\"read\"} 3\n"));
-  CHECK_THAT(text, Catch::Contains("spdld_stage_task_p99_ms{job=\"3\",stage=\"read\"} 1.5\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job_id=\"3\",uid=\"1000\",rank=\"0\"} 300\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_job_samples_total{job_id=\"4\",uid=\"1000\",rank=\"1\"} 400\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_tasks_total{job_id=\"4\",stage=\"de\\\"code\"} 7\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_queue_length{job_id=\"3\",stage=\"read\"} 3\n"));
+  CHECK_THAT(text, !Catch::Contains("job=\""));  // never a `job` label: it clashes with the scrape's
+  CHECK_THAT(text, !Catch::Contains("_ms"));     // base units only
+  // Stage task times: a histogram in seconds, cumulative buckets at octave bounds, sum and count.
+  CHECK_THAT(text, Catch::Contains("# TYPE spdld_stage_task_seconds histogram\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_bucket{job_id=\"3\",stage=\"read\",le=\"1.6e-05\"} 2\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_bucket{job_id=\"3\",stage=\"read\",le=\"0.000512\"} 2\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_bucket{job_id=\"3\",stage=\"read\",le=\"0.001024\"} 6\n"));
+  CHECK_THAT(text,
+             Catch::Contains("spdld_stage_task_seconds_bucket{job_id=\"3\",stage=\"read\",le=\"67.108864\"} 6\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_bucket{job_id=\"3\",stage=\"read\",le=\"+Inf\"} 7\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_sum{job_id=\"3\",stage=\"read\"} 0.5\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_stage_task_seconds_count{job_id=\"3\",stage=\"read\"} 7\n"));
+  // The client's waits: a histogram per job.
+  CHECK_THAT(text, Catch::Contains("# TYPE spdld_client_wait_seconds histogram\n"));
+  CHECK_THAT(text, Catch::Contains(
+                       "spdld_client_wait_seconds_bucket{job_id=\"3\",uid=\"1000\",rank=\"0\",le=\"0.131072\"} 0\n"));
+  CHECK_THAT(text, Catch::Contains(
+                       "spdld_client_wait_seconds_bucket{job_id=\"3\",uid=\"1000\",rank=\"0\",le=\"0.262144\"} 3\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_client_wait_seconds_sum{job_id=\"3\",uid=\"1000\",rank=\"0\"} 0.25\n"));
+  CHECK_THAT(text, Catch::Contains("spdld_client_wait_seconds_count{job_id=\"3\",uid=\"1000\",rank=\"0\"} 3\n"));
+  CHECK_THAT(text, Catch::Contains(std::string("spdld_build_info{version=\"") + SPDLD_VERSION + "\"} 1\n"));
   CHECK_THAT(text, Catch::Contains("spdld_jobs 2\n"));
   CHECK_THAT(text, Catch::Contains("spdld_draining 1\n"));
   CHECK_THAT(text, Catch::Contains("spdld_memory_budget_bytes 1073741824\n"));
-  size_t n = 0;
-  for (size_t p = 0; (p = text.find("# TYPE spdld_job_samples_total ", p)) != std::string::npos; ++p) ++n;
-  CHECK(n == 1);
+  for (const char* family : {"# TYPE spdld_job_samples_total ", "# TYPE spdld_stage_task_seconds "}) {
+    size_t n = 0;
+    for (size_t p = 0; (p = text.find(family, p)) != std::string::npos; ++p) ++n;
+    CHECK(n == 1);
+  }
   CHECK(text.back() == '\n');
+}
+
+TEST_CASE("metrics listen on metrics_bind: loopback by default, any address given, a bad one refused") {
+  boost::asio::io_context io;
+  MetricsServer loopback(&io, [] { return std::string("x 1\n"); });
+  REQUIRE(loopback.Start("127.0.0.1", 0).ok());
+  CHECK_THAT(loopback.endpoint(), Catch::StartsWith("127.0.0.1:"));
+  MetricsServer any(&io, [] { return std::string("x 1\n"); });
+  REQUIRE(any.Start("0.0.0.0", 0).ok());
+  CHECK(any.endpoint() == "0.0.0.0:" + std::to_string(any.port()));
+  MetricsServer bad(&io, [] { return std::string(); });
+  auto s = bad.Start("localhost", 0);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("metrics_bind 'localhost'"));
+  MetricsServer taken(&io, [] { return std::string(); });
+  s = taken.Start("127.0.0.1", loopback.port());
+  CHECK(s.code() == StatusCode::kUnavailable);
 }
 
 TEST_CASE("the log limiter lets a burst of each kind through per window and counts the rest") {
