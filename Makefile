@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-cpp test-python bench clean fuzz sanitize ci-extra ci-fuzz ci-sanitize
+.PHONY: all deps configure build demo test test-cpp test-python bench clean fuzz sanitize ci-extra ci-fuzz ci-sanitize ci-release
 
 all: build
 
@@ -55,10 +55,15 @@ sanitize:
 # the time each step takes.
 CI_FUZZ_SECONDS ?= 30
 CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz
-ci-extra: ci-fuzz ci-sanitize
+ci-extra: ci-fuzz ci-sanitize ci-release
 
 ci-fuzz:
 	FUZZ_TARGETS="$(CI_FUZZ_TARGETS)" scripts/fuzz.sh $(CI_FUZZ_SECONDS)
 
 ci-sanitize:
 	SANITIZE_SUBSET=ci scripts/sanitize.sh asan tsan
+
+# What ships (spdld, spdlctl, spdl-client, the Python module) built Release with SPDL_TEST_HOOKS=OFF
+# in build-release, and checked for test seams (strings / symbols): scripts/release_check.sh.
+ci-release:
+	PYTHON=$(PYTHON) scripts/release_check.sh

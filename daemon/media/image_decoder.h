@@ -51,7 +51,6 @@
 #include "common/status.h"
 #include "media/image_format.h"
 #include "media/image_ops.h"
-#include "media/jpeg_encoder.h"  // EncodeJpeg, for tests and dataset generation
 
 namespace spdl::media {
 
@@ -122,14 +121,15 @@ class ImageDecoder {
                         int out_width, int out_height, size_t dst_stride,
                         ImageInfo* info = nullptr);
 
-  // The reference path, for tests: a full-size decode to RGB (never DCT-scaled, never YUV), the
-  // whole image turned upright, a plain swscale resize of the whole image to the resize size
-  // (or of the random crop's rectangle to the output size), a copy of the crop, then the flip.
-  // Any format; uint8 HWC RGB output only (ops.channels = 3). Same contract and errors as
-  // DecodeRgbInto.
+#if SPDL_TEST_HOOKS
+  // The reference path, for tests (built with SPDL_TEST_HOOKS only): a full-size decode to RGB (never DCT-scaled, never
+  // YUV), the whole image turned upright, a plain swscale resize of the whole image to the resize size (or of the
+  // random crop's rectangle to the output size), a copy of the crop, then the flip. Any format; uint8 HWC RGB output
+  // only (ops.channels = 3). Same contract and errors as DecodeRgbInto.
   Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
                              int out_width, int out_height, size_t dst_stride,
                              uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+#endif
 
   // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);
