@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 DEMO_TARGETS = spdld spdl-client spdlctl spdl-make-dataset
 
 .PHONY: all deps deps-demo deps-test deps-bench configure build build-demo demo test test-cpp test-python \
-	bench clean fuzz sanitize ci-extra ci-fuzz ci-sanitize
+	bench clean fuzz sanitize ci-extra ci-fuzz ci-sanitize ci-release
 
 all: build
 
@@ -70,10 +70,15 @@ sanitize:
 # the time each step takes.
 CI_FUZZ_SECONDS ?= 20
 CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz:30 audio_fuzz video_fuzz http_fuzz:15
-ci-extra: ci-fuzz ci-sanitize
+ci-extra: ci-fuzz ci-sanitize ci-release
 
 ci-fuzz:
 	FUZZ_TARGETS="$(CI_FUZZ_TARGETS)" scripts/fuzz.sh $(CI_FUZZ_SECONDS)
 
 ci-sanitize:
 	SANITIZE_SUBSET=ci scripts/sanitize.sh asan tsan
+
+# What ships (spdld, spdlctl, spdl-client, the Python module) built Release with SPDL_TEST_HOOKS=OFF
+# in build-release, and checked for test seams (strings / symbols): scripts/release_check.sh.
+ci-release:
+	PYTHON=$(PYTHON) scripts/release_check.sh

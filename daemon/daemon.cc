@@ -16,7 +16,9 @@
 #if SPDL_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
+#if SPDL_TEST_HOOKS
 #include "cuda/shm_fake_backend.h"
+#endif
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
 #include "ops/listen_fds.h"
@@ -35,9 +37,11 @@ using Clock = std::chrono::steady_clock;
 // Submits of everyone else (a ninth waits until one of eight is done).
 constexpr int kPrepareThreads = 8;
 
+#if SPDL_TEST_HOOKS
 // Tests only: while the file this names does not exist (at most 60 s), opening the source of a job
 // whose config_name starts with "gated" waits, so an end-to-end test can check that the daemon serves others meanwhile.
 constexpr const char* kOpenGateEnv = "SPDLD_TEST_OPEN_GATE";
+#endif
 
 // Runs one start-up step and logs how long it took.
 template <typename F>
@@ -113,6 +117,7 @@ Status Daemon::Start() {
         if (!ec) fn();
       });
     });
+#if SPDL_TEST_HOOKS
     if (const char* gate = std::getenv(kOpenGateEnv); gate != nullptr && *gate != '\0') {
       spdlog::warn("{} is set: sources of jobs named gated* open only once {} exists (a test seam)", kOpenGateEnv,
                    gate);
@@ -136,6 +141,7 @@ Status Daemon::Start() {
       });
       return Status::Ok();
     }
+#endif  // SPDL_TEST_HOOKS
 #if SPDL_HAVE_CUDA
     registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
       if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();

@@ -55,9 +55,11 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
+#if SPDL_TEST_HOOKS
   // TEST ONLY (the hidden flag --test-only-fake-gpu DIR): GPU jobs get a cross-process fake device
   // in DIR (cuda/shm_fake_backend.h) instead of CUDA; logged loudly. Before Start().
   void UseFakeGpuForTests(std::string dir) { fake_gpu_dir_ = std::move(dir); }
+#endif
 
   Status Start();
   // Serves until drained or Stop(); then closes every session, lets in-flight work finish and
@@ -84,7 +86,9 @@ class Daemon {
   config::DaemonConfig config_;  // io thread only after Start() (Reload replaces it)
   const ConfigLoader loader_;
   const std::string config_name_;
+#if SPDL_TEST_HOOKS
   std::string fake_gpu_dir_;  // test-only fake GPU (empty: the real CUDA backend, when built with CUDA)
+#endif
   // GPU delivery: one backend per CUDA device, made on the first job that asks for it (control
   // thread); declared first so it outlives every job (its device slot pools borrow it).
   std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;

@@ -17,15 +17,19 @@ int main(int argc, char** argv) {
   std::vector<std::string> allow_roots;
   std::optional<int> threads;
   std::optional<std::string> log_level;
+#if SPDL_TEST_HOOKS
   std::string test_fake_gpu_dir;
+#endif
   app.add_option("--config", config_path, "daemon config (YAML), e.g. config/spdld.yaml")->check(CLI::ExistingFile);
   app.add_option("--socket", socket_path, "control socket path (overrides the config)");
   app.add_option("--allow-root", allow_roots, "a directory jobs may read below (repeatable; added to the config's)");
   app.add_option("--threads", threads, "worker threads, 0 = one per core (overrides the config)")->check(CLI::NonNegativeNumber);
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off (overrides the config)");
+#if SPDL_TEST_HOOKS
   // TEST ONLY, hidden from --help: GPU jobs run on a cross-process fake device in DIR
   // (cuda/shm_fake_backend.h) instead of CUDA, so end-to-end tests cover the GPU protocol without a GPU.
   app.add_option("--test-only-fake-gpu", test_fake_gpu_dir, "")->group("");
+#endif
   CLI11_PARSE(app, argc, argv);
 
   // The config file (if any) with the command line on top; SIGHUP runs this again.
@@ -60,7 +64,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ spdld: %v");
 
   spdl::Daemon daemon(config, config_path.empty() ? spdl::Daemon::ConfigLoader{} : load, config_path);
+#if SPDL_TEST_HOOKS
   if (!test_fake_gpu_dir.empty()) daemon.UseFakeGpuForTests(test_fake_gpu_dir);
+#endif
   if (auto s = daemon.Start(); !s.ok()) {
     spdlog::critical("{}", s.message());
     return 1;

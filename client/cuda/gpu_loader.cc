@@ -6,7 +6,9 @@
 #include <optional>
 #include <utility>
 
+#if SPDL_TEST_HOOKS
 #include "cuda/shm_fake_backend.h"
+#endif
 #include "proto/control.pb.h"
 #include "spdl/cuda/client_copy.h"
 #include "spdl/cuda/device_slot_view.h"
@@ -98,6 +100,7 @@ int CudaOrdinal(const std::string& device) {
   }
 }
 
+#if SPDL_TEST_HOOKS
 std::string FakeGpuDir(const GpuOptions& gpu) {
   if (!gpu.test_fake_gpu_dir.empty()) return gpu.test_fake_gpu_dir;
   const char* env = std::getenv(cuda::kFakeGpuDirEnv);
@@ -111,6 +114,13 @@ Result<std::unique_ptr<cuda::DeviceBackend>> MakeFake(const std::string& dir, in
   SPDL_ASSIGN_OR_RETURN(auto b, cuda::ShmFakeBackend::Create(dir, ordinal));
   return std::unique_ptr<cuda::DeviceBackend>(std::move(b));
 }
+#else
+// Built without SPDL_TEST_HOOKS (what ships): there is no fake device.
+std::string FakeGpuDir(const GpuOptions&) { return ""; }
+Result<std::unique_ptr<cuda::DeviceBackend>> MakeFake(const std::string&, int) {
+  return Unavailable("this client was built without test hooks: no fake GPU");
+}
+#endif  // SPDL_TEST_HOOKS
 
 }  // namespace
 

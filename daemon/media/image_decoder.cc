@@ -331,8 +331,10 @@ struct ImageDecoder::Impl {
   // and the source has more than 8 bits (then *wide is set).
   Status DecodePacked(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, bool allow_wide,
                       PackedImage* img, bool* wide);
+#if SPDL_TEST_HOOKS
   Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
                    uint64_t seed, ImageInfo* info);
+#endif
 
   // The members are independent of each other; their destruction order does not matter.
   const JpegDecodePath path;
@@ -858,6 +860,7 @@ Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const Imag
   return FrameToRgb(f, ops, pitch);
 }
 
+#if SPDL_TEST_HOOKS
 Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops,
                                      const OutputImage& out, uint64_t seed, ImageInfo* info) {
   if (ops.channels != 3) return InvalidArgument("the reference path writes RGB only");
@@ -930,6 +933,7 @@ Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageO
   }
   return Status::Ok();
 }
+#endif  // SPDL_TEST_HOOKS
 
 ImageDecoder::ImageDecoder(JpegDecodePath path) : impl_(std::make_unique<Impl>(path)) {}
 ImageDecoder::~ImageDecoder() = default;
@@ -991,6 +995,7 @@ Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOp
   return s;
 }
 
+#if SPDL_TEST_HOOKS
 Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops,
                                          uint8_t* dst, int out_width, int out_height,
                                          size_t dst_stride, uint64_t sample_seed,
@@ -1001,6 +1006,7 @@ Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const Im
   impl_->TrimBuffers();
   return s;
 }
+#endif  // SPDL_TEST_HOOKS
 
 Status ImageDecoder::ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info) {
   JpegHeader h;

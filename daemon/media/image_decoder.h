@@ -61,7 +61,6 @@
 #include "common/status.h"
 #include "media/image_format.h"
 #include "media/image_ops.h"
-#include "media/jpeg_encoder.h"  // EncodeJpeg, for tests and dataset generation
 
 namespace spdl::media {
 
@@ -133,6 +132,7 @@ class ImageDecoder {
                         int out_width, int out_height, size_t dst_stride,
                         ImageInfo* info = nullptr);
 
+#if SPDL_TEST_HOOKS
   // The swscale reference path, for tests of the fast path: a full-size decode to RGB (never
   // DCT-scaled, never YUV), the
   // whole image turned upright, a plain swscale resize of the whole image to the resize size
@@ -142,6 +142,7 @@ class ImageDecoder {
   Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
                              int out_width, int out_height, size_t dst_stride,
                              uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+#endif
 
   // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);

@@ -80,8 +80,17 @@ cc -O2 -shared -fPIC -I"$tmp/stage/usr/include" -o "$tmp/libexample_ops.so" "$sr
   || fail "the example op does not build against the installed spdl/op.h"
 nm -D --defined-only "$tmp/libexample_ops.so" | grep -q ' T spdl_ops$' || fail "the op library does not export spdl_ops"
 
+echo "== cpack refuses to package a build with test hooks"
+if grep -q '^SPDL_TEST_HOOKS:BOOL=ON' "$build_dir/CMakeCache.txt"; then
+  if (cd "$build_dir" && cpack -G DEB -B "$tmp/refused" >"$tmp/refused.log" 2>&1); then
+    fail "cpack packaged a build made with SPDL_TEST_HOOKS=ON"
+  fi
+  grep -q 'SPDL_TEST_HOOKS=ON' "$tmp/refused.log" || { cat "$tmp/refused.log"; fail "cpack failed, but not for the hooks"; }
+fi
+
 echo "== cpack -G DEB"
-(cd "$build_dir" && cpack -G DEB -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; fail "cpack failed"; }
+# This is the test build (SPDL_TEST_HOOKS=ON): cpack refuses it unless told this is on purpose.
+(cd "$build_dir" && SPDL_PACKAGE_TEST_BUILD=1 cpack -G DEB -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; fail "cpack failed"; }
 deb=$(ls "$tmp"/pkg/*.deb | head -1)
 [ -f "$deb" ] || fail "no .deb"
 echo "$(basename "$deb") $(du -h "$deb" | cut -f1)"

@@ -80,10 +80,12 @@ struct GpuOptions {
   cuda::DeviceBackend* backend = nullptr;
   // Otherwise a factory (CudaBackendFactory() with CUDA).
   BackendFactory open_backend;
-  // TEST ONLY: run on the cross-process fake device in this directory (cuda/shm_fake_backend.h),
-  // as the daemon started with --test-only-fake-gpu DIR. Empty: the environment variable
-  // SPDL_TEST_FAKE_GPU_DIR, if set, does the same. A warning goes to stderr.
+#if SPDL_TEST_HOOKS
+  // TEST ONLY (builds with SPDL_TEST_HOOKS): run on the cross-process fake device in this directory
+  // (testing/cuda/shm_fake_backend.h), as the daemon started with --test-only-fake-gpu DIR. Empty:
+  // the environment variable SPDL_TEST_FAKE_GPU_DIR, if set, does the same. A warning goes to stderr.
   std::string test_fake_gpu_dir;
+#endif
   // Teardown step 2's bound.
   std::chrono::milliseconds finish_timeout{10000};
 };

@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "media/image_format.h"
+#include "media/jpeg_encoder.h"  // EncodeJpeg, the JPEG path of EncodeImage
 
 namespace spdl::media {
 
@@ -45,7 +46,6 @@ struct EncodeOptions {
 // kGray8 only (no quantisation here). kInvalidArgument for a bad image or a combination the
 // format cannot store; kFailedPrecondition when this FFmpeg has no such encoder (libwebp is
 // optional); kInternal when the encoder fails.
-Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& image,
-                                         const EncodeOptions& options = {});
+Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& image, const EncodeOptions& options = {});
 
 }  // namespace spdl::media
