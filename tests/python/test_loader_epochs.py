@@ -12,7 +12,7 @@ import time
 import pytest
 
 import spdl_client
-from conftest import BUILD, CLASSES, PER_CLASS, REPO, SMALL, job_yaml, subprocess_env
+from conftest import BUILD, CLASSES, PER_CLASS, REPO, job_yaml, subprocess_env
 
 N = CLASSES * PER_CLASS  # 48 images
 SPDLCTL = BUILD / "bin" / "spdlctl"
@@ -278,3 +278,24 @@ def test_example_epoch_loop_early_break_and_resume(daemon, dataset, tmp_path):
     run_example(daemon, dataset, tmp_path, "--epochs", "3", "--stop-after", "12")
     run_example(daemon, dataset, tmp_path, "--epochs", "3", "--resume")
     assert records(rec) == full
+
+
+def test_dropping_the_loader_ends_its_job_without_a_garbage_collection(daemon, dataset):
+    import gc
+
+    gc.disable()  # only reference counting: no cycle may keep the loader (and its job) alive
+    try:
+        loader = spdl_client.Loader(job_yaml(dataset.root, batch=8), socket=daemon.socket, rank=0, world_size=1)
+        job = loader.info["job_id"]
+        epoch_paths(loader)
+        for batch in loader:  # a break out of epoch 1: the iterator stays unfinished
+            break
+        del batch
+        assert job in {j["job_id"] for j in daemon_jobs(daemon.socket)}
+        del loader
+        deadline = time.monotonic() + 10
+        while job in {j["job_id"] for j in daemon_jobs(daemon.socket)}:
+            assert time.monotonic() < deadline, "the dropped loader's job is still on the daemon"
+            time.sleep(0.05)
+    finally:
+        gc.enable()

@@ -131,25 +131,34 @@ class EpochIterator:
     :meth:`Loader.close` ends this one (it then raises SpdlError ``FAILED_PRECONDITION``).
     """
 
-    __slots__ = ("_loader", "epoch", "start", "_yielded", "_done")
+    __slots__ = ("_loader", "_cursor")
 
-    def __init__(self, loader: "Loader", epoch: int, start: int) -> None:
+    def __init__(self, loader: "Loader", cursor: "_Cursor") -> None:
+        # The iterator keeps its loader alive (``for b in Loader(...)``); the loader keeps only the
+        # cursor, so that no reference cycle delays the job's end until a garbage collection.
         self._loader = loader
-        self.epoch: int = epoch  # the epoch it yields
-        self.start: int = start  # batch_in_epoch of its first batch (> 0 after a mid-epoch resume)
-        self._yielded = 0
-        self._done = False
+        self._cursor = cursor
+
+    @property
+    def epoch(self) -> int:
+        """The epoch it yields."""
+        return self._cursor.epoch
+
+    @property
+    def start(self) -> int:
+        """batch_in_epoch of its first batch (> 0 after a mid-epoch resume)."""
+        return self._cursor.start
 
     @property
     def position(self) -> int:
         """batch_in_epoch of the next batch."""
-        return self.start + self._yielded
+        return self._cursor.start + self._cursor.yielded
 
     def __iter__(self) -> "EpochIterator":
         return self
 
     def __len__(self) -> int:
-        return 0 if self._done else max(0, len(self._loader) - self.position)
+        return 0 if self._cursor.done else max(0, len(self._loader) - self.position)
 
     def __next__(self) -> Batch:
         batch = self.next()
@@ -160,9 +169,9 @@ class EpochIterator:
     def next(self, timeout: Optional[float] = _DEFAULT) -> Optional[Batch]:
         """The epoch's next batch, or None at its end; waits at most ``timeout`` seconds (default: the
         loader's; None: no limit), then raises :class:`SpdlTimeoutError` (nothing is lost)."""
-        if self._done:
+        if self._cursor.done:
             return None
-        if self._loader._iterator is not self:
+        if self._loader._cursor is not self._cursor:
             raise SpdlError(
                 f"spdl_client: this iterator of epoch {self.epoch} is no longer the loader's (a later iter(loader), "
                 "set_epoch, load_state_dict, end or close came after it): the rest of its epoch was dropped",
@@ -170,13 +179,25 @@ class EpochIterator:
             )
         batch = self._loader._next_batch(self, timeout)
         if batch is None:
-            self._done = True
+            self._cursor.done = True
             return None
-        self._yielded += 1
+        self._cursor.yielded += 1
         return batch
 
     def __repr__(self) -> str:
         return f"<spdl_client.EpochIterator epoch={self.epoch} next={self.position} left={len(self)}>"
+
+
+class _Cursor:
+    """Where an epoch's iterator is: shared by the EpochIterator and its Loader."""
+
+    __slots__ = ("epoch", "start", "yielded", "done")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self.epoch = epoch
+        self.start = start
+        self.yielded = 0
+        self.done = False
 
 
 class Loader:
@@ -256,8 +277,11 @@ class Loader:
         transform_threads: int = 0,
     ) -> None:
         self._core = None  # first, so that close() works even if the rest fails
-        self._iterator: Optional[EpochIterator] = None
-        self._titer: Optional[_transforms.TransformIterator] = None  # the epoch's, with a transform
+        self._cursor: Optional[_Cursor] = None  # the latest EpochIterator's
+        # The epoch's TransformIterator (with a transform): state_dict() reports what it yielded, also
+        # after a break. It refers to the loader, so a dropped loader with a transform ends its job
+        # at the next GC pass (or at close()), not at once.
+        self._titer: Optional[_transforms.TransformIterator] = None
         self._transform = _transforms.TransformSpec(transform, sample_transform, transform_threads)
         yaml_text, config_name, parsed = _read_config(config)
         self.socket: str = _resolve_socket(socket)
@@ -317,7 +341,7 @@ class Loader:
         titer, self._titer = getattr(self, "_titer", None), None
         if titer is not None:
             titer.close()  # stops its feeder and drops the batches it took ahead
-        self._iterator = None
+        self._cursor = None
 
     def _close_after_transform_error(self) -> None:
         """The transform raised: stop everything and end the job (the error goes on to the caller)."""
@@ -371,8 +395,8 @@ class Loader:
         if self._finished:
             raise SpdlError("spdl_client: the job has ended (end() was called): no more epochs", "FAILED_PRECONDITION")
         self._reposition(epoch, start)
-        it = EpochIterator(self, epoch, start)
-        self._iterator = it
+        self._cursor = _Cursor(epoch, start)
+        it = EpochIterator(self, self._cursor)
         self._epoch, self._start_batch = epoch + 1, 0
         if self._transform.active:
             self._titer = _transforms.TransformIterator(self, it, self._transform, int(self._info["num_slots"]) - 1)
@@ -593,12 +617,12 @@ class Loader:
         ``batches_per_epoch``, ``dataset_size``) and ``resume_token`` (hex; the daemon's token for a
         mid-epoch position, None at an epoch's start). Plain JSON-able values (torch.save, json).
         """
-        it = self._iterator
+        cur = self._cursor
         titer = self._titer  # with a transform: the position of what was yielded, not of what was fetched
         if titer is not None and not titer._done:
             epoch, batch = titer.epoch, titer.position
-        elif it is not None and not it._done and titer is None:
-            epoch, batch = it.epoch, it.position
+        elif cur is not None and not cur.done and titer is None:
+            epoch, batch = cur.epoch, cur.start + cur.yielded
         else:
             epoch, batch = self._epoch, self._start_batch
         if batch >= len(self):  # the epoch's last batch was yielded: the next one starts the next epoch
