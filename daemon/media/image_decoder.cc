@@ -282,8 +282,8 @@ struct ImageDecoder::Impl {
 
   Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
                 uint64_t seed, bool jpeg_only, ImageInfo* info);
-  Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
-                   uint64_t seed, ImageInfo* info);
+  Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out, uint64_t seed,
+                   ImageInfo* info, const PixelHook* before_geometry = nullptr);
 
   // The members are independent of each other; their destruction order does not matter.
   const JpegDecodePath path;
@@ -676,8 +676,8 @@ Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const Imag
   return FrameToRgb(f, ops, pitch);
 }
 
-Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops,
-                                     const OutputImage& out, uint64_t seed, ImageInfo* info) {
+Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                                     uint64_t seed, ImageInfo* info, const PixelHook* before_geometry) {
   if (ops.channels != 3) return InvalidArgument("the reference path writes RGB only");
   Plan plan;
   SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, /*jpeg_only=*/false, info, &plan));
@@ -703,6 +703,10 @@ Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageO
     }
     whole = up;
     whole_pitch = static_cast<size_t>(dw) * 3;
+  }
+  if (before_geometry != nullptr && *before_geometry) {
+    // The whole upright image is this decoder's own buffer (pixels or upright): the hook may edit it.
+    SPDL_RETURN_IF_ERROR((*before_geometry)(const_cast<uint8_t*>(whole), dw, dh, whole_pitch));
   }
 
   // Resize the whole image (or the random crop's rectangle), then copy the kept part.
@@ -816,6 +820,16 @@ Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const Im
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
   Status s =
       impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed, info);
+  impl_->TrimBuffers();
+  return s;
+}
+
+Status ImageDecoder::DecodeWithHookInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width,
+                                        int out_height, size_t dst_stride, uint64_t sample_seed,
+                                        const PixelHook& before_geometry, ImageInfo* info) {
+  SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
+  Status s = impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed,
+                              info, &before_geometry);
   impl_->TrimBuffers();
   return s;
 }

@@ -137,8 +137,13 @@ TEST_CASE("config: op entries parse with canonical JSON args, and are refused ou
   CHECK(r.config->out_height == 56);
 
   auto before = ParseJob("  - op: {library: libx.so, name: blur}\n  - resize: {height: 8, width: 8}\n");
-  CHECK_FALSE(before.config);
-  CHECK_THAT(Errors(before), Catch::Contains("resize comes after the op at transforms.0"));
+  INFO(Errors(before));
+  CHECK(before.config);  // before every geometric transform: on the whole decoded image
+  auto between =
+      ParseJob("  - resize: {shorter: 10}\n  - op: {library: libx.so, name: blur}\n  - center_crop: {size: 8}\n");
+  CHECK_FALSE(between.config);
+  CHECK_THAT(Errors(between), Catch::Contains("center_crop comes after the op at transforms.1, which follows a "
+                                              "geometric transform"));
   auto after = ParseJob(
       "  - resize: {height: 8, width: 8}\n  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n"
       "  - op: {library: libx.so, name: blur}\n",
