@@ -658,7 +658,8 @@ const char* TransformName(const TransformOp& op) {
 // if any, for the check against output.dtype.
 //
 // Order rules: random_resized_crop replaces resize and center_crop (never with them);
-// horizontal_flip, op and normalize come after every geometric transform, op before normalize;
+// horizontal_flip and normalize come after every geometric transform; an op before normalize and
+// either before every geometric transform or after every one;
 // each of random_resized_crop, horizontal_flip and normalize at most once, op at most 16 times.
 std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobConfig* out) {
   if (!Present(field) || field.node.IsNull()) {
@@ -678,6 +679,7 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   bool seen_resize_or_crop = false;
   std::string seen_random_crop, seen_flip, seen_normalize, seen_op;  // the item path, once seen
   size_t user_ops = 0;
+  bool seen_geometry = false;
   std::optional<Field> normalize_item;
   for (const Field& item : *items) {
     std::optional<ParsedOp> parsed = ReadTransform(diag, item, out->decode.color);
@@ -695,9 +697,11 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
                            "horizontal_flip and normalize");
     } else if (geometric && !seen_op.empty()) {
       diag.Error(item, name + " comes after the op at " + seen_op +
-                           ": ops run on the image at its output size, after resize, center_crop and "
-                           "random_resized_crop");
+                           ", which follows a geometric transform: an op runs either before all of resize, "
+                           "center_crop and random_resized_crop (on the whole decoded image) or after all of "
+                           "them (on the output-size image)");
     }
+    if (geometric) seen_geometry = true;
     if (user_op) {
       if (!seen_normalize.empty()) {
         diag.Error(item, "op comes after normalize (" + seen_normalize +
@@ -706,7 +710,7 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       if (++user_ops == kMaxUserOps + 1) {
         diag.Error(item, "at most " + std::to_string(kMaxUserOps) + " ops in one job");
       }
-      if (seen_op.empty()) seen_op = item.path;
+      if (seen_op.empty() && seen_geometry) seen_op = item.path;  // an op after some geometry
     }
     out->transforms.push_back(parsed->op);
     if (const auto* r = std::get_if<ResizeOp>(&parsed->op)) {

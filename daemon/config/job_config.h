@@ -88,10 +88,11 @@ struct NormalizeOp {
 };
 
 // A user op (include/spdl/op.h) from a library in the daemon's plugin_dirs, run in the decode stage
-// on the uint8 HWC pixels at the output size. YAML: op: {library: NAME, name: OP, args: {...}}.
-// Must come after the geometric transforms and before normalize; ops and horizontal_flip run in
-// the order written. At most 16 per job. The library and op are looked up, and `create` runs, when
-// the job is submitted (jobs/sample_decoder.h); they are not checked here.
+// on uint8 HWC pixels. YAML: op: {library: NAME, name: OP, args: {...}}. Before normalize, and
+// either after every geometric transform (on the output-size image; ops and horizontal_flip run in
+// the order written) or before every one (on the whole decoded image, upright; rgb only). At most 16 per job. The
+// library and op are looked up, and `create` runs, when the job is submitted (jobs/sample_decoder.h); they are not
+// checked here.
 struct UserOp {
   std::string library;           // a file name (no '/') in the daemon's plugin_dirs, e.g. libmyops.so
   std::string name;              // the op's name within the library

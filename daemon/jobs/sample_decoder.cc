@@ -136,8 +136,9 @@ class ImageSampleDecoder final : public SampleDecoder {
 
 // One step run on the uint8 image after the geometry: a user op or the horizontal flip.
 struct PixelStep {
-  int op = -1;        // index into the ops; -1 = the flip
-  double flip_p = 0;  // the flip's probability
+  int op = -1;                   // index into the ops; -1 = the flip
+  double flip_p = 0;             // the flip's probability
+  bool before_geometry = false;  // an op on the whole decoded image, before resize / crops
 };
 
 // An image job with user ops: geometry into a uint8 HWC image (the row, or a per-thread scratch),
@@ -146,7 +147,8 @@ class OpImageSampleDecoder final : public SampleDecoder {
  public:
   OpImageSampleDecoder(media::ImageOps ops, int width, int height, std::vector<std::unique_ptr<plugins::Op>> user_ops,
                        std::vector<PixelStep> steps, uint32_t decode_concurrency)
-      : ops_(ops), width_(width), height_(height), user_ops_(std::move(user_ops)), steps_(std::move(steps)) {
+      : ops_(ops), width_(width), height_(height), user_ops_(std::move(user_ops)) {
+    for (const PixelStep& step : steps) (step.before_geometry ? pre_steps_ : steps_).push_back(step);
     pixel_ops_ = ops;
     pixel_ops_.dtype = media::OutputDType::kUInt8;
     pixel_ops_.layout = media::OutputLayout::kNHWC;
@@ -184,19 +186,23 @@ class OpImageSampleDecoder final : public SampleDecoder {
       scratch.resize(stride * static_cast<size_t>(height_));
       pixels = scratch.data();
     }
-    SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed));
+    if (pre_steps_.empty()) {
+      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed));
+    } else {
+      // Ops before the geometry: the full-size path, the ops on the whole upright RGB image.
+      const media::ImageDecoder::PixelHook hook = [this, seed](uint8_t* px, int w, int h, size_t pitch) {
+        for (const PixelStep& step : pre_steps_) SPDL_RETURN_IF_ERROR(RunOp(step.op, px, h, w, 3, pitch, seed));
+        return Status::Ok();
+      };
+      SPDL_RETURN_IF_ERROR(decoder.DecodeWithHookInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed, hook));
+    }
     for (const PixelStep& step : steps_) {
       if (step.op < 0) {
         media::SampleRng rng(seed, media::RandomStream::kFlip);  // the draw the decoder's own flip makes
         if (rng.Bernoulli(step.flip_p)) Mirror(pixels, stride, c);
         continue;
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      Status s = user_ops_[step.op]->Apply(pixels, height_, width_, c, static_cast<int64_t>(stride),
-                                           media::UserOpSeed(seed, static_cast<uint32_t>(step.op)));
-      const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-      stats_[step.op]->Record(static_cast<uint64_t>(nanos.count()), s.ok());
-      if (!s.ok()) return s;
+      SPDL_RETURN_IF_ERROR(RunOp(step.op, pixels, height_, width_, c, stride, seed));
     }
     if (!ops_.raw_output()) {
       thread_local media::ValueTable table;
@@ -209,6 +215,16 @@ class OpImageSampleDecoder final : public SampleDecoder {
   }
 
  private:
+  // Runs user op `op` on an image, timing it into its stats row; its seed from the sample's.
+  Status RunOp(int op, uint8_t* pixels, int height, int width, int channels, size_t stride, uint64_t seed) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = user_ops_[op]->Apply(pixels, height, width, channels, static_cast<int64_t>(stride),
+                                    media::UserOpSeed(seed, static_cast<uint32_t>(op)));
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    stats_[op]->Record(static_cast<uint64_t>(nanos.count()), s.ok());
+    return s;
+  }
+
   // Mirrors the image left-right in place.
   void Mirror(uint8_t* pixels, size_t stride, int c) const {
     for (int y = 0; y < height_; ++y) {
@@ -224,29 +240,39 @@ class OpImageSampleDecoder final : public SampleDecoder {
   const int width_, height_;
   std::vector<RowTensor> tensors_;
   const std::vector<std::unique_ptr<plugins::Op>> user_ops_;
-  const std::vector<PixelStep> steps_;
+  std::vector<PixelStep> pre_steps_;  // ops on the whole decoded image (constant after construction)
+  std::vector<PixelStep> steps_;      // ops and the flip after the geometry (constant after construction)
   std::vector<std::unique_ptr<pipeline::StageStats>> stats_;  // per op; atomic counters
 };
 
-// The chain's user ops, made through *loader, and the steps after the geometry. An error names
+// The chain's user ops, made through *loader, and the steps around the geometry. An error names
 // the entry's path and line.
 Status MakeUserOps(const config::JobConfig& c, plugins::OpLoader* loader,
                    std::vector<std::unique_ptr<plugins::Op>>* ops, std::vector<PixelStep>* steps) {
+  bool seen_geometry = false;
   for (const auto& t : c.transforms) {
     if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
-      steps->push_back({-1, f->p});
+      steps->push_back({-1, f->p, false});
       continue;
     }
     const auto* u = std::get_if<config::UserOp>(&t);
-    if (u == nullptr) continue;
+    if (u == nullptr) {
+      if (!std::holds_alternative<config::NormalizeOp>(t)) seen_geometry = true;
+      continue;
+    }
     const std::string where =
         u->path + (u->line > 0 ? " (line " + std::to_string(u->line) + ")" : std::string(" (--set)")) + ": ";
     if (loader == nullptr) {
       return InvalidArgument(where + "ops are disabled on this spdld (its daemon config has no plugin_dirs)");
     }
+    if (!seen_geometry && c.decode.color != config::ColorMode::kRgb) {
+      return InvalidArgument(where +
+                             "an op before the geometry sees the whole decoded RGB image: it needs "
+                             "decode.color: rgb (or put it after resize / center_crop / random_resized_crop)");
+    }
     Result<std::unique_ptr<plugins::Op>> op = loader->Create(u->library, u->name, u->args_json);
     if (!op.ok()) return Status(op.status().code(), where + op.status().message());
-    steps->push_back({static_cast<int>(ops->size()), 0});
+    steps->push_back({static_cast<int>(ops->size()), 0, !seen_geometry});
     ops->push_back(std::move(op).value());
   }
   return Status::Ok();

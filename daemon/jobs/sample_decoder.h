@@ -9,10 +9,11 @@
 //   video  video  uint8 [B, T, H, W, 3] (RGB)                 frames  int64 [B]: real frames
 //
 // User ops (config `op:` transforms, include/spdl/op.h) in an image job: the decoder makes the
-// uint8 HWC image at the output size (the geometry: resize, crops), then runs the ops and the
-// horizontal flip in the order the config lists them on it, then normalizes / converts it to the
-// output dtype and layout. With output uint8 NHWC that image is the batch row itself (the ops edit
-// shared memory in place, nothing is copied); otherwise it is a per-thread scratch image and the
+// uint8 HWC image at the output size (the geometry: resize, crops; ops placed before the geometry
+// run inside that, on the whole decoded image, through media::ImageDecoder::DecodeWithHookInto's
+// full-size path), then runs the ops and the horizontal flip in the order the config lists them on
+// it, then normalizes / converts it to the output dtype and layout. With output uint8 NHWC that image is the batch row
+// itself (the ops edit shared memory in place, nothing is copied); otherwise it is a per-thread scratch image and the
 // conversion is the same output pass the decoder uses (media/pixel_convert.h), so a job whose ops
 // change nothing delivers the same values as one without them (16-bit sources excepted: with ops
 // they go through 8 bits). Each op's seed is media::UserOpSeed(sample seed, its index among the

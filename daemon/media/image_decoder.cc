@@ -331,10 +331,10 @@ struct ImageDecoder::Impl {
   // and the source has more than 8 bits (then *wide is set).
   Status DecodePacked(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, bool allow_wide,
                       PackedImage* img, bool* wide);
-#if SPDL_TEST_HOOKS
-  Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
-                   uint64_t seed, ImageInfo* info);
-#endif
+  // The full-size path (no DCT scaling, no window decode; swscale resize): ReferenceDecodeInto for
+  // the tests, and DecodeWithHookInto for user ops that run before the geometry.
+  Status Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out, uint64_t seed,
+                   ImageInfo* info, const PixelHook* before_geometry = nullptr);
 
   // The members are independent of each other; their destruction order does not matter.
   const JpegDecodePath path;
@@ -860,9 +860,8 @@ Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const Imag
   return FrameToRgb(f, ops, pitch);
 }
 
-#if SPDL_TEST_HOOKS
-Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops,
-                                     const OutputImage& out, uint64_t seed, ImageInfo* info) {
+Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                                     uint64_t seed, ImageInfo* info, const PixelHook* before_geometry) {
   if (ops.channels != 3) return InvalidArgument("the reference path writes RGB only");
   Plan plan;
   SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, /*jpeg_only=*/false, info, &plan));
@@ -888,6 +887,10 @@ Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageO
     }
     whole = up;
     whole_pitch = static_cast<size_t>(dw) * 3;
+  }
+  if (before_geometry != nullptr && *before_geometry) {
+    // The whole upright image is this decoder's own buffer (pixels or upright): the hook may edit it.
+    SPDL_RETURN_IF_ERROR((*before_geometry)(const_cast<uint8_t*>(whole), dw, dh, whole_pitch));
   }
 
   // Resize the whole image (or the random crop's rectangle), then copy the kept part.
@@ -933,7 +936,6 @@ Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageO
   }
   return Status::Ok();
 }
-#endif  // SPDL_TEST_HOOKS
 
 ImageDecoder::ImageDecoder(JpegDecodePath path) : impl_(std::make_unique<Impl>(path)) {}
 ImageDecoder::~ImageDecoder() = default;
@@ -1007,6 +1009,16 @@ Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const Im
   return s;
 }
 #endif  // SPDL_TEST_HOOKS
+
+Status ImageDecoder::DecodeWithHookInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width,
+                                        int out_height, size_t dst_stride, uint64_t sample_seed,
+                                        const PixelHook& before_geometry, ImageInfo* info) {
+  SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
+  Status s = impl_->Reference(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed,
+                              info, &before_geometry);
+  impl_->TrimBuffers();
+  return s;
+}
 
 Status ImageDecoder::ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info) {
   JpegHeader h;

@@ -55,6 +55,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -143,6 +144,18 @@ class ImageDecoder {
                              int out_width, int out_height, size_t dst_stride,
                              uint64_t sample_seed = 0, ImageInfo* info = nullptr);
 #endif
+
+  // A function run on the whole decoded image before the geometry: uint8 RGB HWC, upright, at the
+  // size decoded (width x height, rows `stride` bytes apart), editable in place. Its error ends
+  // the decode with that error.
+  using PixelHook = std::function<Status(uint8_t* pixels, int width, int height, size_t stride)>;
+
+  // As ReferenceDecodeInto (the full-size path: no DCT scaling, no crop-window decode; uint8 RGB
+  // HWC output, ops.channels = 3), with `before_geometry` run on the whole upright image before
+  // the resize / crop (user ops placed before the geometry, jobs/sample_decoder.h).
+  Status DecodeWithHookInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width,
+                            int out_height, size_t dst_stride, uint64_t sample_seed, const PixelHook& before_geometry,
+                            ImageInfo* info = nullptr);
 
   // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);

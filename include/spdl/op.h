@@ -4,12 +4,14 @@
  * this header alone (`cc -shared -fPIC -o libmyops.so myops.c`) loads into any spdld that speaks
  * SPDL_OP_ABI_VERSION.
  *
- * Where an op runs: on the decode stage's worker threads, once per sample, on the image as the
- * geometric transforms (resize, center_crop, random_resized_crop) left it: uint8, row-major HWC,
- * the job's output height x width, 3 channels (R, G, B) or 1 with decode.color: gray. Ops and
- * horizontal_flip run in the order the config lists them, then normalize / the conversion to the
- * output dtype and layout. With output uint8 NHWC the op edits the batch row in shared memory in
- * place; otherwise a per-thread scratch image, which the conversion then reads.
+ * Where an op runs: on the decode stage's worker threads, once per sample, on uint8 row-major HWC
+ * pixels. Placed after the geometric transforms (resize, center_crop, random_resized_crop), on the
+ * image as they left it: the job's output height x width, 3 channels (R, G, B) or 1 with
+ * decode.color: gray; ops and horizontal_flip run in the order the config lists them, then
+ * normalize / the conversion to the output dtype and layout. With output uint8 NHWC the op edits
+ * the batch row in shared memory in place; otherwise a per-thread scratch image, which the
+ * conversion then reads. Placed before every geometric transform, on the whole decoded image
+ * (upright, full size, RGB), which the resize and crop then read.
  *
  * Trust: an op is code running inside the daemon, with the daemon's privileges, next to every
  * other user's jobs. spdld loads libraries only by file name from its `plugin_dirs` (daemon

@@ -314,6 +314,35 @@ TEST_CASE("a job with ops resumes exactly: the same pixels and seeds after the t
   CHECK(d.Stop(SIGTERM) == std::optional<int>(0));
 }
 
+TEST_CASE("an op before the geometry runs on the whole decoded image, then resize and crop, rgb only") {
+  PluginFixture f(2, 6);  // images of 60..140 pixels a side
+  DaemonProcess d(f.socket(), {"--config", f.config()});
+  REQUIRE(d.Connectable());
+  // fill refuses an image under 60 pixels a side: the output is 48x48, the decoded image is not.
+  const std::string yaml = "source: {type: image_folder, root: " + f.data_root() +
+                           "}\nbatch: {size: 4}\ntransforms:\n"
+                           "  - op: {library: libtestops.so, name: fill, args: {value: 77, min_side: 60}}\n"
+                           "  - resize: {shorter: 56}\n  - center_crop: {size: 48}\n  - horizontal_flip: {}\n";
+  JobRun run = Run(f, yaml, 1);
+  REQUIRE(run.error.empty());
+  REQUIRE(run.rows.size() == f.images.size());
+  uint64_t not_77 = 0;
+  for (const auto& [key, bytes] : run.rows)
+    not_77 += std::count_if(bytes.begin(), bytes.end(), [](uint8_t v) { return v != 77; });
+  CHECK(not_77 == 0);  // a constant image stays constant through the resize
+  CHECK(run.skipped.at(0) == 0);
+  const client::StageStats* row = Stage(run.stats, "op:fill");
+  REQUIRE(row != nullptr);
+  CHECK(row->tasks == f.images.size());
+  CHECK(row->failures == 0);
+
+  JobRun gray = Run(f, yaml + "decode: {color: gray}\n");
+  INFO(gray.error);
+  CHECK(gray.error.find("transforms.0.op (line 4): an op before the geometry sees the whole decoded RGB image") !=
+        std::string::npos);
+  CHECK(d.Stop(SIGTERM) == std::optional<int>(0));
+}
+
 TEST_CASE(
     "refused ops: a world-writable plugin dir, a wrong ABI, create refusing its args, an unknown op, no plugin_dirs") {
   PluginFixture f(2, 4);
@@ -343,7 +372,7 @@ TEST_CASE(
 
   const std::string unknown = refused("  - op: {library: libtestops.so, name: blur}\n");
   INFO(unknown);
-  CHECK(unknown.find("has no op 'blur' (its ops: add, fail_one_in, seed_stamp)") != std::string::npos);
+  CHECK(unknown.find("has no op 'blur' (its ops: add, fail_one_in, seed_stamp, fill)") != std::string::npos);
 
   const std::string missing = refused("  - op: {library: libnothere.so, name: add}\n");
   INFO(missing);

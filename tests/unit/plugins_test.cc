@@ -137,8 +137,13 @@ TEST_CASE("config: op entries parse with canonical JSON args, and are refused ou
   CHECK(r.config->out_height == 56);
 
   auto before = ParseJob("  - op: {library: libx.so, name: blur}\n  - resize: {height: 8, width: 8}\n");
-  CHECK_FALSE(before.config);
-  CHECK_THAT(Errors(before), Catch::Contains("resize comes after the op at transforms.0"));
+  INFO(Errors(before));
+  CHECK(before.config);  // before every geometric transform: on the whole decoded image
+  auto between =
+      ParseJob("  - resize: {shorter: 10}\n  - op: {library: libx.so, name: blur}\n  - center_crop: {size: 8}\n");
+  CHECK_FALSE(between.config);
+  CHECK_THAT(Errors(between), Catch::Contains("center_crop comes after the op at transforms.1, which follows a "
+                                              "geometric transform"));
   auto after = ParseJob(
       "  - resize: {height: 8, width: 8}\n  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n"
       "  - op: {library: libx.so, name: blur}\n",
@@ -243,6 +248,36 @@ TEST_CASE(
   auto refused = jobs::MakeSampleDecoder(*with_op.config, nullptr);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::Contains("transforms.2.op (line 6): ops are disabled"));
+}
+
+TEST_CASE("media: DecodeWithHookInto runs its hook on the whole upright image, before the geometry") {
+  std::vector<uint8_t> rgb(90 * 60 * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>((i * 13) ^ (i / 97));
+  auto jpeg = media::EncodeJpeg(rgb.data(), 90, 60, 90);
+  REQUIRE(jpeg.ok());
+  media::ImageOps ops;
+  ops.resize_shorter = 32;
+  ops.crop_height = ops.crop_width = 24;
+  media::ImageDecoder decoder;
+  std::vector<uint8_t> ref(24 * 24 * 3), got(24 * 24 * 3);
+  REQUIRE(decoder.ReferenceDecodeInto(*jpeg, ops, ref.data(), 24, 24, 24 * 3).ok());
+  int seen_w = 0, seen_h = 0;
+  auto identity = [&](uint8_t*, int w, int h, size_t) {
+    seen_w = w;
+    seen_h = h;
+    return Status::Ok();
+  };
+  REQUIRE(decoder.DecodeWithHookInto(*jpeg, ops, got.data(), 24, 24, 24 * 3, 0, identity).ok());
+  CHECK((seen_w == 90 && seen_h == 60));
+  CHECK(got == ref);
+  auto fill = [](uint8_t* px, int w, int h, size_t stride) {
+    for (int y = 0; y < h; ++y) std::memset(px + y * stride, 200, static_cast<size_t>(w) * 3);
+    return Status::Ok();
+  };
+  REQUIRE(decoder.DecodeWithHookInto(*jpeg, ops, got.data(), 24, 24, 24 * 3, 0, fill).ok());
+  CHECK(got == std::vector<uint8_t>(24 * 24 * 3, 200));
+  auto fail = [](uint8_t*, int, int, size_t) { return DataLoss("op refused"); };
+  CHECK(decoder.DecodeWithHookInto(*jpeg, ops, got.data(), 24, 24, 24 * 3, 0, fail).message() == "op refused");
 }
 
 }  // namespace

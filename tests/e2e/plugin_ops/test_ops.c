@@ -7,6 +7,9 @@
  *                 seed; changes nothing otherwise.
  *   seed_stamp    writes the seed's low 8 bytes into the first 8 samples of the first row (for
  *                 checking which seed each sample got).
+ *   fill          sets every sample to `value` (args: {value: 0..255}) and fails an image smaller
+ *                 than `min_side` on either side (args, default 0): placed before the geometry it
+ *                 must see the whole decoded image.
  *
  * -DTEST_ABI_VERSION=N builds the same ops claiming ABI version N (a library spdld must refuse).
  */
@@ -87,13 +90,44 @@ static int stamp_apply(void* state, spdl_image* im, uint64_t seed, char* err, si
   return 0;
 }
 
+typedef struct {
+  long value, min_side;
+} fill_state;
+
+static void* fill_create(const char* args, char* err, size_t err_len) {
+  fill_state* s = malloc(sizeof(fill_state));
+  s->value = 0;
+  s->min_side = 0;
+  if (json_int(args, "value", &s->value) != 1 || s->value < 0 || s->value > 255 ||
+      json_int(args, "min_side", &s->min_side) < 0) {
+    snprintf(err, err_len, "fill: value must be an integer 0..255");
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static int fill_apply(void* state, spdl_image* im, uint64_t seed, char* err, size_t err_len) {
+  (void)seed;
+  const fill_state* s = state;
+  if (im->width < s->min_side || im->height < s->min_side) {
+    snprintf(err, err_len, "fill: got a %dx%d image, expected at least %ld on each side", im->width, im->height,
+             s->min_side);
+    return 1;
+  }
+  for (int32_t y = 0; y < im->height; ++y)
+    memset(im->data + y * im->stride, (int)s->value, (size_t)im->width * im->channels);
+  return 0;
+}
+
 static const spdl_op kOps[] = {
     {TEST_ABI_VERSION, "add", add_create, add_apply, free},
     {TEST_ABI_VERSION, "fail_one_in", fail_create, fail_apply, free},
     {TEST_ABI_VERSION, "seed_stamp", stamp_create, stamp_apply, free},
+    {TEST_ABI_VERSION, "fill", fill_create, fill_apply, free},
 };
 
 const spdl_op* spdl_ops(int32_t* count) {
-  *count = 3;
+  *count = 4;
   return kOps;
 }
