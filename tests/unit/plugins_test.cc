@@ -14,6 +14,7 @@
 #include "jobs/resume_token.h"
 #include "jobs/sample_decoder.h"
 #include "media/image_decoder.h"
+#include "media/jpeg_encoder.h"
 #include "media/sample_random.h"
 #include "plugins/op_loader.h"
 
