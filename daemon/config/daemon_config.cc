@@ -1,6 +1,7 @@
 #include "config/daemon_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,19 @@ using internal::Diagnostics;
 using internal::Field;
 using internal::MapReader;
 using internal::Present;
+
+// A number written as an integer or a decimal (shared-node limits); nullopt (with an error) else.
+std::optional<double> ReadFraction(Diagnostics& diag, const Field& f) {
+  if (!Present(f)) return std::nullopt;
+  if (f.node.IsScalar()) {
+    const std::string& s = f.node.Scalar();
+    double value = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec == std::errc() && ptr == s.data() + s.size() && !s.empty() && std::isfinite(value)) return value;
+  }
+  diag.Error(f, "expected a number, got " + internal::Describe(f.node));
+  return std::nullopt;
+}
 
 constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1 for the NUL
 constexpr uint64_t kKiB = 1024, kMiB = kKiB << 10;
@@ -180,6 +194,32 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   }
   if (auto v = ReadByteSize(diag, m.Get("cache_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
     out->cache_bytes = *v;
+  }
+  // Shared-node limits.
+  if (auto v = internal::ReadInt(diag, m.Get("max_connections"), 16, 65536)) out->max_connections = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("max_connections_per_uid"), 1, 65536)) {
+    out->max_connections_per_uid = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("hello_timeout_seconds"), 1, 3600)) {
+    out->hello_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("frame_timeout_seconds"), 1, 3600)) {
+    out->frame_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = ReadByteSize(diag, m.Get("max_reply_backlog_bytes"), 64 * kKiB, 1024 * kMiB)) {
+    out->max_reply_backlog_bytes = *v;
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("backlog_timeout_seconds"), 1, 3600)) {
+    out->backlog_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("max_pixels"), 1, int64_t{1} << 40)) out->max_pixels = *v;
+  const Field share = m.Get("max_budget_share_per_uid");
+  if (auto v = ReadFraction(diag, share)) {
+    if (*v < 0.05 || *v > 1.0) {
+      diag.Error(share, "must be a fraction between 0.05 and 1 (got " + std::to_string(*v) + ")");
+    } else {
+      out->max_budget_share_per_uid = *v;
+    }
   }
   m.ReportUnknownKeys();
 }

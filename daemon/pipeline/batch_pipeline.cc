@@ -1,5 +1,7 @@
 #include "pipeline/batch_pipeline.h"
 
+#include <optional>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -307,7 +309,12 @@ void BatchPipeline::RunTask(uint32_t stage) {
       --st.occupied;
       ++tried_;
       ++failed_;
-      Status stop = CountFailureLocked(stage, s);
+      // kUnavailable is the daemon's or the node's trouble (descriptors, memory, a device: io
+      // retried it already), never the sample's: it fails the job whatever on_error says.
+      Status stop = s.code() == StatusCode::kUnavailable
+                        ? Status(s.code(), s.message() + " (stage '" + specs_[stage].name +
+                                               "': a resource error fails the job; it is not a bad sample)")
+                        : CountFailureLocked(stage, s);
       if (!stop.ok()) {
         if (failure_.ok()) failure_ = std::move(stop);
         CancelLocked(&finished);
@@ -411,9 +418,14 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     return;
   }
   std::vector<std::pair<uint32_t, uint32_t>> moves;
+  std::optional<Status> emptied;  // every row failed and no spare was left: never deliver 0 rows
   {
     std::lock_guard lock(mu_);
     InFlight& f = slots_.at(slot);
+    if (!f.ok.empty() && std::find(f.ok.begin(), f.ok.end(), 1) == f.ok.end()) {
+      emptied = DataLoss("every sample of a batch of epoch " + std::to_string(f.meta.epoch) +
+                         " failed and no spare sample was left to replace them; the last in " + last_error_);
+    }
     f.rows.clear();
     // Pack good rows to the front (only when some row had no spare to replace it).
     uint32_t write = 0;
@@ -426,6 +438,16 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     }
     f.meta.indices = std::move(packed);
     f.meta.rows = write;
+  }
+  if (emptied) {
+    Fail(std::move(*emptied));
+    {
+      std::lock_guard lock(mu_);
+      slots_.erase(slot);
+    }
+    (void)ring_->Abandon(slot);
+    notify_();
+    return;
   }
   for (auto [from, to] : moves) processor_->MoveRow(slot, from, to);
   Status s = ring_->MarkReady(slot);

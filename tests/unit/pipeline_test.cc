@@ -763,6 +763,47 @@ TEST_CASE("thread pool: queues of weight 1 and 3 share one thread 1 to 3") {
   CHECK(ratio == Approx(3.0).epsilon(0.1));
 }
 
+TEST_CASE("thread pool: groups (users) share the threads equally, however many queues (jobs) each has") {
+  ThreadPool pool(1);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  pool.Post([&] {
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
+  });
+  // User 1000 has four jobs of weight 3; user 1001 has one job of weight 1.
+  Executor* u1 = pool.ForGroup(1000);
+  Executor* u2 = pool.ForGroup(1001);
+  CHECK(pool.ForGroup(1000) == u1);  // one executor per group
+  std::vector<std::unique_ptr<Executor>> many;
+  for (int i = 0; i < 4; ++i) many.push_back(u1->NewQueue(3));
+  auto one = u2->NewQueue(1);
+  std::atomic<int> done_1{0}, done_2{0}, at_1{0}, at_2{0}, total{0};
+  auto task = [&](std::atomic<int>& mine) {
+    mine.fetch_add(1);
+    if (total.fetch_add(1) + 1 == 2000) {
+      at_1 = done_1.load();
+      at_2 = done_2.load();
+    }
+  };
+  for (int i = 0; i < 2000; ++i) {
+    for (auto& q : many) q->Post([&] { task(done_1); });
+    one->Post([&] { task(done_2); });
+  }
+  {
+    std::lock_guard lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  pool.Join();
+  CHECK(done_1 == 8000);
+  CHECK(done_2 == 2000);
+  INFO("after 2000 tasks: user 1000 ran " << at_1 << ", user 1001 ran " << at_2);
+  CHECK(at_1 == 1000);  // one task per group turn
+  CHECK(at_2 == 1000);
+}
+
 TEST_CASE("thread pool: two jobs of weights 1 and 3 on one thread get samples in 1 to 3") {
   ThreadPool pool(1);
   PipelineOptions o1;
