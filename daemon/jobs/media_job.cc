@@ -115,6 +115,12 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   popts.weight = s.config.weight;
   popts.stages = {{s.config.stages.read.concurrency, s.config.stages.read.queue},
                   {s.config.stages.decode.concurrency, s.config.stages.decode.queue}};
+  // An HTTP read holds its I/O thread while the server answers: unless the job says otherwise, one
+  // job's reads take at most half the I/O pool, so a slow server never stalls every job's reads.
+  if (s.config.source.type == config::SourceType::kHttp && popts.stages[0].concurrency == 0) {
+    const int io_threads = (io_executor ? io_executor : executor)->Parallelism();
+    popts.stages[0].concurrency = std::max(1, io_threads / 2);
+  }
   popts.log_name = "job " + std::to_string(s.job_id);
   popts.completion_order = s.config.order == config::Order::kCompletion;
   // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
