@@ -466,6 +466,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                              static_cast<double>(config_.memory_budget_bytes));
     const uint64_t held = bytes_per_uid_.count(peer.uid) ? bytes_per_uid_[peer.uid] : 0;
     if (others && config_.max_budget_share_per_uid < 1.0 && held + bytes > share) {
+      if (held == 0) refused_for_budget_[peer.uid] = now;  // a uid with no job yet waits for memory too
       if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "the job needs " + MiB(bytes) + " of shared memory and uid " + std::to_string(peer.uid) +
