@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <cerrno>
 #include <set>
 #include <utility>
@@ -61,21 +63,30 @@ Status ListVisible(const RootDir& root, const std::string& rel, std::vector<Entr
   return Status::Ok();
 }
 
-// What `rel` beneath the root is, following links that stay below it: kOk with *st filled, or
-// kEscapes (a link leading out: not followed, nothing of the outside is looked at), or kGone (a
-// dangling link, raced away, unreadable: ignored like before).
-enum class Look { kOk, kEscapes, kGone };
+// What `rel` beneath the root is, following links that stay below it: kOk with *st filled;
+// kEscapes (a link leading out: not followed, nothing outside is looked at); kAbsolute (an
+// absolute link whose target is below the root, *st filled: openat2 RESOLVE_BENEATH refuses
+// absolute links, so reads through it would fail); kGone (a dangling link, raced away,
+// unreadable: ignored like before).
+enum class Look { kOk, kEscapes, kAbsolute, kGone };
 Look LookBeneath(const RootDir& root, const std::string& rel, struct stat* st) {
   auto fd = root.OpenBeneathWith(rel, O_PATH);
-  if (!fd.ok()) {
-    // OpenBeneath words an escape "... escapes its root ..." as kPermissionDenied.
-    if (fd.status().code() == StatusCode::kPermissionDenied &&
-        fd.status().message().find("escapes its root") != std::string::npos) {
-      return Look::kEscapes;
-    }
+  if (fd.ok()) return ::fstat(fd->get(), st) == 0 ? Look::kOk : Look::kGone;
+  // OpenBeneath words an escape "... escapes its root ..." as kPermissionDenied.
+  if (fd.status().code() != StatusCode::kPermissionDenied ||
+      fd.status().message().find("escapes its root") == std::string::npos) {
     return Look::kGone;
   }
-  return ::fstat(fd->get(), st) == 0 ? Look::kOk : Look::kGone;
+  // RESOLVE_BENEATH also refuses absolute links that point inside: tell them apart with the
+  // thread's own rights (the job's user), never naming the target.
+  std::unique_ptr<char, decltype(&std::free)> real(::realpath((root.real_path() + "/" + rel).c_str(), nullptr),
+                                                   &std::free);
+  if (!real) return Look::kGone;  // dangling
+  const std::string r(real.get());
+  const std::string& base = root.real_path();
+  const bool inside = base == "/" || (r.compare(0, base.size(), base) == 0 && (r.size() == base.size() || r[base.size()] == '/'));
+  if (!inside) return Look::kEscapes;
+  return ::stat(real.get(), st) == 0 ? Look::kAbsolute : Look::kGone;
 }
 
 // Appends to *files the matching regular files below root/rel (rel non-empty), as paths relative
@@ -94,12 +105,12 @@ Status CollectFiles(const RootDir& root, const std::string& rel, const std::vect
     if (e.type != DT_DIR && e.type != DT_LNK && e.type != DT_UNKNOWN) continue;
     struct stat st {};
     const Look look = LookBeneath(root, child, &st);
-    if (look == Look::kEscapes) {
+    if (look == Look::kEscapes || (look == Look::kAbsolute && !S_ISDIR(st.st_mode))) {
       // Not followed. Kept when it is named like a sample, so that its Read says why it fails.
       if (HasExtension(e.name, lower_exts)) files->push_back(child);
       continue;
     }
-    if (look == Look::kGone) continue;  // dangling link, raced away
+    if (look == Look::kGone || look == Look::kAbsolute) continue;  // dangling, raced away; an absolute dir link
     if (S_ISDIR(st.st_mode)) {
       if (!seen->insert({st.st_dev, st.st_ino}).second) continue;
       if (listed) listed->push_back(MakeStamp(root.path() + "/" + child, st));
@@ -154,6 +165,11 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
       return PermissionDenied(what + ": " + name +
                               " is a symbolic link that escapes the root (not followed; only links that stay "
                               "below the root are)");
+    }
+    if (look == Look::kAbsolute && S_ISDIR(cst.st_mode)) {
+      return PermissionDenied(what + ": " + name +
+                              " is an absolute symbolic link; class folders may be relative links that stay below "
+                              "the root (files are opened beneath the root, which refuses absolute links)");
     }
     if (look == Look::kGone || !S_ISDIR(cst.st_mode)) continue;
     const auto label = static_cast<int64_t>(m.classes.size());

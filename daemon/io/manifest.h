@@ -35,6 +35,9 @@ struct Manifest {
 //   are followed, a link that leads out of it is never followed: a class folder that does -> the
 //   scan fails (kPermissionDenied naming the link, never its target); a deeper one is kept as a
 //   sample when its name matches (its Read then fails, "escapes its root") and ignored otherwise.
+//   An absolute link whose target is below the root is not followed either (reads beneath the
+//   root refuse absolute links): as a class folder it fails the scan saying so; deeper, a file is
+//   kept (its Read fails), a directory ignored.
 //   A directory reached twice (a link loop or two links to one place) is scanned once; anything
 //   that is not a regular file or directory after following links (a dangling link, a fifo, a
 //   device) is ignored.

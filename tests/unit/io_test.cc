@@ -15,6 +15,8 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -609,6 +611,14 @@ TEST_CASE("ScopedFsIdentity: this thread opens with the user's rights, other thr
   FsIdentity nobody{65534, 65534, {65534}};
   FsIdentity member{65534, 65534, {4242, 65534}};
   std::vector<uint8_t> bytes;
+  // Another thread, started as the daemon: it keeps reading with the daemon's rights meanwhile.
+  std::atomic<bool> go{false};
+  Status other;
+  std::thread reader([&] {
+    while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<uint8_t> mine;
+    other = ReadFile(t / "secret.bin", &mine);
+  });
   {
     ScopedFsIdentity as(&nobody);
     REQUIRE(as.ok());
@@ -617,8 +627,10 @@ TEST_CASE("ScopedFsIdentity: this thread opens with the user's rights, other thr
     CHECK(ReadFile(t / "secret.bin", &bytes).code() == StatusCode::kPermissionDenied);
     CHECK(ReadFile(t / "group.bin", &bytes).code() == StatusCode::kPermissionDenied);
     // Another thread meanwhile still reads as the daemon (root): the switch is per thread.
-    Status other;
-    std::thread([&] { other = ReadFile(t / "secret.bin", &bytes); }).join();
+    // (A thread made now would inherit this identity, as clone() copies credentials: the daemon's
+    // pools start their threads before any job runs.)
+    go = true;
+    reader.join();
     CHECK(other.ok());
     {
       ScopedFsIdentity inner(&member);  // nested: the supplementary group opens group.bin
@@ -673,8 +685,12 @@ TEST_CASE("ScanImageFolder: a class folder that is a link out of the root is ref
   std::vector<std::string> paths;
   for (const auto& s : ok->samples) paths.push_back(s.path);
   CHECK(paths == std::vector<std::string>{"a/1.jpg", "a/out.jpg"});
-  // A link that stays below the root is followed.
+  // A relative link that stays below the root is followed; an absolute one is refused, clearly.
   fs::create_directory_symlink(t / "data/a", t / "data/c");
+  auto absolute = ScanImageFolder(t / "data", {".jpg"});
+  CHECK_THAT(absolute.status().message(), Catch::Contains("c is an absolute symbolic link"));
+  fs::remove(t / "data/c");
+  fs::create_directory_symlink("a", t / "data/c");
   auto linked = ScanImageFolder(t / "data", {".jpg"});
   REQUIRE(linked.ok());
   CHECK(linked->classes == std::vector<std::string>{"a", "c"});

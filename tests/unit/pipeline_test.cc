@@ -265,6 +265,44 @@ TEST_CASE("on_error: fail stops the job with the sample's error") {
   CHECK(h.notified > 0);
 }
 
+TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: skip") {
+  InlineExecutor inline_ex;
+  PipelineOptions o;
+  o.batch_size = 4;
+  // A processor whose read of sample 5 fails with EMFILE-like trouble, as io reports it.
+  struct Unavailable5 : FakeProcessor {
+    using FakeProcessor::FakeProcessor;
+    Status RunStage(uint32_t stage, RowTask& t) override {
+      if (stage == 0 && t.index == 5) return Unavailable("reading x: Too many open files; still failing after 6 attempts");
+      return FakeProcessor::RunStage(stage, t);
+    }
+  };
+  shm::SlotRing ring(2);
+  Unavailable5 proc(2, 4);
+  auto owner = std::make_shared<int>(0);
+  int notified = 0;
+  BatchPipeline pipe(&inline_ex, &ring, &proc, [](uint64_t) { return Iota(16); }, o, [&] { notified++; }, owner);
+  pipe.Pump();
+  CHECK(pipe.failure().code() == StatusCode::kUnavailable);
+  CHECK_THAT(pipe.failure().message(), Catch::Contains("Too many open files") &&
+                                           Catch::Contains("a resource error fails the job; it is not a bad sample"));
+  CHECK(pipe.cancelled());
+  CHECK(pipe.TotalSkipped() == 0);
+}
+
+TEST_CASE("a batch whose every sample failed with no spare left fails the job instead of coming out empty") {
+  InlineExecutor inline_ex;
+  PipelineOptions o;
+  o.batch_size = 4;
+  Harness h(2, 8, o, &inline_ex);
+  h.proc.bad = {4, 5, 6, 7};  // the whole last batch, and nothing after it to replace it
+  h.pipe->Pump();
+  auto metas = h.Drain();
+  for (auto& m : metas) CHECK(m.rows > 0);  // never a batch of 0 rows
+  CHECK(h.pipe->failure().code() == StatusCode::kDataLoss);
+  CHECK_THAT(h.pipe->failure().message(), Catch::Contains("every sample of a batch of epoch 0 failed"));
+}
+
 TEST_CASE("many workers fill a long endless job exactly and in order") {
   ThreadPool pool(4);
   PipelineOptions o;
