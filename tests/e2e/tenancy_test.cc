@@ -560,5 +560,53 @@ TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+TEST_CASE("one user's slow source opens cannot take every prepare thread from another user") {
+  auto bob = testing::TestUser("spdl-e2e-bob");
+  REQUIRE_TEST_USER(bob);
+  TempDir dir(0755);
+  testdata::DatasetOptions o;
+  o.classes = 1;
+  o.images_per_class = 8;
+  o.min_side = 40;
+  o.max_side = 60;
+  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
+  const std::string sock = dir.path + "/spdld.sock";
+  const std::string gate = dir.path + "/gate-open";
+  ::setenv("SPDLD_TEST_OPEN_GATE", gate.c_str(), 1);  // jobs named gated* wait for this file to open
+  DaemonProcess d(sock, {"--config", LimitsConfig(dir, sock, dir.path + "/data")});
+  ::unsetenv("SPDLD_TEST_OPEN_GATE");
+  REQUIRE(d.Connectable());
+  // Root submits ten jobs whose sources take "forever" to open (more than the 8 prepare threads).
+  std::vector<std::unique_ptr<testing::RawConnection>> slow;
+  for (int i = 0; i < 10; ++i) {
+    auto c = std::make_unique<testing::RawConnection>(sock);
+    REQUIRE(c->SendHello());
+    REQUIRE(c->Receive());
+    proto::ClientMessage m;
+    m.mutable_submit()->set_config_yaml(FolderJob(dir.path + "/data"));
+    m.mutable_submit()->set_config_name("gated.yaml");
+    m.mutable_submit()->set_epochs(1);
+    REQUIRE(c->Send(m));
+    slow.push_back(std::move(c));
+  }
+  // Bob's job is prepared and runs meanwhile: root holds only its 2 prepare slots.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto bobs = RunJob(dir, *bob, sock, FolderJob(dir.path + "/data"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(bobs.out);
+  std::printf("prepare slots: Bob's job ran in %.2f s while root's 10 source opens were held\n", s);
+  CHECK(bobs.rc == 0);
+  CHECK(s < 30);
+  // Open the gate: root's jobs are all accepted in turn.
+  WriteFile(gate, "");
+  for (auto& c : slow) {
+    auto reply = c->Receive();
+    REQUIRE(reply);
+    CHECK(reply->has_accepted());
+  }
+  slow.clear();
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
