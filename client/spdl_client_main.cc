@@ -367,8 +367,8 @@ int main(int argc, char** argv) {
   }
   if (samples == 0 && !ended_early) {
     // A job that ended without delivering anything did not do its work, whatever its end says.
-    std::fprintf(stderr, "spdl-client: job %" PRIu64 " ended without delivering a single sample (%" PRIu64
-                         " skipped)\n",
+    std::fprintf(stderr,
+                 "spdl-client: job %" PRIu64 " ended without delivering a single sample (%" PRIu64 " skipped)\n",
                  info.job_id, skipped);
     return 1;
   }

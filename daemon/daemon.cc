@@ -1,8 +1,8 @@
 #include "daemon.h"
 
 #include <grp.h>
-#include <sys/resource.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,9 +95,10 @@ Status Daemon::Start() {
     if (s.can_switch) {
       spdlog::info("start-up: jobs read their files with their user's rights (fsuid, fsgid and groups per thread)");
     } else {
-      spdlog::warn("start-up: {}: it cannot read files with another user's rights, so it serves jobs of uid {} and "
-                   "root only (grant AmbientCapabilities=CAP_SETUID CAP_SETGID in the unit, or run it as root)",
-                   s.why_not, io::DaemonFsIdentity().uid);
+      spdlog::warn(
+          "start-up: {}: it cannot read files with another user's rights, so it serves jobs of uid {} and "
+          "root only (grant AmbientCapabilities=CAP_SETUID CAP_SETGID in the unit, or run it as root)",
+          s.why_not, io::DaemonFsIdentity().uid);
     }
     return Status::Ok();
   }));
@@ -198,9 +199,10 @@ Status Daemon::Start() {
     if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
       const size_t quarter = std::max<size_t>(16, static_cast<size_t>(nofile.rlim_cur / 4));
       if (quarter < cap) {
-        spdlog::warn("start-up: max_connections {} lowered to {}: a quarter of the descriptor limit {} (raise "
-                     "LimitNOFILE= in the unit)",
-                     cap, quarter, static_cast<uint64_t>(nofile.rlim_cur));
+        spdlog::warn(
+            "start-up: max_connections {} lowered to {}: a quarter of the descriptor limit {} (raise "
+            "LimitNOFILE= in the unit)",
+            cap, quarter, static_cast<uint64_t>(nofile.rlim_cur));
         cap = quarter;
       }
     }

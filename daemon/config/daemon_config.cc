@@ -1,8 +1,8 @@
 #include "config/daemon_config.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -196,7 +196,8 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
     out->cache_bytes = *v;
   }
   // Shared-node limits.
-  if (auto v = internal::ReadInt(diag, m.Get("max_connections"), 16, 65536)) out->max_connections = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("max_connections"), 16, 65536))
+    out->max_connections = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, m.Get("max_connections_per_uid"), 1, 65536)) {
     out->max_connections_per_uid = static_cast<int>(*v);
   }

@@ -1013,7 +1013,8 @@ std::string CheckJobConfigShape(std::string_view text, const std::vector<Overrid
         if (c == quote) quote = 0;
         continue;
       }
-      if (c == '"' || c == '\'') quote = c;
+      if (c == '"' || c == '\'')
+        quote = c;
       else if (c == '#') {
         while (i + 1 < t.size() && t[i + 1] != '\n') ++i;
       } else if (c == '[' || c == '{') {

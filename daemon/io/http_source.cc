@@ -1,11 +1,10 @@
 #include "io/http_source.h"
 
-#include <cctype>
-#include <cstdlib>
-
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -105,7 +104,8 @@ std::string ParseUrl(UniqueUrl u, Url* out) {
   out->path = Part(u.get(), CURLUPART_PATH);
   if (out->path.empty()) out->path = "/";
   if (HasEncodedTraversal(out->path)) {
-    return "the path " + out->path + " has an encoded '.' or '..' segment or an encoded slash (a server could "
+    return "the path " + out->path +
+           " has an encoded '.' or '..' segment or an encoded slash (a server could "
            "resolve it outside the allowed prefix)";
   }
   out->full = Part(u.get(), CURLUPART_URL);

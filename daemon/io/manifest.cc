@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
-#include <cerrno>
 #include <set>
 #include <utility>
 
@@ -84,7 +84,8 @@ Look LookBeneath(const RootDir& root, const std::string& rel, struct stat* st) {
   if (!real) return Look::kGone;  // dangling
   const std::string r(real.get());
   const std::string& base = root.real_path();
-  const bool inside = base == "/" || (r.compare(0, base.size(), base) == 0 && (r.size() == base.size() || r[base.size()] == '/'));
+  const bool inside =
+      base == "/" || (r.compare(0, base.size(), base) == 0 && (r.size() == base.size() || r[base.size()] == '/'));
   if (!inside) return Look::kEscapes;
   return ::stat(real.get(), st) == 0 ? Look::kAbsolute : Look::kGone;
 }

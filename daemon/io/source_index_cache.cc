@@ -1,7 +1,5 @@
 #include "io/source_index_cache.h"
 
-#include "io/fs_identity.h"
-
 #include <spdlog/spdlog.h>
 #include <time.h>
 
@@ -9,6 +7,8 @@
 #include <cstring>
 #include <exception>
 #include <utility>
+
+#include "io/fs_identity.h"
 
 namespace spdl::io {
 

@@ -336,21 +336,21 @@ Status TarShardSource::ReadMember(uint64_t index, uint64_t offset, uint64_t size
     return ResourceExhausted(where() + ": more than the limit of " + std::to_string(max_sample_bytes_) + " bytes");
   }
   return RetryOnResourceError([&]() -> Status {
-  auto opened = allowed_->OpenBeneath(shard.path);
-  if (!opened.ok()) return opened.status().WithPrefix(where());
-  const UniqueFd fd = std::move(opened).value();
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return IoErrnoStatus(where(), errno);
-  if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
-      MtimeNs(st) != shard.mtime_ns) {
-    return FailedPrecondition(where() + ": the shard changed since it was indexed");
-  }
-  Status s = PreadAll(fd.get(), offset, size, out);
-  if (!s.ok()) {
-    out->clear();
-    return s.WithPrefix(where());
-  }
-  return Status::Ok();
+    auto opened = allowed_->OpenBeneath(shard.path);
+    if (!opened.ok()) return opened.status().WithPrefix(where());
+    const UniqueFd fd = std::move(opened).value();
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return IoErrnoStatus(where(), errno);
+    if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
+        MtimeNs(st) != shard.mtime_ns) {
+      return FailedPrecondition(where() + ": the shard changed since it was indexed");
+    }
+    Status s = PreadAll(fd.get(), offset, size, out);
+    if (!s.ok()) {
+      out->clear();
+      return s.WithPrefix(where());
+    }
+    return Status::Ok();
   });
 }
 

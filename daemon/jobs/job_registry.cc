@@ -10,8 +10,8 @@
 #include "io/fs_identity.h"
 #include "io/http_source.h"
 #include "io/sample_source.h"
-#include "io/source_index_cache.h"
 #include "io/sampler.h"
+#include "io/source_index_cache.h"
 #include "io/tar_shard_source.h"
 #include "io/user_source.h"
 #include "jobs/gpu_delivery.h"
@@ -38,8 +38,10 @@ proto::Error::Code CodeFor(const Status& s) {
     case StatusCode::kInvalidArgument: return proto::Error::INVALID_CONFIG;
     // A bad dataset (a corrupt tar shard, a changed file) is the request's problem, not spdld's.
     case StatusCode::kDataLoss:
-    case StatusCode::kFailedPrecondition: return proto::Error::BAD_REQUEST;
-    case StatusCode::kUnavailable: return proto::Error::RESOURCE_EXHAUSTED;
+    case StatusCode::kFailedPrecondition:
+      return proto::Error::BAD_REQUEST;
+    case StatusCode::kUnavailable:
+      return proto::Error::RESOURCE_EXHAUSTED;
     default: return proto::Error::INTERNAL;
   }
 }
@@ -248,8 +250,8 @@ std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
 // The slow part of Submit: parse and validate the config, open the source (the folder scan, list
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
-void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
-                const std::shared_ptr<io::SampleCache>& cache, const std::shared_ptr<MemoryBudget>& budget) {
+void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
+                const std::shared_ptr<MemoryBudget>& budget) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
@@ -297,8 +299,9 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon,
   Result<std::shared_ptr<const io::SampleSource>> source = Internal("not opened");
   {
     io::ScopedFsIdentity as_user(identity.get());
-    if (!as_user.ok()) return fail(proto::Error::INTERNAL, "spdld could not act as uid " + std::to_string(peer.uid) +
-                                                               ": " + as_user.status().message());
+    if (!as_user.ok())
+      return fail(proto::Error::INTERNAL,
+                  "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
     source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
   }
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
@@ -354,11 +357,12 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   p->request = request;
   p->peer = peer;
   // A copy: a SIGHUP reload may change config_ while the task runs.
-  return [p, daemon = config_, cache = cache_, budget = budget_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
-    if (hook) hook(p->request);
-    PrepareJob(p.get(), daemon, cache, budget);
-    return p;
-  };
+  return
+      [p, daemon = config_, cache = cache_, budget = budget_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+        if (hook) hook(p->request);
+        PrepareJob(p.get(), daemon, cache, budget);
+        return p;
+      };
 }
 
 SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
@@ -462,8 +466,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     bool others = false;
     for (const auto& [uid, n] : jobs_per_uid_) others = others || (uid != peer.uid && n > 0);
     for (const auto& r : refused_for_budget_) others = others || r.first != peer.uid;
-    const auto share = static_cast<uint64_t>(config_.max_budget_share_per_uid *
-                                             static_cast<double>(config_.memory_budget_bytes));
+    const auto share =
+        static_cast<uint64_t>(config_.max_budget_share_per_uid * static_cast<double>(config_.memory_budget_bytes));
     const uint64_t held = bytes_per_uid_.count(peer.uid) ? bytes_per_uid_[peer.uid] : 0;
     if (others && config_.max_budget_share_per_uid < 1.0 && held + bytes > share) {
       if (held == 0) refused_for_budget_[peer.uid] = now;  // a uid with no job yet waits for memory too

@@ -24,8 +24,8 @@
 
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
-#include "jobs/gpu_delivery.h"
 #include "io/sample_cache.h"
+#include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
 #include "pipeline/executor.h"

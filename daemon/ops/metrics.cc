@@ -1,18 +1,17 @@
 #include "ops/metrics.h"
 
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/ip/address_v4.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 namespace spdl::ops {

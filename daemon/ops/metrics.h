@@ -44,7 +44,8 @@ std::string RenderPrometheus(const proto::DaemonStatus& status, const DaemonFact
 // (both on this host), from the kernel's socket table (/proc/net/tcp, tcp6; `proc_root` for tests):
 // how a loopback scrape learns who asks. nullopt when no such socket is listed.
 std::optional<uid_t> LoopbackPeerUid(const boost::asio::ip::tcp::endpoint& local,
-                                     const boost::asio::ip::tcp::endpoint& peer, const std::string& proc_root = "/proc");
+                                     const boost::asio::ip::tcp::endpoint& peer,
+                                     const std::string& proc_root = "/proc");
 
 class MetricsServer {
  public:

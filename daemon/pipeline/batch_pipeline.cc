@@ -1,10 +1,9 @@
 #include "pipeline/batch_pipeline.h"
 
-#include <optional>
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <sstream>
 

@@ -42,7 +42,8 @@ class ThreadPool::GroupExecutor final : public Executor {
   const std::shared_ptr<Queue> default_queue_;  // for Post on the group itself
 };
 
-ThreadPool::ThreadPool(int threads) : default_group_(std::make_shared<Group>()), default_queue_(std::make_shared<Queue>()) {
+ThreadPool::ThreadPool(int threads)
+    : default_group_(std::make_shared<Group>()), default_queue_(std::make_shared<Queue>()) {
   default_queue_->group = default_group_;
   SetThreads(threads);
 }

@@ -240,7 +240,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::chrono::steady_clock::time_point connected_at_ = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> partial_since_;  // a frame partly received since
   std::optional<std::chrono::steady_clock::time_point> backlog_since_;  // reading paused since
-  bool reading_ = false;  // an async read is outstanding
+  bool reading_ = false;                                                // an async read is outstanding
   std::shared_ptr<std::atomic<bool>> event_pending_ = std::make_shared<std::atomic<bool>>(false);
   bool waiting_write_ = false;
   bool closing_ = false;

@@ -42,8 +42,8 @@ struct ServerOptions {
   int inherited_fd = -1;
 
   // ---- Limits per connection and per user: one user cannot starve or crash the others.
-  size_t max_connections = 1024;         // sessions at once, all users; more are closed at accept
-  size_t max_connections_per_uid = 128;  // sessions at once of one uid; more are told why and closed
+  size_t max_connections = 1024;                   // sessions at once, all users; more are closed at accept
+  size_t max_connections_per_uid = 128;            // sessions at once of one uid; more are told why and closed
   std::chrono::milliseconds hello_timeout{10000};  // connect -> Hello; later: the session is closed
   std::chrono::milliseconds frame_timeout{10000};  // a frame begun must be whole within this
   // Replies queued for a client that does not read them: over this the session's requests are no

@@ -265,7 +265,8 @@ Output SessionLogic::OnJobEvent() {
     auto* e = out.messages.emplace_back().message.mutable_error();
     e->set_code(proto::Error::JOB_FAILED);
     e->set_message("job failed: " + f.message());
-    if (std::string note; MayLog("job failed", &note)) spdlog::warn("{}: {}{}", Who(), EscapeForLog(e->message()), note);
+    if (std::string note; MayLog("job failed", &note))
+      spdlog::warn("{}: {}{}", Who(), EscapeForLog(e->message()), note);
     DropJob();
     state_ = State::kIdle;
   }

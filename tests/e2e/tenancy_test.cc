@@ -11,13 +11,12 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
-#include <atomic>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
@@ -118,8 +117,7 @@ TEST_CASE("a second user cannot read a root-only file below an allowed root, wha
     }
     Chmod(data + "/class_001/img_00001.txt", 0600);
     WriteFile(data + "/class_001/img_00001.txt", "ROOT-ONLY-CAPTION");
-    const std::string extra =
-        "on_error: fail\nextra_outputs: [{name: text, from: .txt, max_bytes: 64}]\n";
+    const std::string extra = "on_error: fail\nextra_outputs: [{name: text, from: .txt, max_bytes: 64}]\n";
     auto bobs = RunJob(node.dir, bob, node.sock, FolderJob(data, extra));
     INFO(bobs.out);
     CHECK(bobs.rc != 0);
@@ -133,8 +131,8 @@ TEST_CASE("a second user cannot read a root-only file below an allowed root, wha
     const std::string list = allowed + "/list.txt";
     WriteFile(list, "ROOT-ONLY-FIRST-LINE.jpg,0\ndata/class_000/img_00000.jpg,0\n");
     Chmod(list, 0600);
-    const std::string yaml = "source: {type: file_list, list: " + list +
-                             ", root: " + allowed + "}\nbatch: {size: 1}\ntransforms: [{resize: {height: 16, width: 16}}]\n";
+    const std::string yaml = "source: {type: file_list, list: " + list + ", root: " + allowed +
+                             "}\nbatch: {size: 1}\ntransforms: [{resize: {height: 16, width: 16}}]\n";
     auto bobs = RunJob(node.dir, bob, node.sock, yaml);
     INFO(bobs.out);
     CHECK(bobs.rc != 0);
@@ -152,8 +150,8 @@ TEST_CASE("a second user cannot read a root-only file below an allowed root, wha
   }
   SECTION("a tar shard") {
     std::string ignored;
-    REQUIRE(testing::RunCommand({"/bin/tar", "-cf", allowed + "/shard.tar", "-C", data + "/class_000",
-                                 "img_00000.jpg", "img_00001.jpg"},
+    REQUIRE(testing::RunCommand({"/bin/tar", "-cf", allowed + "/shard.tar", "-C", data + "/class_000", "img_00000.jpg",
+                                 "img_00001.jpg"},
                                 &ignored) == 0);
     Chmod(allowed + "/shard.tar", 0600);
     const std::string yaml = "source: {type: tar, shards: [" + allowed +
@@ -243,8 +241,8 @@ TEST_CASE("a daemon that cannot switch identity serves only its own uid and root
   auto bobs = RunJob(dir, *bob, sock, FolderJob(dir.path + "/data"));
   INFO(bobs.out);
   CHECK(bobs.rc != 0);
-  CHECK_THAT(bobs.out, Catch::Contains("serves only uid " + std::to_string(alice->uid)) &&
-                           Catch::Contains("CAP_SETUID"));
+  CHECK_THAT(bobs.out,
+             Catch::Contains("serves only uid " + std::to_string(alice->uid)) && Catch::Contains("CAP_SETUID"));
   auto alices = RunJob(dir, *alice, sock, FolderJob(dir.path + "/data"));
   INFO(alices.out);
   CHECK(alices.rc == 0);
@@ -324,9 +322,10 @@ TEST_CASE("a Status flood that never reads its replies keeps the daemon's memory
     }
   }
   const long growth = rss_max - rss_before;
-  std::printf("status flood: %.1f MiB of requests sent, daemon RSS %ld KiB before, %ld KiB at most (+%ld KiB), "
-              "session closed: %s\n",
-              static_cast<double>(sent) / (1 << 20), rss_before, rss_max, growth, closed ? "yes" : "no");
+  std::printf(
+      "status flood: %.1f MiB of requests sent, daemon RSS %ld KiB before, %ld KiB at most (+%ld KiB), "
+      "session closed: %s\n",
+      static_cast<double>(sent) / (1 << 20), rss_before, rss_max, growth, closed ? "yes" : "no");
   CHECK(closed);
   CHECK(growth < 64 * 1024);  // the backlog bound is 1 MiB; unbounded, this grew by ~60 MiB/s
   // The daemon serves others as before.
@@ -413,8 +412,7 @@ TEST_CASE("1100 idle connections of one user leave another user's job exact and 
   int opened = 0;
   REQUIRE(::read(ready[0], &opened, sizeof(opened)) == static_cast<ssize_t>(sizeof(opened)));
   ::close(ready[0]);
-  std::printf("idle connections: %d of 1100 connected; daemon descriptors now %d\n", opened,
-              testing::FdCount(d.pid()));
+  std::printf("idle connections: %d of 1100 connected; daemon descriptors now %d\n", opened, testing::FdCount(d.pid()));
   // Root's job, meanwhile: every sample, none skipped, the same pixels.
   auto during = RunJob(dir, RunAs{}, sock, job);
   INFO(during.out);
@@ -464,7 +462,7 @@ TEST_CASE("two 13000x13000 16-bit PNGs are refused within the memory budget, the
                               &out) == 0);
   const std::string sock = dir.path + "/spdld.sock";
   WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nallowed_roots: [" + dir.path +
-                                         "/data]\nworker_threads: 2\nmemory_budget_bytes: 1GiB\n");
+                                          "/data]\nworker_threads: 2\nmemory_budget_bytes: 1GiB\n");
   DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
   REQUIRE(d.Connectable());
   const long rss_before = testing::RssKiB(d.pid());
@@ -506,7 +504,7 @@ TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
-                                         "/data]\nworker_threads: 2\nmemory_budget_bytes: 64MiB\n");
+                                          "/data]\nworker_threads: 2\nmemory_budget_bytes: 64MiB\n");
   DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
   REQUIRE(d.Connectable());
   // 512x512x3 rows: 0.75 MiB each.

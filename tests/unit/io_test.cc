@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,8 +17,6 @@
 #include <numeric>
 #include <set>
 #include <string>
-#include <atomic>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -155,8 +155,8 @@ TEST_CASE("ResolveUnderRoots: inside is allowed, every escape is refused") {
   SECTION("'..' escape") {
     auto r = ResolveUnderRoots(t / "data/../outside/secret.jpg", roots);
     CHECK(r.status().code() == StatusCode::kPermissionDenied);
-    CHECK(r.status().message() == t / "data/../outside/secret.jpg" + " is not below any allowed root (" + data +
-                                      ", " + t / "other-root" + ")");
+    CHECK(r.status().message() ==
+          t / "data/../outside/secret.jpg" + " is not below any allowed root (" + data + ", " + t / "other-root" + ")");
   }
   SECTION("absolute path outside") {
     CHECK(ResolveUnderRoots("/etc/passwd", roots).status().code() == StatusCode::kPermissionDenied);

@@ -273,7 +273,8 @@ TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: sk
   struct Unavailable5 : FakeProcessor {
     using FakeProcessor::FakeProcessor;
     Status RunStage(uint32_t stage, RowTask& t) override {
-      if (stage == 0 && t.index == 5) return Unavailable("reading x: Too many open files; still failing after 6 attempts");
+      if (stage == 0 && t.index == 5)
+        return Unavailable("reading x: Too many open files; still failing after 6 attempts");
       return FakeProcessor::RunStage(stage, t);
     }
   };
@@ -281,7 +282,8 @@ TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: sk
   Unavailable5 proc(2, 4);
   auto owner = std::make_shared<int>(0);
   int notified = 0;
-  BatchPipeline pipe(&inline_ex, &ring, &proc, [](uint64_t) { return Iota(16); }, o, [&] { notified++; }, owner);
+  BatchPipeline pipe(
+      &inline_ex, &ring, &proc, [](uint64_t) { return Iota(16); }, o, [&] { notified++; }, owner);
   pipe.Pump();
   CHECK(pipe.failure().code() == StatusCode::kUnavailable);
   CHECK_THAT(pipe.failure().message(), Catch::Contains("Too many open files") &&

@@ -796,13 +796,14 @@ TEST_CASE("MemoryBudget: decode scratch comes out of the budget the slots also s
 
 TEST_CASE("EstimateDecodeScratch: from the header, 16-bit PNGs at 8 bytes per pixel") {
   // A PNG signature and IHDR for 13000x13000, 16-bit RGBA (only the header is read).
-  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 13, 'I', 'H', 'D', 'R',
-                              0, 0, 0x32, 0xC8, 0, 0, 0x32, 0xC8, 16, 6, 0, 0, 0, 0, 0, 0, 0};
+  std::vector<uint8_t> png = {0x89, 'P',  'N',  'G', 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 13, 'I', 'H', 'D', 'R', 0,
+                              0,    0x32, 0xC8, 0,   0,    0x32, 0xC8, 16,   6, 0, 0, 0,  0,   0,   0,   0};
   CHECK(jobs::EstimateDecodeScratch(png) == uint64_t{13000} * 13000 * 8 * 2);
   png[24] = 8;
   CHECK(jobs::EstimateDecodeScratch(png) == uint64_t{13000} * 13000 * 4 * 2);
   // A JPEG's SOF0: 4000x3000.
-  std::vector<uint8_t> jpeg = {0xFF, 0xD8, 0xFF, 0xE0, 0, 4, 0, 0, 0xFF, 0xC0, 0, 11, 8, 0x0B, 0xB8, 0x0F, 0xA0, 3, 0, 0, 0};
+  std::vector<uint8_t> jpeg = {0xFF, 0xD8, 0xFF, 0xE0, 0,    4,    0, 0, 0xFF, 0xC0, 0,
+                               11,   8,    0x0B, 0xB8, 0x0F, 0xA0, 3, 0, 0,    0};
   CHECK(jobs::EstimateDecodeScratch(jpeg) == uint64_t{4000} * 3000 * 3 * 2);
   CHECK(jobs::EstimateDecodeScratch(std::vector<uint8_t>{1, 2, 3}) == 0);
 }
