@@ -606,5 +606,93 @@ TEST_CASE("one user's slow source opens cannot take every prepare thread from an
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+// ---------------------------------------------------------------- a slow HTTP server and the I/O pool
+
+// Seconds root's local job takes to run one epoch.
+double TimeJob(const TempDir& dir, const std::string& sock, const std::string& yaml, int* rc) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = RunJob(dir, RunAs{}, sock, yaml);
+  *rc = r.rc;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST_CASE("a slow HTTP server used by one user stalls another user's local job by a bounded factor") {
+  auto bob = testing::TestUser("spdl-e2e-bob");
+  REQUIRE_TEST_USER(bob);
+  TempDir dir(0755);
+  testdata::DatasetOptions o;
+  o.classes = 1;
+  o.images_per_class = 48;
+  o.min_side = 40;
+  o.max_side = 60;
+  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
+  // A server that answers every request after 1 s (threaded: it never refuses a connection).
+  WriteFile(dir.path + "/slow.py",
+            "import http.server, sys, time\n"
+            "body = open(sys.argv[1], 'rb').read()\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        time.sleep(1.0)\n"
+            "        self.send_response(200)\n"
+            "        self.send_header('Content-Length', str(len(body)))\n"
+            "        self.end_headers()\n"
+            "        self.wfile.write(body)\n"
+            "    def log_message(self, *a): pass\n"
+            "s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n"
+            "print(s.server_address[1], flush=True)\n"
+            "s.serve_forever()\n");
+  const pid_t server = testing::SpawnToFile(
+      {"/usr/bin/python3", dir.path + "/slow.py", dir.path + "/data/class_000/img_00000.jpg"}, dir.path + "/port");
+  int port = 0;
+  for (int i = 0; i < 500 && port == 0; ++i) {
+    auto bytes = testing::ReadBytes(dir.path + "/port");
+    if (!bytes.empty() && bytes.back() == '\n') port = std::stoi(std::string(bytes.begin(), bytes.end()));
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(port > 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  std::string urls;
+  for (int i = 0; i < 400; ++i) urls += url + "/img_" + std::to_string(i) + ".jpg\n";
+  WriteFile(dir.path + "/data/urls.txt", urls);
+  const std::string sock = dir.path + "/spdld.sock";
+  WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
+                                         "/data]\nworker_threads: 2\nio_threads: 4\nallowed_url_prefixes: [" + url +
+                                         "/]\n");
+  DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
+  REQUIRE(d.Connectable());
+  const std::string local = FolderJob(dir.path + "/data");
+  int rc = -1;
+  const double alone = TimeJob(dir, sock, local, &rc);
+  REQUIRE(rc == 0);
+  // Bob's endless HTTP job against the slow server.
+  const std::string bob_yaml = dir.path + "/bob-http.yaml";
+  WriteFile(bob_yaml, "source: {type: http, list: " + dir.path +
+                          "/data/urls.txt, max_in_flight: 64}\nbatch: {size: 8}\ntransforms: [{resize: {height: 16, "
+                          "width: 16}}]\nprefetch: 8\n");
+  ::chmod(bob_yaml.c_str(), 0644);
+  const pid_t bobs = ::fork();
+  if (bobs == 0) {
+    testing::BecomeInChild(*bob);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(kClient.c_str(), kClient.c_str(), "--socket", sock.c_str(), "--config", bob_yaml.c_str(), "--epochs", "0",
+            "--quiet", nullptr);
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // its reads now wait on the server
+  const double shared = TimeJob(dir, sock, local, &rc);
+  std::printf("slow HTTP: root's local job %.2f s alone, %.2f s beside Bob's HTTP job (%.1fx)\n", alone, shared,
+              shared / alone);
+  CHECK(rc == 0);
+  // Bob's reads may hold at most half of the 4 I/O threads: root's 48 reads never wait ~1 s each.
+  CHECK(shared < 5 * alone + 3.0);
+  ::kill(bobs, SIGKILL);
+  ::waitpid(bobs, nullptr, 0);
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
