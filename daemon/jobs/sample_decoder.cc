@@ -118,8 +118,10 @@ class ImageSampleDecoder final : public SampleDecoder {
     // A large image's scratch comes out of the daemon's memory budget first (memory_budget.h).
     MemoryBudget::Lease scratch;
     if (budget_) {
-      const uint64_t need = EstimateDecodeScratch(bytes);
-      if (need >= kScratchAccountFrom) {
+      uint64_t pixels = 0;
+      const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
+      // Over max_pixels the decoder refuses it from the header, naming the limit: nothing to reserve.
+      if (need >= kScratchAccountFrom && pixels <= static_cast<uint64_t>(ops_.max_pixels)) {
         int w = 0, h = 0;
         const media::ImageFormat f = media::SniffImageFormat(bytes);
         (void)media::ReadImageSize(f, bytes, &w, &h);
@@ -183,7 +185,8 @@ class VideoSampleDecoder final : public SampleDecoder {
 
 }  // namespace
 
-uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes) {
+uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes, uint64_t* pixels) {
+  if (pixels != nullptr) *pixels = 0;
   const media::ImageFormat f = media::SniffImageFormat(bytes);
   uint64_t w = 0, h = 0, per_pixel = 8;
   if (f == media::ImageFormat::kJpeg) {
@@ -213,6 +216,7 @@ uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes) {
     // PNG: IHDR's bit depth (byte 24); 16-bit images decode to 8 bytes per RGBA pixel.
     if (f == media::ImageFormat::kPng) per_pixel = bytes.size() > 24 && bytes[24] == 16 ? 8 : 4;
   }
+  if (pixels != nullptr) *pixels = w * h;
   return w * h * per_pixel * 2;
 }
 

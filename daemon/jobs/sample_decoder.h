@@ -65,6 +65,7 @@ inline constexpr uint64_t kScratchAccountFrom = 32ull << 20;
 // The scratch a decode of the encoded image `bytes` needs, estimated from its header alone; 0 when
 // the header says nothing (the decoder then reports the problem). JPEG: 3 bytes per pixel; PNG:
 // 4, or 8 at 16 bits; other formats 8; twice that for the frame and its conversion.
-uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes);
+// *pixels (when given) gets the header's width x height (0 when unknown).
+uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes, uint64_t* pixels = nullptr);
 
 }  // namespace spdl::jobs

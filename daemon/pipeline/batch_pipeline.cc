@@ -417,14 +417,6 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     return;
   }
   std::vector<std::pair<uint32_t, uint32_t>> moves;
-  std::optional<Status> emptied;  // every row failed and no spare was left: never deliver 0 rows
-  {
-    std::lock_guard lock(mu_);
-    InFlight& f = slots_.at(slot);
-    if (!f.ok.empty() && std::find(f.ok.begin(), f.ok.end(), 1) == f.ok.end()) {
-      emptied = DataLoss("every sample of a batch of epoch " + std::to_string(f.meta.epoch) +
-                         " failed and no spare sample was left to replace them; the last in " + last_error_);
-    }
     f.rows.clear();
     // Pack good rows to the front (only when some row had no spare to replace it).
     uint32_t write = 0;
@@ -437,16 +429,6 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     }
     f.meta.indices = std::move(packed);
     f.meta.rows = write;
-  }
-  if (emptied) {
-    Fail(std::move(*emptied));
-    {
-      std::lock_guard lock(mu_);
-      slots_.erase(slot);
-    }
-    (void)ring_->Abandon(slot);
-    notify_();
-    return;
   }
   for (auto [from, to] : moves) processor_->MoveRow(slot, from, to);
   Status s = ring_->MarkReady(slot);

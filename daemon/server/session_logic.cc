@@ -245,7 +245,13 @@ Output SessionLogic::OnJobEvent() {
   Output out;
   if (state_ != State::kRunning || !job_) return out;
   while (auto d = job_->TakeNext()) {
-    *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
+    if (d->batch.rows() == 0) {
+      // Every sample of the batch failed and no spare was left: the client never gets an empty
+      // batch; the slot goes straight back (the epoch's and the job's ends still go out).
+      (void)job_->Release(d->batch.slot(), d->batch.generation());
+    } else {
+      *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
+    }
     if (d->epoch_end) *out.messages.emplace_back().message.mutable_epoch_end() = std::move(*d->epoch_end);
     if (d->job_end) {
       if (record_) d->job_end->mutable_stats()->set_client_wait_seconds(record_->client_wait_seconds.load());

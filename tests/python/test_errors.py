@@ -105,9 +105,10 @@ def test_a_job_whose_every_sample_fails_raises_instead_of_ending_empty(make_load
         (root / "class_000" / f"bad_{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg either")
     loader = make_loader(job_yaml(root, batch=2, extra="on_error: skip\n"))
     with pytest.raises(spdl_client.SpdlError) as err:
-        list(loader)
-    # No batch of 0 rows, no empty success: the job fails, naming a bad file.
-    assert err.value.code == "DATA_LOSS" and "bad_" in str(err.value)
+        batches = list(loader)
+        assert not batches  # never reached: no batch at all, then the error
+    # No batch of 0 rows, no empty success.
+    assert err.value.code == "DATA_LOSS" and "without delivering a single sample" in str(err.value)
 
 
 def test_a_daemon_that_dies_gives_an_error_not_a_hang(dataset, daemon, tmp_path):

@@ -292,19 +292,6 @@ TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: sk
   CHECK(pipe.TotalSkipped() == 0);
 }
 
-TEST_CASE("a batch whose every sample failed with no spare left fails the job instead of coming out empty") {
-  InlineExecutor inline_ex;
-  PipelineOptions o;
-  o.batch_size = 4;
-  Harness h(2, 8, o, &inline_ex);
-  h.proc.bad = {4, 5, 6, 7};  // the whole last batch, and nothing after it to replace it
-  h.pipe->Pump();
-  auto metas = h.Drain();
-  for (auto& m : metas) CHECK(m.rows > 0);  // never a batch of 0 rows
-  CHECK(h.pipe->failure().code() == StatusCode::kDataLoss);
-  CHECK_THAT(h.pipe->failure().message(), Catch::Contains("every sample of a batch of epoch 0 failed"));
-}
-
 TEST_CASE("many workers fill a long endless job exactly and in order") {
   ThreadPool pool(4);
   PipelineOptions o;

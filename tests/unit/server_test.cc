@@ -55,6 +55,7 @@ class FakeJob : public jobs::JobHandle {
     jobs::Delivery d;
     d.batch.set_slot(static_cast<uint32_t>(taken));
     d.batch.set_generation(100 + taken);
+    d.batch.set_rows(rows);
     d.batch.set_seq(taken);
     if (++taken == 2) {
       d.epoch_end.emplace().set_epoch(0);
@@ -80,6 +81,7 @@ class FakeJob : public jobs::JobHandle {
   }
 
   proto::JobAccepted accepted_;
+  uint32_t rows = 4;  // of each batch
   int ready = 0;
   uint64_t taken = 0;
   std::vector<uint32_t> releases;
@@ -179,6 +181,20 @@ TEST_CASE("hello, submit, batches in order, end of job") {
   o = s.OnFrame(Frame(Release(1, 101)));
   CHECK(o.messages.empty());
   CHECK_FALSE(o.close);
+}
+
+TEST_CASE("a batch left with 0 rows is never sent: its slot goes back, the epoch's and job's ends still go out") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(Submit()));
+  svc.job->rows = 0;
+  svc.job->ready = 2;
+  Output o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 2);
+  CHECK(o.messages[0].message.has_epoch_end());
+  CHECK(o.messages[1].message.has_job_end());
+  CHECK(svc.job->releases == std::vector<uint32_t>{0, 1});
 }
 
 TEST_CASE("a version mismatch is refused with a clear message and closes") {
