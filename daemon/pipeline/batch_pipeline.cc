@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <optional>
 #include <set>
 #include <sstream>
 
@@ -417,6 +416,9 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     return;
   }
   std::vector<std::pair<uint32_t, uint32_t>> moves;
+  {
+    std::lock_guard lock(mu_);
+    InFlight& f = slots_.at(slot);
     f.rows.clear();
     // Pack good rows to the front (only when some row had no spare to replace it).
     uint32_t write = 0;

@@ -574,9 +574,10 @@ TEST_CASE("one user's slow source opens cannot take every prepare thread from an
   DaemonProcess d(sock, {"--config", LimitsConfig(dir, sock, dir.path + "/data")});
   ::unsetenv("SPDLD_TEST_OPEN_GATE");
   REQUIRE(d.Connectable());
-  // Root submits ten jobs whose sources take "forever" to open (more than the 8 prepare threads).
+  // Root submits eight jobs (max_jobs_per_client) whose sources take "forever" to open: as many
+  // as the prepare pool has threads.
   std::vector<std::unique_ptr<testing::RawConnection>> slow;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < 8; ++i) {
     auto c = std::make_unique<testing::RawConnection>(sock);
     REQUIRE(c->SendHello());
     REQUIRE(c->Receive());
@@ -592,7 +593,7 @@ TEST_CASE("one user's slow source opens cannot take every prepare thread from an
   auto bobs = RunJob(dir, *bob, sock, FolderJob(dir.path + "/data"));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(bobs.out);
-  std::printf("prepare slots: Bob's job ran in %.2f s while root's 10 source opens were held\n", s);
+  std::printf("prepare slots: Bob's job ran in %.2f s while root's 8 source opens were held\n", s);
   CHECK(bobs.rc == 0);
   CHECK(s < 30);
   // Open the gate: root's jobs are all accepted in turn.
@@ -680,7 +681,16 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
             "--quiet", nullptr);
     _exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // its reads now wait on the server
+  // Its job runs, and its reads wait on the server.
+  bool running = false;
+  for (int i = 0; i < 200 && !running; ++i) {
+    std::string status;
+    testing::RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "--socket", sock, "--json", "jobs"}, &status);
+    running = status.find("\"uid\": " + std::to_string(bob->uid)) != std::string::npos;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(running);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
   const double shared = TimeJob(dir, sock, local, &rc);
   std::printf("slow HTTP: root's local job %.2f s alone, %.2f s beside Bob's HTTP job (%.1fx)\n", alone, shared,
               shared / alone);
