@@ -115,11 +115,14 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   popts.weight = s.config.weight;
   popts.stages = {{s.config.stages.read.concurrency, s.config.stages.read.queue},
                   {s.config.stages.decode.concurrency, s.config.stages.decode.queue}};
-  // An HTTP read holds its I/O thread while the server answers: unless the job says otherwise, one
-  // job's reads take at most half the I/O pool, so a slow server never stalls every job's reads.
-  if (s.config.source.type == config::SourceType::kHttp && popts.stages[0].concurrency == 0) {
+  // An HTTP read holds its I/O thread while the server answers: one job's HTTP reads take at most
+  // half the I/O pool (whatever stages.read.concurrency asks), so a slow server never stalls the
+  // reads of every other job.
+  if (s.config.source.type == config::SourceType::kHttp) {
     const int io_threads = (io_executor ? io_executor : executor)->Parallelism();
-    popts.stages[0].concurrency = std::max(1, io_threads / 2);
+    const auto cap = static_cast<uint32_t>(std::max(1, io_threads / 2));
+    uint32_t& c = popts.stages[0].concurrency;
+    c = c == 0 ? cap : std::min(c, cap);
   }
   popts.log_name = "job " + std::to_string(s.job_id);
   popts.completion_order = s.config.order == config::Order::kCompletion;

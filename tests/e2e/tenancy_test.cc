@@ -665,10 +665,10 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   int rc = -1;
   const double alone = TimeJob(dir, sock, local, &rc);
   REQUIRE(rc == 0);
-  // Bob's endless HTTP job against the slow server.
+  // Bob's endless HTTP job against the slow server, asking for every I/O thread (4).
   const std::string bob_yaml = dir.path + "/bob-http.yaml";
   WriteFile(bob_yaml, "source: {type: http, list: " + dir.path +
-                          "/data/urls.txt, max_in_flight: 64}\nbatch: {size: 8}\ntransforms: [{resize: {height: 16, "
+                          "/data/urls.txt, max_in_flight: 64}\nstages: {read: {concurrency: 4}}\nbatch: {size: 8}\ntransforms: [{resize: {height: 16, "
                           "width: 16}}]\nprefetch: 8\n");
   ::chmod(bob_yaml.c_str(), 0644);
   const pid_t bobs = ::fork();
