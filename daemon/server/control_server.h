@@ -51,10 +51,10 @@ struct ServerOptions {
   // backlog_timeout, the session is closed.
   size_t max_reply_backlog_bytes = 4u << 20;
   std::chrono::milliseconds backlog_timeout{10000};
-  std::chrono::milliseconds sweep_interval{250};
-  // Submits of one uid whose source is being opened on the prepare executor at once; more wait
-  // in that uid's queue, so one user's slow scans cannot take every prepare thread.
-  size_t max_prepares_per_uid = 2;  // how often the timeouts above are checked
+  std::chrono::milliseconds sweep_interval{250};  // how often the timeouts above are checked
+  // Submits of one uid whose source is being opened on the prepare executor at once (half its 8
+  // threads); more wait in that uid's queue, so one user's slow scans cannot take every thread.
+  size_t max_prepares_per_uid = 4;
 };
 
 class Session;

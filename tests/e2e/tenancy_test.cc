@@ -588,7 +588,7 @@ TEST_CASE("one user's slow source opens cannot take every prepare thread from an
     REQUIRE(c->Send(m));
     slow.push_back(std::move(c));
   }
-  // Bob's job is prepared and runs meanwhile: root holds only its 2 prepare slots.
+  // Bob's job is prepared and runs meanwhile: root holds only its 4 prepare slots.
   const auto t0 = std::chrono::steady_clock::now();
   auto bobs = RunJob(dir, *bob, sock, FolderJob(dir.path + "/data"));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
