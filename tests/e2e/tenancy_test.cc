@@ -704,5 +704,20 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+TEST_CASE("a job that delivered no sample exits non-zero in spdl-client; no batch of 0 rows is sent") {
+  TempDir dir(0755);
+  fs::create_directories(dir.path + "/data/class_000");
+  for (int i = 0; i < 6; ++i) WriteFile(dir.path + "/data/class_000/bad_" + std::to_string(i) + ".jpg", "\xff\xd8 no");
+  const std::string sock = dir.path + "/spdld.sock";
+  DaemonProcess d(sock, {"--allow-root", dir.path + "/data", "--threads", "2"});
+  REQUIRE(d.Connectable());
+  auto r = RunJob(dir, RunAs{}, sock, FolderJob(dir.path + "/data", "on_error: skip\n"));
+  INFO(r.out);
+  CHECK(r.rc == 1);
+  CHECK_THAT(r.out, Catch::Contains("ended without delivering a single sample (6 skipped)"));
+  CHECK_THAT(r.out, Catch::Contains("\"batches\":0"));
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
