@@ -719,5 +719,58 @@ TEST_CASE("a job that delivered no sample exits non-zero in spdl-client; no batc
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+TEST_CASE("/metrics shows each user only their own jobs") {
+  auto bob = testing::TestUser("spdl-e2e-bob");
+  REQUIRE_TEST_USER(bob);
+  TempDir dir(0755);
+  testdata::DatasetOptions o;
+  o.classes = 1;
+  o.images_per_class = 8;
+  o.min_side = 40;
+  o.max_side = 60;
+  REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
+  const std::string sock = dir.path + "/spdld.sock";
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
+                                         "/data]\nworker_threads: 2\nmetrics_port: " + std::to_string(port) + "\n");
+  DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
+  REQUIRE(d.Connectable());
+  // Root's job, endless, in the background.
+  const std::string yaml = dir.path + "/root.yaml";
+  WriteFile(yaml, FolderJob(dir.path + "/data"));
+  const pid_t roots = ::fork();
+  if (roots == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(kClient.c_str(), kClient.c_str(), "--socket", sock.c_str(), "--config", yaml.c_str(), "--epochs", "0",
+            "--quiet", nullptr);
+    _exit(127);
+  }
+  const std::vector<std::string> scrape = {
+      "/usr/bin/python3", "-c",
+      "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:" + std::to_string(port) +
+          "/metrics').read().decode())"};
+  std::string as_root;
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    as_root.clear();
+    testing::RunCommand(scrape, &as_root);
+    seen = as_root.find("spdld_job_samples_total{") != std::string::npos;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  INFO(as_root);
+  CHECK(seen);
+  CHECK_THAT(as_root, Catch::Contains("uid=\"0\""));
+  std::string as_bob;
+  REQUIRE(RunCommandAs(*bob, scrape, &as_bob) == 0);
+  INFO(as_bob);
+  CHECK_THAT(as_bob, Catch::Contains("spdld_jobs "));                    // the daemon-wide figures
+  CHECK_THAT(as_bob, !Catch::Contains("spdld_job_samples_total{"));     // none of root's jobs
+  ::kill(roots, SIGKILL);
+  ::waitpid(roots, nullptr, 0);
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 }  // namespace
 }  // namespace spdl
