@@ -704,7 +704,7 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
-TEST_CASE("a job that delivered no sample exits non-zero in spdl-client; no batch of 0 rows is sent") {
+TEST_CASE("a job that delivered no sample exits non-zero in spdl-client, and no batch of 0 rows is sent") {
   TempDir dir(0755);
   fs::create_directories(dir.path + "/data/class_000");
   for (int i = 0; i < 6; ++i) WriteFile(dir.path + "/data/class_000/bad_" + std::to_string(i) + ".jpg", "\xff\xd8 no");
@@ -719,7 +719,7 @@ TEST_CASE("a job that delivered no sample exits non-zero in spdl-client; no batc
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
-TEST_CASE("/metrics shows each user only their own jobs") {
+TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   auto bob = testing::TestUser("spdl-e2e-bob");
   REQUIRE_TEST_USER(bob);
   TempDir dir(0755);
