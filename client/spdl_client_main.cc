@@ -366,5 +366,12 @@ int main(int argc, char** argv) {
       if (name != "image") std::printf("checksum %s %" PRIu64 "\n", name.c_str(), sum);
     }
   }
+  if (samples == 0 && !ended_early) {
+    // A job that ended without delivering anything did not do its work, whatever its end says.
+    std::fprintf(stderr,
+                 "spdl-client: job %" PRIu64 " ended without delivering a single sample (%" PRIu64 " skipped)\n",
+                 info.job_id, skipped);
+    return 1;
+  }
   return 0;
 }

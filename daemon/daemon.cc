@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -19,6 +21,7 @@
 #if SPDL_TEST_HOOKS
 #include "cuda/shm_fake_backend.h"
 #endif
+#include "io/fs_identity.h"
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
 #include "ops/listen_fds.h"
@@ -96,6 +99,34 @@ Status Daemon::Start() {
     if (config_.plugin_dirs.empty()) spdlog::info("start-up: no plugin_dirs: op transforms are disabled");
     for (const std::string& p : plugins::OpLoader(config_.plugin_dirs).CheckDirs()) {
       spdlog::warn("start-up: {} (jobs asking for ops from it are refused)", p);
+    }
+    return Status::Ok();
+  }));
+  SPDL_RETURN_IF_ERROR(Step("check whose rights reads use", [&] {
+    // Every job's files are opened with its user's rights (io/fs_identity.h).
+    const io::SwitchSupport& s = io::ProbeSwitchSupport();
+    if (s.can_switch) {
+      spdlog::info("start-up: jobs read their files with their user's rights (fsuid, fsgid and groups per thread)");
+    } else {
+      spdlog::warn(
+          "start-up: {}: it cannot read files with another user's rights, so it serves jobs of uid {} and "
+          "root only (grant AmbientCapabilities=CAP_SETUID CAP_SETGID in the unit, or run it as root)",
+          s.why_not, io::DaemonFsIdentity().uid);
+    }
+    return Status::Ok();
+  }));
+  SPDL_RETURN_IF_ERROR(Step("raise the descriptor limit", [&] {
+    // Data reads must always find a descriptor: the soft limit goes up to the hard one, and the
+    // control server caps its connections well below it (server/control_server.h).
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      const rlim_t was = lim.rlim_cur;
+      lim.rlim_cur = lim.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) {
+        spdlog::info("start-up: descriptor limit raised from {} to {}", was, lim.rlim_cur);
+      } else {
+        spdlog::warn("start-up: cannot raise the descriptor limit from {}: {}", was, std::strerror(errno));
+      }
     }
     return Status::Ok();
   }));
@@ -177,6 +208,25 @@ Status Daemon::Start() {
     so.socket_mode = config_.socket_mode;
     so.socket_group = config_.socket_group;
     so.max_frame_bytes = config_.max_frame_bytes;
+    // Shared-node limits; the connection cap stays well below the descriptor limit.
+    rlimit nofile{};
+    size_t cap = static_cast<size_t>(config_.max_connections);
+    if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+      const size_t quarter = std::max<size_t>(16, static_cast<size_t>(nofile.rlim_cur / 4));
+      if (quarter < cap) {
+        spdlog::warn(
+            "start-up: max_connections {} lowered to {}: a quarter of the descriptor limit {} (raise "
+            "LimitNOFILE= in the unit)",
+            cap, quarter, static_cast<uint64_t>(nofile.rlim_cur));
+        cap = quarter;
+      }
+    }
+    so.max_connections = cap;
+    so.max_connections_per_uid = static_cast<size_t>(config_.max_connections_per_uid);
+    so.hello_timeout = std::chrono::seconds(config_.hello_timeout_seconds);
+    so.frame_timeout = std::chrono::seconds(config_.frame_timeout_seconds);
+    so.max_reply_backlog_bytes = config_.max_reply_backlog_bytes;
+    so.backlog_timeout = std::chrono::seconds(config_.backlog_timeout_seconds);
     // Socket activation: systemd (spdld.socket) or systemd-socket-activate made the socket.
     SPDL_ASSIGN_OR_RETURN(std::optional<int> passed, ops::TakeListenFd());
     if (passed) {
@@ -219,9 +269,14 @@ Status Daemon::Start() {
   }
   if (config_.metrics_port != 0) {
     SPDL_RETURN_IF_ERROR(Step("serve metrics", [&] {
-      metrics_ = std::make_unique<ops::MetricsServer>(&io_, [this] {
-        jobs::PeerInfo root;  // uid 0: every job
-        return ops::RenderPrometheus(registry_->Status(root), ops::DaemonFacts{draining_});
+      metrics_ = std::make_unique<ops::MetricsServer>(&io_, [this](std::optional<uid_t> uid) {
+        // Each user sees their own jobs (root all of them); a scrape whose owner is unknown, only
+        // the daemon-wide figures.
+        jobs::PeerInfo asker;
+        asker.uid = uid.value_or(0);
+        proto::DaemonStatus status = registry_->Status(asker);
+        if (!uid) status.clear_jobs();
+        return ops::RenderPrometheus(status, ops::DaemonFacts{draining_});
       });
       SPDL_RETURN_IF_ERROR(metrics_->Start(config_.metrics_bind, static_cast<uint16_t>(config_.metrics_port)));
       spdlog::info("metrics on http://{}/metrics", metrics_->endpoint());

@@ -3,6 +3,7 @@
 #include <boost/asio/ip/address.hpp>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -19,6 +20,19 @@ using internal::Diagnostics;
 using internal::Field;
 using internal::MapReader;
 using internal::Present;
+
+// A number written as an integer or a decimal (shared-node limits); nullopt (with an error) else.
+std::optional<double> ReadFraction(Diagnostics& diag, const Field& f) {
+  if (!Present(f)) return std::nullopt;
+  if (f.node.IsScalar()) {
+    const std::string& s = f.node.Scalar();
+    double value = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec == std::errc() && ptr == s.data() + s.size() && !s.empty() && std::isfinite(value)) return value;
+  }
+  diag.Error(f, "expected a number, got " + internal::Describe(f.node));
+  return std::nullopt;
+}
 
 constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1 for the NUL
 constexpr uint64_t kKiB = 1024, kMiB = kKiB << 10;
@@ -205,6 +219,33 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
       list.push_back(*d);
     }
     out->plugin_dirs = std::move(list);
+  }
+  // Shared-node limits.
+  if (auto v = internal::ReadInt(diag, m.Get("max_connections"), 16, 65536))
+    out->max_connections = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("max_connections_per_uid"), 1, 65536)) {
+    out->max_connections_per_uid = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("hello_timeout_seconds"), 1, 3600)) {
+    out->hello_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("frame_timeout_seconds"), 1, 3600)) {
+    out->frame_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = ReadByteSize(diag, m.Get("max_reply_backlog_bytes"), 64 * kKiB, 1024 * kMiB)) {
+    out->max_reply_backlog_bytes = *v;
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("backlog_timeout_seconds"), 1, 3600)) {
+    out->backlog_timeout_seconds = static_cast<int>(*v);
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("max_pixels"), 1, int64_t{1} << 40)) out->max_pixels = *v;
+  const Field share = m.Get("max_budget_share_per_uid");
+  if (auto v = ReadFraction(diag, share)) {
+    if (*v < 0.05 || *v > 1.0) {
+      diag.Error(share, "must be a fraction between 0.05 and 1 (got " + std::to_string(*v) + ")");
+    } else {
+      out->max_budget_share_per_uid = *v;
+    }
   }
   m.ReportUnknownKeys();
 }

@@ -60,6 +60,24 @@ struct DaemonConfig {
   // start-up: a change takes a restart (libraries, once loaded, stay loaded).
   std::vector<std::string> plugin_dirs;
 
+  // ---- Shared-node limits: one user cannot starve or crash the others (README "Security model").
+  int max_connections = 1024;                     // control connections at once, all users, 16..65536; also
+                                                  // at most a quarter of the descriptor limit, so data reads
+                                                  // always find descriptors. More are closed at accept.
+  int max_connections_per_uid = 128;              // control connections one uid may hold at once, 1..65536
+  int hello_timeout_seconds = 10;                 // a new connection must say Hello within this, 1..3600
+  int frame_timeout_seconds = 10;                 // a control message begun must arrive whole within this, 1..3600
+  uint64_t max_reply_backlog_bytes = 4ull << 20;  // replies queued for a client that does not read
+                                                  // them; over it the daemon stops reading that connection
+                                                  // (64KiB..1GiB, a byte size)
+  int backlog_timeout_seconds = 10;               // over max_reply_backlog_bytes this long: the connection is
+                                                  // closed, 1..3600
+  int64_t max_pixels = 178956970;                 // the most pixels an image may have (from its header); a job's
+                                                  // decode.max_pixels can only lower it, 1..2^40
+  double max_budget_share_per_uid = 0.5;          // while another uid has jobs or waits for memory (refused
+                                                  // in the last 60 s), one uid's jobs may hold at most this
+                                                  // fraction of memory_budget_bytes, 0.05..1 (1 = no cap)
+
   bool operator==(const DaemonConfig&) const = default;
 };
 

@@ -811,6 +811,7 @@ void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
         diag.Error(f, "a count must be at least 0 (got " + s + ")");
       } else {
         out->count = count;
+        out->fraction = -1;  // the limit given replaces the default one
       }
       return;
     }
@@ -823,6 +824,7 @@ void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
     return;
   }
   out->fraction = *v;
+  out->count = -1;
 }
 
 // audio: {sample_rate, channels, length | seconds, crop, dtype, max_seconds}.
@@ -1124,11 +1126,78 @@ const char* SourceTypeName(SourceType type) {
   return "?";
 }
 
+std::string CheckJobConfigShape(std::string_view text, const std::vector<Override>& overrides) {
+  size_t total = text.size();
+  for (const Override& o : overrides) total += o.path.size() + o.value.size();
+  if (total > kMaxJobConfigBytes) {
+    return "the job config (with its overrides) is " + std::to_string(total) + " bytes, more than the " +
+           std::to_string(kMaxJobConfigBytes) + " a job config may have";
+  }
+  // Nesting, counted before yaml-cpp builds anything: flow brackets outside quotes, and block
+  // indentation levels (a stack of the indents in force).
+  auto depth_of = [](std::string_view t) {
+    size_t flow = 0, deepest = 0;
+    std::vector<size_t> indents;
+    bool line_start = true;
+    size_t indent = 0;
+    char quote = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const char c = t[i];
+      if (c == '\n') {
+        line_start = true;
+        indent = 0;
+        if (quote == '\'') quote = 0;  // keep it simple: quotes do not span lines here
+        continue;
+      }
+      if (line_start) {
+        if (c == ' ') {
+          ++indent;
+          continue;
+        }
+        line_start = false;
+        if (c != '#') {
+          while (!indents.empty() && indents.back() > indent) indents.pop_back();
+          if (indents.empty() || indents.back() < indent) indents.push_back(indent);
+        }
+      }
+      if (quote) {
+        if (c == quote) quote = 0;
+        continue;
+      }
+      if (c == '"' || c == '\'')
+        quote = c;
+      else if (c == '#') {
+        while (i + 1 < t.size() && t[i + 1] != '\n') ++i;
+      } else if (c == '[' || c == '{') {
+        deepest = std::max(deepest, indents.size() + ++flow);
+      } else if ((c == ']' || c == '}') && flow > 0) {
+        --flow;
+      }
+      deepest = std::max(deepest, indents.size() + flow);
+    }
+    return deepest;
+  };
+  size_t depth = depth_of(text);
+  for (const Override& o : overrides) depth = std::max(depth, depth_of(o.value));
+  if (depth > kMaxJobConfigDepth) {
+    return "the job config nests " + std::to_string(depth) + " levels deep, more than the " +
+           std::to_string(kMaxJobConfigDepth) + " a job config may have";
+  }
+  return "";
+}
+
 JobConfigResult ParseJobConfig(std::string_view yaml_text, const std::vector<Override>& overrides) {
   std::vector<std::string> override_paths;
   for (const Override& o : overrides) override_paths.push_back(o.path);
   Diagnostics diag(std::move(override_paths));
   JobConfig config;
+  // Limits first: a client's text is checked before any YAML node is built.
+  if (std::string why = CheckJobConfigShape(yaml_text, overrides); !why.empty()) {
+    diag.ErrorNoLine("", why);
+    JobConfigResult refused;
+    refused.errors = diag.Take();
+    return refused;
+  }
   try {  // yaml-cpp throws; nothing may escape this module
     std::optional<YAML::Node> root = internal::LoadDocument(yaml_text, overrides, &diag);
     if (root) ReadJob(diag, internal::RootField(*root), &config);

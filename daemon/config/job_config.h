@@ -350,7 +350,9 @@ struct JobConfig {
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
   StagesConfig stages;                  // per-stage concurrency and queue bounds
   Order order = Order::kSampler;        // YAML: sampler | completion
-  MaxFailures max_failures;             // with on_error: skip; default: no limit
+  MaxFailures max_failures{-1, 0.5};    // with on_error: skip; default: more than half of the
+                                        // samples tried (after the warm-up) fails the job; a
+                                        // count or fraction given replaces it (1.0: no limit)
   int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
   int weight = 1;                       // share of the node's pools against other jobs, 1..1000
   // Identical jobs decode once (jobs/shared_job.h): jobs of one uid with share: true and the same
@@ -380,5 +382,13 @@ struct JobConfigResult {
 // Parses and validates a job config. `overrides` are applied to the YAML tree, in order, before
 // validation; errors about values they set have line 0 and a path "--set <path>". Never throws.
 JobConfigResult ParseJobConfig(std::string_view yaml_text, const std::vector<Override>& overrides = {});
+
+// Limits on a job config a client sends, checked before any YAML is parsed (yaml-cpp holds ~200
+// bytes per node and recurses per nesting level): its bytes with the overrides', and its nesting
+// (block indentation levels plus flow brackets). A real job config is a few KiB, 6 levels deep.
+inline constexpr size_t kMaxJobConfigBytes = 64 * 1024;
+inline constexpr size_t kMaxJobConfigDepth = 32;
+// "" when `text` and `overrides` are within the limits above; else why not.
+std::string CheckJobConfigShape(std::string_view text, const std::vector<Override>& overrides);
 
 }  // namespace spdl::config

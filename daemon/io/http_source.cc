@@ -1,8 +1,10 @@
 #include "io/http_source.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -57,6 +59,36 @@ struct Url {
   std::string scheme, host, port, path;
 };
 
+// True when a segment of the (still percent-encoded) URL path is "." or ".." once decoded, or
+// holds an encoded '/' or '\\': curl normalizes plain dot segments, but a server that decodes
+// "%2e%2e" would walk out of the allowed prefix.
+bool HasEncodedTraversal(const std::string& path) {
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string decoded;
+    bool encoded = false;
+    for (size_t i = start; i < end; ++i) {
+      if (path[i] == '%' && i + 2 < end) {
+        const std::string hex = path.substr(i + 1, 2);
+        const char c = static_cast<char>(std::strtol(hex.c_str(), nullptr, 16));
+        if (std::isxdigit(static_cast<unsigned char>(hex[0])) && std::isxdigit(static_cast<unsigned char>(hex[1]))) {
+          if (c == '/' || c == '\\') return true;
+          decoded += c;
+          encoded = true;
+          i += 2;
+          continue;
+        }
+      }
+      decoded += path[i];
+    }
+    if (encoded && (decoded == "." || decoded == "..")) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 // Parses and normalizes an absolute http(s) URL; returns an error message, or "".
 std::string ParseUrl(UniqueUrl u, Url* out) {
   out->scheme = Lower(Part(u.get(), CURLUPART_SCHEME));
@@ -71,6 +103,11 @@ std::string ParseUrl(UniqueUrl u, Url* out) {
   out->port = Part(u.get(), CURLUPART_PORT, CURLU_DEFAULT_PORT);
   out->path = Part(u.get(), CURLUPART_PATH);
   if (out->path.empty()) out->path = "/";
+  if (HasEncodedTraversal(out->path)) {
+    return "the path " + out->path +
+           " has an encoded '.' or '..' segment or an encoded slash (a server could "
+           "resolve it outside the allowed prefix)";
+  }
   out->full = Part(u.get(), CURLUPART_URL);
   return "";
 }

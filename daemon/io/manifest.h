@@ -30,15 +30,23 @@ struct Manifest {
 //   nested sub-directories belong to their top-level class. Files directly in root are ignored.
 // - a file matches when its name ends in one of `extensions` (given like ".jpg"; a missing leading
 //   dot is added), compared case-insensitively.
-// - hidden files and directories (a name starting with '.') are ignored. Symbolic links are
-//   followed; a directory reached twice (a link loop or two links to one place) is scanned once;
-//   anything that is not a regular file or directory after following links (a dangling link, a
-//   fifo, a device) is ignored.
+// - hidden files and directories (a name starting with '.') are ignored. Everything is opened
+//   beneath the root (RootDir: openat2 RESOLVE_BENEATH): symbolic links that stay below the root
+//   are followed, a link that leads out of it is never followed: a class folder that does -> the
+//   scan fails (kPermissionDenied naming the link, never its target); a deeper one is kept as a
+//   sample when its name matches (its Read then fails, "escapes its root") and ignored otherwise.
+//   An absolute link whose target is below the root is not followed either (reads beneath the
+//   root refuse absolute links): as a class folder it fails the scan saying so; deeper, a file is
+//   kept (its Read fails), a directory ignored.
+//   A directory reached twice (a link loop or two links to one place) is scanned once; anything
+//   that is not a regular file or directory after following links (a dangling link, a fifo, a
+//   device) is ignored.
 // Errors: root missing -> kNotFound; not a directory -> kInvalidArgument; root or a directory below
 // it unreadable -> kPermissionDenied naming it; no extensions -> kInvalidArgument; no sample found
 // -> kNotFound naming the root and the extensions, and, when the class sub-directories hold files
 // that `extensions` left out, how many and their endings ("found 48 files in its 2 class
-// sub-directories, none with the endings [.jpg, .jpeg] (48 .png); set source.extensions").
+// sub-directories, none with the endings [.jpg, .jpeg] (48 .png); set source.extensions"). Everything is read with the calling
+// thread's rights (the job's user: fs_identity.h).
 // listed_dirs (optional): receives the stamp of every directory listed (root first), each taken
 // before it was listed, so a change made after shows as a newer mtime (SourceIndexCache).
 Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions,

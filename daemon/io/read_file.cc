@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 
 namespace spdl::io {
 namespace {
@@ -35,10 +37,35 @@ bool IsUnder(const std::string& path, const std::string& root) {
 
 }  // namespace
 
+bool IsResourceErrno(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS || err == EIO;
+}
+
+Status IoErrnoStatus(const std::string& what, int err) {
+  if (!IsResourceErrno(err)) return ErrnoStatus(what, err);
+  return Unavailable(what + ": " + std::strerror(err) +
+                     " (a resource of spdld or of the node, not the sample's own bytes)");
+}
+
+Status RetryOnResourceError(const std::function<Status()>& attempt) {
+  auto pause = std::chrono::milliseconds(5);
+  Status s;
+  for (int i = 1;; ++i) {
+    s = attempt();
+    if (s.code() != StatusCode::kUnavailable || i == kResourceAttempts) break;
+    std::this_thread::sleep_for(pause);
+    pause *= 4;
+  }
+  if (s.code() == StatusCode::kUnavailable) {
+    return Unavailable(s.message() + "; still failing after " + std::to_string(kResourceAttempts) + " attempts");
+  }
+  return s;
+}
+
 Status ReadOpenFile(int fd, const std::string& name, std::vector<uint8_t>* out, size_t max_bytes) {
   out->clear();
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoStatus("reading " + name, errno);
+  if (::fstat(fd, &st) != 0) return IoErrnoStatus("reading " + name, errno);
   if (S_ISDIR(st.st_mode)) return InvalidArgument("reading " + name + ": it is a directory");
   if (!S_ISREG(st.st_mode)) return InvalidArgument("reading " + name + ": it is not a regular file");
   const auto size = static_cast<uint64_t>(st.st_size);
@@ -54,7 +81,7 @@ Status ReadOpenFile(int fd, const std::string& name, std::vector<uint8_t>* out, 
       if (errno == EINTR) continue;
       const int err = errno;
       out->clear();
-      return ErrnoStatus("reading " + name, err);
+      return IoErrnoStatus("reading " + name, err);
     }
     if (n == 0) break;  // shrank since fstat
     done += static_cast<size_t>(n);
@@ -64,12 +91,14 @@ Status ReadOpenFile(int fd, const std::string& name, std::vector<uint8_t>* out, 
 }
 
 Status ReadFile(const std::string& path, std::vector<uint8_t>* out, size_t max_bytes) {
-  out->clear();
-  // O_NONBLOCK so that opening a fifo does not wait for a writer; it changes nothing for a
-  // regular file.
-  UniqueFd fd(::open(path.c_str(), kReadFlags));
-  if (!fd) return ErrnoStatus("reading " + path, errno);
-  return ReadOpenFile(fd.get(), path, out, max_bytes);
+  return RetryOnResourceError([&]() -> Status {
+    out->clear();
+    // O_NONBLOCK so that opening a fifo does not wait for a writer; it changes nothing for a
+    // regular file.
+    UniqueFd fd(::open(path.c_str(), kReadFlags));
+    if (!fd) return IoErrnoStatus("reading " + path, errno);
+    return ReadOpenFile(fd.get(), path, out, max_bytes);
+  });
 }
 
 RootDir::RootDir(std::string path, std::string real_path, UniqueFd fd)
@@ -80,17 +109,19 @@ Result<std::shared_ptr<const RootDir>> RootDir::Open(const std::string& path) {
   if (!fd) {
     const int err = errno;
     if (err == ENOTDIR) return InvalidArgument(path + ": not a directory");
-    return ErrnoStatus("opening the directory " + path, err);
+    return IoErrnoStatus("opening the directory " + path, err);
   }
   std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
-  if (!real) return ErrnoStatus("resolving " + path, errno);
+  if (!real) return IoErrnoStatus("resolving " + path, errno);
   return std::make_shared<const RootDir>(path, std::string(real.get()), std::move(fd));
 }
 
-Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const {
+Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const { return OpenBeneathWith(relative, kReadFlags); }
+
+Result<UniqueFd> RootDir::OpenBeneathWith(std::string_view relative, int flags) const {
   const std::string rel(relative);
   struct open_how how {};
-  how.flags = static_cast<uint64_t>(kReadFlags);
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   long r;
   do {
@@ -101,18 +132,22 @@ Result<UniqueFd> RootDir::OpenBeneath(std::string_view relative) const {
   switch (err) {
     case ENOSYS:
     case EPERM:  // a seccomp filter that does not know openat2
-      return OpenBeneathFallback(relative);
+      return OpenBeneathFallbackWith(relative, flags);
     case EXDEV:
       return Escapes(path_, relative);
     case ELOOP:
       return InvalidArgument("reading " + Join(path_, relative) +
                              ": a symbolic link loop (too many levels of links), or a link through /proc");
     default:
-      return ErrnoStatus("reading " + Join(path_, relative), err);
+      return IoErrnoStatus("reading " + Join(path_, relative), err);
   }
 }
 
 Result<UniqueFd> RootDir::OpenBeneathFallback(std::string_view relative) const {
+  return OpenBeneathFallbackWith(relative, kReadFlags);
+}
+
+Result<UniqueFd> RootDir::OpenBeneathFallbackWith(std::string_view relative, int flags) const {
   if (!relative.empty() && relative.front() == '/') return Escapes(path_, relative);
   const std::string joined = Join(real_path_, relative);
   std::unique_ptr<char, decltype(&std::free)> real(::realpath(joined.c_str(), nullptr), &std::free);
@@ -121,18 +156,20 @@ Result<UniqueFd> RootDir::OpenBeneathFallback(std::string_view relative) const {
     if (err == ELOOP) {
       return InvalidArgument("reading " + Join(path_, relative) + ": a symbolic link loop (too many levels of links)");
     }
-    return ErrnoStatus("reading " + Join(path_, relative), err);
+    return IoErrnoStatus("reading " + Join(path_, relative), err);
   }
   if (!IsUnder(real.get(), real_path_)) return Escapes(path_, relative);
-  UniqueFd fd(::open(real.get(), kReadFlags | O_NOFOLLOW));
-  if (!fd) return ErrnoStatus("reading " + Join(path_, relative), errno);
+  UniqueFd fd(::open(real.get(), flags | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return IoErrnoStatus("reading " + Join(path_, relative), errno);
   return fd;
 }
 
 Status RootDir::ReadFile(std::string_view relative, std::vector<uint8_t>* out, size_t max_bytes) const {
-  out->clear();
-  SPDL_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(relative));
-  return ReadOpenFile(fd.get(), Join(path_, relative), out, max_bytes);
+  return RetryOnResourceError([&]() -> Status {
+    out->clear();
+    SPDL_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(relative));
+    return ReadOpenFile(fd.get(), Join(path_, relative), out, max_bytes);
+  });
 }
 
 std::shared_ptr<const RootSet> RootSet::Open(const std::vector<std::string>& allowed_roots) {
@@ -161,9 +198,11 @@ Result<UniqueFd> RootSet::OpenBeneath(const std::string& absolute) const {
 }
 
 Status RootSet::ReadFile(const std::string& absolute, std::vector<uint8_t>* out, size_t max_bytes) const {
-  out->clear();
-  SPDL_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(absolute));
-  return ReadOpenFile(fd.get(), absolute, out, max_bytes);
+  return RetryOnResourceError([&]() -> Status {
+    out->clear();
+    SPDL_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(absolute));
+    return ReadOpenFile(fd.get(), absolute, out, max_bytes);
+  });
 }
 
 }  // namespace spdl::io

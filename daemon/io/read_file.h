@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -19,9 +20,23 @@
 
 namespace spdl::io {
 
+// Resource errors are not bad samples. An open or read failing with EMFILE, ENFILE, ENOMEM,
+// ENOBUFS or EIO says the daemon or the node is short of something (descriptors, memory) or a
+// device failed: the read is retried with backoff (kResourceAttempts in ~1.7 s), and if it persists
+// the error is kUnavailable, which fails the job loudly whatever its on_error
+// (pipeline/batch_pipeline.h), instead of counting a good sample as corrupt.
+inline constexpr int kResourceAttempts = 6;
+bool IsResourceErrno(int err);
+// ErrnoStatus, except that a resource errno gives kUnavailable (saying it is not the sample's fault).
+Status IoErrnoStatus(const std::string& what, int err);
+// Runs `attempt` until it returns something other than kUnavailable, at most kResourceAttempts
+// times (sleeping 5, 20, 80, 320, 1280 ms between); a last kUnavailable says how many attempts.
+Status RetryOnResourceError(const std::function<Status()>& attempt);
+
 // Replaces *out with the contents of the regular file `path`, reusing out's capacity. The size is
 // taken when the file is opened; a file that shrinks meanwhile yields what was there.
-// Errors, each naming the path: missing -> kNotFound; unreadable -> kPermissionDenied; a directory,
+// Resource errors are retried (RetryOnResourceError). Errors, each naming the path: missing ->
+// kNotFound; unreadable -> kPermissionDenied; a directory,
 // fifo, socket or device -> kInvalidArgument (never blocks on a fifo); larger than `max_bytes` ->
 // kResourceExhausted; an I/O error -> its errno's code. On error *out is left empty.
 // REQUIRES: out != nullptr.
@@ -50,6 +65,10 @@ class RootDir {
   // kInvalidArgument; missing -> kNotFound; others by errno.
   Result<UniqueFd> OpenBeneath(std::string_view relative) const;
 
+  // OpenBeneath with open(2) `flags` of the caller's (O_PATH to look at a file without reading it,
+  // O_RDONLY | O_DIRECTORY to list a directory); same rules and errors. O_CLOEXEC is added.
+  Result<UniqueFd> OpenBeneathWith(std::string_view relative, int flags) const;
+
   // OpenBeneath, then reads the whole regular file as ReadFile does (same errors).
   Status ReadFile(std::string_view relative, std::vector<uint8_t>* out, size_t max_bytes = 1ull << 30) const;
 
@@ -59,6 +78,7 @@ class RootDir {
   // The fallback OpenBeneath uses where openat2 is missing (realpath + prefix check + O_NOFOLLOW);
   // same errors. Public so that tests can run it on kernels that have openat2.
   Result<UniqueFd> OpenBeneathFallback(std::string_view relative) const;
+  Result<UniqueFd> OpenBeneathFallbackWith(std::string_view relative, int flags) const;
 
   RootDir(std::string path, std::string real_path, UniqueFd fd);
 

@@ -55,11 +55,14 @@ SampleCache::Counters SampleCache::counters() const {
   return c;
 }
 
-CachedSource::CachedSource(std::shared_ptr<const SampleSource> inner, std::shared_ptr<SampleCache> cache)
-    : inner_(std::move(inner)), cache_(std::move(cache)), identity_(inner_->Identity()) {}
+CachedSource::CachedSource(std::shared_ptr<const SampleSource> inner, std::shared_ptr<SampleCache> cache,
+                           std::string scope)
+    : inner_(std::move(inner)), cache_(std::move(cache)), identity_(inner_->Identity()), scope_(std::move(scope)) {}
 
 std::string CachedSource::KeyFor(uint64_t index) const {
-  std::string key = identity_;
+  std::string key = scope_;
+  key += '\n';
+  key += identity_;
   key += '\n';
   key += std::to_string(index);
   key += '\n';

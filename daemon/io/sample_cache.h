@@ -90,8 +90,10 @@ class SampleCache {
 class CachedSource final : public SampleSource {
  public:
   // REQUIRES: inner != nullptr, cache != nullptr. Both are shared: the cache outlives the source
-  // if other jobs still hold it.
-  CachedSource(std::shared_ptr<const SampleSource> inner, std::shared_ptr<SampleCache> cache);
+  // if other jobs still hold it. `scope` is part of every key: entries are shared only between
+  // sources of the same scope (the job registry passes the user's FsIdentity::Key(), so that bytes
+  // one user read are never served to another, who might not be allowed to read the file).
+  CachedSource(std::shared_ptr<const SampleSource> inner, std::shared_ptr<SampleCache> cache, std::string scope = "");
 
   uint64_t size() const override { return inner_->size(); }
   const SampleRef& sample(uint64_t index) const override { return inner_->sample(index); }
@@ -119,6 +121,7 @@ class CachedSource final : public SampleSource {
   const std::shared_ptr<const SampleSource> inner_;
   const std::shared_ptr<SampleCache> cache_;
   const std::string identity_;
+  const std::string scope_;
 
   mutable std::atomic<uint64_t> hits_{0};
   mutable std::atomic<uint64_t> misses_{0};

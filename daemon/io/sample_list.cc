@@ -156,7 +156,7 @@ Result<std::string> ReadListFile(const std::string& path, const std::vector<std:
     *stamp = MakeStamp(*real_path, st);
   }
   std::vector<uint8_t> bytes;
-  SPDL_RETURN_IF_ERROR(ReadFile(*real_path, &bytes));
+  SPDL_RETURN_IF_ERROR(ReadFile(*real_path, &bytes, kMaxListFileBytes));
   return std::string(bytes.begin(), bytes.end());
 }
 

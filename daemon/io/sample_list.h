@@ -46,6 +46,10 @@ ParsedList ParseSampleList(std::string_view text, std::string_view item_name);
 // how many more:  "LIST: 3 bad lines:\n  LIST:4: ...\n  LIST:9: ...". REQUIRES: problems non-empty.
 Status ListProblemsStatus(const std::string& list_name, std::vector<ListProblem> problems, size_t max_shown);
 
+// The largest list file read (it is read whole and parsed into one entry per line; a larger one ->
+// kResourceExhausted naming it and the limit): 256 MiB, ~4M lines of ImageNet-like paths.
+inline constexpr size_t kMaxListFileBytes = size_t{256} << 20;
+
 // Reads the list file `path` after checking it resolves below `allowed_roots`; sets *real_path to
 // the resolved path, and *stamp (if not null) to its stamp taken just before the read (for the
 // source index cache). Errors: those of ResolveUnderRoots and ReadFile.

@@ -8,6 +8,8 @@
 #include <exception>
 #include <utility>
 
+#include "io/fs_identity.h"
+
 namespace spdl::io {
 
 FileStamp MakeStamp(std::string path, const struct stat& st) {
@@ -74,8 +76,11 @@ void SourceIndexCache::PruneLocked() {
   }
 }
 
-Result<std::shared_ptr<const SourceIndex>> SourceIndexCache::GetOrScan(const std::string& key, const std::string& what,
-                                                                       const ScanFn& scan) {
+Result<std::shared_ptr<const SourceIndex>> SourceIndexCache::GetOrScan(const std::string& plain_key,
+                                                                       const std::string& what, const ScanFn& scan) {
+  // An index made with one user's rights is never handed to another: it may name files the other
+  // cannot list (the ranks of one run, all of one user, still share).
+  const std::string key = CurrentFsIdentityKey() + "\n" + plain_key;
   // The entry this call has checked outside the lock, and what the check said.
   std::shared_ptr<const SourceIndex> checked;
   bool checked_valid = false;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -44,7 +45,7 @@ Status PreadAll(int fd, uint64_t offset, uint64_t n, std::vector<uint8_t>* out) 
     const ssize_t r = ::pread(fd, out->data() + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus("pread", errno);
+      return IoErrnoStatus("pread", errno);
     }
     if (r == 0) return DataLoss("short read: the file ends " + std::to_string(done) + " bytes into the member");
     done += static_cast<uint64_t>(r);
@@ -82,6 +83,9 @@ struct TarShardSource::Index final : SourceIndex {
   uint64_t skipped_keys = 0;
   uint64_t unlabelled = 0;
   double scan_seconds = 0;
+  // Samples whose label member is bad (not an integer >= 0, too long): that sample fails its Read
+  // (skipped or failing the job by on_error), not the whole shard.
+  std::map<uint64_t, std::string> bad_labels;
 };
 
 Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptions& options) {
@@ -244,17 +248,17 @@ Result<std::shared_ptr<const TarShardSource::Index>> TarShardSource::Scan(
         const std::string where =
             "tar shard " + *real + ": label member " + l.name + " at offset " + std::to_string(l.data_offset);
         if (l.size > kMaxLabelBytes) {
-          problems.push_back(DataLoss(where + ": " + std::to_string(l.size) + " bytes, not a label"));
-          continue;
-        }
-        Status ls = PreadAll(fd.get(), l.data_offset, l.size, &label_bytes);
-        if (!ls.ok()) {
-          problems.push_back(ls.WithPrefix(where));
-          continue;
-        }
-        if (!ParseLabel(label_bytes, &label)) {
-          problems.push_back(DataLoss(where + ": " + Shown(label_bytes) + " is not an integer >= 0"));
-          continue;
+          index->bad_labels[index->samples.size()] = where + ": " + std::to_string(l.size) + " bytes, not a label";
+        } else {
+          Status ls = PreadAll(fd.get(), l.data_offset, l.size, &label_bytes);
+          if (!ls.ok()) {
+            problems.push_back(ls.WithPrefix(where));
+            continue;
+          }
+          if (!ParseLabel(label_bytes, &label)) {
+            index->bad_labels[index->samples.size()] = where + ": " + Shown(label_bytes) + " is not an integer >= 0";
+            label = kNoLabel;
+          }
         }
       } else {
         ++index->unlabelled;
@@ -299,6 +303,9 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
     return InvalidArgument("tar shards " + description_ + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
+  if (auto bad = index_->bad_labels.find(index); bad != index_->bad_labels.end()) {
+    return DataLoss("sample " + index_->samples[index].path + ": " + bad->second);
+  }
   return ReadMember(index, index_->locations[index].offset, index_->locations[index].size, "", out);
 }
 
@@ -328,21 +335,23 @@ Status TarShardSource::ReadMember(uint64_t index, uint64_t offset, uint64_t size
   if (size > max_sample_bytes_) {
     return ResourceExhausted(where() + ": more than the limit of " + std::to_string(max_sample_bytes_) + " bytes");
   }
-  auto opened = allowed_->OpenBeneath(shard.path);
-  if (!opened.ok()) return opened.status().WithPrefix(where());
-  const UniqueFd fd = std::move(opened).value();
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(where(), errno);
-  if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
-      MtimeNs(st) != shard.mtime_ns) {
-    return FailedPrecondition(where() + ": the shard changed since it was indexed");
-  }
-  Status s = PreadAll(fd.get(), offset, size, out);
-  if (!s.ok()) {
-    out->clear();
-    return s.WithPrefix(where());
-  }
-  return Status::Ok();
+  return RetryOnResourceError([&]() -> Status {
+    auto opened = allowed_->OpenBeneath(shard.path);
+    if (!opened.ok()) return opened.status().WithPrefix(where());
+    const UniqueFd fd = std::move(opened).value();
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return IoErrnoStatus(where(), errno);
+    if (st.st_dev != shard.dev || st.st_ino != shard.ino || static_cast<uint64_t>(st.st_size) != shard.size ||
+        MtimeNs(st) != shard.mtime_ns) {
+      return FailedPrecondition(where() + ": the shard changed since it was indexed");
+    }
+    Status s = PreadAll(fd.get(), offset, size, out);
+    if (!s.ok()) {
+      out->clear();
+      return s.WithPrefix(where());
+    }
+    return Status::Ok();
+  });
 }
 
 std::string TarShardSource::Identity() const {

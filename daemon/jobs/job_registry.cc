@@ -7,11 +7,13 @@
 #include "cuda/device_slot_pool.h"
 #include "io/allowed_roots.h"
 #include "io/file_list_source.h"
+#include "io/fs_identity.h"
 #include "io/http_source.h"
 #include "io/sample_source.h"
-#include "io/source_index_cache.h"
 #include "io/sampler.h"
+#include "io/source_index_cache.h"
 #include "io/tar_shard_source.h"
+#include "io/user_source.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/media_job.h"
 #include "jobs/resume_token.h"
@@ -34,6 +36,12 @@ proto::Error::Code CodeFor(const Status& s) {
     case StatusCode::kNotFound: return proto::Error::NOT_FOUND;
     case StatusCode::kResourceExhausted: return proto::Error::RESOURCE_EXHAUSTED;
     case StatusCode::kInvalidArgument: return proto::Error::INVALID_CONFIG;
+    // A bad dataset (a corrupt tar shard, a changed file) is the request's problem, not spdld's.
+    case StatusCode::kDataLoss:
+    case StatusCode::kFailedPrecondition:
+      return proto::Error::BAD_REQUEST;
+    case StatusCode::kUnavailable:
+      return proto::Error::RESOURCE_EXHAUSTED;
     default: return proto::Error::INTERNAL;
   }
 }
@@ -167,7 +175,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       io_executor_(io_executor ? io_executor : executor),
       worker_threads_(worker_threads),
       cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr),
-      op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)) {}
+      op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)),
+      budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)) {}
 
 JobRegistry::~JobRegistry() {
   std::lock_guard lock(mu_);
@@ -177,6 +186,8 @@ JobRegistry::~JobRegistry() {
 void JobRegistry::Return(uid_t uid, uint64_t bytes) {
   std::lock_guard lock(mu_);
   bytes_in_use_ -= bytes;
+  budget_->SetSlotBytes(bytes_in_use_);
+  if ((bytes_per_uid_[uid] -= bytes) == 0) bytes_per_uid_.erase(uid);
   if (--jobs_per_uid_[uid] == 0) jobs_per_uid_.erase(uid);
   --live_jobs_;
 }
@@ -184,9 +195,12 @@ void JobRegistry::Return(uid_t uid, uint64_t bytes) {
 void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
   std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
   config_.memory_budget_bytes = config.memory_budget_bytes;
+  budget_->SetLimit(config.memory_budget_bytes);
+  config_.max_pixels = config.max_pixels;
   config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
+  config_.max_budget_share_per_uid = config.max_budget_share_per_uid;
   config_.allowed_roots = config.allowed_roots;
   config_.allowed_url_prefixes = config.allowed_url_prefixes;
   worker_threads_ = worker_threads;
@@ -214,14 +228,34 @@ struct RegistryPrepared final : PreparedJob {
   std::shared_ptr<const io::CachedSource> cached;
 };
 
+// A client's config name as it may appear in messages and logs: printable characters only (others
+// become '?'), at most 200 bytes.
+std::string CleanConfigName(const std::string& name) {
+  std::string out;
+  for (const char ch : name.substr(0, 200)) {
+    const auto c = static_cast<unsigned char>(ch);
+    out += (c < 0x20 || c == 0x7f) ? '?' : ch;
+  }
+  if (name.size() > 200) out += "...";
+  return out;
+}
+
+// The identity a job of `peer` reads with: the peer's uid, gid and groups (looked up once per job),
+// or nullptr (the daemon's own) when the daemon cannot switch (CheckServable has admitted only its
+// own uid and root then).
+std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
+  if (!io::ProbeSwitchSupport().can_switch) return nullptr;
+  return std::make_shared<const io::FsIdentity>(io::LookupFsIdentity(peer.uid, peer.gid));
+}
+
 // The slow part of Submit: parse and validate the config, open the source (the folder scan, list
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
 void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
-                plugins::OpLoader* op_loader) {
+                plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
-  const std::string name = req.config_name().empty() ? "<config>" : req.config_name();
+  const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
   auto fail = [p](proto::Error::Code code, std::string message) { p->error = MakeError(code, std::move(message)); };
 
   std::vector<config::Override> overrides;
@@ -250,17 +284,34 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     return fail(proto::Error::BAD_REQUEST,
                 "rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size));
   }
-  auto decoder = MakeSampleDecoder(spec.config, op_loader);  // user ops: libraries loaded, `create` run
+  // decode.max_pixels may only lower the daemon's max_pixels, never raise it.
+  config::JobConfig decode_config = spec.config;
+  decode_config.decode.max_pixels = std::min<int64_t>(decode_config.decode.max_pixels, daemon.max_pixels);
+  auto decoder = MakeSampleDecoder(decode_config, op_loader, budget);  // user ops: libraries loaded, `create` run
   if (!decoder.ok()) {
     return fail(proto::Error::INVALID_CONFIG, "invalid job config " + name + ": " + decoder.status().message());
   }
   spec.decoder = std::move(decoder).value();
 
-  auto source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
+  // Every file of the job is opened with its user's rights: the scan, list or index now, each
+  // sample and sidecar later (io::UserSource), whichever thread reads.
+  if (spdl::Status servable = io::CheckServable(peer.uid); !servable.ok()) {
+    return fail(proto::Error::PERMISSION_DENIED, servable.message());
+  }
+  std::shared_ptr<const io::FsIdentity> identity = UserIdentity(peer);
+  Result<std::shared_ptr<const io::SampleSource>> source = Internal("not opened");
+  {
+    io::ScopedFsIdentity as_user(identity.get());
+    if (!as_user.ok())
+      return fail(proto::Error::INTERNAL,
+                  "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
+    source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
+  }
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
-  spec.source = std::move(source).value();
+  spec.source = std::make_shared<const io::UserSource>(std::move(source).value(), identity);
   if (cache) {
-    p->cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache);
+    p->cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache,
+                                                         identity ? identity->Key() : std::string("daemon"));
     spec.source = p->cached;
   }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
@@ -323,9 +374,10 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   p->peer = peer;
   // A copy: a SIGHUP reload may change config_ while the task runs.
   return
-      [p, daemon = config_, cache = cache_, ops = op_loader_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+      [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_,
+       hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
         if (hook) hook(p->request);
-        PrepareJob(p.get(), daemon, cache, ops.get());
+        PrepareJob(p.get(), daemon, cache, ops.get(), budget);
         return p;
       };
 }
@@ -424,7 +476,31 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                 " jobs (max_jobs_per_client)");
       return out;
     }
-    if (bytes_in_use_ + bytes > config_.memory_budget_bytes) {
+    // A fair share of the budget: while another uid has jobs, or was refused for memory lately
+    // (it waits), one uid may hold at most max_budget_share_per_uid of the budget.
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(refused_for_budget_, [&](const auto& r) { return now - r.second > kBudgetWaitMemory; });
+    bool others = false;
+    for (const auto& [uid, n] : jobs_per_uid_) others = others || (uid != peer.uid && n > 0);
+    for (const auto& r : refused_for_budget_) others = others || r.first != peer.uid;
+    const auto share =
+        static_cast<uint64_t>(config_.max_budget_share_per_uid * static_cast<double>(config_.memory_budget_bytes));
+    const uint64_t held = bytes_per_uid_.count(peer.uid) ? bytes_per_uid_[peer.uid] : 0;
+    if (others && config_.max_budget_share_per_uid < 1.0 && held + bytes > share) {
+      if (held == 0) refused_for_budget_[peer.uid] = now;  // a uid with no job yet waits for memory too
+      if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "the job needs " + MiB(bytes) + " of shared memory and uid " + std::to_string(peer.uid) +
+                                " already holds " + MiB(held) + ": while other users have or wait for jobs, one uid " +
+                                "may hold at most " + MiB(share) + " (max_budget_share_per_uid " +
+                                std::to_string(config_.max_budget_share_per_uid).substr(0, 4) + " of the " +
+                                MiB(config_.memory_budget_bytes) + " memory_budget)");
+      return out;
+    }
+    // Scratch of large decodes running now is part of the same budget (memory_budget.h).
+    const uint64_t scratch = budget_->scratch_bytes();
+    if (bytes_in_use_ + scratch + bytes > config_.memory_budget_bytes) {
+      refused_for_budget_[peer.uid] = now;
       if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "the job needs " + MiB(bytes) + " of shared memory (" + std::to_string(spec.config.prefetch) +
@@ -448,6 +524,9 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       device_bytes_in_use_[cuda_device] += device_bytes;
     }
     bytes_in_use_ += bytes;
+    budget_->SetSlotBytes(bytes_in_use_);
+    bytes_per_uid_[peer.uid] += bytes;
+    refused_for_budget_.erase(peer.uid);  // admitted: no longer waiting
     ++jobs_per_uid_[peer.uid];
     ++live_jobs_;
   }
@@ -468,7 +547,9 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       if (auto g = weak.lock()) g->Notify();
     };
   }
-  auto job = MediaJob::Start(std::move(spec), executor_, std::move(lease), std::move(notify), io_executor_);
+  // The pools serve users in turn, then each user's jobs by weight (pipeline/thread_pool.h).
+  auto job = MediaJob::Start(std::move(spec), executor_->ForGroup(peer.uid), std::move(lease), std::move(notify),
+                             io_executor_->ForGroup(peer.uid));
   if (!job.ok()) {
     return_device();
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());

@@ -27,6 +27,7 @@
 #include "io/sample_cache.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
+#include "jobs/memory_budget.h"
 #include "pipeline/executor.h"
 #include "plugins/op_loader.h"
 
@@ -110,6 +111,8 @@ class JobRegistry final : public JobService {
   // User ops from plugin_dirs (as at construction: a change takes a restart); shared with the
   // Prepare tasks, which make each job's ops. Thread-safe.
   const std::shared_ptr<plugins::OpLoader> op_loader_;
+  // memory_budget_bytes as one account of job slots (bytes_in_use_, mirrored) and decode scratch.
+  const std::shared_ptr<MemoryBudget> budget_;
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
@@ -126,6 +129,11 @@ class JobRegistry final : public JobService {
   // Guarded by mu_.
   uint64_t bytes_in_use_ = 0;
   std::map<uid_t, int> jobs_per_uid_;
+  std::map<uid_t, uint64_t> bytes_per_uid_;  // shared-memory bytes of each uid's live jobs
+  // Uids refused for lack of memory budget, and when: they count as waiting for kBudgetWaitMemory
+  // (max_budget_share_per_uid applies to the others meanwhile).
+  std::map<uid_t, std::chrono::steady_clock::time_point> refused_for_budget_;
+  static constexpr std::chrono::seconds kBudgetWaitMemory{60};
   std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   int live_jobs_ = 0;
 

@@ -119,6 +119,15 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
     return pipeline::StageOptions{static_cast<uint32_t>(c.concurrency), static_cast<uint32_t>(c.queue)};
   };
   popts.stages = {stage(s.config.stages.read), stage(s.config.stages.decode)};
+  // An HTTP read holds its I/O thread while the server answers: one job's HTTP reads take at most
+  // half the I/O pool (whatever stages.read.concurrency asks), so a slow server never stalls the
+  // reads of every other job.
+  if (s.config.source.type == config::SourceType::kHttp) {
+    const int io_threads = (io_executor ? io_executor : executor)->Parallelism();
+    const auto cap = static_cast<uint32_t>(std::max(1, io_threads / 2));
+    uint32_t& c = popts.stages[0].concurrency;
+    c = c == 0 ? cap : std::min(c, cap);
+  }
   popts.log_name = "job " + std::to_string(s.job_id);
   popts.completion_order = s.config.order == config::Order::kCompletion;
   // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a

@@ -9,6 +9,7 @@
 #include "media/image_decoder.h"
 #include "media/pixel_convert.h"
 #include "media/sample_random.h"
+#include "media/image_format.h"
 #include "media/video_decoder.h"
 #include "plugins/op_loader.h"
 
@@ -115,7 +116,8 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
 
 class ImageSampleDecoder final : public SampleDecoder {
  public:
-  ImageSampleDecoder(media::ImageOps ops, int width, int height) : ops_(ops), width_(width), height_(height) {
+  ImageSampleDecoder(media::ImageOps ops, int width, int height, std::shared_ptr<MemoryBudget> budget)
+      : ops_(ops), width_(width), height_(height), budget_(std::move(budget)) {
     const std::vector<int64_t> shape = ops.layout == media::OutputLayout::kNCHW
                                            ? std::vector<int64_t>{ops.channels, height, width}
                                            : std::vector<int64_t>{height, width, ops.channels};
@@ -125,12 +127,28 @@ class ImageSampleDecoder final : public SampleDecoder {
   bool random() const override { return ops_.random_crop() || ops_.flip_probability > 0; }
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
     thread_local media::ImageDecoder decoder;  // decoders are not thread-safe: one per worker thread
+    // A large image's scratch comes out of the daemon's memory budget first (memory_budget.h).
+    MemoryBudget::Lease scratch;
+    if (budget_) {
+      uint64_t pixels = 0;
+      const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
+      // Over max_pixels the decoder refuses it from the header, naming the limit: nothing to reserve.
+      if (need >= kScratchAccountFrom && pixels <= static_cast<uint64_t>(ops_.max_pixels)) {
+        int w = 0, h = 0;
+        const media::ImageFormat f = media::SniffImageFormat(bytes);
+        (void)media::ReadImageSize(f, bytes, &w, &h);
+        const std::string what = std::string(media::ImageFormatName(f)) + " image" +
+                                 (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
+        SPDL_ASSIGN_OR_RETURN(scratch, budget_->ReserveScratch(need, what));
+      }
+    }
     return decoder.DecodeInto(bytes, ops_, rows[0], width_, height_, seed);
   }
 
  private:
   const media::ImageOps ops_;
   const int width_, height_;
+  const std::shared_ptr<MemoryBudget> budget_;
   std::vector<RowTensor> tensors_;
 };
 
@@ -323,7 +341,43 @@ class VideoSampleDecoder final : public SampleDecoder {
 
 }  // namespace
 
-Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& c, plugins::OpLoader* loader) {
+uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes, uint64_t* pixels) {
+  if (pixels != nullptr) *pixels = 0;
+  const media::ImageFormat f = media::SniffImageFormat(bytes);
+  uint64_t w = 0, h = 0, per_pixel = 8;
+  if (f == media::ImageFormat::kJpeg) {
+    // The first SOF marker's size: FF Cn, length, precision, height, width (not C4 DHT, C8, CC DAC).
+    size_t i = 2;
+    while (i + 9 < bytes.size()) {
+      if (bytes[i] != 0xFF) return 0;
+      const uint8_t m = bytes[i + 1];
+      const size_t len = (size_t{bytes[i + 2]} << 8) | bytes[i + 3];
+      if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+        h = (uint64_t{bytes[i + 5]} << 8) | bytes[i + 6];
+        w = (uint64_t{bytes[i + 7]} << 8) | bytes[i + 8];
+        break;
+      }
+      if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+        i += 2;
+        continue;
+      }
+      i += 2 + len;
+    }
+    per_pixel = 3;
+  } else {
+    int iw = 0, ih = 0;
+    if (!media::ReadImageSize(f, bytes, &iw, &ih).ok()) return 0;
+    w = static_cast<uint64_t>(iw);
+    h = static_cast<uint64_t>(ih);
+    // PNG: IHDR's bit depth (byte 24); 16-bit images decode to 8 bytes per RGBA pixel.
+    if (f == media::ImageFormat::kPng) per_pixel = bytes.size() > 24 && bytes[24] == 16 ? 8 : 4;
+  }
+  if (pixels != nullptr) *pixels = w * h;
+  return w * h * per_pixel * 2;
+}
+
+Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& c, plugins::OpLoader* loader,
+                                                               std::shared_ptr<MemoryBudget> budget) {
   switch (c.media) {
     case config::Media::kImage: {
       SPDL_ASSIGN_OR_RETURN(media::ImageOps ops, ImageOpsFor(c));
@@ -335,7 +389,7 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
             static_cast<uint32_t>(c.stages.decode.concurrency)));
       }
-      return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height));
+      return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height, std::move(budget)));
     }
     case config::Media::kAudio: {
       media::AudioOps ops;

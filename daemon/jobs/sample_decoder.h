@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "config/job_config.h"
 #include "pipeline/stage_stats.h"
+#include "jobs/memory_budget.h"
 #include "proto/control.pb.h"
 
 namespace spdl::plugins {
@@ -72,11 +73,28 @@ class SampleDecoder {
 };
 
 // The decoder for a validated job config (its media, transforms / audio / video blocks).
+// The decoder for a validated job config (its media, transforms / audio / video blocks).
 // kInvalidArgument naming the key when the config asks for something the decoders refuse. User
 // ops are made through *ops (their libraries loaded, `create` run with their args); an op that
 // cannot be made refuses the job with its reason and its entry's path and line. `ops` may be null
 // when the config has no op entries (else: ops are disabled).
+// With `budget`, an image decode whose scratch (estimated from the header: the decoded frame and
+// its conversion, at the format's bit depth) is kScratchAccountFrom or more reserves it from the
+// budget first, and fails the sample (kResourceExhausted) when it does not fit. (Jobs with user ops
+// decode through the full-size path without this accounting: their libraries are an
+// administrator's choice, and decode.max_pixels still bounds them.)
 Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::JobConfig& config,
-                                                               plugins::OpLoader* ops = nullptr);
+                                                               plugins::OpLoader* ops = nullptr,
+                                                               std::shared_ptr<MemoryBudget> budget = nullptr);
+
+// Decodes that need less scratch than this are not accounted (they are what the worker threads'
+// ordinary working set covers).
+inline constexpr uint64_t kScratchAccountFrom = 32ull << 20;
+
+// The scratch a decode of the encoded image `bytes` needs, estimated from its header alone; 0 when
+// the header says nothing (the decoder then reports the problem). JPEG: 3 bytes per pixel; PNG:
+// 4, or 8 at 16 bits; other formats 8; twice that for the frame and its conversion.
+// *pixels (when given) gets the header's width x height (0 when unknown).
+uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes, uint64_t* pixels = nullptr);
 
 }  // namespace spdl::jobs

@@ -6,8 +6,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "pipeline/stage_stats.h"
@@ -167,7 +171,7 @@ const StageMetric kStageMetrics[] = {
 // One scrape: read the request, answer, close.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, const std::function<std::string()>* render)
+  Connection(tcp::socket socket, const std::function<std::string(std::optional<uid_t>)>* render)
       : stream_(std::move(socket)), render_(render) {}
 
   void Start() {
@@ -195,7 +199,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       response_.result(http::status::ok);
       response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      response_.body() = (*render_)();
+      boost::system::error_code ec1, ec2;
+      const tcp::endpoint local = stream_.socket().local_endpoint(ec1);
+      const tcp::endpoint peer = stream_.socket().remote_endpoint(ec2);
+      response_.body() = (*render_)(ec1 || ec2 ? std::nullopt : LoopbackPeerUid(local, peer));
     }
     response_.prepare_payload();
     if (request_.method() == http::verb::head) response_.body().clear();
@@ -206,7 +213,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   beast::tcp_stream stream_;
-  const std::function<std::string()>* render_;
+  const std::function<std::string(std::optional<uid_t>)>* render_;
   beast::flat_buffer buffer_;
   http::request<http::string_body> request_;
   http::response<http::string_body> response_;
@@ -259,7 +266,50 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   return e.Text();
 }
 
-MetricsServer::MetricsServer(asio::io_context* io, std::function<std::string()> render)
+// "0100007F:1F90" for 127.0.0.1:8080 as /proc/net/tcp writes it (the address as the host's 32-bit
+// words in hex, the port in hex); IPv6 as four such words.
+static std::string ProcNetAddress(const tcp::endpoint& e) {
+  char buf[64];
+  std::string out;
+  if (e.address().is_v4()) {
+    const auto b = e.address().to_v4().to_bytes();
+    uint32_t word = 0;
+    std::memcpy(&word, b.data(), 4);
+    std::snprintf(buf, sizeof(buf), "%08X", word);
+    out = buf;
+  } else {
+    const auto b = e.address().to_v6().to_bytes();
+    for (int i = 0; i < 4; ++i) {
+      uint32_t word = 0;
+      std::memcpy(&word, b.data() + 4 * i, 4);
+      std::snprintf(buf, sizeof(buf), "%08X", word);
+      out += buf;
+    }
+  }
+  std::snprintf(buf, sizeof(buf), ":%04X", e.port());
+  return out + buf;
+}
+
+std::optional<uid_t> LoopbackPeerUid(const tcp::endpoint& local, const tcp::endpoint& peer,
+                                     const std::string& proc_root) {
+  // The peer's own socket: its local address is `peer`, its remote one `local`.
+  const std::string want_local = ProcNetAddress(peer), want_remote = ProcNetAddress(local);
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream in(proc_root + table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, loc, rem, st, queues, timer, retr;
+      long uid = -1;
+      if (!(f >> sl >> loc >> rem >> st >> queues >> timer >> retr >> uid)) continue;
+      if (loc == want_local && rem == want_remote) return static_cast<uid_t>(uid);
+    }
+  }
+  return std::nullopt;
+}
+
+MetricsServer::MetricsServer(asio::io_context* io, std::function<std::string(std::optional<uid_t>)> render)
     : io_(io), render_(std::move(render)), acceptor_(*io) {}
 
 MetricsServer::~MetricsServer() { Stop(); }

@@ -25,10 +25,13 @@
 // io_context thread it is given; handlers never throw.
 #pragma once
 
+#include <sys/types.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "common/log_limiter.h"
@@ -45,10 +48,19 @@ struct DaemonFacts {
 // The text exposition of `status` (every job in it; pass the root view for all users').
 std::string RenderPrometheus(const proto::DaemonStatus& status, const DaemonFacts& facts = {});
 
+// The uid that owns the local TCP connection whose end is `peer` and whose other end is `local`
+// (both on this host), from the kernel's socket table (/proc/net/tcp, tcp6; `proc_root` for tests):
+// how a loopback scrape learns who asks. nullopt when no such socket is listed.
+std::optional<uid_t> LoopbackPeerUid(const boost::asio::ip::tcp::endpoint& local,
+                                     const boost::asio::ip::tcp::endpoint& peer,
+                                     const std::string& proc_root = "/proc");
+
 class MetricsServer {
  public:
-  // `render` produces the body of each scrape, on the io thread. *io must outlive this object.
-  MetricsServer(boost::asio::io_context* io, std::function<std::string()> render);
+  // `render` produces the body of each scrape for the uid that asks (the owner of the scraping
+  // socket: root sees every job, another uid its own jobs only, an unknown one none), on the io
+  // thread. *io must outlive this object.
+  MetricsServer(boost::asio::io_context* io, std::function<std::string(std::optional<uid_t>)> render);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -67,7 +79,7 @@ class MetricsServer {
   void Accept();
 
   boost::asio::io_context* const io_;
-  const std::function<std::string()> render_;
+  const std::function<std::string(std::optional<uid_t>)> render_;
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   std::string endpoint_;

@@ -308,7 +308,12 @@ void BatchPipeline::RunTask(uint32_t stage) {
       --st.occupied;
       ++tried_;
       ++failed_;
-      Status stop = CountFailureLocked(stage, s);
+      // kUnavailable is the daemon's or the node's trouble (descriptors, memory, a device: io
+      // retried it already), never the sample's: it fails the job whatever on_error says.
+      Status stop = s.code() == StatusCode::kUnavailable
+                        ? Status(s.code(), s.message() + " (stage '" + specs_[stage].name +
+                                               "': a resource error fails the job; it is not a bad sample)")
+                        : CountFailureLocked(stage, s);
       if (!stop.ok()) {
         if (failure_.ok()) failure_ = std::move(stop);
         CancelLocked(&finished);

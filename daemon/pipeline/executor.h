@@ -7,6 +7,7 @@
 // Implementations must be safe to Post() to from any thread.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -22,6 +23,11 @@ class Executor {
   // weight 1. The default forwards every task to this executor (no fairness), for executors that
   // run everything at once anyway. The returned queue must not outlive this executor.
   virtual std::unique_ptr<Executor> NewQueue(int weight);
+  // The executor for the work of one group (the daemon's groups are uids): its NewQueue queues
+  // share the group's turn, and a fair executor serves the groups with work in round-robin before
+  // the queues within each, so one user's many jobs get one user's share, not one share per job.
+  // The result is owned by this executor and lives as long as it. Default: this (no groups).
+  virtual Executor* ForGroup(uint64_t /*group*/) { return this; }
   // How many tasks it runs at once right now (a pool's thread count; it may change at run time),
   // or 0 when that is unknown or unbounded. A queue from NewQueue answers for its executor.
   virtual int Parallelism() const { return 0; }

@@ -20,7 +20,40 @@ class ThreadPool::QueueExecutor final : public Executor {
   const std::shared_ptr<Queue> q_;
 };
 
-ThreadPool::ThreadPool(int threads) : default_queue_(std::make_shared<Queue>()) { SetThreads(threads); }
+class ThreadPool::GroupExecutor final : public Executor {
+ public:
+  GroupExecutor(ThreadPool* pool, std::shared_ptr<Group> group)
+      : pool_(pool), group_(std::move(group)), default_queue_(NewQueueIn(1)) {}
+  void Post(std::function<void()> task) override { pool_->PostTo(default_queue_, std::move(task)); }
+  std::unique_ptr<Executor> NewQueue(int weight) override {
+    return std::make_unique<QueueExecutor>(pool_, NewQueueIn(weight));
+  }
+  int Parallelism() const override { return pool_->size(); }
+
+ private:
+  std::shared_ptr<Queue> NewQueueIn(int weight) const {
+    auto q = std::make_shared<Queue>();
+    q->weight = std::clamp(weight, 1, 1000);
+    q->group = group_;
+    return q;
+  }
+  ThreadPool* const pool_;
+  const std::shared_ptr<Group> group_;
+  const std::shared_ptr<Queue> default_queue_;  // for Post on the group itself
+};
+
+ThreadPool::ThreadPool(int threads)
+    : default_group_(std::make_shared<Group>()), default_queue_(std::make_shared<Queue>()) {
+  default_queue_->group = default_group_;
+  SetThreads(threads);
+}
+
+Executor* ThreadPool::ForGroup(uint64_t group) {
+  std::lock_guard lock(mu_);
+  auto& g = groups_[group];
+  if (!g) g = std::make_unique<GroupExecutor>(this, std::make_shared<Group>());
+  return g.get();
+}
 
 ThreadPool::~ThreadPool() { Join(); }
 
@@ -29,6 +62,7 @@ void ThreadPool::Post(std::function<void()> task) { PostTo(default_queue_, std::
 std::unique_ptr<Executor> ThreadPool::NewQueue(int weight) {
   auto q = std::make_shared<Queue>();
   q->weight = std::clamp(weight, 1, 1000);
+  q->group = default_group_;
   return std::make_unique<QueueExecutor>(this, std::move(q));
 }
 
@@ -41,23 +75,35 @@ void ThreadPool::PostTo(const std::shared_ptr<Queue>& q, std::function<void()> t
     if (!q->active) {
       q->active = true;
       q->credit = q->weight;
-      active_.push_back(q);
+      q->group->active.push_back(q);
+      if (!q->group->active_in_pool) {
+        q->group->active_in_pool = true;
+        active_.push_back(q->group);
+      }
     }
   }
   cv_.notify_one();
 }
 
 std::function<void()> ThreadPool::PopLocked() {
-  std::shared_ptr<Queue> q = active_.front();
+  std::shared_ptr<Group> g = active_.front();
+  std::shared_ptr<Queue> q = g->active.front();
   std::function<void()> task = std::move(q->tasks.front());
   q->tasks.pop_front();
   --queued_;
   if (q->tasks.empty()) {
     q->active = false;
-    active_.pop_front();
+    g->active.pop_front();
   } else if (--q->credit <= 0) {
     q->credit = q->weight;
-    active_.splice(active_.end(), active_, active_.begin());  // its turn is over
+    g->active.splice(g->active.end(), g->active, g->active.begin());  // its turn is over
+  }
+  // One task per group turn: the next group with work goes next.
+  if (g->active.empty()) {
+    g->active_in_pool = false;
+    active_.pop_front();
+  } else {
+    active_.splice(active_.end(), active_, active_.begin());
   }
   return task;
 }
@@ -112,7 +158,7 @@ void ThreadPool::Join() {
   for (Worker& w : workers_) {
     if (w.thread.joinable()) w.thread.join();
   }
-  std::list<std::shared_ptr<Queue>> left;
+  std::list<std::shared_ptr<Group>> left;
   {
     std::lock_guard lock(mu_);
     workers_.clear();

@@ -7,6 +7,10 @@
 // goes to the back. A job with a deep backlog therefore cannot starve another: with every queue
 // busy, each job gets the share of the threads its weight says. Within one queue tasks run FIFO.
 // Post() on the pool itself uses a built-in queue of weight 1.
+// Groups (ForGroup: the daemon makes one per uid): the queues of one group share that group's
+// turns. The pool serves the groups that have tasks in round-robin, one task per turn, and within
+// a group its queues by weight as above: a user with ten jobs gets the threads one user with one
+// job gets, not ten times as many. Post() on the pool and NewQueue() on it use a default group.
 //
 // Thread-safe: every method may be called from any thread, except that Join(), SetThreads() and
 // the destructor must not be called from a task of this pool (they wait for its threads).
@@ -17,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +44,8 @@ class ThreadPool final : public Executor {
   // A queue served with `weight` (clamped to 1..1000). It may be destroyed with tasks still queued
   // (they still run). REQUIRES: the queue does not outlive the pool.
   std::unique_ptr<Executor> NewQueue(int weight) override;
+  // The executor of group `group` (created on first use, lives as long as the pool).
+  Executor* ForGroup(uint64_t group) override;
 
   // Grows or shrinks the pool to `threads` (<= 0: one per core) at run time. Shrinking lets the
   // removed threads finish the task they are running and waits for them; queued tasks stay queued
@@ -54,12 +61,19 @@ class ThreadPool final : public Executor {
   void Join();
 
  private:
+  struct Group;
   struct Queue {
     std::deque<std::function<void()>> tasks;
     int weight = 1;
     int credit = 0;       // tasks it may still run in its current turn
-    bool active = false;  // in active_ (has tasks)
+    bool active = false;  // in group->active (has tasks)
+    std::shared_ptr<Group> group;
   };
+  struct Group {
+    std::list<std::shared_ptr<Queue>> active;  // its queues with tasks; front = whose turn it is
+    bool active_in_pool = false;               // in active_ (has tasks)
+  };
+  class GroupExecutor;
   struct Worker {
     std::thread thread;
     bool stop = false;  // guarded by mu_
@@ -77,9 +91,11 @@ class ThreadPool final : public Executor {
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a task was queued, a worker was told to stop, or joining_ was set
   // Guarded by mu_.
-  std::list<std::shared_ptr<Queue>> active_;  // queues with tasks; front = the one whose turn it is
+  std::list<std::shared_ptr<Group>> active_;  // groups with tasks; front = the one whose turn it is
   std::list<Worker> workers_;                 // list: a Worker never moves while its thread runs
+  std::shared_ptr<Group> default_group_;
   std::shared_ptr<Queue> default_queue_;
+  std::map<uint64_t, std::unique_ptr<GroupExecutor>> groups_;  // ForGroup's, never removed
   size_t queued_ = 0;
   bool joining_ = false;
 };

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "proto/framing.h"
@@ -68,6 +69,19 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   bool has_job() const { return !closed_ && logic_ && logic_->has_job(); }
+  const jobs::PeerInfo& peer() const { return peer_; }
+
+  // Why the session must be closed now (a limit of ServerOptions it is past), or "".
+  std::string Overdue(std::chrono::steady_clock::time_point now) const {
+    const ServerOptions& o = server_->options_;
+    if (closed_) return "";
+    if (logic_ && !logic_->hello_done() && now - connected_at_ > o.hello_timeout) return "no Hello in time";
+    if (partial_since_ && now - *partial_since_ > o.frame_timeout) return "a message not completed in time";
+    if (backlog_since_ && now - *backlog_since_ > o.backlog_timeout) {
+      return "it does not read its replies (" + std::to_string(queued_bytes_) + " bytes queued)";
+    }
+    return "";
+  }
   void OnDrain(const proto::Draining& notice) {
     if (!closed_ && logic_) Apply(logic_->OnDrain(notice));
   }
@@ -91,7 +105,9 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   void Read() {
+    reading_ = true;
     socket_.async_read_some(asio::buffer(read_buf_), [self = shared_from_this()](error_code ec, size_t n) {
+      self->reading_ = false;
       if (ec) {
         self->Finish();
         return;
@@ -108,8 +124,25 @@ class Session : public std::enable_shared_from_this<Session> {
         self->Apply(self->logic_->OnFrame(payload));
         if (self->closing_ || self->closed_) return;
       }
-      self->Read();
+      // A frame begun must be completed within frame_timeout (Overdue).
+      if (self->parser_.buffered() == 0) {
+        self->partial_since_.reset();
+      } else if (!self->partial_since_) {
+        self->partial_since_ = std::chrono::steady_clock::now();
+      }
+      self->MaybeRead();
     });
+  }
+
+  // Reads on unless the replies queued for the client are over the bound: then its requests wait
+  // in the socket (the client's sends block) until it reads; Flush resumes.
+  void MaybeRead() {
+    if (closed_ || closing_ || reading_) return;
+    if (queued_bytes_ > server_->options_.max_reply_backlog_bytes) {
+      if (!backlog_since_) backlog_since_ = std::chrono::steady_clock::now();
+      return;
+    }
+    Read();
   }
 
   void Apply(Output out) {
@@ -118,6 +151,7 @@ class Session : public std::enable_shared_from_this<Session> {
       Pending p;
       if (!proto::EncodeFrame(m.message, &p.bytes)) continue;
       p.fd = m.pass_fd;
+      queued_bytes_ += p.bytes.size();
       queue_.push_back(std::move(p));
     }
     if (out.close) closing_ = true;
@@ -130,9 +164,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void Prepare(PendingSubmit p) {
     std::weak_ptr<Session> weak = shared_from_this();
     asio::io_context* io = server_->io_;
-    server_->prepare_->Post([weak, io, seq = p.seq, task = std::move(p.task)] {
+    ControlServer* server = server_;
+    const uid_t uid = peer_.uid;
+    server_->PostPrepare(uid, [weak, io, server, uid, seq = p.seq, task = std::move(p.task)] {
       std::shared_ptr<jobs::PreparedJob> prepared = task();
-      asio::post(*io, [weak, seq, prepared = std::move(prepared)]() mutable {
+      asio::post(*io, [weak, server, uid, seq, prepared = std::move(prepared)]() mutable {
+        server->PrepareDone(uid);
         if (auto s = weak.lock(); s && !s->closed_) s->Apply(s->logic_->OnSubmitPrepared(seq, std::move(prepared)));
       });
     });
@@ -175,9 +212,16 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       p.sent += static_cast<size_t>(n);
-      if (p.sent == p.bytes.size()) queue_.pop_front();
+      if (p.sent == p.bytes.size()) {
+        queued_bytes_ -= p.bytes.size();
+        queue_.pop_front();
+      }
     }
-    if (queue_.empty() && closing_) Finish();
+    if (queue_.empty() && closing_) return Finish();
+    if (backlog_since_ && queued_bytes_ <= server_->options_.max_reply_backlog_bytes / 2) {
+      backlog_since_.reset();
+      MaybeRead();
+    }
   }
 
   void Finish() {
@@ -192,6 +236,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<SessionLogic> logic_;
   char read_buf_[16384];
   std::deque<Pending> queue_;
+  size_t queued_bytes_ = 0;  // of queue_'s frames
+  const std::chrono::steady_clock::time_point connected_at_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> partial_since_;  // a frame partly received since
+  std::optional<std::chrono::steady_clock::time_point> backlog_since_;  // reading paused since
+  bool reading_ = false;                                                // an async read is outstanding
   std::shared_ptr<std::atomic<bool>> event_pending_ = std::make_shared<std::atomic<bool>>(false);
   bool waiting_write_ = false;
   bool closing_ = false;
@@ -200,7 +249,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
 ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, ServerOptions options,
                              pipeline::Executor* prepare)
-    : io_(io), jobs_(jobs), options_(std::move(options)), prepare_(prepare), acceptor_(*io), accept_retry_(*io) {
+    : io_(io),
+      jobs_(jobs),
+      options_(std::move(options)),
+      prepare_(prepare),
+      acceptor_(*io),
+      accept_retry_(*io),
+      sweep_(*io) {
   control_.log_limiter = &log_limiter_;
   control_.async_submit = prepare_ != nullptr;
 }
@@ -217,6 +272,7 @@ Status ControlServer::Start() {
       return Internal("cannot use the inherited control socket: " + ec.message());
     }
     Accept();
+    Sweep();
     return Status::Ok();
   }
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
@@ -250,6 +306,7 @@ Status ControlServer::Start() {
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Internal("cannot listen on " + path + ": " + ec.message());
   Accept();
+  Sweep();
   return Status::Ok();
 }
 
@@ -288,16 +345,88 @@ void ControlServer::Accept() {
       peer.uid = cred.uid;
       peer.gid = cred.gid;
     }
-    auto s = std::make_shared<Session>(this, std::move(socket), peer);
-    sessions_.insert(s);
-    s->Start();
+    if (sessions_.size() >= options_.max_connections) {
+      Refuse(std::move(socket), "spdld serves at most " + std::to_string(options_.max_connections) +
+                                    " connections at once (max_connections); try again later");
+    } else if (sessions_per_uid_[peer.uid] >= options_.max_connections_per_uid) {
+      Refuse(std::move(socket), "uid " + std::to_string(peer.uid) + " already has " +
+                                    std::to_string(options_.max_connections_per_uid) +
+                                    " connections open to spdld (max_connections_per_uid); close some first");
+    } else {
+      auto s = std::make_shared<Session>(this, std::move(socket), peer);
+      sessions_.insert(s);
+      ++sessions_per_uid_[peer.uid];
+      s->Start();
+    }
+    if (sessions_per_uid_[peer.uid] == 0) sessions_per_uid_.erase(peer.uid);
     Accept();
+  });
+}
+
+void ControlServer::PostPrepare(uid_t uid, std::function<void()> task) {
+  PrepareQueue& q = prepares_[uid];
+  if (q.running < options_.max_prepares_per_uid) {
+    ++q.running;
+    prepare_->Post(std::move(task));
+    return;
+  }
+  q.waiting.push_back(std::move(task));
+}
+
+void ControlServer::PrepareDone(uid_t uid) {
+  auto it = prepares_.find(uid);
+  if (it == prepares_.end()) return;
+  PrepareQueue& q = it->second;
+  if (!q.waiting.empty() && !stopped_) {
+    prepare_->Post(std::move(q.waiting.front()));  // the slot passes to the uid's next Submit
+    q.waiting.pop_front();
+    return;
+  }
+  if (--q.running == 0 && q.waiting.empty()) prepares_.erase(it);
+}
+
+void ControlServer::Refuse(Socket socket, const std::string& why) {
+  uint64_t dropped = 0;
+  if (log_limiter_.Allow("refuse-connection", &dropped)) {
+    spdlog::warn("control socket: connection refused: {}{}", why, LogLimiter::Note(dropped));
+  }
+  proto::DaemonMessage m;
+  m.mutable_error()->set_code(proto::Error::RESOURCE_EXHAUSTED);
+  m.mutable_error()->set_message(why);
+  std::string bytes;
+  if (proto::EncodeFrame(m, &bytes)) {
+    (void)::send(socket.native_handle(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  error_code ec;
+  socket.close(ec);
+}
+
+void ControlServer::Sweep() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::shared_ptr<Session>, std::string>> overdue;
+  for (const auto& s : sessions_) {
+    if (std::string why = s->Overdue(now); !why.empty()) overdue.emplace_back(s, std::move(why));
+  }
+  for (auto& [s, why] : overdue) {
+    uint64_t dropped = 0;
+    if (log_limiter_.Allow("overdue", &dropped)) {
+      spdlog::warn("session pid {} uid {}: closed: {}{}", s->peer().pid, s->peer().uid, why, LogLimiter::Note(dropped));
+    }
+    s->Close();
+    Remove(s.get());
+  }
+  if (stopped_) return;
+  sweep_.expires_after(options_.sweep_interval);
+  sweep_.async_wait([this](error_code ec) {
+    if (!ec && !stopped_) Sweep();
   });
 }
 
 void ControlServer::Remove(Session* s) {
   for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
     if (it->get() == s) {
+      auto n = sessions_per_uid_.find(s->peer().uid);
+      if (n != sessions_per_uid_.end() && --n->second == 0) sessions_per_uid_.erase(n);
       sessions_.erase(it);
       return;
     }
@@ -323,6 +452,7 @@ void ControlServer::Stop() {
   error_code ec;
   acceptor_.close(ec);
   accept_retry_.cancel();
+  sweep_.cancel();
   auto sessions = std::move(sessions_);
   for (auto& s : sessions) s->Close();
   sessions.clear();

@@ -15,6 +15,9 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,6 +40,21 @@ struct ServerOptions {
   // then on) instead of binding socket_path, and neither creates, chmods nor unlinks any file:
   // the manager owns the socket file, its mode and group.
   int inherited_fd = -1;
+
+  // ---- Limits per connection and per user: one user cannot starve or crash the others.
+  size_t max_connections = 1024;                   // sessions at once, all users; more are closed at accept
+  size_t max_connections_per_uid = 128;            // sessions at once of one uid; more are told why and closed
+  std::chrono::milliseconds hello_timeout{10000};  // connect -> Hello; later: the session is closed
+  std::chrono::milliseconds frame_timeout{10000};  // a frame begun must be whole within this
+  // Replies queued for a client that does not read them: over this the session's requests are no
+  // longer read (so it cannot queue more); back under half of it, reading resumes; over it for
+  // backlog_timeout, the session is closed.
+  size_t max_reply_backlog_bytes = 4u << 20;
+  std::chrono::milliseconds backlog_timeout{10000};
+  std::chrono::milliseconds sweep_interval{250};  // how often the timeouts above are checked
+  // Submits of one uid whose source is being opened on the prepare executor at once (half its 8
+  // threads); more wait in that uid's queue, so one user's slow scans cannot take every thread.
+  size_t max_prepares_per_uid = 4;
 };
 
 class Session;
@@ -69,6 +87,14 @@ class ControlServer {
   friend class Session;
   void Accept();
   void Remove(Session* s);
+  // Runs `task` on the prepare executor now, or when one of uid's max_prepares_per_uid slots frees.
+  void PostPrepare(uid_t uid, std::function<void()> task);
+  // A prepare task of `uid` has finished (io thread): its slot goes to the uid's next waiting one.
+  void PrepareDone(uid_t uid);
+  // Closes the sessions past a timeout (hello, frame, backlog); runs every sweep_interval.
+  void Sweep();
+  // Tells a connection over a limit why (one frame, best effort) and closes it.
+  void Refuse(boost::asio::local::stream_protocol::socket socket, const std::string& why);
 
   boost::asio::io_context* const io_;
   jobs::JobService* const jobs_;
@@ -80,6 +106,13 @@ class ControlServer {
   boost::asio::steady_timer accept_retry_;
   std::chrono::milliseconds accept_backoff_{10};
   std::set<std::shared_ptr<Session>> sessions_;
+  std::map<uid_t, size_t> sessions_per_uid_;  // of sessions_
+  boost::asio::steady_timer sweep_;
+  struct PrepareQueue {
+    size_t running = 0;
+    std::deque<std::function<void()>> waiting;
+  };
+  std::map<uid_t, PrepareQueue> prepares_;  // io thread only
   DaemonControl control_;
   LogLimiter log_limiter_;  // the sessions' and the acceptor's warnings (control_.log_limiter)
   bool stopped_ = false;

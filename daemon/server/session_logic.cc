@@ -2,9 +2,34 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "proto/framing.h"
 
 namespace spdl::server {
+
+std::string EscapeForLog(std::string_view text, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 16);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= max_bytes) {
+      out += "... (" + std::to_string(text.size() - i) + " more bytes)";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n' && i + 1 < text.size()) {
+      out += " | ";  // one log line per event: a client's text cannot forge the next line
+    } else if (c < 0x20 || c == 0x7f) {
+      static const char* kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
 
 SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify,
                            DaemonControl* control)
@@ -36,7 +61,7 @@ bool SessionLogic::MayLog(const std::string& kind, std::string* note) const {
 Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
   std::string note;
   if (MayLog("session closed: " + proto::Error::Code_Name(code), &note)) {
-    spdlog::warn("{}: closing the session: {}{}", Who(), message, note);
+    spdlog::warn("{}: closing the session: {}{}", Who(), EscapeForLog(message), note);
   }
   Output out;
   auto* e = out.messages.emplace_back().message.mutable_error();
@@ -197,7 +222,7 @@ Output SessionLogic::StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared) 
   Output out;
   if (!r.ok()) {
     if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
-      spdlog::info("{}: job refused: {}{}", Who(), r.error.message(), note);
+      spdlog::info("{}: job refused: {}{}", Who(), EscapeForLog(r.error.message()), note);
     }
     *out.messages.emplace_back().message.mutable_error() = r.error;
     return out;  // the client may fix its config and submit again
@@ -220,7 +245,13 @@ Output SessionLogic::OnJobEvent() {
   Output out;
   if (state_ != State::kRunning || !job_) return out;
   while (auto d = job_->TakeNext()) {
-    *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
+    if (d->batch.rows() == 0) {
+      // Every sample of the batch failed and no spare was left: the client never gets an empty
+      // batch; the slot goes straight back (the epoch's and the job's ends still go out).
+      (void)job_->Release(d->batch.slot(), d->batch.generation());
+    } else {
+      *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
+    }
     if (d->epoch_end) *out.messages.emplace_back().message.mutable_epoch_end() = std::move(*d->epoch_end);
     if (d->job_end) {
       if (record_) d->job_end->mutable_stats()->set_client_wait_seconds(record_->client_wait_seconds.load());
@@ -240,7 +271,8 @@ Output SessionLogic::OnJobEvent() {
     auto* e = out.messages.emplace_back().message.mutable_error();
     e->set_code(proto::Error::JOB_FAILED);
     e->set_message("job failed: " + f.message());
-    if (std::string note; MayLog("job failed", &note)) spdlog::warn("{}: {}{}", Who(), e->message(), note);
+    if (std::string note; MayLog("job failed", &note))
+      spdlog::warn("{}: {}{}", Who(), EscapeForLog(e->message()), note);
     DropJob();
     state_ = State::kIdle;
   }

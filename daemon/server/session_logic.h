@@ -59,6 +59,11 @@ struct PendingSubmit {
   jobs::PrepareTask task;
 };
 
+// `text` made safe for one log line: a newline becomes " | ", other control characters (ESC of
+// ANSI sequences, CR, NUL) "\xNN", and it is cut at `max_bytes`. Config names, paths and errors
+// that carry a client's text go through it before they reach the log.
+std::string EscapeForLog(std::string_view text, size_t max_bytes = 4096);
+
 struct Output {
   std::vector<Outgoing> messages;
   bool close = false;  // close the session after sending `messages`
@@ -103,6 +108,7 @@ class SessionLogic {
   void OnDisconnect();
 
   bool has_job() const { return job_ != nullptr; }
+  bool hello_done() const { return state_ != State::kAwaitHello; }
   bool submitting() const { return state_ == State::kSubmitting; }
   bool closed() const { return state_ == State::kClosed; }
 

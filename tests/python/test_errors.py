@@ -99,6 +99,19 @@ def test_skipped_samples_are_counted(make_loader, daemon, dataset):
     assert loader.stats()["skipped"] == 1 and loader.epoch_summaries[0]["skipped"] == 1
 
 
+def test_a_job_whose_every_sample_fails_raises_instead_of_ending_empty(make_loader, daemon):
+    root = daemon.tmp / "all-bad"
+    (root / "class_000").mkdir(parents=True)
+    for i in range(6):
+        (root / "class_000" / f"bad_{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg either")
+    loader = make_loader(job_yaml(root, batch=2, extra="on_error: skip\n"))
+    with pytest.raises(spdl_client.SpdlError) as err:
+        batches = list(loader)
+        assert not batches  # never reached: no batch at all, then the error
+    # No batch of 0 rows, no empty success.
+    assert err.value.code == "DATA_LOSS" and "without delivering a single sample" in str(err.value)
+
+
 def test_a_daemon_that_dies_gives_an_error_not_a_hang(dataset, daemon, tmp_path):
     sock = str(tmp_path / "short.sock")
     proc = subprocess.Popen([str(SPDLD), "--socket", sock, "--allow-root", str(daemon.tmp), "--threads", "1",

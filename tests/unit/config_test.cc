@@ -737,7 +737,7 @@ TEST_CASE("job config: engine keys take their defaults and their values") {
   JobConfig d = ParseGoodJob(kMinimalJob);
   CHECK(d.stages == StagesConfig{});
   CHECK(d.order == Order::kSampler);
-  CHECK(d.max_failures == MaxFailures{});
+  CHECK(d.max_failures == MaxFailures{-1, 0.5});  // a mostly failing job fails
   CHECK(d.max_failures_warmup == 100);
   CHECK(d.weight == 1);
 
@@ -956,6 +956,56 @@ allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
   CHECK(c.max_jobs_per_client == 2);
   CHECK(c.max_slots_per_job == 16);
   CHECK(c.allowed_url_prefixes == std::vector<std::string>{"http://127.0.0.1:8000/data", "https://cdn.example.com"});
+}
+
+TEST_CASE("daemon config: the shared-node limits take their defaults, values and ranges") {
+  DaemonConfig d = *ParseDaemonConfig("").config;
+  CHECK(d.max_connections == 1024);
+  CHECK(d.max_connections_per_uid == 128);
+  CHECK(d.hello_timeout_seconds == 10);
+  CHECK(d.frame_timeout_seconds == 10);
+  CHECK(d.max_reply_backlog_bytes == (4u << 20));
+  CHECK(d.backlog_timeout_seconds == 10);
+  CHECK(d.max_budget_share_per_uid == 0.5);
+  DaemonConfigResult r = ParseDaemonConfig(
+      "max_connections: 64\nmax_connections_per_uid: 4\nhello_timeout_seconds: 2\nframe_timeout_seconds: 3\n"
+      "max_reply_backlog_bytes: 1MiB\nbacklog_timeout_seconds: 5\nmax_budget_share_per_uid: 0.25\n");
+  REQUIRE(r.config);
+  CHECK(r.config->max_connections == 64);
+  CHECK(r.config->max_connections_per_uid == 4);
+  CHECK(r.config->hello_timeout_seconds == 2);
+  CHECK(r.config->frame_timeout_seconds == 3);
+  CHECK(r.config->max_reply_backlog_bytes == (1u << 20));
+  CHECK(r.config->backlog_timeout_seconds == 5);
+  CHECK(r.config->max_budget_share_per_uid == 0.25);
+  DaemonConfigResult bad = ParseDaemonConfig(
+      "max_connections: 2\nmax_connections_per_uid: 0\nhello_timeout_seconds: 0\nmax_reply_backlog_bytes: 1KiB\n"
+      "max_budget_share_per_uid: 1.5\n");
+  CHECK_FALSE(bad.config);
+  CHECK(bad.errors.size() == 5);
+}
+
+TEST_CASE("job config: size and nesting are limited before any YAML is parsed") {
+  CHECK(CheckJobConfigShape(kMinimalJob, {}).empty());
+  std::string big = std::string(kMinimalJob) + "# " + std::string(kMaxJobConfigBytes, 'x') + "\n";
+  JobConfigResult r = ParseJobConfig(big);
+  REQUIRE_FALSE(r.config);
+  CHECK_THAT(r.errors[0].message, Catch::Contains("bytes, more than the 65536"));
+  std::string deep_flow = "source: " + std::string(100, '[') + std::string(100, ']') + "\n";
+  r = ParseJobConfig(deep_flow);
+  REQUIRE_FALSE(r.config);
+  CHECK_THAT(r.errors[0].message, Catch::Contains("nests 101 levels deep"));
+  std::string deep_block;
+  for (int i = 0; i < 40; ++i) deep_block += std::string(static_cast<size_t>(i), ' ') + "k" + std::to_string(i) + ":\n";
+  r = ParseJobConfig(deep_block);
+  REQUIRE_FALSE(r.config);
+  CHECK_THAT(r.errors[0].message, Catch::Contains("levels deep"));
+  // An override counts too.
+  r = ParseJobConfig(kMinimalJob, {{"transforms", std::string(64, '[') + std::string(64, ']')}});
+  REQUIRE_FALSE(r.config);
+  CHECK_THAT(r.errors[0].message, Catch::Contains("levels deep"));
+  // Brackets inside quotes or comments do not count.
+  CHECK(CheckJobConfigShape(std::string(kMinimalJob) + "# " + std::string(100, '[') + "\n", {}).empty());
 }
 
 TEST_CASE("daemon config: allowed_url_prefixes") {
@@ -1268,6 +1318,8 @@ TEST_CASE("the shipped configs say what the docs say") {
   CHECK(d.config->socket_path == "/run/spdld/spdld.sock");
   CHECK(d.config->allowed_roots == std::vector<std::string>{"/var/lib/spdld", "/data"});
   CHECK(d.config->memory_budget_bytes == (4ull << 30));
+  CHECK(d.config->max_connections_per_uid == 128);
+  CHECK(d.config->max_budget_share_per_uid == 0.5);
 
   JobConfig j = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"));
   CHECK(j.source.root == "/var/lib/spdld/sample");

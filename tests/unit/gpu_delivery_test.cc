@@ -30,6 +30,10 @@ struct Dir {
     char t[] = "/tmp/spdl-gpu-XXXXXX";
     REQUIRE(mkdtemp(t) != nullptr);
     path = t;
+    // The jobs below belong to uid 1000, and the registry opens their files with that uid's rights.
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                                           std::filesystem::perms::group_exec | std::filesystem::perms::others_read |
+                                           std::filesystem::perms::others_exec);
   }
   ~Dir() { std::filesystem::remove_all(path); }
   std::string path;

@@ -236,5 +236,29 @@ TEST_CASE("the log limiter lets a burst of each kind through per window and coun
   CHECK(LogLimiter::Note(1) == " (1 similar line suppressed)");
 }
 
+TEST_CASE("LoopbackPeerUid: the kernel's socket table names who scrapes /metrics") {
+  boost::asio::io_context io;
+  using boost::asio::ip::tcp;
+  tcp::acceptor acceptor(io, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0));
+  tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  tcp::socket server = acceptor.accept();
+  auto uid = LoopbackPeerUid(server.local_endpoint(), server.remote_endpoint());
+  REQUIRE(uid.has_value());
+  CHECK(*uid == ::getuid());
+  // A connection that does not exist: unknown.
+  CHECK_FALSE(LoopbackPeerUid(server.local_endpoint(), tcp::endpoint(boost::asio::ip::address_v4::loopback(), 1)));
+  // Read from a given table: uid 1234 owns 127.0.0.1:40000 -> 127.0.0.1:9464.
+  TempDir t;
+  fs::create_directories(t.path + "/net");
+  std::ofstream(t.path + "/net/tcp")
+      << "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+      << "   0: 0100007F:9C40 0100007F:24F8 01 00000000:00000000 00:00000000 00000000  1234        0 4242 1\n";
+  auto given = LoopbackPeerUid(tcp::endpoint(boost::asio::ip::address_v4::loopback(), 9464),
+                               tcp::endpoint(boost::asio::ip::address_v4::loopback(), 40000), t.path);
+  REQUIRE(given.has_value());
+  CHECK(*given == 1234u);
+}
+
 }  // namespace
 }  // namespace spdl::ops

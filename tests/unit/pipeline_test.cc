@@ -265,6 +265,33 @@ TEST_CASE("on_error: fail stops the job with the sample's error") {
   CHECK(h.notified > 0);
 }
 
+TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: skip") {
+  InlineExecutor inline_ex;
+  PipelineOptions o;
+  o.batch_size = 4;
+  // A processor whose read of sample 5 fails with EMFILE-like trouble, as io reports it.
+  struct Unavailable5 : FakeProcessor {
+    using FakeProcessor::FakeProcessor;
+    Status RunStage(uint32_t stage, RowTask& t) override {
+      if (stage == 0 && t.index == 5)
+        return Unavailable("reading x: Too many open files; still failing after 6 attempts");
+      return FakeProcessor::RunStage(stage, t);
+    }
+  };
+  shm::SlotRing ring(2);
+  Unavailable5 proc(2, 4);
+  auto owner = std::make_shared<int>(0);
+  int notified = 0;
+  BatchPipeline pipe(
+      &inline_ex, &ring, &proc, [](uint64_t) { return Iota(16); }, o, [&] { notified++; }, owner);
+  pipe.Pump();
+  CHECK(pipe.failure().code() == StatusCode::kUnavailable);
+  CHECK_THAT(pipe.failure().message(), Catch::Contains("Too many open files") &&
+                                           Catch::Contains("a resource error fails the job; it is not a bad sample"));
+  CHECK(pipe.cancelled());
+  CHECK(pipe.TotalSkipped() == 0);
+}
+
 TEST_CASE("many workers fill a long endless job exactly and in order") {
   ThreadPool pool(4);
   PipelineOptions o;
@@ -761,6 +788,47 @@ TEST_CASE("thread pool: queues of weight 1 and 3 share one thread 1 to 3") {
   INFO("after 2000 tasks: a " << at_a << ", b " << at_b);
   const double ratio = static_cast<double>(at_b) / std::max(1, at_a.load());
   CHECK(ratio == Approx(3.0).epsilon(0.1));
+}
+
+TEST_CASE("thread pool: groups (users) share the threads equally, however many queues (jobs) each has") {
+  ThreadPool pool(1);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  pool.Post([&] {
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
+  });
+  // User 1000 has four jobs of weight 3; user 1001 has one job of weight 1.
+  Executor* u1 = pool.ForGroup(1000);
+  Executor* u2 = pool.ForGroup(1001);
+  CHECK(pool.ForGroup(1000) == u1);  // one executor per group
+  std::vector<std::unique_ptr<Executor>> many;
+  for (int i = 0; i < 4; ++i) many.push_back(u1->NewQueue(3));
+  auto one = u2->NewQueue(1);
+  std::atomic<int> done_1{0}, done_2{0}, at_1{0}, at_2{0}, total{0};
+  auto task = [&](std::atomic<int>& mine) {
+    mine.fetch_add(1);
+    if (total.fetch_add(1) + 1 == 2000) {
+      at_1 = done_1.load();
+      at_2 = done_2.load();
+    }
+  };
+  for (int i = 0; i < 2000; ++i) {
+    for (auto& q : many) q->Post([&] { task(done_1); });
+    one->Post([&] { task(done_2); });
+  }
+  {
+    std::lock_guard lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  pool.Join();
+  CHECK(done_1 == 8000);
+  CHECK(done_2 == 2000);
+  INFO("after 2000 tasks: user 1000 ran " << at_1 << ", user 1001 ran " << at_2);
+  CHECK(at_1 == 1000);  // one task per group turn
+  CHECK(at_2 == 1000);
 }
 
 TEST_CASE("thread pool: two jobs of weights 1 and 3 on one thread get samples in 1 to 3") {

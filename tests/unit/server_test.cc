@@ -55,6 +55,7 @@ class FakeJob : public jobs::JobHandle {
     jobs::Delivery d;
     d.batch.set_slot(static_cast<uint32_t>(taken));
     d.batch.set_generation(100 + taken);
+    d.batch.set_rows(rows);
     d.batch.set_seq(taken);
     if (++taken == 2) {
       d.epoch_end.emplace().set_epoch(0);
@@ -80,6 +81,7 @@ class FakeJob : public jobs::JobHandle {
   }
 
   proto::JobAccepted accepted_;
+  uint32_t rows = 4;  // of each batch
   int ready = 0;
   uint64_t taken = 0;
   std::vector<uint32_t> releases;
@@ -179,6 +181,20 @@ TEST_CASE("hello, submit, batches in order, end of job") {
   o = s.OnFrame(Frame(Release(1, 101)));
   CHECK(o.messages.empty());
   CHECK_FALSE(o.close);
+}
+
+TEST_CASE("a batch left with 0 rows is never sent: its slot goes back, the epoch's and job's ends still go out") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(Submit()));
+  svc.job->rows = 0;
+  svc.job->ready = 2;
+  Output o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 2);
+  CHECK(o.messages[0].message.has_epoch_end());
+  CHECK(o.messages[1].message.has_job_end());
+  CHECK(svc.job->releases == std::vector<uint32_t>{0, 1});
 }
 
 TEST_CASE("a version mismatch is refused with a clear message and closes") {
@@ -746,6 +762,66 @@ TEST_CASE("a Release before any job closes the session, a late one after a job e
   o = t.OnFrame(Frame(Release(0, 100)));
   CHECK_FALSE(o.close);
   CHECK(o.messages.empty());
+}
+
+}  // namespace
+}  // namespace spdl::server
+
+// ---------------- a shared node: log lines, decode memory inside the budget ----------------
+
+#include "jobs/memory_budget.h"
+#include "jobs/sample_decoder.h"
+
+namespace spdl::server {
+namespace {
+
+TEST_CASE("EscapeForLog: a client's text cannot forge log lines or send terminal escapes") {
+  CHECK(EscapeForLog("job.yaml") == "job.yaml");
+  CHECK(EscapeForLog("a\nFAKE: spdld ready") == "a | FAKE: spdld ready");
+  CHECK(EscapeForLog("\x1b[31mred\r") == "\\x1b[31mred\\x0d");
+  CHECK(EscapeForLog(std::string(5000, 'x'), 100).size() < 130);
+}
+
+TEST_CASE("MemoryBudget: decode scratch comes out of the budget the slots also spend") {
+  jobs::MemoryBudget b(100 << 20);
+  b.SetSlotBytes(60 << 20);
+  auto a = b.ReserveScratch(30 << 20, "PNG image 2000x2000", std::chrono::milliseconds(0));
+  REQUIRE(a.ok());
+  CHECK(b.scratch_bytes() == (30u << 20));
+  // 60 + 30 + 20 > 100: refused after the wait, naming the need and the budget.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = b.ReserveScratch(20 << 20, "PNG image 3000x3000", std::chrono::milliseconds(200));
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(200));
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(c.status().message(), Catch::Contains("PNG image 3000x3000") && Catch::Contains("more than is free"));
+  // It waits for room: the first lease ends meanwhile.
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    a = jobs::MemoryBudget::Lease();
+  });
+  auto d = b.ReserveScratch(20 << 20, "PNG image 3000x3000", std::chrono::milliseconds(5000));
+  later.join();
+  CHECK(d.ok());
+  CHECK(b.scratch_bytes() == (20u << 20));
+  // More than the whole budget: refused at once.
+  auto e = b.ReserveScratch(200 << 20, "PNG image 13000x13000", std::chrono::milliseconds(5000));
+  REQUIRE_FALSE(e.ok());
+  CHECK_THAT(e.status().message(), Catch::Contains("whole memory budget"));
+}
+
+TEST_CASE("EstimateDecodeScratch: from the header, 16-bit PNGs at 8 bytes per pixel") {
+  // A PNG signature and IHDR for 13000x13000, 16-bit RGBA (only the header is read).
+  std::vector<uint8_t> png = {0x89, 'P',  'N',  'G', 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 13, 'I', 'H', 'D', 'R', 0,
+                              0,    0x32, 0xC8, 0,   0,    0x32, 0xC8, 16,   6, 0, 0, 0,  0,   0,   0,   0};
+  CHECK(jobs::EstimateDecodeScratch(png) == uint64_t{13000} * 13000 * 8 * 2);
+  png[24] = 8;
+  CHECK(jobs::EstimateDecodeScratch(png) == uint64_t{13000} * 13000 * 4 * 2);
+  // A JPEG's SOF0: 4000x3000.
+  std::vector<uint8_t> jpeg = {0xFF, 0xD8, 0xFF, 0xE0, 0,    4,    0, 0, 0xFF, 0xC0, 0,
+                               11,   8,    0x0B, 0xB8, 0x0F, 0xA0, 3, 0, 0,    0};
+  CHECK(jobs::EstimateDecodeScratch(jpeg) == uint64_t{4000} * 3000 * 3 * 2);
+  CHECK(jobs::EstimateDecodeScratch(std::vector<uint8_t>{1, 2, 3}) == 0);
 }
 
 }  // namespace

@@ -1016,12 +1016,27 @@ TEST_CASE("TarShardSource: every shard's problem at once") {
   REQUIRE(!src.ok());
   const std::string& m = src.status().message();
   INFO(m);
-  CHECK_THAT(m, Contains("4 problems"));
-  CHECK_THAT(m, Contains(t / "data/badlabel.tar") && Contains("b.cls") && Contains("'dog' is not an integer"));
+  CHECK_THAT(m, Contains("3 problems"));
+  CHECK_THAT(m, !Contains("'dog' is not an integer"));  // a bad label fails its sample only (below)
   CHECK_THAT(m, Contains(t / "data/cut.tar") && Contains("runs past the end of the file (1512 bytes)"));
   CHECK_THAT(m, Contains(t / "data/missing.tar"));
   CHECK_THAT(m, Contains(t / "secret/s.tar") && Contains("not below any allowed root"));
 
+  SECTION("a bad label member fails its own sample, not the shard") {
+    WriteShard(t, "data/mixed.tar", {{"a.jpg", "a"}, {"a.cls", "1"}, {"b.jpg", "b"}, {"b.cls", "dog"}});
+    TarShardOptions one;
+    one.shards = {t / "data/mixed.tar"};
+    one.allowed_roots = {t / "data"};
+    auto mixed = TarShardSource::Open(one);
+    REQUIRE(mixed.ok());
+    REQUIRE((*mixed)->size() == 2);
+    std::vector<uint8_t> bytes;
+    CHECK((*mixed)->Read(0, &bytes).ok());
+    CHECK((*mixed)->sample(0).label == 1);
+    const Status bad = (*mixed)->Read(1, &bytes);
+    CHECK(bad.code() == StatusCode::kDataLoss);
+    CHECK_THAT(bad.message(), Contains("b.cls") && Contains("'dog' is not an integer"));
+  }
   SECTION("no shard, a bad pattern, no sample") {
     TarShardOptions e;
     e.allowed_roots = {t / "data"};
@@ -1283,6 +1298,20 @@ TEST_CASE("HttpSource: bad URLs and paths, each with its line number, and bad op
   CHECK_THAT(m, Contains("credentials"));
   CHECK_THAT(m, Contains("is not below any allowed URL prefix"));
 
+  SECTION("percent-encoded dot segments and slashes are refused") {
+    for (const std::string& url : {"http://127.0.0.1:9/data/%2e%2e/etc/x.jpg", "http://127.0.0.1:9/data/%2E%2e/x",
+                                   "http://127.0.0.1:9/data/.%2e/x", "http://127.0.0.1:9/data/%2e/x.jpg",
+                                   "http://127.0.0.1:9/data/a%2f..%2f..%2fetc", "http://127.0.0.1:9/data/a%5cb"}) {
+      INFO(url);
+      auto e = HttpSource::FromEntries(Entries({url}), "e", o);
+      REQUIRE_FALSE(e.ok());
+      CHECK_THAT(e.status().message(), Contains("encoded '.' or '..' segment or an encoded slash"));
+    }
+    // Plain encoded characters stay fine.
+    CHECK(HttpSource::FromEntries(Entries({"http://127.0.0.1:9/data/a%20b.jpg", "http://127.0.0.1:9/data/x.%2ejpg"}),
+                                  "e", o)
+              .ok());
+  }
   SECTION("paths with base_url") {
     o.base_url = "http://127.0.0.1:9/data";
     o.list = t.Write("data/paths.txt", "a.jpg\n/abs.jpg\n../up.jpg\nhttp://x/y.jpg\n");

@@ -374,6 +374,11 @@ class Loader:
             a["epochs"] = list(self.epoch_summaries)
             self._job_stats = a
             self._finished = True
+            if not a.get("samples"):
+                # A job that ended without delivering anything did not do its work.
+                raise SpdlError(
+                    f"the job ended without delivering a single sample ({a.get('skipped', 0)} skipped)", "DATA_LOSS"
+                )
         return kind, a, b
 
     # ---- iteration ----
