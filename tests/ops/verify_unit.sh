@@ -45,6 +45,9 @@ case "$(last ProtectHome)" in yes | true | tmpfs) fail "ProtectHome= hides data 
 [ "$(last ProtectSystem)" = strict ] || fail "ProtectSystem= is not strict"
 [ "$(last NoNewPrivileges)" = yes ] || fail "NoNewPrivileges= is not yes"
 [ "$(last LimitNOFILE)" = 65536 ] || fail "LimitNOFILE= is not 65536"
+# Reads with each job's user's rights: exactly CAP_SETUID and CAP_SETGID, nothing else.
+[ "$(last AmbientCapabilities)" = "CAP_SETUID CAP_SETGID" ] || fail "AmbientCapabilities= is not exactly CAP_SETUID CAP_SETGID"
+[ "$(last CapabilityBoundingSet)" = "CAP_SETUID CAP_SETGID" ] || fail "CapabilityBoundingSet= is not exactly CAP_SETUID CAP_SETGID"
 [ "$(last LimitMEMLOCK)" = infinity ] || fail "LimitMEMLOCK= is not infinity (page-locked slots for GPU copies)"
 
 # The shipped drop-in that pins egress to named ranges is a valid drop-in of the unit.
