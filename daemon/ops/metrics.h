@@ -58,7 +58,8 @@ std::optional<uid_t> LoopbackPeerUid(const boost::asio::ip::tcp::endpoint& local
 class MetricsServer {
  public:
   // `render` produces the body of each scrape for the uid that asks (the owner of the scraping
-  // socket: root sees every job, another uid its own jobs only, an unknown one none), on the io
+  // socket: root sees every job, another uid its own jobs only, an unknown one none; a scraper on
+  // another host, let in by metrics_bind, is given uid 0: every job), on the io
   // thread. *io must outlive this object.
   MetricsServer(boost::asio::io_context* io, std::function<std::string(std::optional<uid_t>)> render);
   ~MetricsServer();

@@ -2165,7 +2165,7 @@ TEST_CASE("The exact path is a full decode, PIL's resize and torchvision's crop,
   }
 }
 
-TEST_CASE("The exact path: a random resized crop resizes the crop alone; float output is the uint8 / 255") {
+TEST_CASE("The exact path: a random resized crop resizes the crop alone, float output is the uint8 / 255") {
   const std::vector<uint8_t> jpeg = MakeJpeg(640, 480);
   ImageOps ops;
   ops.random_crop_height = ops.random_crop_width = 160;

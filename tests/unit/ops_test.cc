@@ -200,17 +200,17 @@ TEST_CASE("the Prometheus text: job_id labels, _total counters, histograms in se
 
 TEST_CASE("metrics listen on metrics_bind: loopback by default, any address given, a bad one refused") {
   boost::asio::io_context io;
-  MetricsServer loopback(&io, [] { return std::string("x 1\n"); });
+  MetricsServer loopback(&io, [](std::optional<uid_t>) { return std::string("x 1\n"); });
   REQUIRE(loopback.Start("127.0.0.1", 0).ok());
   CHECK_THAT(loopback.endpoint(), Catch::StartsWith("127.0.0.1:"));
-  MetricsServer any(&io, [] { return std::string("x 1\n"); });
+  MetricsServer any(&io, [](std::optional<uid_t>) { return std::string("x 1\n"); });
   REQUIRE(any.Start("0.0.0.0", 0).ok());
   CHECK(any.endpoint() == "0.0.0.0:" + std::to_string(any.port()));
-  MetricsServer bad(&io, [] { return std::string(); });
+  MetricsServer bad(&io, [](std::optional<uid_t>) { return std::string(); });
   auto s = bad.Start("localhost", 0);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::Contains("metrics_bind 'localhost'"));
-  MetricsServer taken(&io, [] { return std::string(); });
+  MetricsServer taken(&io, [](std::optional<uid_t>) { return std::string(); });
   s = taken.Start("127.0.0.1", loopback.port());
   CHECK(s.code() == StatusCode::kUnavailable);
 }
