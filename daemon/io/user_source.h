@@ -38,6 +38,7 @@ class UserSource final : public SampleSource {
   std::string Describe() const override { return inner_->Describe(); }
   std::string Identity() const override { return inner_->Identity(); }
   std::vector<uint64_t> ShardSizes() const override { return inner_->ShardSizes(); }
+  std::vector<std::string> ClassNames() const override { return inner_->ClassNames(); }
 
   const FsIdentity& identity() const { return *identity_; }
 

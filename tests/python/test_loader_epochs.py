@@ -235,8 +235,12 @@ def test_as_dataset_feeds_a_torch_dataloader(make_loader):
         assert labels == ref_epochs[epoch]
     del batch
     assert loader.held_batches == 0
+    it = iter(torch.utils.data.DataLoader(loader.as_dataset(), batch_size=None, num_workers=1))
     with pytest.raises(RuntimeError, match="num_workers=0"):
-        next(iter(torch.utils.data.DataLoader(loader.as_dataset(), batch_size=None, num_workers=1)))
+        next(it)
+    # The forked worker holds a copy of the loader's connection until torch shuts it down.
+    it._shutdown_workers()
+    del it
 
 
 # ---- the examples ----

@@ -370,6 +370,12 @@ class Loader:
         elif kind == "epoch_end":
             self.epoch_summaries.append(a)
             self._stream = (a["epoch"] + 1, 0)
+            if not a.get("samples") and a.get("skipped"):
+                # Every sample of the epoch failed: an empty epoch is not a success.
+                raise SpdlError(
+                    f"epoch {a['epoch']} ended without delivering a single sample ({a['skipped']} skipped)",
+                    "DATA_LOSS",
+                )
         else:
             a["epochs"] = list(self.epoch_summaries)
             self._job_stats = a
