@@ -306,6 +306,9 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   p->request = request;
   p->peer = peer;
   // A copy: a SIGHUP reload may change config_ while the task runs.
+#if SPDL_TEST_HOOKS
+  if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
+#endif
   return [p, daemon = config_, cache = cache_, hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
     PrepareJob(p.get(), daemon, cache);

@@ -74,6 +74,12 @@ class JobRegistry final : public JobService {
   // the first Submit.
   using PrepareHook = std::function<void(const proto::SubmitJob&)>;
   void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
+#if SPDL_TEST_HOOKS
+  // A test seam: for each prepared job, `fn` returns the MediaJobSpec::stage_hook it runs with
+  // (empty: none). Before the first Submit.
+  using StageHookFn = std::function<std::function<void(uint32_t, uint64_t)>(const proto::SubmitJob&)>;
+  void SetStageHookForTests(StageHookFn fn) { stage_hooks_ = std::move(fn); }
+#endif
 
   // Runs `fn` on the control thread after `delay` (the daemon's timers): share groups wake their
   // members when share_wait_seconds is over. Unset (unit tests): the members look again only when
@@ -103,6 +109,9 @@ class JobRegistry final : public JobService {
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
   PrepareHook prepare_hook_;         // set before the first Submit
+#if SPDL_TEST_HOOKS
+  StageHookFn stage_hooks_;  // set before the first Submit
+#endif
   ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
