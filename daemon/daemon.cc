@@ -20,6 +20,7 @@
 #if SPDL_TEST_HOOKS
 #include "cuda/shm_fake_backend.h"
 #endif
+#include "io/source_index_cache.h"
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
 #include "ops/listen_fds.h"
@@ -106,6 +107,8 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
     registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
+    index_cache_ = std::make_shared<io::SourceIndexCache>();
+    registry_->SetSourceIndexCache(index_cache_);
     registry_->SetScheduler([this](Clock::duration delay, std::function<void()> fn) {
       auto timer = std::make_shared<boost::asio::steady_timer>(io_, delay);
       timer->async_wait([timer, fn = std::move(fn)](const boost::system::error_code& ec) {

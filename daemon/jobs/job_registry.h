@@ -24,8 +24,9 @@
 
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
-#include "jobs/gpu_delivery.h"
 #include "io/sample_cache.h"
+#include "io/source_index_cache.h"
+#include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "pipeline/executor.h"
 
@@ -74,6 +75,11 @@ class JobRegistry final : public JobService {
   // the first Submit.
   using PrepareHook = std::function<void(const proto::SubmitJob&)>;
   void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
+
+  // The cache of source indexes every source this registry opens shares (the Daemon owns one per
+  // process; Prepare tasks hold a reference, so it outlives them). Unset: every open scans. Before
+  // the first Submit.
+  void SetSourceIndexCache(std::shared_ptr<io::SourceIndexCache> cache) { index_cache_ = std::move(cache); }
 #if SPDL_TEST_HOOKS
   // A test seam: for each prepared job, `fn` returns the MediaJobSpec::stage_hook it runs with
   // (empty: none). Before the first Submit.
@@ -109,6 +115,7 @@ class JobRegistry final : public JobService {
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
   PrepareHook prepare_hook_;         // set before the first Submit
+  std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
 #if SPDL_TEST_HOOKS
   StageHookFn stage_hooks_;  // set before the first Submit
 #endif
