@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #if SPDL_HAVE_CUDA
@@ -22,6 +23,7 @@
 #include "cuda/shm_fake_backend.h"
 #endif
 #include "io/fs_identity.h"
+#include "io/source_index_cache.h"
 #include "jobs/job_registry.h"
 #include "media/ffmpeg_log.h"
 #include "ops/listen_fds.h"
@@ -44,6 +46,9 @@ constexpr int kPrepareThreads = 8;
 // Tests only: while the file this names does not exist (at most 60 s), opening the source of a job
 // whose config_name starts with "gated" waits, so an end-to-end test can check that the daemon serves others meanwhile.
 constexpr const char* kOpenGateEnv = "SPDLD_TEST_OPEN_GATE";
+// Tests only: N > 0 makes the decode stage of jobs whose config_name starts with "throwing" throw
+// std::runtime_error for every sample whose index is a multiple of N (tests/e2e/task_exception_test.cc).
+constexpr const char* kThrowInDecodeEnv = "SPDLD_TEST_THROW_IN_DECODE";
 #endif
 
 // Runs one start-up step and logs how long it took.
@@ -142,6 +147,8 @@ Status Daemon::Start() {
   }));
   SPDL_RETURN_IF_ERROR(Step("create the job registry", [&] {
     registry_ = std::make_unique<jobs::JobRegistry>(config_, pool_.get(), pool_->size(), io_pool_.get());
+    index_cache_ = std::make_shared<io::SourceIndexCache>();
+    registry_->SetSourceIndexCache(index_cache_);
     registry_->SetScheduler([this](Clock::duration delay, std::function<void()> fn) {
       auto timer = std::make_shared<boost::asio::steady_timer>(io_, delay);
       timer->async_wait([timer, fn = std::move(fn)](const boost::system::error_code& ec) {
@@ -149,6 +156,19 @@ Status Daemon::Start() {
       });
     });
 #if SPDL_TEST_HOOKS
+    if (const char* every = std::getenv(kThrowInDecodeEnv); every != nullptr && std::atoll(every) > 0) {
+      const uint64_t n = static_cast<uint64_t>(std::atoll(every));
+      spdlog::warn("{} is set: the decode stage of jobs named throwing* throws for every {}th sample (a test seam)",
+                   kThrowInDecodeEnv, n);
+      registry_->SetStageHookForTests([n](const proto::SubmitJob& req) -> std::function<void(uint32_t, uint64_t)> {
+        if (req.config_name().rfind("throwing", 0) != 0) return {};
+        return [n](uint32_t stage, uint64_t index) {
+          if (stage == 1 && index % n == 0) {
+            throw std::runtime_error("test seam: decode threw for sample " + std::to_string(index));
+          }
+        };
+      });
+    }
     if (const char* gate = std::getenv(kOpenGateEnv); gate != nullptr && *gate != '\0') {
       spdlog::warn("{} is set: sources of jobs named gated* open only once {} exists (a test seam)", kOpenGateEnv,
                    gate);

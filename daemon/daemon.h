@@ -32,6 +32,9 @@
 #include "proto/control.pb.h"
 
 namespace spdl {
+namespace io {
+class SourceIndexCache;
+}  // namespace io
 namespace pipeline {
 class ThreadPool;
 }
@@ -97,6 +100,9 @@ class Daemon {
   // Opens submitted jobs' sources (folder scans, lists, tar indexes) off the control thread;
   // joined with the others. Its tasks hold no reference to the registry.
   std::unique_ptr<pipeline::ThreadPool> prepare_pool_;
+  // The node-wide cache of source indexes (one scan per dataset for all its jobs), given to the
+  // registry; its Prepare tasks share ownership, so it outlives every one of them.
+  std::shared_ptr<io::SourceIndexCache> index_cache_;
   std::unique_ptr<jobs::JobRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;

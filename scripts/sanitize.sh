@@ -10,7 +10,8 @@
 #
 #   scripts/sanitize.sh [asan] [tsan]      (default: both)
 #   SANITIZE_SUBSET=ci       the subsets CI runs (make ci-sanitize): ASan+UBSan on the unit tests
-#                            and e2e_test, TSan on shm_test pipeline_test server_test
+#                            and task_exception_test, TSan on shm_test pipeline_test server_test
+#                            task_exception_test
 #   ASAN_TESTS, TSAN_TESTS   test executables to build and run ("all" = every test, asan only)
 #   JOBS=N                   build and ctest parallelism (default nproc)
 #   ASAN_BUILD_DIR, TSAN_BUILD_DIR         (default build-asan, build-tsan)
@@ -28,12 +29,13 @@ if [ "${SANITIZE_SUBSET:-}" = ci ]; then
   # decoders, the pipeline, the slot ring and the control server under ASan+UBSan (the end-to-end
   # tests need the daemon and client binaries, which doubled the build: run them by hand with
   # ASAN_TESTS="e2e_test client_test"); the thread pool, pipeline, slot ring and control server
-  # under TSan.
-  : "${ASAN_TESTS:=common_test config_test io_test media_test shm_test codec_test pipeline_test server_test}"
-  : "${TSAN_TESTS:=shm_test pipeline_test server_test}"
+  # under TSan. Both run task_exception_test (a real spdld whose decode tasks throw): spdld adds
+  # only daemon.cc, main.cc and spdl_ops to what server_test already builds.
+  : "${ASAN_TESTS:=common_test config_test io_test media_test shm_test codec_test pipeline_test server_test task_exception_test}"
+  : "${TSAN_TESTS:=shm_test pipeline_test server_test task_exception_test}"
 fi
 read -r -a asan_tests <<<"${ASAN_TESTS:-all}"
-read -r -a tsan_tests <<<"${TSAN_TESTS:-shm_test pipeline_test server_test client_test e2e_test}"
+read -r -a tsan_tests <<<"${TSAN_TESTS:-shm_test pipeline_test server_test client_test e2e_test task_exception_test}"
 # Binaries the end-to-end tests start (tests/e2e: spdld, spdl-client, spdlctl).
 tools=(spdld spdl-client spdlctl)
 
@@ -93,7 +95,7 @@ run_ctest() {  # DIR ARGS...
 }
 
 # The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing).
-tools_for() { case " $* " in *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*) echo "${tools[@]}" ;; esac; }
+tools_for() { case " $* " in *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*|*task_exception*) echo "${tools[@]}" ;; esac; }
 
 # A ctest -R regex for whole test executables (ctest names are "EXECUTABLE/TEST CASE").
 test_regex() { echo "^($(IFS='|'; echo "$*"))/"; }

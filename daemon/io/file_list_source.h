@@ -24,7 +24,7 @@ struct FileListOptions {
   // Open shares the parsed list with other opens of the same list, root and allowed roots while
   // one of them lives (source_index_cache.h; reused while the list file is unchanged). nullptr =
   // always read it. FromEntries does not use it.
-  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
+  SourceIndexCache* index_cache = nullptr;
 };
 
 // Keys (sample(i).path):

@@ -62,7 +62,7 @@ struct HttpSourceOptions {
   // Open shares the checked list with other opens of the same list, base URL, URL prefixes and
   // allowed roots while one of them lives (source_index_cache.h; reused while the list file is
   // unchanged). nullptr = always read it. FromEntries does not use it.
-  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
+  SourceIndexCache* index_cache = nullptr;
 };
 
 // Counters since Open; read with relaxed loads (for stats, not for synchronisation).

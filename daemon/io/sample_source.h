@@ -99,7 +99,7 @@ class ImageFolderSource final : public SampleSource {
                                                          const std::vector<std::string>& extensions,
                                                          const std::vector<std::string>& allowed_roots,
                                                          uint64_t max_sample_bytes = kDefaultMaxSampleBytes,
-                                                         SourceIndexCache* index_cache = &SourceIndexCache::Shared());
+                                                         SourceIndexCache* index_cache = nullptr);
 
   // Wraps a manifest already scanned (and its root already checked) by the caller; `root` is the
   // manifest's root, opened. REQUIRES: root != nullptr.

@@ -52,11 +52,6 @@ bool SourceIndex::StillValid(std::string* why) const {
   return true;
 }
 
-SourceIndexCache& SourceIndexCache::Shared() {
-  static SourceIndexCache* cache = new SourceIndexCache();  // never destroyed: jobs may outlive main's statics
-  return *cache;
-}
-
 std::string IndexKey(const std::vector<std::string>& parts) {
   std::string key;
   for (const std::string& p : parts) {

@@ -32,9 +32,9 @@
 // Threading: safe to share between threads; one mutex guards the table and the counters, and it
 // is never held during a scan or a validity check.
 //
-// Scope: the daemon's source opens use one process-wide instance, Shared() -- a cache that changes
-// no result, like the per-thread decoders of jobs/sample_decoder.cc, so that the Open functions
-// stay the whole interface and jobs/ needs no new plumbing. Tests build their own instances.
+// Scope: one instance per daemon, owned by the Daemon (the composition root) and handed to the job
+// registry, which gives it to every source it opens (the sources' options: index_cache). Without
+// one (nullptr, the options' default) every open scans. Tests build their own instances.
 #pragma once
 
 #include <sys/stat.h>
@@ -127,9 +127,6 @@ class SourceIndexCache {
   Stats stats() const;
   // Entries some job still holds (those whose last holder went are dropped on the next open).
   size_t live_entries() const;
-
-  // The process-wide instance the sources' Open functions use by default.
-  static SourceIndexCache& Shared();
 
  private:
   using ScanResult = Result<std::shared_ptr<const SourceIndex>>;

@@ -50,7 +50,7 @@ struct TarShardOptions {
   // Open shares the index with other opens of the same resolved shards, extensions and allowed
   // roots while one of them lives (source_index_cache.h; reused while every shard keeps its inode,
   // size and mtime). nullptr = always scan.
-  SourceIndexCache* index_cache = &SourceIndexCache::Shared();
+  SourceIndexCache* index_cache = nullptr;
 };
 
 class TarShardSource final : public SampleSource {

@@ -1,16 +1,16 @@
 #include "jobs/gpu_delivery.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "cuda/device_slot_pool.h"
 #include "cuda/ipc_messages.h"
@@ -73,7 +73,7 @@ class GpuJob final : public JobHandle {
     if (!pool.ok()) return pool.status();
     pool_ = std::move(pool).value();
     cuda::BuildCudaHandles(pool_->handles(), &handles_);
-    waiter_ = std::thread([this] { WaitLoop(); });
+    waiter_ = std::thread([this] { WaitLoopCaught(); });
     return Status::Ok();
   }
 
@@ -158,6 +158,25 @@ class GpuJob final : public JobHandle {
 
   // The waiter thread: polls (QueryEvent, never blocking the GPU or holding the pool) until the
   // deferred slots' copies have run, so a stuck copy never keeps the destructor from joining.
+  // WaitLoop, with an exception (it must not throw) failing this job's delivery, not the daemon.
+  void WaitLoopCaught() {
+    std::string what;
+    try {
+      WaitLoop();
+      return;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "an exception of unknown type";
+    }
+    spdlog::error("GPU delivery to {}: the slot waiter threw ({}); the job fails", options_.output.device, what);
+    {
+      std::lock_guard lock(mu_);
+      if (failure_.ok()) failure_ = Internal("GPU delivery to " + options_.output.device + ": " + what);
+    }
+    if (options_.notify) options_.notify();
+  }
+
   void WaitLoop() {
     std::unique_lock lock(mu_);
     while (true) {
@@ -235,7 +254,13 @@ void GpuTeardownQueue::Loop() {
     queue_.pop_front();
     ++running_;
     lock.unlock();
-    work();
+    try {  // teardown work must not throw; if it does, the next job's teardown still runs
+      work();
+    } catch (const std::exception& e) {
+      spdlog::error("GPU teardown: a step threw ({}); going on with the next", e.what());
+    } catch (...) {
+      spdlog::error("GPU teardown: a step threw an exception of unknown type; going on with the next");
+    }
     work = nullptr;
     lock.lock();
     --running_;

@@ -52,12 +52,15 @@ std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 // every local path checked against the daemon's allowed roots and every URL against its allowed
 // URL prefixes. Errors say which source key is at fault.
 // Tar shards also index the members the job's extra_outputs read.
+// `index_cache` (may be null: every open scans) shares the scan with other opens of the same data.
 Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
                                                            const std::vector<config::ExtraOutputConfig>& extras,
-                                                           const config::DaemonConfig& daemon) {
+                                                           const config::DaemonConfig& daemon,
+                                                           io::SourceIndexCache* index_cache) {
   switch (c.type) {
     case config::SourceType::kImageFolder: {
-      auto src = io::ImageFolderSource::Open(c.root, c.extensions, daemon.allowed_roots);
+      auto src = io::ImageFolderSource::Open(c.root, c.extensions, daemon.allowed_roots, io::kDefaultMaxSampleBytes,
+                                             index_cache);
       if (!src.ok()) return src.status().WithPrefix("source.root");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
     }
@@ -66,6 +69,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.list = c.list;
       o.root = c.root;
       o.allowed_roots = daemon.allowed_roots;
+      o.index_cache = index_cache;
       auto src = io::FileListSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.list");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
@@ -77,6 +81,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.label_extension = c.label_extension;
       for (const config::ExtraOutputConfig& e : extras) o.sidecar_extensions.push_back(e.from);
       o.allowed_roots = daemon.allowed_roots;
+      o.index_cache = index_cache;
       auto src = io::TarShardSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.shards");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
@@ -94,6 +99,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.connect_timeout_ms = c.connect_timeout_ms;
       o.max_attempts = c.max_attempts;
       o.max_in_flight = c.max_in_flight;
+      o.index_cache = index_cache;
       auto src = io::HttpSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.list");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
@@ -252,7 +258,8 @@ std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
 void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
-                plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget) {
+                plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget,
+                io::SourceIndexCache* index_cache) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
@@ -305,7 +312,7 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     if (!as_user.ok())
       return fail(proto::Error::INTERNAL,
                   "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
-    source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon);
+    source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon, index_cache);
   }
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
   spec.source = std::make_shared<const io::UserSource>(std::move(source).value(), identity);
@@ -373,13 +380,15 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   p->request = request;
   p->peer = peer;
   // A copy: a SIGHUP reload may change config_ while the task runs.
-  return
-      [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_,
-       hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
-        if (hook) hook(p->request);
-        PrepareJob(p.get(), daemon, cache, ops.get(), budget);
-        return p;
-      };
+#if SPDL_TEST_HOOKS
+  if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
+#endif
+  return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
+          hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+    if (hook) hook(p->request);
+    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get());
+    return p;
+  };
 }
 
 SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
@@ -611,7 +620,7 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   st.set_memory_budget_bytes(config_.memory_budget_bytes);
   st.set_memory_in_use_bytes(bytes_in_use());
   st.set_live_jobs(static_cast<uint32_t>(live_jobs()));
-  const io::SourceIndexCache::Stats index_stats = io::SourceIndexCache::Shared().stats();
+  const io::SourceIndexCache::Stats index_stats = index_cache_ ? index_cache_->stats() : io::SourceIndexCache::Stats{};
   st.set_source_index_scans(index_stats.scans);
   st.set_source_index_shared(index_stats.hits + index_stats.joined);
   for (auto it = records_.begin(); it != records_.end();) {

@@ -25,6 +25,7 @@
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
 #include "io/sample_cache.h"
+#include "io/source_index_cache.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
@@ -77,6 +78,17 @@ class JobRegistry final : public JobService {
   using PrepareHook = std::function<void(const proto::SubmitJob&)>;
   void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
 
+  // The cache of source indexes every source this registry opens shares (the Daemon owns one per
+  // process; Prepare tasks hold a reference, so it outlives them). Unset: every open scans. Before
+  // the first Submit.
+  void SetSourceIndexCache(std::shared_ptr<io::SourceIndexCache> cache) { index_cache_ = std::move(cache); }
+#if SPDL_TEST_HOOKS
+  // A test seam: for each prepared job, `fn` returns the MediaJobSpec::stage_hook it runs with
+  // (empty: none). Before the first Submit.
+  using StageHookFn = std::function<std::function<void(uint32_t, uint64_t)>(const proto::SubmitJob&)>;
+  void SetStageHookForTests(StageHookFn fn) { stage_hooks_ = std::move(fn); }
+#endif
+
   // Runs `fn` on the control thread after `delay` (the daemon's timers): share groups wake their
   // members when share_wait_seconds is over. Unset (unit tests): the members look again only when
   // their job notifies them. Before the first Submit.
@@ -105,6 +117,10 @@ class JobRegistry final : public JobService {
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
   PrepareHook prepare_hook_;         // set before the first Submit
+  std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
+#if SPDL_TEST_HOOKS
+  StageHookFn stage_hooks_;  // set before the first Submit
+#endif
   ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0

@@ -153,6 +153,9 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
 }
 
 Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
+#if SPDL_TEST_HOOKS
+  if (spec_.stage_hook) spec_.stage_hook(stage, t.index);
+#endif
   const io::SampleRef& sample = spec_.source->sample(t.index);
   if (stage == 0) {
     // read: the sample's bytes into the row's buffer, its sidecars straight into their rows.

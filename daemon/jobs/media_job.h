@@ -40,6 +40,11 @@ struct MediaJobSpec {
   PeerInfo owner;
   Fingerprint fingerprint;                      // JobFingerprint(): ties resume tokens to this job
   std::optional<pipeline::ResumePoint> resume;  // continue from a resume token
+#if SPDL_TEST_HOOKS
+  // A test seam: called at the start of every stage of every sample (stage, sample index), on the
+  // stage's thread; it may throw, to test that an exception in a task fails only that sample.
+  std::function<void(uint32_t stage, uint64_t index)> stage_hook;
+#endif
 };
 
 // Returned by the registry's admission; releases the job's share of the memory budget when

@@ -251,9 +251,41 @@ void BatchPipeline::PostAll(std::vector<Post>& posts) {
   for (const Post& p : posts) {
     in_flight_.fetch_add(1);
     // Read the executor under no lock: stages_[s].executor is constant after construction.
-    stages_[p.stage].executor->Post([owner, this, stage = p.stage] { RunTask(stage); });
+    stages_[p.stage].executor->Post([owner, this, stage = p.stage] { RunTaskCaught(stage); });
   }
   posts.clear();
+}
+
+void BatchPipeline::RunTaskCaught(uint32_t stage) {
+  // An exception outside a sample's stage (the pipeline's own bookkeeping) fails the job, not the
+  // daemon. The task's row may be lost with it; the job is cancelled, so nothing waits for it.
+  std::string what;
+  try {
+    RunTask(stage);
+    return;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "an exception of unknown type";
+  }
+  in_flight_.fetch_sub(1);
+  spdlog::error("{}: a task of stage '{}' threw outside a sample ({}); the job fails", options_.log_name,
+                specs_[stage].name, what);
+  Fail(Internal("stage '" + specs_[stage].name + "' threw outside a sample: " + what));
+}
+
+Status BatchPipeline::RunStageCaught(uint32_t stage, RowTask& t) {
+  // RowProcessor::RunStage must not throw; one that does fails this sample only (counted, logged
+  // with the sample, on_error applies), as a bad file would.
+  try {
+    return processor_->RunStage(stage, t);
+  } catch (const std::exception& e) {
+    return Internal("sample " + std::to_string(t.index) + ": an exception in stage '" + specs_[stage].name +
+                    "': " + e.what());
+  } catch (...) {
+    return Internal("sample " + std::to_string(t.index) + ": an exception of unknown type in stage '" +
+                    specs_[stage].name + "'");
+  }
 }
 
 void BatchPipeline::RunTask(uint32_t stage) {
@@ -274,7 +306,7 @@ void BatchPipeline::RunTask(uint32_t stage) {
   bool ran = false;
   if (!cancelled_.load()) {
     const Clock::time_point t0 = Clock::now();
-    s = processor_->RunStage(stage, row->task);
+    s = RunStageCaught(stage, row->task);
     stats_[stage]->Record(Nanos(Clock::now() - t0), s.ok());
     ran = true;
   }

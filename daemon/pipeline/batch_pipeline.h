@@ -21,6 +21,9 @@
 // packed to the front). With on_error: fail the first failure fails the job; with max_failures the
 // job fails once more samples failed than allowed (after a warm-up). An epoch always ends with a
 // batch marked last_in_epoch, even one left with no sample (a resumed epoch): that batch has 0 rows.
+// An exception out of RowProcessor::RunStage is that sample's failure like any other (kInternal,
+// naming the sample and the stage); one out of the pipeline's own part of a task fails the job.
+// Neither reaches the executor.
 //
 // Threading: Pump(), Cancel(), TakeMeta and the stats readers are called from the control thread;
 // stage tasks run on the executors; internal state is guarded by mu_. Every posted task holds a
@@ -273,6 +276,11 @@ class BatchPipeline {
 
   // One task of `stage`: runs the first row handed to the stage.
   void RunTask(uint32_t stage);
+  // RunTask, with any exception it lets out failing the job (never the daemon).
+  void RunTaskCaught(uint32_t stage);
+  // processor_->RunStage, with an exception turned into the sample's failure (kInternal, naming
+  // the sample and the stage).
+  Status RunStageCaught(uint32_t stage, RowTask& t);
   // Under mu_: moves rows into queues with room and starts the tasks the concurrency allows.
   void ScheduleLocked(std::vector<Post>* posts);
   // Under mu_: `row` is finished (good or not); appends its slot to *finished when it was the last.

@@ -1,6 +1,9 @@
 #include "pipeline/thread_pool.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <exception>
 
 namespace spdl::pipeline {
 namespace {
@@ -116,9 +119,23 @@ void ThreadPool::Run(Worker* self) {
     if (active_.empty()) return;  // joining and drained
     std::function<void()> task = PopLocked();
     lock.unlock();
-    task();
+    RunCaught(task);
     task = nullptr;  // destroy what it holds before taking the lock again
     lock.lock();
+  }
+}
+
+void ThreadPool::RunCaught(const std::function<void()>& task) {
+  // The last line of defence: a task that throws must not terminate the daemon and every job.
+  try {
+    task();
+  } catch (const std::exception& e) {
+    task_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("worker pool: a task threw ({}); it was dropped and the pool goes on (a bug: tasks must not throw)",
+                  e.what());
+  } catch (...) {
+    task_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("worker pool: a task threw an exception of unknown type; it was dropped and the pool goes on");
   }
 }
 

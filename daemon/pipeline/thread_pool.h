@@ -12,6 +12,10 @@
 // a group its queues by weight as above: a user with ten jobs gets the threads one user with one
 // job gets, not ten times as many. Post() on the pool and NewQueue() on it use a default group.
 //
+// Tasks must not throw. One that does anyway is caught by the worker (never std::terminate): the
+// pool logs it, counts it (task_exceptions()) and goes on with the next task. Callers that can say
+// what failed (a sample, a job) catch in their own tasks first (see BatchPipeline).
+//
 // Thread-safe: every method may be called from any thread, except that Join(), SetThreads() and
 // the destructor must not be called from a task of this pool (they wait for its threads).
 #pragma once
@@ -55,6 +59,8 @@ class ThreadPool final : public Executor {
   int Parallelism() const override { return size(); }
   // Tasks queued and not yet started, over all queues (for stats).
   size_t queued() const;
+  // Tasks that threw out of the pool's threads (each caught, logged and dropped) so far.
+  uint64_t task_exceptions() const { return task_exceptions_.load(std::memory_order_relaxed); }
 
   // Runs every task posted so far (and every task those post while the pool drains), then stops the
   // threads; later Post()s are dropped without running. Idempotent.
@@ -82,10 +88,13 @@ class ThreadPool final : public Executor {
 
   void PostTo(const std::shared_ptr<Queue>& q, std::function<void()> task);
   void Run(Worker* self);
+  // Runs one task; an exception is caught, logged and counted.
+  void RunCaught(const std::function<void()>& task);
   // Under mu_: the next task in weighted round-robin order. REQUIRES: !active_.empty().
   std::function<void()> PopLocked();
 
   std::atomic<int> target_{0};
+  std::atomic<uint64_t> task_exceptions_{0};
   std::mutex resize_mu_;  // serializes SetThreads / Join (held while joining threads)
 
   mutable std::mutex mu_;

@@ -167,7 +167,15 @@ class Session : public std::enable_shared_from_this<Session> {
     ControlServer* server = server_;
     const uid_t uid = peer_.uid;
     server_->PostPrepare(uid, [weak, io, server, uid, seq = p.seq, task = std::move(p.task)] {
-      std::shared_ptr<jobs::PreparedJob> prepared = task();
+      // A task that throws (it must not) fails this Submit only: null goes back as an internal error.
+      std::shared_ptr<jobs::PreparedJob> prepared;
+      try {
+        prepared = task();
+      } catch (const std::exception& e) {
+        spdlog::error("opening a submitted job threw: {}", e.what());
+      } catch (...) {
+        spdlog::error("opening a submitted job threw an exception of unknown type");
+      }
       asio::post(*io, [weak, server, uid, seq, prepared = std::move(prepared)]() mutable {
         server->PrepareDone(uid);
         if (auto s = weak.lock(); s && !s->closed_) s->Apply(s->logic_->OnSubmitPrepared(seq, std::move(prepared)));

@@ -214,6 +214,13 @@ Output SessionLogic::OnSubmitPrepared(uint64_t seq, std::shared_ptr<jobs::Prepar
   state_ = State::kIdle;
   // Draining began while the source was opened: refuse as a Submit would have been.
   if (control_ && control_->draining) return DrainingRefusal();
+  if (prepared == nullptr) {  // the preparation threw (ControlServer logged it)
+    Output out;
+    auto* e = out.messages.emplace_back().message.mutable_error();
+    e->set_code(proto::Error::INTERNAL);
+    e->set_message("opening the job failed with an internal error (the daemon's log has it)");
+    return out;
+  }
   return StartPrepared(std::move(prepared));
 }
 

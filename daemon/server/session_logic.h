@@ -99,6 +99,7 @@ class SessionLogic {
   Output OnOversizedFrame(uint32_t length, uint32_t max);
   // The result of Output::prepare number `seq`: starts the job (JobAccepted) or sends the error.
   // A stale one (the session ended, EndJob, or closed meanwhile) is dropped: nothing is started.
+  // A null `prepared` (the preparation threw) is answered with an INTERNAL error.
   Output OnSubmitPrepared(uint64_t seq, std::shared_ptr<jobs::PreparedJob> prepared);
   // The job signalled progress: sends every batch that is ready, in order, and the job's end.
   Output OnJobEvent();

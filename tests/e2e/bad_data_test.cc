@@ -20,6 +20,7 @@
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
 #include "media/image_encoder.h"
+#include "skip.h"
 #include "spdl/client.h"
 
 namespace spdl {
@@ -187,7 +188,9 @@ struct DaemonUser {
         as = *u;
       } else {
         unreadable_ok = false;
-        WARN("skipped: the unreadable-file case (root cannot create the test user spdl-e2e-daemon, and root reads mode 000 files)");
+        SPDL_SKIP_PART(
+            "the unreadable-file case (root cannot create the test user spdl-e2e-daemon, and root reads mode 000 "
+            "files)");
       }
     }
   }

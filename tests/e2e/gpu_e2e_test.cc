@@ -12,7 +12,7 @@
 //
 // The same source, built with SPDL_REAL_GPU=1, is the [gpu] end-to-end case of tests/gpu
 // (gpu_daemon_test): the daemon's real CudaBackend, the clients' CudaBackend (CUDA IPC between real
-// processes), 3 epochs; without a device each case says "skipped: no CUDA device" (ctest: Skipped).
+// processes), 3 epochs; without a device each case says "SKIPPED: no CUDA device" (ctest: Skipped).
 // The test process itself never initializes CUDA (a forked child could not use it then): a child
 // checks for a device.
 #include <signal.h>
@@ -34,6 +34,7 @@
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
 #include "proto/control.pb.h"
+#include "skip.h"
 #include "spdl/client.h"
 #include "spdl/control.h"
 #include "spdl/cuda/gpu_loader.h"
@@ -155,7 +156,7 @@ bool HaveGpu() {
   int status = 0;
   ::waitpid(pid, &status, 0);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
-  WARN("skipped: no CUDA device");
+  SPDL_SKIP_PART("no CUDA device");
   return false;
 #else
   return true;

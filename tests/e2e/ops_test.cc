@@ -23,6 +23,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "skip.h"
 #include "spdl/client.h"
 #include "spdl/control.h"
 
@@ -93,8 +94,7 @@ bool Has(const std::vector<std::string>& msgs, const std::string& prefix) {
 
 TEST_CASE("spdld tells its notify socket READY then STATUS and WATCHDOG pings, and STOPPING at exit") {
 #ifndef SPDL_HAVE_SYSTEMD
-  WARN("skipped: spdld built without libsystemd (install libsystemd-dev)");
-  return;
+  SPDL_SKIP("spdld built without libsystemd (install libsystemd-dev)");
 #endif
   TempDir dir;
   NotifySocket notify(dir.path + "/notify");
@@ -344,8 +344,7 @@ TEST_CASE(
     "the metrics endpoint, scraped over HTTP, parsed as Prometheus text and linted by promtool, matches spdlctl") {
   std::string probe;
   if (RunCommand({"/usr/bin/python3", "-c", "import prometheus_client"}, &probe) != 0) {
-    WARN("skipped: python3-prometheus-client is not installed (apt-get install python3-prometheus-client)");
-    return;
+    SPDL_SKIP("python3-prometheus-client is not installed (apt-get install python3-prometheus-client)");
   }
   const int port = FreeTcpPort();
   OpsFixture f("metrics_port: " + std::to_string(port) + "\n");

@@ -9,15 +9,15 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
+#include "skip.h"
 #include "spdl/client.h"
-
-#include <nlohmann/json.hpp>
 
 namespace spdl {
 namespace {
@@ -46,10 +46,9 @@ struct Users {
   bool ok = false;
 };
 
-#define REQUIRE_TWO_USERS(users)                                                                      \
-  if (!(users).ok) {                                                                                  \
-    WARN("skipped: needs root to create the test users spdl-e2e-alice and spdl-e2e-bob (useradd)"); \
-    return;                                                                                           \
+#define REQUIRE_TWO_USERS(users)                                                                \
+  if (!(users).ok) {                                                                            \
+    SPDL_SKIP("needs root to create the test users spdl-e2e-alice and spdl-e2e-bob (useradd)"); \
   }
 
 // A daemon config file for `socket` with `extra` lines, allowing `root`.

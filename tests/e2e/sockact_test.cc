@@ -19,6 +19,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "skip.h"
 
 namespace spdl {
 namespace {
@@ -115,8 +116,7 @@ int RunJob(const Fixture& f, const std::string& socket, std::string* out) {
 
 TEST_CASE("socket-activated spdld serves a client that connected before it started, and leaves the socket file") {
   if (::access(kActivator, X_OK) != 0) {
-    WARN("skipped: " << kActivator << " missing (apt-get install systemd)");
-    return;
+    SPDL_SKIP(kActivator << " missing (apt-get install systemd)");
   }
   Fixture f;
   const std::string sock = f.dir + "/spdld.sock";
@@ -140,8 +140,7 @@ TEST_CASE("socket-activated spdld serves a client that connected before it start
 
 TEST_CASE("socket-activated spdld warns when the passed socket is not its socket_path and uses the passed one") {
   if (::access(kActivator, X_OK) != 0) {
-    WARN("skipped: " << kActivator << " missing (apt-get install systemd)");
-    return;
+    SPDL_SKIP(kActivator << " missing (apt-get install systemd)");
   }
   Fixture f;
   const std::string sock = f.dir + "/activated.sock";

@@ -1,6 +1,6 @@
 // [gpu] end-to-end tests of GPU delivery against the real CUDA runtime. Each case needs a CUDA
-// device; without one it says "skipped: no CUDA device (...)" and returns, and ctest reports it as
-// Skipped (SKIP_REGULAR_EXPRESSION in tests/gpu/CMakeLists.txt).
+// device; without one it says "SKIPPED: no CUDA device (...)" and returns, and ctest reports it as
+// Skipped (SPDL_SKIP_PART, tests/skip.h; SKIP_RETURN_CODE in tests/gpu/CMakeLists.txt).
 //
 // The main case plays the daemon in this process (a memfd region, DeviceSlotPool on CudaBackend)
 // and the trainer in a child process (spdl-gpu-consumer, fork + exec: IPC handles cannot be opened
@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -22,8 +23,6 @@
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "cuda/cuda_backend.h"
 #include "cuda/device_handles.h"
 #include "cuda/device_slot_pool.h"
@@ -32,6 +31,7 @@
 #include "proto/control.pb.h"
 #include "proto/shm_layout.h"
 #include "shm/shared_region.h"
+#include "skip.h"
 #include "spdl/cuda/client_copy.h"
 
 namespace spdl::gpu_test {
@@ -41,8 +41,7 @@ namespace {
 bool HaveGpu() {
   std::string why;
   if (cuda::CudaDeviceCount(&why) > 0) return true;
-  WARN("skipped: no CUDA device (" << why << ")");
-  std::printf("skipped: no CUDA device found (%s)\n", why.c_str());
+  SPDL_SKIP_PART("no CUDA device (" << why << ")");
   return false;
 }
 

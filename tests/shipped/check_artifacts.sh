@@ -18,7 +18,7 @@ for tool in strings nm; do
   command -v $tool >/dev/null || { echo "check_artifacts: $tool not installed (binutils)"; exit 2; }
 done
 # What only test seams contain (testing/, #if SPDL_TEST_HOOKS blocks).
-markers='test-only|TEST ONLY|FakeBackend|ShmFake|shmfake|SPDL_TEST_FAKE|SPDLD_TEST_OPEN_GATE|ReferenceDecodeInto|UseFakeGpuForTests|EncodeJpeg|EncodeImage'
+markers='test-only|TEST ONLY|test seam|FakeBackend|ShmFake|shmfake|SPDL_TEST_FAKE|SPDLD_TEST_|ForTests|stage_hook|ReferenceDecodeInto|EncodeJpeg|EncodeImage'
 rc=0
 for f in "$@"; do
   [ -f "$f" ] || { echo "check_artifacts: no file $f"; exit 2; }

@@ -26,6 +26,7 @@
 #include "media/pixel_convert.h"
 #include "media/resample.h"
 #include "media/sample_random.h"
+#include "skip.h"
 
 namespace spdl::media {
 namespace {
@@ -1379,7 +1380,7 @@ constexpr std::array<uint8_t, 3> kBackground = {40, 200, 90};
 std::vector<uint8_t> EncodeCase(const FormatCase& fc, const RawImage& raw) {
   Result<std::vector<uint8_t>> bytes = EncodeImage(fc.format, raw, fc.options);
   if (!bytes.ok() && bytes.status().code() == StatusCode::kFailedPrecondition) {
-    WARN(fc.name << ": skipped, " << bytes.status().message());
+    SPDL_SKIP_PART(fc.name << ": " << bytes.status().message());
     return {};
   }
   INFO(fc.name << ": " << bytes.status().ToString());

@@ -3,8 +3,10 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "pipeline/batch_pipeline.h"
@@ -890,6 +892,112 @@ TEST_CASE("thread pool: SetThreads grows and shrinks the pool while tasks run") 
   CHECK(max_running <= 4);
   pool.Post([&] { ran++; });  // after Join: dropped
   CHECK(ran == 340);
+}
+
+// ---- exceptions in tasks: a sample's failure or the job's, never the process's ----
+
+TEST_CASE("thread pool: a task that throws is caught and counted, and the pool goes on") {
+  ThreadPool pool(1);
+  pool.Post([] { throw std::runtime_error("a stray exception"); });
+  pool.Post([] { throw 42; });  // not even a std::exception
+  std::promise<void> ran;
+  pool.Post([&] { ran.set_value(); });
+  REQUIRE(ran.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(pool.task_exceptions() == 2);
+  pool.Join();
+}
+
+TEST_CASE("a decode that throws fails only its sample, and another job on the same pool is unharmed") {
+  ThreadPool pool(2);
+  PipelineOptions o;
+  o.batch_size = 8;
+  o.max_failures_warmup = 1000;
+  const uint64_t n = 200;
+  Harness throwing(4, n, o, &pool);
+  Harness other(4, n, o, &pool);
+  throwing.proc.on_decode = [](uint64_t index) {
+    if (index % 10 == 3) throw std::runtime_error("decoder exploded on " + std::to_string(index));
+  };
+  throwing.pipe->Pump();
+  other.pipe->Pump();
+  std::vector<SlotMeta> a, b;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto done = [](const std::vector<SlotMeta>& v) { return !v.empty() && v.back().last_in_job; };
+  while (!(done(a) && done(b)) && std::chrono::steady_clock::now() < deadline) {
+    for (auto& m : throwing.Drain()) a.push_back(m);
+    for (auto& m : other.Drain()) b.push_back(m);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(done(a));
+  REQUIRE(done(b));
+  std::set<uint64_t> got_a, got_b;
+  for (auto& m : a) got_a.insert(m.indices.begin(), m.indices.end());
+  for (auto& m : b) got_b.insert(m.indices.begin(), m.indices.end());
+  CHECK(got_a.size() == n - 20);  // 3, 13, ..., 193 failed
+  for (uint64_t i = 3; i < n; i += 10) CHECK(got_a.count(i) == 0);
+  CHECK(got_b.size() == n);
+  CHECK(throwing.pipe->failure().ok());  // on_error: skip
+  CHECK(throwing.pipe->Stats().samples_failed == 20);
+  CHECK(throwing.pipe->TotalSkipped() == 20);
+  CHECK(pool.task_exceptions() == 0);  // the pipeline caught them, as samples' failures
+  pool.Join();
+}
+
+TEST_CASE("with on_error: fail, a decode that throws fails the job naming the sample and the stage") {
+  ThreadPool pool(2);
+  PipelineOptions o;
+  o.batch_size = 4;
+  o.fail_on_error = true;
+  Harness h(2, 16, o, &pool);
+  h.proc.on_decode = [](uint64_t index) {
+    if (index == 2) throw std::runtime_error("decoder exploded");
+  };
+  h.pipe->Pump();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (h.pipe->failure().ok() && std::chrono::steady_clock::now() < deadline) {
+    h.Drain();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CHECK(h.pipe->failure().code() == StatusCode::kInternal);
+  CHECK(h.pipe->failure().message() ==
+        "sample 2: an exception in stage 'decode': decoder exploded (stage 'decode', on_error: fail)");
+  CHECK(h.pipe->cancelled());
+  pool.Join();
+}
+
+// A processor whose own part of a task (packing a short batch) throws: outside any sample.
+class ThrowingMoveProcessor final : public FakeProcessor {
+ public:
+  using FakeProcessor::FakeProcessor;
+  void MoveRow(uint32_t, uint32_t, uint32_t) override { throw std::runtime_error("MoveRow exploded"); }
+};
+
+TEST_CASE("an exception outside a sample's stage fails the job, not the process") {
+  ThreadPool pool(2);
+  PipelineOptions o;
+  o.batch_size = 4;
+  shm::SlotRing ring(2);
+  ThrowingMoveProcessor proc(2, 4);
+  proc.bad = {1, 6};  // no spare left: the short batch is packed (MoveRow)
+  auto owner = std::make_shared<int>(0);
+  std::atomic<int> notified{0};
+  BatchPipeline pipe(
+      &pool, &ring, &proc, [](uint64_t) { return Iota(8); }, o, [&] { notified++; }, owner);
+  pipe.Pump();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (pipe.failure().ok() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(pipe.failure().code() == StatusCode::kInternal);
+  CHECK(pipe.failure().message().find("threw outside a sample: MoveRow exploded") != std::string::npos);
+  CHECK(pipe.cancelled());
+  CHECK(notified > 0);
+  CHECK(pool.task_exceptions() == 0);
+  // The pool still runs tasks.
+  std::promise<void> ran;
+  pool.Post([&] { ran.set_value(); });
+  CHECK(ran.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  pool.Join();
 }
 
 }  // namespace

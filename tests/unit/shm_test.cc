@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,11 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "proto/shm_layout.h"
 #include "shm/shared_region.h"
 #include "shm/slot_ring.h"
+#include "skip.h"
 
 namespace spdl::shm {
 namespace {
@@ -157,8 +157,7 @@ TEST_CASE("SharedRegion: nothing appears in /dev/shm, even while it is alive") {
 
 TEST_CASE("SharedRegion: the pages are pre-faulted") {
   if (kSanitized) {
-    WARN("skipped: a sanitizer's shadow memory page-faults on every new page it watches");
-    return;
+    SPDL_SKIP("a sanitizer's shadow memory page-faults on every new page it watches");
   }
   constexpr size_t kBytes = 16 << 20;  // 4096 pages
   auto r = SharedRegion::Create("prefault", kBytes);

@@ -37,6 +37,7 @@
 #include "io/sample_source.h"
 #include "io/tar_reader.h"
 #include "io/tar_shard_source.h"
+#include "skip.h"
 
 extern char** environ;
 
@@ -1355,8 +1356,7 @@ TEST_CASE("HttpSource: a body larger than the limit") {
 
 TEST_CASE("HttpSource: against Python's http.server on 127.0.0.1") {
   if (::access("/usr/bin/python3", X_OK) != 0) {
-    WARN("/usr/bin/python3 missing: skipped");
-    return;
+    SPDL_SKIP("/usr/bin/python3 missing");
   }
   TempDir t;
   const std::string a = Bytes("py-a", 50'000);
@@ -1381,7 +1381,7 @@ TEST_CASE("HttpSource: against Python's http.server on 127.0.0.1") {
 TEST_CASE("HttpSource: built without libcurl") {
   HttpSourceOptions o;
   CHECK(HttpSource::Open(o).status().code() == StatusCode::kFailedPrecondition);
-  WARN("libcurl was not found at build time: the HTTP tests were skipped");
+  SPDL_SKIP_PART("libcurl was not found at build time: the HTTP tests were not built");
 }
 #endif  // SPDL_IO_HAVE_CURL
 
