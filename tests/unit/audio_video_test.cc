@@ -531,7 +531,9 @@ std::vector<uint8_t> WavBytes(uint32_t rate, uint16_t channels, uint32_t frames)
   auto put = [&](uint32_t v, int n) {
     for (int i = 0; i < n; ++i) w.push_back(static_cast<uint8_t>(v >> (8 * i)));
   };
-  auto tag = [&](const char* t) { w.insert(w.end(), t, t + 4); };
+  auto tag = [&](const char* t) {
+    for (int i = 0; i < 4; ++i) w.push_back(static_cast<uint8_t>(t[i]));
+  };
   tag("RIFF");
   put(36 + data_bytes, 4);
   tag("WAVE");
