@@ -1300,7 +1300,7 @@ TEST_CASE("HttpSource: bad URLs and paths, each with its line number, and bad op
   CHECK_THAT(m, Contains("is not below any allowed URL prefix"));
 
   SECTION("percent-encoded dot segments and slashes are refused") {
-    for (const std::string& url : {"http://127.0.0.1:9/data/%2e%2e/etc/x.jpg", "http://127.0.0.1:9/data/%2E%2e/x",
+    for (const char* url : {"http://127.0.0.1:9/data/%2e%2e/etc/x.jpg", "http://127.0.0.1:9/data/%2E%2e/x",
                                    "http://127.0.0.1:9/data/.%2e/x", "http://127.0.0.1:9/data/%2e/x.jpg",
                                    "http://127.0.0.1:9/data/a%2f..%2f..%2fetc", "http://127.0.0.1:9/data/a%5cb"}) {
       INFO(url);
