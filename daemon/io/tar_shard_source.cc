@@ -304,6 +304,7 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
                            std::to_string(size()) + " samples)");
   }
   if (auto bad = index_->bad_labels.find(index); bad != index_->bad_labels.end()) {
+    out->clear();  // as every failed Read: nothing of the sample
     return DataLoss("sample " + index_->samples[index].path + ": " + bad->second);
   }
   return ReadMember(index, index_->locations[index].offset, index_->locations[index].size, "", out);

@@ -254,8 +254,9 @@ Output SessionLogic::OnJobEvent() {
   while (auto d = job_->TakeNext()) {
     if (d->batch.rows() == 0) {
       // Every sample of the batch failed and no spare was left: the client never gets an empty
-      // batch; the slot goes straight back (the epoch's and the job's ends still go out).
-      (void)job_->Release(d->batch.slot(), d->batch.generation());
+      // batch; the slot goes straight back (the epoch's and the job's ends still go out). Not
+      // into a job this delivery ends: an ended job takes no more releases.
+      if (!d->job_end) (void)job_->Release(d->batch.slot(), d->batch.generation());
     } else {
       *out.messages.emplace_back().message.mutable_batch() = std::move(d->batch);
     }
