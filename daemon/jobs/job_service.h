@@ -88,7 +88,10 @@ struct JobRecord {
   void RecordClientWait(double total_seconds) {
     const double before = client_wait_seconds.exchange(total_seconds);
     const double grew = total_seconds > before ? total_seconds - before : 0.0;
-    const int b = pipeline::StageStats::Bucket(static_cast<uint64_t>(grew * 1e9));
+    // The client's figure is untrusted: clamp before the conversion (NaN and huge values are UB).
+    const double ns = grew * 1e9;
+    const uint64_t grew_ns = ns >= 1.8e19 ? UINT64_MAX : (ns > 0 ? static_cast<uint64_t>(ns) : 0);
+    const int b = pipeline::StageStats::Bucket(grew_ns);
     client_wait_histogram[static_cast<size_t>(b)].fetch_add(1, std::memory_order_relaxed);
   }
   std::weak_ptr<JobHandle> job;

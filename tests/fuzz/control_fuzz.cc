@@ -71,6 +71,7 @@ class FuzzJob : public jobs::JobHandle {
     d.batch.set_slot(slot);
     d.batch.set_generation(generation_[slot]);
     d.batch.set_seq(delivered_++);
+    d.batch.set_rows(1);  // a batch with rows: the session withholds 0-row ones (server_test covers that)
     if (total_ && delivered_ == *total_) {
       d.epoch_end.emplace().set_batches(delivered_);
       d.job_end.emplace().mutable_stats()->set_batches(delivered_);
