@@ -600,7 +600,13 @@ std::optional<ParsedOp> ReadUserOp(Diagnostics& diag, const Field& item, const F
     diag.Error(args, "args is a map of the op's settings, got " + internal::Describe(args.node));
   } else if (Present(args) && !args.node.IsNull()) {
     if (auto json = YamlToJson(diag, args, 0)) {
-      op.args_json = json->dump();
+      // Invalid UTF-8 in a key or string cannot become JSON: refused here (dump would throw).
+      std::string dumped = json->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      if (dumped.find("\xEF\xBF\xBD") != std::string::npos &&
+          dumped != json->dump(-1, ' ', false, nlohmann::json::error_handler_t::ignore)) {
+        diag.Error(args, "args must be valid UTF-8 text (keys and strings)");
+      }
+      op.args_json = std::move(dumped);
       if (op.args_json.size() > kMaxOpArgsBytes) {
         diag.Error(args, "args take " + std::to_string(op.args_json.size()) + " bytes as JSON, more than " +
                              std::to_string(kMaxOpArgsBytes));
