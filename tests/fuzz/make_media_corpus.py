@@ -178,8 +178,8 @@ def images():
     files["animated.gif"] = b.getvalue()
     for name, data in sorted(files.items()):
         full = image_trailer(geometry=0, w=24, h=20, shorter=24, dct=1, exif=1, composite=1)
-        write(d, name + ".a", data + full)
-        write(d, name + ".b", data + random_image_trailer())
+        write(d, name + ".v0", data + full)
+        write(d, name + ".v1", data + random_image_trailer())
     # A full-size JPEG decode (no DCT scaling, RGB path) and a gray one, from the same file.
     write(d, "baseline_420.jpg.full", files["baseline_420.jpg"] + image_trailer(geometry=1, w=48, h=40, dct=0, rgb=1))
     write(d, "baseline_420.jpg.gray", files["baseline_420.jpg"] + image_trailer(geometry=2, w=16, h=16, gray=1))
@@ -210,8 +210,8 @@ def audios():
         "aac.m4a": ffmpeg(tone + ["-c:a", "aac", "-b:a", "16k"], ".m4a"),
     }
     for name, data in sorted(files.items()):
-        write(d, name + ".a", data + audio_trailer())
-        write(d, name + ".b", data + audio_trailer(rate=rng.randrange(6), stereo=rng.randrange(2),
+        write(d, name + ".v0", data + audio_trailer())
+        write(d, name + ".v1", data + audio_trailer(rate=rng.randrange(6), stereo=rng.randrange(2),
                                                    n=rng.randint(1, 4096), crop=1, int16=rng.randrange(2),
                                                    last=rng.randrange(2), seek=rng.randrange(2), maxsec=2,
                                                    seed=rng.randrange(256)))
@@ -239,8 +239,8 @@ def videos():
         "clip.gif": ffmpeg(["-f", "lavfi", "-i", "testsrc=size=16x12:rate=4:duration=1"], ".gif"),
     }
     for name, data in sorted(files.items()):
-        write(d, name + ".a", data + video_trailer())
-        write(d, name + ".b", data + video_trailer(frames=rng.randint(1, 4), stride=rng.randint(1, 3),
+        write(d, name + ".v0", data + video_trailer())
+        write(d, name + ".v1", data + video_trailer(frames=rng.randint(1, 4), stride=rng.randint(1, 3),
                                                    fps=rng.randrange(4), random_start=1, start=rng.randint(0, 8),
                                                    h=rng.randint(1, 24), w=rng.randint(1, 24), interp=rng.randrange(3),
                                                    seek=rng.randrange(2), small=0, seed=rng.randrange(256)))
