@@ -663,7 +663,9 @@ TEST_CASE("completion order: later batches overtake a held-up one, but the epoch
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
-  h.proc.on_decode = [&](uint64_t index) {  // sample 1 (batch 0 of epoch 0) waits for the gate, once
+  // Sample 1 (batch 0 of epoch 0) waits for the gate. The hook stays set for the whole run (the pool's
+  // threads read it without a lock); once the gate is open the wait returns at once.
+  h.proc.on_decode = [&](uint64_t index) {
     if (index != 1) return;
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return open; });
@@ -696,7 +698,6 @@ TEST_CASE("completion order: later batches overtake a held-up one, but the epoch
   {
     std::lock_guard lock(mu);
     open = true;
-    h.proc.on_decode = nullptr;
   }
   cv.notify_all();
   while (!(got.size() && got.back().last_in_job) && std::chrono::steady_clock::now() < deadline) {
