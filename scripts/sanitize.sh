@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the C++ tests under sanitizers, each in its own build directory (CUDA off, -O1 -g, asserts on):
+# Runs the C++ tests under sanitizers, each in its own build directory (CUDA off, SANITIZE_OPT, asserts on):
 #   asan  the tests in ASAN_TESTS (default: every ctest test), built with
 #         SPDL_SANITIZE=address,undefined                                (build-asan)
 #   tsan  the concurrency-heavy tests in TSAN_TESTS, built with SPDL_SANITIZE=thread (build-tsan)
@@ -16,6 +16,9 @@
 #   JOBS=N                   build and ctest parallelism (default nproc)
 #   ASAN_BUILD_DIR, TSAN_BUILD_DIR         (default build-asan, build-tsan)
 #   CTEST_ARGS="-R config_test"            extra ctest arguments for both parts
+#   SANITIZE_OPT="-O1 -g"    optimisation and debug flags (default "-O0 -g": a third of -O1's compile time
+#                            under the sanitizers, which is most of this script's time; the tests run a
+#                            little slower)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,7 @@ parts=("$@")
 jobs="${JOBS:-$(nproc)}"
 asan_dir="${ASAN_BUILD_DIR:-build-asan}"
 tsan_dir="${TSAN_BUILD_DIR:-build-tsan}"
+opt="${SANITIZE_OPT:--O0 -g}"
 if [ "${SANITIZE_SUBSET:-}" = ci ]; then
   # Chosen to fit CI's time budget (.ci/README.md): the unit tests of the parsers, the media
   # decoders, the pipeline, the slot ring and the control server under ASan+UBSan (the end-to-end
@@ -76,7 +80,7 @@ timed() {
 
 configure() {  # DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DSPDL_SANITIZE="$2" -DSPDL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" >/dev/null
 }
 
 # Sanitizer reports in the full output of every test of the last ctest run in DIR (ctest keeps
