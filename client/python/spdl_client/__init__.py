@@ -29,7 +29,8 @@ reproducible across a resume. See :class:`Loader`.
 
 from ._errors import SpdlError, SpdlTimeoutError
 from ._loader import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Batch, EpochIterator, Loader, Tensor
+from ._process_executor import TransformWorkerError
 
-__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "DEFAULT_SOCKET",
-           "DEFAULT_TIMEOUT"]
+__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "TransformWorkerError",
+           "DEFAULT_SOCKET", "DEFAULT_TIMEOUT"]
 __version__ = "0.2.0"

@@ -275,6 +275,8 @@ class Loader:
         transform: Optional[Any] = None,
         sample_transform: Optional[Any] = None,
         transform_threads: int = 0,
+        transform_workers: Optional[int] = None,
+        transform_executor: Any = "thread",
     ) -> None:
         self._core = None  # first, so that close() works even if the rest fails
         self._cursor: Optional[_Cursor] = None  # the latest EpochIterator's
@@ -282,7 +284,9 @@ class Loader:
         # after a break. It refers to the loader, so a dropped loader with a transform ends its job
         # at the next GC pass (or at close()), not at once.
         self._titer: Optional[_transforms.TransformIterator] = None
-        self._transform = _transforms.TransformSpec(transform, sample_transform, transform_threads)
+        self._transform = _transforms.TransformSpec(
+            transform, sample_transform, _resolve_workers(transform_threads, transform_workers, transform_executor),
+            transform_executor)
         yaml_text, config_name, parsed = _read_config(config)
         self.socket: str = _resolve_socket(socket)
         self.rank, self.world_size = _resolve_rank(rank, world_size)
@@ -309,6 +313,13 @@ class Loader:
         self._epoch = 0
         self._start_batch = 0
         self._open((0, 0), b"", self.timeout)
+        if self._transform.process:
+            try:
+                self._transform.start(self._device)
+                self._share_region()
+            except BaseException:
+                self.close()
+                raise
 
     # ---- the job on the daemon ----
 
@@ -332,10 +343,17 @@ class Loader:
             ) from None
         self._info: dict = self._core.info
         self._device: str = self._core.device
+        self._share_region()
         self._open_token = token  # the position's token until a batch brings a newer one
         self._stream = tuple(at)  # (epoch, batch_in_epoch) of the next batch the job delivers
         self._finished = False
         self._job_stats = None
+
+    def _share_region(self) -> None:
+        """Hands the job's shared region to the transform processes, if any."""
+        if self._transform.processes is not None and self._core is not None:
+            core = self._core
+            self._transform.set_region(core.region_fd, core.region_size, core.region_address)
 
     def _detach_iterator(self) -> None:
         titer, self._titer = getattr(self, "_titer", None), None
@@ -830,6 +848,16 @@ def _resolve_epochs(epochs: Optional[int]) -> Optional[int]:
     if e < 0:
         raise ValueError(f"epochs must be None (as many as iterated) or >= 1, not {e}")
     return e or None  # 0: the daemon's "until ended", the same as None
+
+
+def _resolve_workers(threads: int, workers: Optional[int], executor: Any) -> int:
+    """The transform's worker count: ``transform_workers``, else ``transform_threads`` (its older
+    name, for the thread executor)."""
+    if workers is None:
+        return int(threads)
+    if int(threads) not in (0, int(workers)):
+        raise ValueError(f"transform_threads={threads} and transform_workers={workers}: give one of them")
+    return int(workers)
 
 
 def _resolve_timeout(timeout: Optional[float]) -> Optional[float]:
