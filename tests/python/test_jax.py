@@ -9,11 +9,13 @@ JAX comes from PyPI (`jax[cpu]`, installed by scripts/install-deps.sh test); Ten
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import CLASSES, PER_CLASS
+from conftest import CLASSES, PER_CLASS, REPO, subprocess_env
 
 N = CLASSES * PER_CLASS
 
@@ -148,3 +150,23 @@ class _TfExport:
 
     def __dlpack_device__(self):
         return (1, 0)
+
+
+def run_example(name: str, daemon, dataset) -> str:
+    p = subprocess.run([sys.executable, str(REPO / "client/python/examples" / name), "--socket", daemon.socket,
+                        "--data", str(dataset.root)], env=subprocess_env(), capture_output=True, text=True,
+                       timeout=50)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_numpy_example_runs(daemon, dataset):
+    out = run_example("numpy_example.py", daemon, dataset)
+    assert f"samples: {N}" in out
+    assert out.count("images, mean RGB") == CLASSES
+
+
+def test_jax_example_runs(daemon, dataset):
+    _jax()
+    out = run_example("jax_example.py", daemon, dataset)
+    assert f"epoch 0: {N // 16} steps, loss" in out

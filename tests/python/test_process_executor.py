@@ -163,6 +163,36 @@ def test_results_in_order_from_worker_processes_that_map_the_slot(make_loader, d
     assert wait_gone(pids) == []  # the workers exit with the loader
 
 
+def test_a_reopened_job_hands_its_new_region_to_the_workers(make_loader):
+    """set_epoch far ahead reopens the job (a new shared region): the workers map it too."""
+    plain = make_loader(batch=8, prefetch=3)
+    plain.set_epoch(4)
+    ref = [(list(b.paths), np.from_dlpack(b["image"]).copy()) for b in plain]
+    plain.close()
+    loader = make_loader(batch=8, prefetch=3, transform=flip_fn, transform_workers=2, transform_executor="process")
+    assert [r["index"] for r in loader] == list(range(N // 8))
+    old_job = loader.info["job_id"]
+    loader.set_epoch(4)
+    got = list(loader)
+    assert loader.info["job_id"] != old_job  # reopened: a new job, a new region
+    assert loader._transform.processes._state.region.id == 2
+    assert [r["paths"] for r in got] == [p for p, _ in ref]
+    for r, (_, image) in zip(got, ref):
+        assert r["epoch"] == 4 and np.array_equal(r["flipped"], image[:, :, ::-1])
+    assert loader.held_batches == 0
+
+
+def test_a_loader_dropped_without_close_stops_its_workers(make_loader, daemon, dataset):
+    loader = spdl_client.Loader(job_yaml(dataset.root, batch=4, prefetch=4), socket=daemon.socket, rank=0,
+                                world_size=1, transform=flip_fn, transform_workers=2, transform_executor="process")
+    pids = loader._transform.processes.pids
+    it = iter(loader)
+    next(it)
+    del loader, it
+    gc.collect()
+    assert wait_gone(pids) == []
+
+
 def test_torch_results_and_sample_transform_through_processes(make_loader, dataset):
     torch = pytest.importorskip("torch")
     ref = plain_epoch(make_loader, batch=8, prefetch=3, shuffle=False)
@@ -303,18 +333,49 @@ def _time_epoch(make_loader, executor: str) -> float:
     return elapsed
 
 
+def pure_work(_=None) -> int:
+    x = 0
+    for i in range(GIL_LOOP * 3):
+        x = (x * 31 + i) & 0xFFFF
+    return x
+
+
+def machine_speedup(pool) -> float:
+    """How much faster 2 bare processes run 4 units of pure Python work than 1 process does, now."""
+    start = time.monotonic()
+    for _ in range(4):
+        pure_work()
+    one = time.monotonic() - start
+    start = time.monotonic()
+    pool.map(pure_work, [0] * 4, chunksize=1)
+    return one / (time.monotonic() - start)
+
+
 def test_gil_holding_fn_runs_faster_on_two_processes_than_on_two_threads(make_loader):
-    """The issue's figure: >= 1.6x on this 2-core machine. The machine is shared (other builds),
-    so the measurement is retried up to 3 times and the best ratio counts."""
-    if (os.cpu_count() or 1) < 2:
+    """The issue's figure: >= 1.6x on this 2-core machine. The machine is shared with other people's
+    builds, and Linux shares the CPU between sessions (autogroups), not between processes: while
+    other sessions keep the cores busy, this test's session gets about one core however many
+    processes it runs. So each attempt first measures what 2 bare processes gain over 1 on pure
+    Python work right now; the measurement is retried up to 3 times and the best ratio counts. When
+    the machine never gave 2 bare processes 1.7x in 3 attempts, the figure cannot be measured and
+    the test says SKIPPED with the figures (it is not a pass)."""
+    if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs at least 2 CPU cores")
-    ratios = []
-    for attempt in range(3):
-        threads = _time_epoch(make_loader, "thread")
-        processes = _time_epoch(make_loader, "process")
-        ratios.append(threads / processes)
-        print(f"gil_fn, 12 batches: 2 threads {threads:.3f} s, 2 processes {processes:.3f} s, "
-              f"ratio {ratios[-1]:.2f} (load {os.getloadavg()[0]:.1f})")
-        if ratios[-1] >= 1.6:
-            break
-    assert max(ratios) >= 1.6, f"2 processes vs 2 threads: ratios {ratios}"
+    attempts = []
+    with multiprocessing.get_context("forkserver").Pool(2) as pool:
+        pool.map(pure_work, [0, 0])
+        for attempt in range(3):
+            bare = machine_speedup(pool)
+            threads = _time_epoch(make_loader, "thread")
+            processes = _time_epoch(make_loader, "process")
+            attempts.append((bare, threads / processes))
+            print(f"gil_fn, 12 batches: 2 threads {threads:.3f} s, 2 processes {processes:.3f} s, ratio "
+                  f"{threads / processes:.2f}; 2 bare processes {bare:.2f}x (load {os.getloadavg()[0]:.1f})")
+            if threads / processes >= 1.6:
+                return
+    best_bare = max(b for b, _ in attempts)
+    ratios = ", ".join(f"{r:.2f}x (bare {b:.2f}x)" for b, r in attempts)
+    if best_bare < 1.7:
+        pytest.skip(f"the machine is too busy to measure 2 cores: 2 bare processes ran pure Python only "
+                    f"{best_bare:.2f}x faster than 1 (load {os.getloadavg()[0]:.1f}); processes vs threads: {ratios}")
+    pytest.fail(f"2 processes vs 2 threads on a GIL-holding FN: {ratios}; expected >= 1.6x")

@@ -24,7 +24,8 @@ Batch, a Tensor, or a torch/numpy view — is gone; see :class:`Batch`. Errors r
 Your own augmentation runs in this process: ``Loader(..., transform=FN, transform_threads=N)``
 calls FN once per batch on N threads ahead of the step and yields its results in order
 (``sample_transform=FN``: once per sample, results collated); ``batch.seed`` makes its randomness
-reproducible across a resume. See :class:`Loader`.
+reproducible across a resume; ``transform_executor="process"`` runs FN on worker processes (for
+code that holds the GIL). See :class:`Loader`.
 """
 
 from ._errors import SpdlError, SpdlTimeoutError

@@ -241,6 +241,18 @@ class Loader:
       daemon never has more batches out than slots; give the job ``prefetch >= N + 1``), results
       still in batch order. On a free-threaded Python the N calls run in parallel; with the GIL, as
       far as FN releases it (torch, numpy, I/O).
+    - ``transform_workers``: ``transform_threads``' general name (give one of them): the number of
+      workers running FN.
+    - ``transform_executor``: ``"thread"`` (default: threads of this process, as above),
+      ``"process"`` (``transform_workers`` >= 1 worker processes, started once with the forkserver
+      method) or a ``multiprocessing`` context (forkserver or spawn; fork is refused). Processes
+      suit an FN that holds the GIL (pure Python); FN must pickle (a module-level function) and
+      gets a WorkerBatch: the Batch's metadata and ``{name: numpy array}`` views of the slot, which
+      the worker maps itself (no copy of the input). Results come back pickled, large arrays
+      through shared memory; an exception in FN closes the loader as with threads; a worker that
+      dies (e.g. SIGKILL) makes ``next()`` raise :class:`TransformWorkerError` naming the batch,
+      a new worker is started and the loader continues with the next batch. The workers exit with
+      the loader. CPU jobs only.
 
     Iteration is a DataLoader's: ``iter(loader)`` yields exactly one epoch (an
     :class:`EpochIterator`), ``len(loader)`` is the batches of one epoch for this rank, and the next

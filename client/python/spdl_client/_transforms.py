@@ -18,6 +18,10 @@ naming the batch's epoch and index (``add_note``); the loader is then closed (th
 and joined, the batches taken ahead dropped, their slots given back, the job ended). Errors of the
 loader itself (the daemon, timeouts) come out of ``next()`` as they would without a transform.
 
+With ``transform_executor="process"`` the N workers are processes instead (``_process_executor``):
+the same iterator, bounds and order; FN's exceptions as above; a worker's death fails only its batch
+(TransformWorkerError) and the epoch goes on.
+
 Thread safety: a TransformIterator is used from one thread, like the EpochIterator it wraps.
 """
 
