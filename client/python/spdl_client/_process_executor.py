@@ -11,16 +11,19 @@ that may hold CUDA, threads and locks), and live until the loader is closed. For
 - FN's result comes back pickled (protocol 5); its large buffers (numpy arrays, CPU torch
   tensors, >= 64 KiB) go through one shared-memory file (memfd) written once by the worker and
   mapped by the trainer, so the arrays the trainer gets are views of that memory (no second copy);
-- each worker runs one batch at a time; results are handed back through futures that the
-  TransformIterator consumes in batch order, so order is kept whatever finishes first.
+- a worker is sent at most 2 batches ahead of its answers (one running, the next waiting in its
+  socket, so it never idles waiting for the trainer to hear of the first); results are handed
+  back through futures that the TransformIterator consumes in batch order, so order is kept
+  whatever finishes first.
 
 Failures:
 
 - FN raises: the exception (pickled; else a RuntimeError with its text) comes out of ``next()``
   with the worker's traceback in a note, and the loader is closed, as with threads.
 - A worker dies (SIGKILL, the OOM killer, a crash in native code, ``os._exit``): ``next()`` raises
-  :class:`TransformWorkerError` naming the batch it was running and how the worker died; a
-  replacement worker is started at once, and the loader *continues*: the next ``next()`` yields
+  :class:`TransformWorkerError` naming the batch it was running and how the worker died (a batch
+  it had not started yet goes to another worker); a replacement worker is started at once, and the
+  loader *continues*: the next ``next()`` yields
   the following batch (the lost batch is skipped; ``state_dict()`` counts it as consumed).
 - A worker that cannot start (FN does not unpickle there, or the worker dies before it is ready)
   breaks the pool: every batch raises TransformWorkerError with the reason, and the loader is closed.
@@ -51,6 +54,7 @@ from . import _process_worker
 from ._errors import SpdlError
 
 START_METHODS = ("forkserver", "spawn")
+PER_WORKER = 2  # tasks sent to one worker ahead of its answers
 
 
 class TransformWorkerError(SpdlError):
@@ -97,7 +101,7 @@ def _describe_exit(code: Optional[int]) -> str:
 
 
 class _Task:
-    __slots__ = ("id", "batch", "desc", "region", "future", "what")
+    __slots__ = ("id", "batch", "desc", "region", "future", "what", "running")
 
     def __init__(self, task_id: int, batch: Any, desc: dict, region: "_Region", what: str) -> None:
         self.id = task_id
@@ -106,6 +110,7 @@ class _Task:
         self.region = region
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.what = what
+        self.running = False  # its future was set running (it cannot be cancelled any more)
 
 
 class _Region:
@@ -119,14 +124,17 @@ class _Region:
 
 
 class _Worker:
-    __slots__ = ("process", "conn", "pid", "ready", "task", "region_id")
+    __slots__ = ("process", "conn", "pid", "ready", "tasks", "dead", "region_id")
 
     def __init__(self, process, conn) -> None:
         self.process = process
         self.conn = conn
         self.pid: int = process.pid
         self.ready = False
-        self.task: Optional[_Task] = None
+        # Sent and not answered, oldest first: the first is running, the next waits in the worker's
+        # socket (so the worker starts it without waiting for the trainer to hear of the first).
+        self.tasks: deque = deque()
+        self.dead = False  # a send failed: it is gone, the collector buries it
         self.region_id = -1  # the region it has mapped
 
 
@@ -179,15 +187,21 @@ class _State:
             pass
 
     def dispatch(self) -> None:
-        """Hands pending tasks to idle workers. REQUIRES: lock held."""
+        """Hands pending tasks to workers: an idle one first (the one idle longest), else one with a
+        single task (at most PER_WORKER each). REQUIRES: lock held."""
         while self.pending and not self.closed:
-            idle = next((w for w in self.workers if w.task is None), None)
+            live = [w for w in self.workers if not w.dead]
+            idle = next((w for w in live if not w.tasks), None)
+            if idle is None:
+                idle = next((w for w in live if len(w.tasks) < PER_WORKER), None)
             if idle is None:
                 return
             task = self.pending.popleft()
-            if not task.future.set_running_or_notify_cancel():  # cancelled (the loader dropped it)
-                task.batch = None
-                continue
+            if not task.running:
+                if not task.future.set_running_or_notify_cancel():  # cancelled (the loader dropped it)
+                    task.batch = None
+                    continue
+                task.running = True
             try:
                 if idle.region_id != task.region.id:
                     idle.conn.send(("region", task.region.id, task.region.size))
@@ -198,9 +212,11 @@ class _State:
                 # The worker is gone before it got the task: the task goes back to the front, and
                 # the collector replaces the worker (seen as EOF / its sentinel).
                 self.pending.appendleft(task)  # (running already: it cannot be cancelled any more)
-                idle.task = _DEAD
-                return
-            idle.task = task
+                idle.dead = True
+                continue
+            idle.tasks.append(task)
+            self.workers.remove(idle)  # to the back: the next batch goes to the worker idle longest
+            self.workers.append(idle)
 
     def worker_died(self, w: _Worker) -> None:
         """`w` is gone: fail its batch, replace it. REQUIRES: lock held."""
@@ -211,12 +227,15 @@ class _State:
             pass
         w.process.join(timeout=1.0)
         how = _describe_exit(w.process.exitcode)
-        task, w.task = w.task, None
+        tasks, w.tasks = list(w.tasks), deque()
+        task = tasks[0] if tasks else None  # the one it was running
+        for queued in reversed(tasks[1:]):  # never started: another worker runs them, in order
+            self.pending.appendleft(queued)
         if not w.ready:
             # It never got going (an import fails in the new interpreter, or it was killed at once):
             # restarting would likely fail the same way. Every batch fails; the loader closes.
             self.break_pool(f"transform worker pid {w.pid} {how} before it was ready (see its stderr)")
-        if task is not None and task is not _DEAD:
+        if task is not None:
             if self.broken is not None:
                 self._fail(task, TransformWorkerError(f"spdl_client: {self.broken}; {task.what} was not transformed",
                                                       "FAILED_PRECONDITION"))
@@ -289,8 +308,8 @@ class _State:
             self.break_pool(f"transform worker pid {w.pid} could not load the transform function: {err!r}")
             w.ready = True  # a clean refusal, not a crash: no restart loop
             return
-        task, w.task = w.task, None
-        if task is None or task is _DEAD or task.id != msg[1]:
+        task = w.tasks.popleft() if w.tasks else None
+        if task is None or task.id != msg[1]:
             if kind == "ok" and fd >= 0:
                 os.close(fd)
             self.break_pool(f"transform worker pid {w.pid} answered a task it was not given (a bug)")
@@ -351,8 +370,9 @@ class _State:
                 w.conn.close()
             except OSError:
                 pass
-            if w.task is not None and w.task is not _DEAD:
-                self._fail(w.task, TransformWorkerError("spdl_client: the loader was closed", "CANCELLED"))
+            for task in w.tasks:
+                self._fail(task, TransformWorkerError("spdl_client: the loader was closed", "CANCELLED"))
+            w.tasks.clear()
         collector = self.collector
         if collector is not None and collector is not threading.current_thread():
             collector.join(timeout)
@@ -375,7 +395,6 @@ def _settle(future: concurrent.futures.Future, result: Any = None, error: Option
         pass
 
 
-_DEAD: Any = object()  # a worker's task marker: it died before its task reached it
 
 
 def _rebuild_error(packed: tuple, where: str) -> BaseException:
@@ -451,7 +470,7 @@ class ProcessTransformPool:
             if st.region is not None:
                 st.old_fds.append(st.region.fd)  # tasks of the old region may still be queued
             st.region = _Region(st.next_region, dup, size, address)
-            if not st.pending and not any(w.task for w in st.workers):
+            if not st.pending and not any(w.tasks for w in st.workers):
                 for old in st.old_fds:
                     os.close(old)
                 st.old_fds = []
