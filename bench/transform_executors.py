@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-GIL_LOOP = 400_000
+GIL_LOOP = 1_000_000  # ~50 ms per call on an idle core: well above the daemon's decode per batch
 
 
 def gil_fn(batch):
@@ -41,14 +41,14 @@ def torch_fn(batch):
 
     torch.set_num_threads(1)  # one core per call, for threads and processes alike
     x = torch.from_dlpack(batch["image"]).permute(0, 3, 1, 2).float().div_(255.0)
-    for _ in range(8):
+    for _ in range(24):
         x = torch.nn.functional.avg_pool2d(x, 3, stride=1, padding=1)
     return x.sub_(0.5).mul_(2.0), torch.from_dlpack(batch["label"]).clone()
 
 
 def pure_work(_=None):
     x = 0
-    for i in range(GIL_LOOP * 4):
+    for i in range(GIL_LOOP):
         x = (x * 31 + i) & 0xFFFF
     return x
 
@@ -86,6 +86,23 @@ def job(root: str, batch: int) -> str:
             f"batch: {{size: {batch}, drop_last: false}}\n"
             "transforms:\n  - resize: {shorter: 64}\n  - center_crop: {size: 56}\n"
             "prefetch: 6\n")
+
+
+def time_inline(spdl_client, sock: str, cfg: str, fn) -> float:
+    """FN's own time per call: the median over one epoch of calls on this thread."""
+    import statistics
+
+    loader = spdl_client.Loader(cfg, socket=sock, rank=0, world_size=1)
+    try:
+        times = []
+        for batch in loader:
+            start = time.monotonic()
+            fn(batch)
+            times.append(time.monotonic() - start)
+            del batch
+        return statistics.median(times)
+    finally:
+        loader.close()
 
 
 def time_executor(spdl_client, sock: str, cfg: str, fn, executor: str, workers: int, epochs: int) -> tuple:
@@ -140,6 +157,7 @@ def main() -> int:
             except ImportError:
                 print("GIL-releasing (torch ops): skipped, torch is not installed")
             for label, fn in fns:
+                print(f"{label}: {time_inline(spdl_client, sock, cfg, fn) * 1000:.1f} ms per call inline")
                 res = {}
                 for executor in ("thread", "process"):
                     res[executor], n = time_executor(spdl_client, sock, cfg, fn, executor, args.workers, args.epochs)
