@@ -89,6 +89,20 @@ def suicide_fn(batch):
     return batch.batch_in_epoch
 
 
+def _refuse_to_load():
+    raise RuntimeError("this transform cannot be loaded in a worker")
+
+
+class LoadsNowhere:
+    """Pickles, but unpickling it (in a worker) raises."""
+
+    def __call__(self, batch):
+        return batch.batch_in_epoch
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
 def gil_fn(batch):
     """Pure Python, holding the GIL: ~tens of ms of bytecode per batch."""
     x = 0
@@ -273,6 +287,19 @@ def test_a_worker_that_kills_itself_mid_batch(make_loader):
     assert not loader.closed
     loader.close()  # closing mid-epoch with batches in flight is clean too
     assert loader.held_batches == 0
+
+
+def test_a_transform_that_cannot_load_in_the_workers_fails_clearly_and_closes_the_loader(make_loader):
+    loader = make_loader(batch=4, prefetch=4, transform=LoadsNowhere(), transform_workers=2,
+                         transform_executor="process")
+    pids = loader._transform.processes.pids
+    with pytest.raises(spdl_client.TransformWorkerError, match="could not load the transform function") as info:
+        next(iter(loader))
+    assert info.value.code == "FAILED_PRECONDITION"
+    assert "this transform cannot be loaded in a worker" in str(info.value)
+    assert "batch 0 of epoch 0" in str(info.value)
+    assert loader.closed and loader.held_batches == 0
+    assert wait_gone(pids) == []
 
 
 def test_bad_arguments_are_refused_clearly(make_loader, daemon, dataset):
