@@ -161,8 +161,8 @@ def main() -> int:
                 res = {}
                 for executor in ("thread", "process"):
                     res[executor], n = time_executor(spdl_client, sock, cfg, fn, executor, args.workers, args.epochs)
-                    print(f"{label}: {args.workers} {executor} workers: {res[executor]:.3f} s/epoch, {n / res[executor]:.1f} "
-                          f"batches/s (load {os.getloadavg()[0]:.1f})")
+                    print(f"{label}: {args.workers} {executor} workers: {res[executor]:.3f} s/epoch, "
+                          f"{n / res[executor]:.1f} batches/s (load {os.getloadavg()[0]:.1f})")
                 print(f"{label}: processes vs threads: {res['thread'] / res['process']:.2f}x")
         finally:
             daemon.terminate()

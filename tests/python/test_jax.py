@@ -21,7 +21,8 @@ N = CLASSES * PER_CLASS
 
 
 def _jax():
-    jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'jax[cpu]'; scripts/install-deps.sh test)")
+    jax = pytest.importorskip(
+        "jax", reason="JAX is not installed (pip install 'jax[cpu]'; scripts/install-deps.sh test)")
     import jax.dlpack  # noqa: F401
     import jax.numpy  # noqa: F401
 

@@ -281,7 +281,8 @@ def test_a_worker_that_kills_itself_mid_batch(make_loader):
                          transform_executor="process")
     it = iter(loader)
     assert [next(it), next(it)] == [0, 1]
-    with pytest.raises(spdl_client.TransformWorkerError, match=r"SIGKILL while it ran the transform on batch 2 of epoch 0"):
+    with pytest.raises(spdl_client.TransformWorkerError,
+                       match=r"SIGKILL while it ran the transform on batch 2 of epoch 0"):
         next(it)
     assert next(it) == 3
     assert not loader.closed
