@@ -23,6 +23,7 @@ import pytest
 
 import spdl_client
 from conftest import CLASSES, PER_CLASS, job_yaml, subprocess_env
+from test_gpu import fake_gpu_daemon  # noqa: F401: the fixture
 
 N = CLASSES * PER_CLASS  # 48 images
 
@@ -316,6 +317,14 @@ def test_bad_arguments_are_refused_clearly(make_loader, daemon, dataset):
     with pytest.raises(ValueError, match="'thread', 'process'"):
         spdl_client.Loader(yaml, socket=daemon.socket, transform=flip_fn, transform_workers=1,
                            transform_executor="processes")
+
+
+def test_a_gpu_job_is_refused_with_the_process_executor(fake_gpu_daemon, dataset, monkeypatch):  # noqa: F811
+    sock, fake = fake_gpu_daemon
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_DIR", fake)
+    with pytest.raises(ValueError, match="works on CPU jobs.*cuda:0.*thread executor"):
+        spdl_client.Loader(job_yaml(dataset.root, batch=8, extra="output: {device: cuda:0}\n"), socket=sock, rank=0,
+                           world_size=1, transform=flip_fn, transform_workers=1, transform_executor="process")
 
 
 TRAINER = textwrap.dedent("""
