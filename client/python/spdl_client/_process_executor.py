@@ -189,6 +189,9 @@ class _State:
     def dispatch(self) -> None:
         """Hands pending tasks to workers: an idle one first (the one idle longest), else one with a
         single task (at most PER_WORKER each). REQUIRES: lock held."""
+        if self.broken is not None:
+            self.break_pool(self.broken)
+            return
         while self.pending and not self.closed:
             live = [w for w in self.workers if not w.dead]
             idle = next((w for w in live if not w.tasks), None)
@@ -243,7 +246,9 @@ class _State:
                 self._fail(task, TransformWorkerError(
                     f"spdl_client: transform worker pid {w.pid} {how} while it ran the transform on {task.what}: "
                     "that batch is lost; a new worker was started and the loader continues with the next batch"))
-        if not self.closed and self.broken is None:
+        if self.broken is not None:
+            self.break_pool(self.broken)  # what waits (e.g. sent back from a dead worker) fails too
+        elif not self.closed:
             self.restarts += 1
             self.start_worker()
             self.dispatch()
@@ -313,6 +318,8 @@ class _State:
             if kind == "ok" and fd >= 0:
                 os.close(fd)
             self.break_pool(f"transform worker pid {w.pid} answered a task it was not given (a bug)")
+            if task is not None:
+                self._fail(task, TransformWorkerError(f"spdl_client: {self.broken}", "INTERNAL"))
             return
         task.batch = None  # the worker is done with the slot: it may go back to the daemon
         if kind == "ok":
