@@ -273,11 +273,13 @@ class Connection {
     }
     map_data_ = p;
     map_size_ = bytes;
-    return Status::Ok();  // the mapping outlives the descriptor, closed here
+    region_fd_ = std::move(fd);  // kept for region_fd(): helper processes of the trainer map it too
+    return Status::Ok();
   }
 
   uint8_t* map_data() const { return static_cast<uint8_t*>(map_data_); }
   size_t map_size() const { return map_size_; }
+  int region_fd() const { return region_fd_.get(); }
 
  private:
   // Waits until the socket is readable or `deadline` (max(): no deadline) passes. With `hook`, the
@@ -366,6 +368,7 @@ class Connection {
   // Constant after MapRegion(); unmapped when the last owner is gone.
   void* map_data_ = nullptr;
   size_t map_size_ = 0;
+  UniqueFd region_fd_;  // the region's descriptor (close-on-exec), -1 before MapRegion
 };
 
 }  // namespace detail
@@ -430,6 +433,7 @@ Loader::~Loader() { conn_->Close(); }
 const void* Loader::region_data() const { return conn_->map_data(); }
 double Loader::wait_seconds() const { return conn_->wait_seconds.load(); }
 size_t Loader::region_size() const { return conn_->map_size(); }
+int Loader::region_fd() const { return conn_->region_fd(); }
 
 Result<std::unique_ptr<Loader>> Loader::Open(const Options& options) {
   const uint32_t world = options.world_size == 0 ? 1 : options.world_size;

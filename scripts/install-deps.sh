@@ -41,6 +41,13 @@ bench=(
 pip_test=(
   kubernetes-validate
 )
+# PyPI packages the Python tests import from Debian's /usr/bin/python3 itself: JAX's CPU wheels
+# (tests/python/test_jax.py, client/python/examples/jax_example.py), installed next to Debian's
+# packages with Debian's numpy pinned, so that pip never replaces it (numpy 1.24 -> jax 0.4.38;
+# ~1.5 min, ~110 MB). TensorFlow is not installed (~600 MB): its test says SKIPPED without it.
+pip_system_test=(
+  "jax[cpu]"
+)
 
 purpose=${1:-all}
 case "$purpose" in
@@ -80,5 +87,15 @@ if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
     # Not fatal: without PyPI the tests that need these say "SKIPPED" (ctest: Skipped).
     $sudo "$venv/bin/python3" -m pip install -q "${need[@]}" \
       || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
+  fi
+fi
+
+if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
+  if ! /usr/bin/python3 -c "import jax" >/dev/null 2>&1; then
+    numpy_version=$(/usr/bin/python3 -c "import numpy; print(numpy.__version__)")
+    echo "install-deps ($purpose): installing ${pip_system_test[*]} for /usr/bin/python3 (numpy==$numpy_version kept)"
+    # Not fatal: without PyPI the JAX tests say "SKIPPED".
+    $sudo /usr/bin/python3 -m pip install -q --break-system-packages "numpy==$numpy_version" "${pip_system_test[@]}" \
+      || echo "install-deps ($purpose): WARNING: could not install ${pip_system_test[*]} from PyPI; the JAX tests will be skipped" >&2
   fi
 fi

@@ -750,7 +750,11 @@ TEST_CASE("descriptors that come with the wrong frames are closed") {
       REQUIRE(opened.ok());
       Take<Batch>((*opened)->Next());
       Take<JobStats>((*opened)->Next());
-      // Open: the socket only (the region's descriptor is closed once mapped).
+      // Open: the socket and the region's descriptor (kept for Loader::region_fd()), which maps the
+      // region (helper processes of the trainer map it through a dup).
+      const off_t size = ::lseek((*opened)->region_fd(), 0, SEEK_END);
+      REQUIRE(size >= 0);
+      CHECK(static_cast<uint64_t>(size) >= (*opened)->region_size());
     }
     d.Join();
     CHECK(d.error() == "");

@@ -283,6 +283,10 @@ class Loader {
   // The shared mapping, so tests can check that a tensor's pointer lies inside it.
   const void* region_data() const;
   size_t region_size() const;
+  // The shared region's descriptor (close-on-exec, owned by the Loader: valid until it is destroyed),
+  // for handing the region to the trainer's own helper processes (send a dup of it, e.g. over
+  // SCM_RIGHTS; they map region_size() bytes at offset 0). -1 before the job is accepted.
+  int region_fd() const;
 
   // ---- the GPU seam (for the GPU layer, client/cuda/include/spdl/cuda/gpu_loader.h) ----
   // JobAccepted.device: "cpu" (or empty, an older daemon) or "cuda:N".

@@ -24,12 +24,14 @@ Batch, a Tensor, or a torch/numpy view — is gone; see :class:`Batch`. Errors r
 Your own augmentation runs in this process: ``Loader(..., transform=FN, transform_threads=N)``
 calls FN once per batch on N threads ahead of the step and yields its results in order
 (``sample_transform=FN``: once per sample, results collated); ``batch.seed`` makes its randomness
-reproducible across a resume. See :class:`Loader`.
+reproducible across a resume; ``transform_executor="process"`` runs FN on worker processes (for
+code that holds the GIL). See :class:`Loader`.
 """
 
 from ._errors import SpdlError, SpdlTimeoutError
 from ._loader import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Batch, EpochIterator, Loader, Tensor
+from ._process_executor import TransformWorkerError
 
-__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "DEFAULT_SOCKET",
-           "DEFAULT_TIMEOUT"]
+__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "TransformWorkerError",
+           "DEFAULT_SOCKET", "DEFAULT_TIMEOUT"]
 __version__ = "0.2.0"

@@ -241,6 +241,18 @@ class Loader:
       daemon never has more batches out than slots; give the job ``prefetch >= N + 1``), results
       still in batch order. On a free-threaded Python the N calls run in parallel; with the GIL, as
       far as FN releases it (torch, numpy, I/O).
+    - ``transform_workers``: ``transform_threads``' general name (give one of them): the number of
+      workers running FN.
+    - ``transform_executor``: ``"thread"`` (default: threads of this process, as above),
+      ``"process"`` (``transform_workers`` >= 1 worker processes, started once with the forkserver
+      method) or a ``multiprocessing`` context (forkserver or spawn; fork is refused). Processes
+      suit an FN that holds the GIL (pure Python); FN must pickle (a module-level function) and
+      gets a WorkerBatch: the Batch's metadata and ``{name: numpy array}`` views of the slot, which
+      the worker maps itself (no copy of the input). Results come back pickled, large arrays
+      through shared memory; an exception in FN closes the loader as with threads; a worker that
+      dies (e.g. SIGKILL) makes ``next()`` raise :class:`TransformWorkerError` naming the batch,
+      a new worker is started and the loader continues with the next batch. The workers exit with
+      the loader. CPU jobs only.
 
     Iteration is a DataLoader's: ``iter(loader)`` yields exactly one epoch (an
     :class:`EpochIterator`), ``len(loader)`` is the batches of one epoch for this rank, and the next
@@ -275,6 +287,8 @@ class Loader:
         transform: Optional[Any] = None,
         sample_transform: Optional[Any] = None,
         transform_threads: int = 0,
+        transform_workers: Optional[int] = None,
+        transform_executor: Any = "thread",
     ) -> None:
         self._core = None  # first, so that close() works even if the rest fails
         self._cursor: Optional[_Cursor] = None  # the latest EpochIterator's
@@ -282,7 +296,9 @@ class Loader:
         # after a break. It refers to the loader, so a dropped loader with a transform ends its job
         # at the next GC pass (or at close()), not at once.
         self._titer: Optional[_transforms.TransformIterator] = None
-        self._transform = _transforms.TransformSpec(transform, sample_transform, transform_threads)
+        self._transform = _transforms.TransformSpec(
+            transform, sample_transform, _resolve_workers(transform_threads, transform_workers, transform_executor),
+            transform_executor)
         yaml_text, config_name, parsed = _read_config(config)
         self.socket: str = _resolve_socket(socket)
         self.rank, self.world_size = _resolve_rank(rank, world_size)
@@ -309,6 +325,13 @@ class Loader:
         self._epoch = 0
         self._start_batch = 0
         self._open((0, 0), b"", self.timeout)
+        if self._transform.process:
+            try:
+                self._transform.start(self._device)
+                self._share_region()
+            except BaseException:
+                self.close()
+                raise
 
     # ---- the job on the daemon ----
 
@@ -332,10 +355,17 @@ class Loader:
             ) from None
         self._info: dict = self._core.info
         self._device: str = self._core.device
+        self._share_region()
         self._open_token = token  # the position's token until a batch brings a newer one
         self._stream = tuple(at)  # (epoch, batch_in_epoch) of the next batch the job delivers
         self._finished = False
         self._job_stats = None
+
+    def _share_region(self) -> None:
+        """Hands the job's shared region to the transform processes, if any."""
+        if self._transform.processes is not None and self._core is not None:
+            core = self._core
+            self._transform.set_region(core.region_fd, core.region_size, core.region_address)
 
     def _detach_iterator(self) -> None:
         titer, self._titer = getattr(self, "_titer", None), None
@@ -830,6 +860,16 @@ def _resolve_epochs(epochs: Optional[int]) -> Optional[int]:
     if e < 0:
         raise ValueError(f"epochs must be None (as many as iterated) or >= 1, not {e}")
     return e or None  # 0: the daemon's "until ended", the same as None
+
+
+def _resolve_workers(threads: int, workers: Optional[int], executor: Any) -> int:
+    """The transform's worker count: ``transform_workers``, else ``transform_threads`` (its older
+    name, for the thread executor)."""
+    if workers is None:
+        return int(threads)
+    if int(threads) not in (0, int(workers)):
+        raise ValueError(f"transform_threads={threads} and transform_workers={workers}: give one of them")
+    return int(workers)
 
 
 def _resolve_timeout(timeout: Optional[float]) -> Optional[float]:

@@ -18,6 +18,10 @@ naming the batch's epoch and index (``add_note``); the loader is then closed (th
 and joined, the batches taken ahead dropped, their slots given back, the job ended). Errors of the
 loader itself (the daemon, timeouts) come out of ``next()`` as they would without a transform.
 
+With ``transform_executor="process"`` the N workers are processes instead (``_process_executor``):
+the same iterator, bounds and order; FN's exceptions as above; a worker's death fails only its batch
+(TransformWorkerError) and the epoch goes on.
+
 Thread safety: a TransformIterator is used from one thread, like the EpochIterator it wraps.
 """
 
@@ -58,9 +62,14 @@ def sample_seed(batch_seed_value: int, row: int) -> int:
 
 
 class TransformSpec:
-    """What the user asked for: the batch or the sample function and the number of threads."""
+    """What the user asked for: the batch or the sample function, the executor and its workers.
 
-    def __init__(self, transform: Optional[Callable], sample_transform: Optional[Callable], threads: int) -> None:
+    ``executor`` "thread" (default): ``workers`` threads of this process (0: inline in ``next()``);
+    "process" or a multiprocessing context (forkserver or spawn): ``workers`` (>= 1) processes
+    (see ``_process_executor``)."""
+
+    def __init__(self, transform: Optional[Callable], sample_transform: Optional[Callable], threads: int,
+                 executor: Any = "thread") -> None:
         if transform is not None and sample_transform is not None:
             raise ValueError("pass either transform= or sample_transform=, not both (compose them in one function)")
         fn = transform if transform is not None else sample_transform
@@ -68,11 +77,23 @@ class TransformSpec:
             raise TypeError(f"transform must be callable, not {type(fn).__name__}")
         threads = int(threads)
         if threads < 0:
-            raise ValueError(f"transform_threads must be >= 0 (0: inline in next()), not {threads}")
+            raise ValueError(f"transform_workers must be >= 0 (0: inline in next()), not {threads}")
         self.transform = transform
         self.sample_transform = sample_transform
-        self.threads = threads
+        self.threads = threads  # the number of workers (threads or processes)
+        self.process = executor != "thread"
+        if self.process:
+            from . import _process_executor
+
+            _process_executor.resolve_context(executor)  # refuses a bad executor now
+            if threads < 1:
+                raise ValueError(f"transform_executor={executor!r} needs transform_workers >= 1, not {threads}")
+            if fn is None:
+                raise ValueError(f"transform_executor={executor!r} without a transform= or sample_transform=")
+            self._fn_bytes = _process_executor.pickle_fn(fn)
+        self.executor = executor
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._procs = None  # the ProcessTransformPool
 
     @property
     def active(self) -> bool:
@@ -84,6 +105,36 @@ class TransformSpec:
             return self.transform(batch)
         return collate_samples(batch, self.sample_transform)
 
+    def start(self, device: str) -> None:
+        """Starts the worker processes of a process executor (once; no-op for threads)."""
+        if not self.process or self._procs is not None:
+            return
+        if device != "cpu":
+            raise ValueError(
+                f"transform_executor={self.executor!r} works on CPU jobs (the workers map the job's host memory); "
+                f"this job delivers to {device}: use the thread executor for GPU batches"
+            )
+        from . import _process_executor
+
+        self._procs = _process_executor.ProcessTransformPool(
+            self._fn_bytes, "batch" if self.transform is not None else "sample", self.threads, self.executor)
+
+    def set_region(self, fd: int, size: int, address: int) -> None:
+        """The job's shared region (after every (re)open), for the worker processes."""
+        if self._procs is not None:
+            self._procs.set_region(fd, size, address)
+
+    def submit(self, batch, what: str) -> concurrent.futures.Future:
+        """FN on `batch` on a worker (thread or process), as a Future."""
+        if self._procs is not None:
+            return self._procs.submit(batch, what)
+        return self.pool().submit(self.apply, batch)
+
+    @property
+    def processes(self):
+        """The ProcessTransformPool, or None (threads)."""
+        return self._procs
+
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="spdl-transform")
@@ -93,6 +144,9 @@ class TransformSpec:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        procs, self._procs = self._procs, None
+        if procs is not None:
+            procs.shutdown()
 
 
 def _sample_views(batch) -> dict:
@@ -162,6 +216,11 @@ def _add_note(e: BaseException, batch_meta: tuple) -> None:
         e.add_note(note)
     else:  # Python < 3.11
         e.__notes__ = getattr(e, "__notes__", []) + [note]
+
+
+def _is_worker_death(e: BaseException) -> bool:
+    """Whether `e` says a transform worker process died on one batch (the loader goes on)."""
+    return type(e).__name__ == "TransformWorkerError" and getattr(e, "code", None) == "ABORTED"
 
 
 _END = object()
@@ -268,6 +327,12 @@ class TransformIterator:
         except BaseException as e:  # noqa: BLE001
             del future, item
             self._room.release()
+            if _is_worker_death(e):
+                # A transform process died on this batch: it is lost, the pool has a new worker, and
+                # the epoch goes on (the next call yields the next batch).
+                self._yielded += 1
+                self._last_token = token
+                raise
             self._fail(e, meta)
             raise
         self._room.release()
@@ -323,7 +388,7 @@ class TransformIterator:
             try:
                 meta = (batch.epoch, batch.batch_in_epoch)
                 token = batch.resume_token
-                future = self._spec.pool().submit(self._spec.apply, batch)
+                future = self._spec.submit(batch, f"batch {meta[1]} of epoch {meta[0]}")
             except BaseException as e:  # noqa: BLE001
                 self._queue.put(e)
                 return

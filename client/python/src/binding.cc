@@ -460,19 +460,25 @@ class Core {
       const client::JobInfo info = loader->info();
       const uintptr_t addr = reinterpret_cast<uintptr_t>(loader->region_data());
       const size_t size = loader->region_size();
+      const int fd = loader->region_fd();
       std::optional<Result<std::unique_ptr<client::GpuLoader>>> gr;
       {
         py::gil_scoped_release nogil;
         gr.emplace(client::GpuLoader::Attach(std::move(loader), std::move(g)));
       }
       if (!gr->ok()) ThrowStatus(gr->status());
-      return std::unique_ptr<Core>(new Core(std::move(**gr), info, addr, size, device, wait));
+      std::unique_ptr<Core> core(new Core(std::move(**gr), info, addr, size, device, wait));
+      core->region_fd_ = fd;
+      return core;
     }
 #endif
     const client::JobInfo info = loader->info();
     const uintptr_t addr = reinterpret_cast<uintptr_t>(loader->region_data());
     const size_t size = loader->region_size();
-    return std::unique_ptr<Core>(new Core(std::move(loader), info, addr, size, device.empty() ? "cpu" : device, wait));
+    const int fd = loader->region_fd();
+    std::unique_ptr<Core> core(new Core(std::move(loader), info, addr, size, device.empty() ? "cpu" : device, wait));
+    core->region_fd_ = fd;
+    return core;
   }
 
   // The next event as (kind, a, b): ("batch", [Tensor, ...], metadata dict), ("epoch_end", dict,
@@ -577,6 +583,8 @@ class Core {
   py::dict info() const { return JobInfoDict(info_); }
   uintptr_t region_address() const { return region_address_; }
   size_t region_size() const { return region_size_; }
+  // The region's descriptor (owned by the client library): valid only until close(); dup it at once.
+  int region_fd() const { return region_fd_; }
   int64_t held() const { return held_->load(); }
   // "cpu" or "cuda:N" (the job's output.device).
   const std::string& device() const { return device_; }
@@ -634,6 +642,7 @@ class Core {
   const client::JobInfo info_;
   const uintptr_t region_address_;
   const size_t region_size_;
+  int region_fd_ = -1;  // set once by Open, before the Core is shared
   const std::string device_;
   const std::shared_ptr<WaitState> wait_;  // the client library's wait hook; used under mu_
   const HeldCounter held_ = std::make_shared<std::atomic<int64_t>>(0);
@@ -696,6 +705,7 @@ PYBIND11_MODULE(_spdl_client, m) {
       .def_property_readonly("info", &Core::info)
       .def_property_readonly("region_address", &Core::region_address)
       .def_property_readonly("region_size", &Core::region_size)
+      .def_property_readonly("region_fd", &Core::region_fd, "the region's descriptor, valid until close(): dup it")
       .def_property_readonly("held", &Core::held)
       .def_property_readonly("device", &Core::device, "the job's output.device: 'cpu' or 'cuda:N'");
 }
