@@ -50,11 +50,19 @@ Result<std::unique_ptr<ClientCopyPool>> ClientCopyPool::Create(cuda::DeviceBacke
   return p;
 }
 
-ClientCopyPool::~ClientCopyPool() {
+ClientCopyPool::~ClientCopyPool() { (void)Shutdown(); }
+
+Status ClientCopyPool::Shutdown() {
   std::lock_guard lock(mu_);
+  if (shut_down_) return leaked_ ? Unavailable("client copy: the device memory was leaked") : Status::Ok();
+  shut_down_ = true;
+  bool drained = true;
   if (stream_.valid()) {
     Status s = backend_.SynchronizeStream(stream_.get());
-    if (!s.ok()) backend_.ReportTeardownError(s.WithPrefix("client copy: draining the copy stream"));
+    if (!s.ok()) {
+      backend_.ReportTeardownError(s.WithPrefix("client copy: draining the copy stream"));
+      drained = false;
+    }
   }
   for (uint32_t i = 0; i < slots_.size() && i < consumer_done_.size(); ++i) {
     Slot& sl = slots_[i];
@@ -65,10 +73,31 @@ ClientCopyPool::~ClientCopyPool() {
     }
     if (sl.used) {
       Status s = backend_.SynchronizeEvent(consumer_done_[i].get());
-      if (!s.ok()) backend_.ReportTeardownError(s.WithPrefix("waiting for the consumer of " + SlotName(i)));
+      if (!s.ok()) {
+        backend_.ReportTeardownError(s.WithPrefix("waiting for the consumer of " + SlotName(i)));
+        drained = false;
+      }
     }
   }
-  // Then by member order: events, stream, device memory, host registration.
+  Status result;
+  if (!drained) {
+    // Work may still run on the device memory and read the host pages: leak both (and the caller
+    // keeps the pages mapped) rather than free or unregister under it.
+    leaked_ = true;
+    result =
+        Unavailable("client copy: queued GPU work never completed; leaking " + std::to_string(device_.get().bytes) +
+                    " bytes of device memory and the host registration (the region stays mapped)");
+    backend_.ReportTeardownError(result);
+    device_.release();
+    host_registration_.release();
+  }
+  // In teardown order: events, stream, device memory, host registration.
+  consumer_done_.clear();
+  copied_.clear();
+  stream_.reset();
+  device_.reset();
+  host_registration_.reset();
+  return result;
 }
 
 Result<void*> ClientCopyPool::Acquire(uint32_t slot, uint64_t generation, uint64_t bytes,

@@ -1,6 +1,8 @@
 #include "spdl/cuda/device_slot_view.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace spdl::client {
 namespace {
@@ -77,10 +79,36 @@ void DeviceSlotView::Detach() {
       else backend_.ReportTeardownError(st.WithPrefix("recording consumer-done of " + SlotName(i)));
       s.held = false;
     }
-    if (s.done_recorded) {
-      Status st = backend_.SynchronizeEvent(done_events_[i].get());
-      if (!st.ok()) backend_.ReportTeardownError(st.WithPrefix("waiting for the consumer of " + SlotName(i)));
+  }
+  // Wait for the trainer's queued work on the slots: polled, bounded (a host wait without deadline
+  // hangs the trainer's close() when its work waits behind a dead daemon's ready event).
+  const auto deadline = std::chrono::steady_clock::now() + detach_timeout_;
+  bool drained = true;
+  for (uint32_t i = 0; i < slots_.size() && drained; ++i) {
+    if (!slots_[i].done_recorded) continue;
+    for (;;) {
+      Result<bool> done = backend_.QueryEvent(done_events_[i].get());
+      if (!done.ok()) {
+        backend_.ReportTeardownError(done.status().WithPrefix("waiting for the consumer of " + SlotName(i)));
+        drained = false;
+        break;
+      }
+      if (*done) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        drained = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+  }
+  if (!drained) {
+    backend_.ReportTeardownError(
+        Unavailable("the trainer's GPU work on the device slots did not complete within " +
+                    std::to_string(detach_timeout_.count()) +
+                    " ms (spdld died with a copy queued?): leaking the IPC mapping and the ready events rather than "
+                    "closing them under queued work"));
+    for (auto& m : mappings_) (void)m.release();
+    for (auto& e : ready_events_) (void)e.release();
   }
   // Then, by member order: ready events (opened), mappings. The consumer-done events stay.
   ready_events_.clear();

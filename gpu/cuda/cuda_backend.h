@@ -1,8 +1,9 @@
 // CudaBackend: the DeviceBackend that makes real CUDA runtime calls. Built only with CUDA
 // (library spdl_cuda).
 //
-// Every call first makes the backend's device current on the calling thread (cudaSetDevice is a
-// thread-local switch, cheap when already current), then checks the runtime's result: a failure is
+// Every call runs with the backend's device current on the calling thread and gives the thread its
+// previous device back when it returns (cuda/device_scope.h: the trainer's threads keep the device
+// they chose), then checks the runtime's result: a failure is
 // a Status whose message names the call and carries cudaGetErrorName + cudaGetErrorString, with a
 // code chosen from the error (out of memory -> kResourceExhausted, no device or driver ->
 // kUnavailable, bad value or handle -> kInvalidArgument, anything else -> kInternal). The runtime's
@@ -18,9 +19,18 @@
 
 namespace spdl::cuda {
 
+// The oldest NVIDIA driver branch that supports the CUDA 13 runtime spdld is built with.
+inline constexpr int kMinDriverMajor = 580;
+
+// Ok when the machine's NVIDIA driver can run this build's CUDA runtime; else kUnavailable naming
+// what is there (no driver, or the CUDA version it supports) and the driver needed (>= 580). The
+// runtime is linked statically and loads the driver only here, at the first CUDA call, so
+// machines without a driver run everything CPU.
+Status CheckCudaDriver();
+
 // The number of CUDA devices this process can see; 0 (not an error) when there is no driver or no
 // device, so callers can skip GPU work with a clear message. `why_none`, when given, gets the
-// runtime's reason for 0.
+// reason for 0 (CheckCudaDriver's message when the driver is missing or too old).
 int CudaDeviceCount(std::string* why_none = nullptr);
 
 // The ordinal, in this process, of the device with `uuid` (CUDA_VISIBLE_DEVICES may number devices
@@ -31,11 +41,17 @@ class CudaBackend final : public DeviceBackend {
  public:
   struct Options {
     int device = 0;  // CUDA ordinal in this process
+    // The daemon's copy: daemon backends: check at creation what CUDA IPC needs of the device
+    // (interprocess events supported — not on MIG instances or some platforms — and a compute mode
+    // that lets the trainer's process use the GPU too); a device that cannot is refused with
+    // kFailedPrecondition naming `output.copy: client`.
+    bool require_ipc = false;
     // Where teardown failures go (the daemon passes spdlog); empty = stderr.
     std::function<void(const Status&)> report_teardown_error;
   };
-  // Checks that the device exists and initializes the runtime's context on it (cudaSetDevice +
-  // cudaFree(0)); kUnavailable when there is no such device.
+  // Checks that the device exists (and, with require_ipc, that CUDA IPC can work on it) and
+  // initializes the runtime's context on it (cudaFree(0)); kUnavailable when there is no such device
+  // or no usable driver (CheckCudaDriver's message).
   static Result<std::unique_ptr<CudaBackend>> Create(Options options);
 
   const char* name() const override { return "cuda"; }
@@ -65,8 +81,8 @@ class CudaBackend final : public DeviceBackend {
 
  private:
   explicit CudaBackend(Options options) : options_(std::move(options)) {}
-  // Makes the device current on this thread.
-  Status Activate(const char* op);
+  // Creates the device's primary context (cudaFree(0)) under a ScopedDevice.
+  Status InitContext();
 
   const Options options_;
 };

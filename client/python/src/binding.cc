@@ -548,7 +548,10 @@ class Core {
   }
 
   // Closes the connection: the daemon ends the job. Batches still alive stay readable (their
-  // memory stays mapped) but are no longer protected. Idempotent.
+  // memory stays mapped) but are no longer protected. A GPU job's tensors still alive share its
+  // device side (client::GpuLoader): the job ends now, and the IPC mapping, the device buffers and
+  // the connection stay until the last of them dies, so they never point at freed memory.
+  // Idempotent.
   void Close() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) {

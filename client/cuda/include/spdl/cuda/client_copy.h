@@ -18,9 +18,13 @@
 // The same reuse rule as on the daemon side: a device slot is overwritten only after the GPU ran the
 // consumer's work recorded before its release.
 //
-// Teardown (destructor): waits for the copy stream and every consumer-done event, destroys the
-// events and the stream, frees the device memory, unregisters the host mapping. REQUIRES: the
-// region stays mapped until then.
+// Teardown (Shutdown, or the destructor): waits for the copy stream and every consumer-done event,
+// destroys the events and the stream, frees the device memory, unregisters the host mapping.
+// REQUIRES: the region stays mapped until then. When that wait fails (the trainer's work never
+// completes, a sticky error), the device memory AND the host registration are leaked rather than
+// freed or unregistered under queued work (cudaFree / cudaHostUnregister would block for ever), and
+// Shutdown says so: the caller must then leak the region's mapping too (Loader::LeakRegion), since
+// unmapping a range still registered with the driver is undefined.
 //
 // Thread safety: safe to share between threads (one mutex). Neither copyable nor movable.
 #pragma once
@@ -55,8 +59,12 @@ class ClientCopyPool {
   // `backend` (borrowed: must outlive the pool) is bound to the trainer's device.
   static Result<std::unique_ptr<ClientCopyPool>> Create(cuda::DeviceBackend& backend,
                                                         const ClientCopyOptions& options);
-  ~ClientCopyPool();
+  ~ClientCopyPool();  // Shutdown, its result reported
   ClientCopyPool(const ClientCopyPool&) = delete;
+
+  // The teardown above, now. Ok, or kUnavailable when the device memory and the host registration
+  // were leaked (keep the region mapped for ever). Idempotent.
+  Status Shutdown();
   ClientCopyPool& operator=(const ClientCopyPool&) = delete;
 
   // Enqueues the copy of host slot `slot` (its first `bytes` bytes; 0 = all) into its device slot
@@ -104,6 +112,8 @@ class ClientCopyPool {
 
   mutable std::mutex mu_;
   std::vector<Slot> slots_;  // guarded by mu_
+  bool shut_down_ = false;   // guarded by mu_
+  bool leaked_ = false;      // guarded by mu_
 };
 
 }  // namespace spdl::client
