@@ -67,7 +67,8 @@ Status ClientCopyPool::Shutdown() {
   for (uint32_t i = 0; i < slots_.size() && i < consumer_done_.size(); ++i) {
     Slot& sl = slots_[i];
     if (sl.held) {
-      Status s = backend_.RecordEvent(consumer_done_[i].get(), sl.stream);
+      Status s = cuda::JoinStreams(backend_, sl.also, sl.stream);
+      if (s.ok()) s = backend_.RecordEvent(consumer_done_[i].get(), sl.stream);
       if (s.ok()) sl.used = true;
       sl.held = false;
     }
@@ -150,8 +151,15 @@ Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
                              std::to_string(generation) + " (held under " +
                              std::to_string(s.generation) + ")");
     }
-    SPDL_RETURN_IF_ERROR(backend_.RecordEvent(consumer_done_[slot].get(), stream.value_or(s.stream))
+    const cuda::Stream final_stream = stream.value_or(s.stream);
+    std::vector<cuda::Stream> streams = s.also;
+    streams.push_back(s.stream);
+    // Consumer-done covers the work on every stream the batch was used on, not only the last.
+    SPDL_RETURN_IF_ERROR(cuda::JoinStreams(backend_, streams, final_stream)
+                             .WithPrefix("Release of " + SlotName(slot) + ": joining its streams"));
+    SPDL_RETURN_IF_ERROR(backend_.RecordEvent(consumer_done_[slot].get(), final_stream)
                              .WithPrefix("Release of " + SlotName(slot) + ": recording consumer-done"));
+    s.also.clear();
     s.held = false;
     s.used = true;
     copied = copied_[slot].get();
@@ -177,7 +185,9 @@ Status ClientCopyPool::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
   if (slot >= slots_.size() || !slots_[slot].held) {
     return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
   }
-  slots_[slot].stream = stream;
+  Slot& s = slots_[slot];
+  if (s.stream != stream) s.also.push_back(s.stream);
+  s.stream = stream;
   return Status::Ok();
 }
 

@@ -74,7 +74,8 @@ void DeviceSlotView::Detach() {
     Slot& s = slots_[i];
     if (s.held) {
       // The trainer still holds the batch: order the teardown after whatever it queued on it.
-      Status st = backend_.RecordEvent(done_events_[i].get(), s.stream);
+      Status st = cuda::JoinStreams(backend_, s.also, s.stream);
+      if (st.ok()) st = backend_.RecordEvent(done_events_[i].get(), s.stream);
       if (st.ok()) s.done_recorded = true;
       else backend_.ReportTeardownError(st.WithPrefix("recording consumer-done of " + SlotName(i)));
       s.held = false;
@@ -155,8 +156,15 @@ Status DeviceSlotView::Release(uint32_t slot, uint64_t generation,
                            std::to_string(generation) + " (held under " +
                            std::to_string(s.generation) + ")");
   }
-  SPDL_RETURN_IF_ERROR(backend_.RecordEvent(done_events_[slot].get(), stream.value_or(s.stream))
+  const cuda::Stream final_stream = stream.value_or(s.stream);
+  std::vector<cuda::Stream> streams = s.also;
+  streams.push_back(s.stream);
+  // Consumer-done covers the work on every stream the batch was used on, not only the last.
+  SPDL_RETURN_IF_ERROR(cuda::JoinStreams(backend_, streams, final_stream)
+                           .WithPrefix("Release of " + SlotName(slot) + ": joining its streams"));
+  SPDL_RETURN_IF_ERROR(backend_.RecordEvent(done_events_[slot].get(), final_stream)
                            .WithPrefix("Release of " + SlotName(slot) + ": recording consumer-done"));
+  s.also.clear();
   s.held = false;
   s.done_recorded = true;
   return Status::Ok();
@@ -176,7 +184,9 @@ Status DeviceSlotView::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
   if (slot >= slots_.size() || !slots_[slot].held) {
     return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
   }
-  slots_[slot].stream = stream;
+  Slot& s = slots_[slot];
+  if (s.stream != stream) s.also.push_back(s.stream);
+  s.stream = stream;
   return Status::Ok();
 }
 

@@ -435,6 +435,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       return out;
     }
     backend = *b;
+    if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device + ": " + sticky.message() +
+                                " (restart spdld); use output.copy: client or output.device: cpu meanwhile");
+      return out;
+    }
     if (!req.device_uuid().empty()) {
       auto uuid = backend->Uuid();
       if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {

@@ -201,9 +201,7 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       return {};
     }
     case proto::ClientMessage::kCudaMappingClosed: {
-      if (state_ == State::kSubmitting) {
-        return Fatal(proto::Error::BAD_REQUEST, "CudaMappingClosed before JobAccepted");
-      }
+      // In any state: it may name an earlier job of the session while the next one is submitted.
       const uint64_t id = msg.cuda_mapping_closed().job_id();
       if (job_ && job_->accepted().job_id() == id) mapping_closed_ = true;
       // The device side goes now (its frees run on the GPU teardown thread, not here).

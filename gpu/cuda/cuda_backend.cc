@@ -90,6 +90,48 @@ Status CheckCudaDriver() {
   return Status::Ok();
 }
 
+// In a CudaBackend member: as SPDL_CUDA_CHECK, and a sticky error poisons the backend (Fail).
+#define SPDL_CUDA_CHECK_STICKY(call)                                       \
+  do {                                                                     \
+    const cudaError_t spdl_cuda_err_ = (call);                             \
+    if (spdl_cuda_err_ != cudaSuccess) return Fail(spdl_cuda_err_, #call); \
+  } while (0)
+
+bool IsStickyCudaError(int error) {
+  switch (static_cast<cudaError_t>(error)) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status CudaBackend::Fail(int error, const char* call) {
+  Status s = CudaError(static_cast<cudaError_t>(error), call);
+  if (!IsStickyCudaError(error)) return s;
+  Status sticky(StatusCode::kUnavailable, "CUDA device " + std::to_string(options_.device) +
+                                              " is unusable in this process after a sticky error (" + s.message() +
+                                              "); only a restart of the process recovers");
+  std::lock_guard lock(sticky_mu_);
+  if (sticky_.ok()) sticky_ = sticky;
+  return sticky_;
+}
+
+Status CudaBackend::sticky_error() const {
+  std::lock_guard lock(sticky_mu_);
+  return sticky_;
+}
+
 int CudaDeviceCount(std::string* why_none) {
   if (Status d = CheckCudaDriver(); !d.ok()) {
     if (why_none) *why_none = d.message();
@@ -150,7 +192,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(Options options) {
 
 Status CudaBackend::InitContext() {
   SPDL_CUDA_ACTIVATE("initializing the CUDA context");
-  SPDL_CUDA_CHECK(cudaFree(nullptr));  // creates the primary context now, not on the hot path
+  SPDL_CUDA_CHECK_STICKY(cudaFree(nullptr));  // creates the primary context now, not on the hot path
   return Status::Ok();
 }
 
@@ -164,7 +206,7 @@ void CudaBackend::ReportTeardownError(const Status& status) {
 
 Result<DeviceUuid> CudaBackend::Uuid() {
   cudaDeviceProp prop{};
-  SPDL_CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
+  SPDL_CUDA_CHECK_STICKY(cudaGetDeviceProperties(&prop, options_.device));
   DeviceUuid u{};
   std::memcpy(u.data(), prop.uuid.bytes, u.size());
   return u;
@@ -172,39 +214,39 @@ Result<DeviceUuid> CudaBackend::Uuid() {
 
 Status CudaBackend::HostRegister(void* ptr, size_t bytes) {
   SPDL_CUDA_ACTIVATE("HostRegister");
-  SPDL_CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+  SPDL_CUDA_CHECK_STICKY(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
   return Status::Ok();
 }
 
 Status CudaBackend::HostUnregister(void* ptr) {
   SPDL_CUDA_ACTIVATE("HostUnregister");
-  SPDL_CUDA_CHECK(cudaHostUnregister(ptr));
+  SPDL_CUDA_CHECK_STICKY(cudaHostUnregister(ptr));
   return Status::Ok();
 }
 
 Result<void*> CudaBackend::DeviceAlloc(size_t bytes) {
   SPDL_CUDA_ACTIVATE("DeviceAlloc");
   void* p = nullptr;
-  SPDL_CUDA_CHECK(cudaMalloc(&p, bytes));
+  SPDL_CUDA_CHECK_STICKY(cudaMalloc(&p, bytes));
   return p;
 }
 
 Status CudaBackend::DeviceFree(void* ptr) {
   SPDL_CUDA_ACTIVATE("DeviceFree");
-  SPDL_CUDA_CHECK(cudaFree(ptr));
+  SPDL_CUDA_CHECK_STICKY(cudaFree(ptr));
   return Status::Ok();
 }
 
 Result<Stream> CudaBackend::CreateStream() {
   SPDL_CUDA_ACTIVATE("CreateStream");
   cudaStream_t s = nullptr;
-  SPDL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  SPDL_CUDA_CHECK_STICKY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return Stream{s};
 }
 
 Status CudaBackend::DestroyStream(Stream stream) {
   SPDL_CUDA_ACTIVATE("DestroyStream");
-  SPDL_CUDA_CHECK(cudaStreamDestroy(S(stream)));
+  SPDL_CUDA_CHECK_STICKY(cudaStreamDestroy(S(stream)));
   return Status::Ok();
 }
 
@@ -212,37 +254,37 @@ Result<Event> CudaBackend::CreateEvent(bool interprocess) {
   SPDL_CUDA_ACTIVATE("CreateEvent");
   cudaEvent_t e = nullptr;
   const unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0u);
-  SPDL_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
+  SPDL_CUDA_CHECK_STICKY(cudaEventCreateWithFlags(&e, flags));
   return Event{e};
 }
 
 Status CudaBackend::DestroyEvent(Event event) {
   SPDL_CUDA_ACTIVATE("DestroyEvent");
-  SPDL_CUDA_CHECK(cudaEventDestroy(E(event)));
+  SPDL_CUDA_CHECK_STICKY(cudaEventDestroy(E(event)));
   return Status::Ok();
 }
 
 Status CudaBackend::MemcpyH2DAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   SPDL_CUDA_ACTIVATE("MemcpyH2DAsync");
-  SPDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, S(stream)));
+  SPDL_CUDA_CHECK_STICKY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, S(stream)));
   return Status::Ok();
 }
 
 Status CudaBackend::MemcpyD2HAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   SPDL_CUDA_ACTIVATE("MemcpyD2HAsync");
-  SPDL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)));
+  SPDL_CUDA_CHECK_STICKY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)));
   return Status::Ok();
 }
 
 Status CudaBackend::RecordEvent(Event event, Stream stream) {
   SPDL_CUDA_ACTIVATE("RecordEvent");
-  SPDL_CUDA_CHECK(cudaEventRecord(E(event), S(stream)));
+  SPDL_CUDA_CHECK_STICKY(cudaEventRecord(E(event), S(stream)));
   return Status::Ok();
 }
 
 Status CudaBackend::StreamWaitEvent(Stream stream, Event event) {
   SPDL_CUDA_ACTIVATE("StreamWaitEvent");
-  SPDL_CUDA_CHECK(cudaStreamWaitEvent(S(stream), E(event), 0));
+  SPDL_CUDA_CHECK_STICKY(cudaStreamWaitEvent(S(stream), E(event), 0));
   return Status::Ok();
 }
 
@@ -254,25 +296,25 @@ Result<bool> CudaBackend::QueryEvent(Event event) {
     (void)cudaGetLastError();  // "not ready" is an answer, not an error
     return false;
   }
-  return CudaError(e, "cudaEventQuery");
+  return Fail(e, "cudaEventQuery");
 }
 
 Status CudaBackend::SynchronizeEvent(Event event) {
   SPDL_CUDA_ACTIVATE("SynchronizeEvent");
-  SPDL_CUDA_CHECK(cudaEventSynchronize(E(event)));
+  SPDL_CUDA_CHECK_STICKY(cudaEventSynchronize(E(event)));
   return Status::Ok();
 }
 
 Status CudaBackend::SynchronizeStream(Stream stream) {
   SPDL_CUDA_ACTIVATE("SynchronizeStream");
-  SPDL_CUDA_CHECK(cudaStreamSynchronize(S(stream)));
+  SPDL_CUDA_CHECK_STICKY(cudaStreamSynchronize(S(stream)));
   return Status::Ok();
 }
 
 Result<IpcMemHandle> CudaBackend::ExportMemory(void* base) {
   SPDL_CUDA_ACTIVATE("ExportMemory");
   cudaIpcMemHandle_t h;
-  SPDL_CUDA_CHECK(cudaIpcGetMemHandle(&h, base));
+  SPDL_CUDA_CHECK_STICKY(cudaIpcGetMemHandle(&h, base));
   IpcMemHandle out;
   std::memcpy(out.bytes.data(), &h, sizeof(h));
   return out;
@@ -281,7 +323,7 @@ Result<IpcMemHandle> CudaBackend::ExportMemory(void* base) {
 Result<IpcEventHandle> CudaBackend::ExportEvent(Event event) {
   SPDL_CUDA_ACTIVATE("ExportEvent");
   cudaIpcEventHandle_t h;
-  SPDL_CUDA_CHECK(cudaIpcGetEventHandle(&h, E(event)));
+  SPDL_CUDA_CHECK_STICKY(cudaIpcGetEventHandle(&h, E(event)));
   IpcEventHandle out;
   std::memcpy(out.bytes.data(), &h, sizeof(h));
   return out;
@@ -292,13 +334,13 @@ Result<void*> CudaBackend::OpenMemory(const IpcMemHandle& handle) {
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.bytes.data(), sizeof(h));
   void* p = nullptr;
-  SPDL_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  SPDL_CUDA_CHECK_STICKY(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
   return p;
 }
 
 Status CudaBackend::CloseMemory(void* base) {
   SPDL_CUDA_ACTIVATE("CloseMemory");
-  SPDL_CUDA_CHECK(cudaIpcCloseMemHandle(base));
+  SPDL_CUDA_CHECK_STICKY(cudaIpcCloseMemHandle(base));
   return Status::Ok();
 }
 
@@ -307,7 +349,7 @@ Result<Event> CudaBackend::OpenEvent(const IpcEventHandle& handle) {
   cudaIpcEventHandle_t h;
   std::memcpy(&h, handle.bytes.data(), sizeof(h));
   cudaEvent_t e = nullptr;
-  SPDL_CUDA_CHECK(cudaIpcOpenEventHandle(&e, h));
+  SPDL_CUDA_CHECK_STICKY(cudaIpcOpenEventHandle(&e, h));
   return Event{e};
 }
 

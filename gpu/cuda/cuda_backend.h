@@ -6,7 +6,9 @@
 // they chose), then checks the runtime's result: a failure is
 // a Status whose message names the call and carries cudaGetErrorName + cudaGetErrorString, with a
 // code chosen from the error (out of memory -> kResourceExhausted, no device or driver ->
-// kUnavailable, bad value or handle -> kInvalidArgument, anything else -> kInternal). The runtime's
+// kUnavailable, bad value or handle -> kInvalidArgument, anything else -> kInternal). A sticky error
+// (IsStickyCudaError: illegal address, launch failure, ECC, ...) poisons the backend: sticky_error()
+// returns it and every later call fails with it at once; only a restart recovers. The runtime's
 // per-thread "last error" is cleared after a failure, so it cannot leak into someone else's check.
 //
 // Thread safety: safe to share between threads (the CUDA runtime is).
@@ -14,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "cuda/device_backend.h"
 
@@ -41,13 +44,13 @@ class CudaBackend final : public DeviceBackend {
  public:
   struct Options {
     int device = 0;  // CUDA ordinal in this process
+    // Where teardown failures go (the daemon passes spdlog); empty = stderr.
+    std::function<void(const Status&)> report_teardown_error;
     // The daemon's copy: daemon backends: check at creation what CUDA IPC needs of the device
     // (interprocess events supported — not on MIG instances or some platforms — and a compute mode
     // that lets the trainer's process use the GPU too); a device that cannot is refused with
     // kFailedPrecondition naming `output.copy: client`.
     bool require_ipc = false;
-    // Where teardown failures go (the daemon passes spdlog); empty = stderr.
-    std::function<void(const Status&)> report_teardown_error;
   };
   // Checks that the device exists (and, with require_ipc, that CUDA IPC can work on it) and
   // initializes the runtime's context on it (cudaFree(0)); kUnavailable when there is no such device
@@ -78,13 +81,24 @@ class CudaBackend final : public DeviceBackend {
   Status CloseMemory(void* base) override;
   Result<Event> OpenEvent(const IpcEventHandle& handle) override;
   void ReportTeardownError(const Status& status) override;
+  Status sticky_error() const override;
 
  private:
   explicit CudaBackend(Options options) : options_(std::move(options)) {}
   // Creates the device's primary context (cudaFree(0)) under a ScopedDevice.
   Status InitContext();
 
+  // The Status of a failed call (CudaError); a sticky error is kept: every later call fails with it.
+  // (`error` is a cudaError_t; int keeps the CUDA headers out of this one.)
+  Status Fail(int error, const char* call);
+
   const Options options_;
+  mutable std::mutex sticky_mu_;
+  Status sticky_;  // guarded by sticky_mu_
 };
+
+// Whether a cudaError_t (passed as int) leaves the process's context on the device unusable: every
+// later call fails with it until the process exits (illegal address, launch failure, ECC, ...).
+bool IsStickyCudaError(int error);
 
 }  // namespace spdl::cuda

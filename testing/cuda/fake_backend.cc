@@ -242,6 +242,11 @@ void FakeBackend::DieLocked() {
   device_.cv_.notify_all();
 }
 
+Status FakeBackend::sticky_error() const {
+  std::lock_guard lock(device_.mu_);
+  return sticky_ ? *sticky_ : Status::Ok();
+}
+
 void FakeBackend::InjectStickyError(Status status) {
   std::lock_guard lock(device_.mu_);
   sticky_ = std::move(status);

@@ -249,6 +249,7 @@ class FakeBackend final : public DeviceBackend {
   Status CloseMemory(void* base) override;
   Result<Event> OpenEvent(const IpcEventHandle& handle) override;
   void ReportTeardownError(const Status& status) override;
+  Status sticky_error() const override;
 
  private:
   struct LocalEvent {

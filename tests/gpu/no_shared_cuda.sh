@@ -20,13 +20,20 @@ for bin in "$@"; do
     echo "ok: $bin needs no shared CUDA library"
   fi
 done
-# spdld starts where no CUDA library can be found (an empty library path, the cache bypassed by
-# running the dynamic loader with --inhibit-cache).
+# And spdld starts with the loader cache bypassed (--inhibit-cache) and a library path holding only
+# links to the libraries it needs that are not CUDA's. (A smoke check: a RUNPATH into a toolkit
+# would still be searched; the NEEDED check above is what proves no shared CUDA library is needed.)
 spdld="$1"
 loader=$(readelf -l "$spdld" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 if [[ -n "$loader" && -x "$loader" ]]; then
-  dirs=$(ldd "$spdld" | awk '/=> \// {print $3}' | grep -v -E 'lib(cudart|cuda)\.so' | xargs -r -n1 dirname | sort -u | paste -sd:)
-  if out=$("$loader" --inhibit-cache --library-path "$dirs" "$spdld" --version 2>&1); then
+  libs=$(mktemp -d)
+  trap 'rm -rf "$libs"' EXIT
+  while read -r name _ path _; do
+    [[ "$path" == /* ]] || continue
+    [[ "$name" =~ ^lib(cudart|cuda)\.so ]] && continue
+    ln -sf "$path" "$libs/$name"
+  done < <(ldd "$spdld")
+  if out=$("$loader" --inhibit-cache --library-path "$libs" "$spdld" --version 2>&1); then
     echo "ok: spdld starts with no CUDA library findable: $out"
   else
     echo "FAIL: spdld does not start without CUDA libraries: $out"

@@ -1006,13 +1006,16 @@ TEST_CASE("DeviceSlotView: holds are checked by generation", "[cuda]") {
   CHECK(job.view->held(0));
   CHECK_THAT(job.view->Release(1, 5).message(), Catch::Contains("not held"));
 
-  // The release may name another stream (the trainer moved on to a side stream and joined it).
+  // The release may name another stream (the trainer moved on to a side stream); the stream the
+  // batch was acquired on is joined into it, then consumer-done is recorded there.
   Stream side = *job.trainer.CreateStream();
   job.dev.ClearCalls();
   REQUIRE(job.view->Release(0, 5, side).ok());
   auto rec = CallsOf(job.dev, "trainer", [](const FakeCall& c) { return c.op == FakeOp::kRecord; });
-  REQUIRE(rec.size() == 1);
-  CHECK(rec[0].stream == job.trainer.StreamId(side));
+  REQUIRE(rec.size() == 2);
+  CHECK(rec[0].stream == job.trainer.StreamId(job.trainer_stream));
+  CHECK(rec[1].stream == job.trainer.StreamId(side));
+  CHECK(rec[1].event == job.daemon.EventId(job.pool->consumer_event(0)));
   REQUIRE(job.trainer.DestroyStream(side).ok());
 }
 
@@ -1178,13 +1181,18 @@ TEST_CASE("DeviceSlotView and ClientCopyPool: WaitReady on another stream moves 
     REQUIRE(job.view->Release(1, 1).ok());
     auto calls = CallsOf(job.dev, "trainer");
     INFO(Dump(calls));
-    REQUIRE(calls.size() == 2);
+    // The data wait on `other`; at release the consumer stream (used first) is joined into `other`
+    // (a temporary event), then consumer-done is recorded there: it covers both streams' work.
+    REQUIRE(calls.size() == 6);
     CHECK(calls[0].op == FakeOp::kWait);
     CHECK(calls[0].stream == job.trainer.StreamId(other));
     CHECK(calls[0].event == job.daemon.EventId(job.pool->ready_event(1)));
-    CHECK(calls[1].op == FakeOp::kRecord);
-    CHECK(calls[1].stream == job.trainer.StreamId(other));
-    CHECK(calls[1].event == job.daemon.EventId(job.pool->consumer_event(1)));
+    CHECK(Ops({calls.begin() + 1, calls.begin() + 5}) == "create_event record wait destroy_event");
+    CHECK(calls[2].stream == job.trainer.StreamId(job.trainer_stream));
+    CHECK((calls[3].stream == job.trainer.StreamId(other) && calls[3].event == calls[2].event));
+    CHECK(calls[5].op == FakeOp::kRecord);
+    CHECK(calls[5].stream == job.trainer.StreamId(other));
+    CHECK(calls[5].event == job.daemon.EventId(job.pool->consumer_event(1)));
     REQUIRE(job.pool->Release(1, 1).ok());
     REQUIRE(job.trainer.DestroyStream(other).ok());
   }
@@ -1211,9 +1219,12 @@ TEST_CASE("DeviceSlotView and ClientCopyPool: WaitReady on another stream moves 
     REQUIRE((*pool)->Release(0, 1).ok());
     auto calls = CallsOf(dev, "trainer", [](const FakeCall& c) { return c.op != FakeOp::kQuery; });
     INFO(Dump(calls));
-    REQUIRE(calls.size() == 2);
+    REQUIRE(calls.size() == 6);
     CHECK((calls[0].op == FakeOp::kWait && calls[0].stream == trainer.StreamId(other)));
-    CHECK((calls[1].op == FakeOp::kRecord && calls[1].stream == trainer.StreamId(other)));
+    CHECK(Ops({calls.begin() + 1, calls.begin() + 5}) == "create_event record wait destroy_event");
+    CHECK(calls[2].stream == trainer.StreamId(consumer));
+    CHECK((calls[3].stream == trainer.StreamId(other) && calls[3].event == calls[2].event));
+    CHECK((calls[5].op == FakeOp::kRecord && calls[5].stream == trainer.StreamId(other)));
     CHECK(region.Holds((*pool)->slot_data(0), 5));
     CHECK((*pool)->WaitReady(0, other).code() == StatusCode::kInvalidArgument);  // released
     pool->reset();

@@ -391,5 +391,51 @@ TEST_CASE("gpu delivery: device memory that cannot be freed is not returned to t
   }
 }
 
+// A sticky CUDA error (an illegal address, a launch failure, ECC) leaves the daemon's context on the
+// device unusable: the device's running job fails with it, a new job for the device is refused
+// naming it, and its device memory (which can no longer be freed) stays out of the budget.
+TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new jobs are refused naming it") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    reg.SetGpuTimeouts(std::chrono::milliseconds(60000), std::chrono::milliseconds(200));
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    std::vector<cuda::EventHandle> done = ImportClientEvents(client, *r.job);
+    std::optional<Delivery> d = NextBatch(*r.job);
+    REQUIRE(d);
+    const uint64_t bytes = reg.device_bytes_in_use(0);
+    backend.InjectStickyError(
+        Status(StatusCode::kUnavailable, "cudaEventQuery: cudaErrorIllegalAddress: an illegal memory access"));
+    (void)r.job->Release(d->batch.slot(), d->batch.generation());  // fails too: the query cannot run
+    Status failure;
+    CHECK(WaitFor([&] {
+      (void)r.job->TakeNext();
+      failure = r.job->failure();
+      return !failure.ok();
+    }));
+    CHECK_THAT(failure.message(), Catch::Contains("cudaErrorIllegalAddress"));
+
+    SubmitResult again = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE_FALSE(again.ok());
+    CHECK_THAT(again.error.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
+                                          Catch::Contains("output.copy: client"));
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.leaked_device_bytes(0) == bytes; }));
+    CHECK(reg.device_bytes_in_use(0) == bytes);
+    done.clear();
+    pool.reset();
+  }
+}
+
 }  // namespace
 }  // namespace spdl::jobs

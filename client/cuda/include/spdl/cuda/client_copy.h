@@ -96,6 +96,7 @@ class ClientCopyPool {
     bool held = false;
     uint64_t generation = 0;
     cuda::Stream stream;
+    std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
     bool used = false;  // consumer-done was recorded at least once
   };
 

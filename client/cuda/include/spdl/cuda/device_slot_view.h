@@ -100,7 +100,8 @@ class DeviceSlotView {
   struct Slot {
     bool held = false;
     uint64_t generation = 0;
-    cuda::Stream stream;     // where it was acquired
+    cuda::Stream stream;             // where it was acquired, or the last SetReleaseStream
+    std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
     bool done_recorded = false;  // the consumer-done event was ever recorded
   };
 
