@@ -701,7 +701,7 @@ TEST_CASE("gpu job: the device side stays until the client closed its mapping, h
   CHECK(dev.live().empty());
 }
 
-TEST_CASE("gpu job: a client that closed its mapping first frees the device side at EndJob; unknown ids are ignored") {
+TEST_CASE("gpu job: a client that closed its mapping first frees the device side at EndJob, unknown ids are ignored") {
   cuda::FakeDevice dev;
   cuda::FakeBackend daemon(dev, "daemon");
   cuda::FakeBackend trainer(dev, "trainer");
