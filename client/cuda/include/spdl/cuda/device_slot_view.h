@@ -11,8 +11,10 @@
 //                  address + TensorLayout.offset (see dlpack_tensor.h to hand it to a framework).
 //   ... the trainer enqueues its work reading the slot on the consumer stream ...
 //   Release(s, g)  records slot s's consumer-done event on the consumer stream (after that work);
-//                  then the client sends Release{s, g}. The daemon's next copy into slot s waits on
-//                  that event on the GPU, so it never overwrites data a queued kernel still reads.
+//                  then the client sends Release{s, g}. The daemon copies into slot s again only once
+//                  that event has completed (a host query of its own), so it never overwrites
+//                  data a queued kernel still reads. Used on several streams (SetReleaseStream),
+//                  their work is joined into the last one first.
 // The consumer stream is the stream on which the trainer uses the tensors (e.g. PyTorch's current
 // stream); work on other streams must be joined to it before Release (like torch's record_stream).
 //

@@ -15,13 +15,14 @@
 //
 // Release (GpuBatch::Release or its destructor, any thread): first the slot's consumer-done event
 // is recorded on the release stream (default: the consumer stream), after the trainer's queued work
-// on the batch; then the host slot is released to the daemon. The daemon's next copy into that
-// device slot waits for the event on the GPU, so it never overwrites data a queued kernel still
-// reads (copy: client: the client's own next copy waits likewise, and the release waits until the
-// copy has finished reading the host slot before the daemon may refill it).
-// Work on streams other than the release stream must be joined to it before the release (like
-// torch's record_stream); WaitOn(stream) makes another stream wait for the data and moves the
-// release there.
+// on the batch; then the host slot is released to the daemon. The daemon copies into that device
+// slot again only once the event has completed (its host query), so it never overwrites data a
+// queued kernel still reads (copy: client: the client's own next copy waits on the GPU, and the
+// release waits until the copy has finished reading the host slot before the daemon may refill it).
+// WaitOn(stream) makes another stream wait for the data and moves the release there; the work of
+// every stream the batch was given to is joined into the release stream before consumer-done is
+// recorded. Work on streams the batch was never given to must be joined by the trainer (like
+// torch's record_stream).
 //
 // Teardown (destructor), in order:
 //   1. copy: daemon: DeviceSlotView::Detach: consumer-done recorded for batches still held, the host
