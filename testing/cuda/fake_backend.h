@@ -5,7 +5,7 @@
 // open in another FakeBackend of the same FakeDevice, referring to the same memory and the same
 // events, and fail in the exporting one, as with CUDA.
 //
-// Work and completion follow CUDA's rules (gpu/README.md, "CUDA rules"), not kinder ones:
+// Work and completion follow CUDA's rules (CODING.md, "CUDA rules"), not kinder ones:
 //   - Data moves at once (a copy is done before MemcpyH2DAsync returns), but *completion* is
 //     tracked as on a GPU: every copy, record and wait is a work item on its stream, after the
 //     stream's previous item; a wait adds the waited event's latest record as a dependency. The

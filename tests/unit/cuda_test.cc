@@ -293,7 +293,7 @@ TEST_CASE("FakeBackend: a sticky error poisons every later call of the process",
   REQUIRE(other.DeviceFree(*mine).ok());
 }
 
-TEST_CASE("FakeBackend: the rules CUDA leaves undefined fail loudly", "[cuda]") {
+TEST_CASE("FakeBackend: misuse CUDA refuses is refused, fault injection, pinned copies", "[cuda]") {
   FakeDevice dev(/*capacity_bytes=*/1 << 20);
   FakeBackend b(dev, "daemon");
   std::vector<uint8_t> host(64 * 1024);
@@ -827,7 +827,7 @@ TEST_CASE("DeviceSlotPool: the host slot is refilled only after its copy has rea
   REQUIRE(reusable.ok());
   CHECK_FALSE(*reusable);
   CHECK(job.pool->state(0) == DeviceSlotState::kCopying);
-  // Blocking wait: on the fake a held event "would block forever" and says so.
+  // Blocking wait: on the fake a held event blocks until block_limit, then "would hang" (recorded).
   CHECK(job.pool->WaitHostSlotReusable(0).code() == StatusCode::kUnavailable);
 
   job.daemon.SetEventPending(ready, false);
