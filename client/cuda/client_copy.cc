@@ -1,6 +1,8 @@
 #include "spdl/cuda/client_copy.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace spdl::client {
 namespace {
@@ -57,11 +59,33 @@ Status ClientCopyPool::Shutdown() {
   if (shut_down_) return leaked_ ? Unavailable("client copy: the device memory was leaked") : Status::Ok();
   shut_down_ = true;
   bool drained = true;
+  // Every wait is a polled host query with one deadline: a hung kernel must not hang close().
+  const auto deadline = std::chrono::steady_clock::now() + options_.teardown_timeout;
+  auto wait = [&](cuda::Event ev, const std::string& what) {
+    for (;;) {
+      Result<bool> done = backend_.QueryEvent(ev);
+      if (!done.ok()) {
+        backend_.ReportTeardownError(done.status().WithPrefix(what));
+        return false;
+      }
+      if (*done) return true;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        backend_.ReportTeardownError(
+            Unavailable(what + ": not done within " + std::to_string(options_.teardown_timeout.count()) + " ms"));
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
   if (stream_.valid()) {
-    Status s = backend_.SynchronizeStream(stream_.get());
+    auto fence = cuda::MakeEvent(backend_, /*interprocess=*/false);
+    Status s = fence.ok() ? backend_.RecordEvent(fence->get(), stream_.get()) : fence.status();
     if (!s.ok()) {
       backend_.ReportTeardownError(s.WithPrefix("client copy: draining the copy stream"));
       drained = false;
+    } else if (!wait(fence->get(), "client copy: draining the copy stream")) {
+      drained = false;
+      (void)fence->release();  // queued work may still record it: never destroyed
     }
   }
   for (uint32_t i = 0; i < slots_.size() && i < consumer_done_.size(); ++i) {
@@ -72,12 +96,8 @@ Status ClientCopyPool::Shutdown() {
       if (s.ok()) sl.used = true;
       sl.held = false;
     }
-    if (sl.used) {
-      Status s = backend_.SynchronizeEvent(consumer_done_[i].get());
-      if (!s.ok()) {
-        backend_.ReportTeardownError(s.WithPrefix("waiting for the consumer of " + SlotName(i)));
-        drained = false;
-      }
+    if (sl.used && drained && !wait(consumer_done_[i].get(), "waiting for the consumer of " + SlotName(i))) {
+      drained = false;
     }
   }
   Status result;

@@ -1078,6 +1078,52 @@ TEST_CASE("ClientCopyPool (copy: client): pinned own mapping, ordered reuse, exa
 
 // ==================================================================================== DLPack
 
+// The leak path of copy: client: when the trainer's work never completes, the device memory and
+// the host registration are leaked, never freed or unregistered under it (which would block for
+// ever), and Shutdown says so, so that the caller keeps the registered range mapped too.
+TEST_CASE("ClientCopyPool: work that never completes leaks the memory and the registration, never frees under it",
+          "[cuda]") {
+  HostRegion region({4096}, 2);
+  FakeDevice dev(uint64_t{1} << 32, FakeDevice::DefaultUuid(), std::chrono::milliseconds(100));
+  FakeBackend trainer(dev, "trainer");
+  const Stream consumer = *trainer.CreateStream();
+  ClientCopyOptions o;
+  o.region_base = region.data;
+  o.region_bytes = region.layout.region_bytes;
+  o.slots_offset = region.layout.slots_offset;
+  o.slot_stride = region.layout.slot_stride;
+  o.num_slots = 2;
+  o.consumer_stream = consumer;
+  o.teardown_timeout = std::chrono::milliseconds(100);
+  auto pool = ClientCopyPool::Create(trainer, o);
+  REQUIRE(pool.ok());
+  region.Fill(0, 1);
+  REQUIRE((*pool)->Acquire(0, 1).ok());
+  // The trainer's kernel on the batch never finishes (a hung kernel): hold the consumer stream.
+  auto hang = trainer.CreateEvent(false);
+  REQUIRE(trainer.RecordEvent(*hang, consumer).ok());
+  trainer.SetEventPending(*hang, true);
+  REQUIRE((*pool)->Release(0, 1).ok());
+  dev.ClearCalls();
+  dev.ClearViolations();
+  Status s = (*pool)->Shutdown();
+  CHECK(s.code() == StatusCode::kUnavailable);
+  for (const FakeCall& c : dev.calls()) {
+    CHECK(c.op != FakeOp::kFree);
+    CHECK(c.op != FakeOp::kHostUnregister);
+  }
+  CHECK(dev.live().registrations == 1);  // leaked with the memory: the caller keeps the range mapped
+  CHECK(dev.live().allocations == 1);
+  CHECK(dev.violations().empty());  // and nothing blocked: the waits are bounded
+  bool said = false;
+  for (const Status& e : trainer.teardown_errors()) said |= e.message().find("leaking") != std::string::npos;
+  CHECK(said);
+  pool->reset();
+  trainer.SetEventPending(*hang, false);
+  REQUIRE(trainer.DestroyEvent(*hang).ok());
+  REQUIRE(trainer.DestroyStream(consumer).ok());
+}
+
 TEST_CASE("DLPack: tensors on a CUDA device slot", "[cuda]") {
   using client::DType;
   CHECK(client::ToDLDataType(DType::kUInt8).code == kDLUInt);

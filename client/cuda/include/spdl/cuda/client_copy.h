@@ -20,15 +20,16 @@
 //
 // Teardown (Shutdown, or the destructor): waits for the copy stream and every consumer-done event,
 // destroys the events and the stream, frees the device memory, unregisters the host mapping.
-// REQUIRES: the region stays mapped until then. When that wait fails (the trainer's work never
-// completes, a sticky error), the device memory AND the host registration are leaked rather than
-// freed or unregistered under queued work (cudaFree / cudaHostUnregister would block for ever), and
+// REQUIRES: the region stays mapped until then. The waits are polled, bounded by teardown_timeout.
+// When they fail (the trainer's work never completes, a sticky error), the device memory AND the host registration are
+// leaked rather than freed or unregistered under queued work (cudaFree / cudaHostUnregister would block for ever), and
 // Shutdown says so: the caller must then leak the region's mapping too (Loader::LeakRegion), since
 // unmapping a range still registered with the driver is undefined.
 //
 // Thread safety: safe to share between threads (one mutex). Neither copyable nor movable.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,8 @@ struct ClientCopyOptions {
   cuda::Stream consumer_stream;
   // Page-lock the mapping. Without it copies are synchronous staging copies (slower).
   bool register_host = true;
+  // Teardown's bound on waiting for the queued GPU work (polled): past it the memory is leaked.
+  std::chrono::milliseconds teardown_timeout{10000};
 };
 
 class ClientCopyPool {
