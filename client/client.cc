@@ -159,7 +159,7 @@ class Connection {
  public:
   explicit Connection(UniqueFd sock) : sock_(std::move(sock)), read_fd_(sock_.get()) {}
   ~Connection() {
-    if (map_data_ != nullptr) ::munmap(map_data_, map_size_);
+    if (map_data_ != nullptr && !leak_mapping_) ::munmap(map_data_, map_size_);
   }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -278,6 +278,9 @@ class Connection {
   }
 
   uint8_t* map_data() const { return static_cast<uint8_t*>(map_data_); }
+  // The mapping is never unmapped (it stays registered with the GPU driver: see Loader::LeakRegion).
+  // Loader's thread only.
+  void LeakMapping() { leak_mapping_ = true; }
   size_t map_size() const { return map_size_; }
   int region_fd() const { return region_fd_.get(); }
 
@@ -367,6 +370,7 @@ class Connection {
 
   // Constant after MapRegion(); unmapped when the last owner is gone.
   void* map_data_ = nullptr;
+  bool leak_mapping_ = false;
   size_t map_size_ = 0;
   UniqueFd region_fd_;  // the region's descriptor (close-on-exec), -1 before MapRegion
 };
@@ -611,6 +615,14 @@ Status Loader::SubmitAndMap(const Options& options) {
 Status Loader::SendCudaConsumerEvents(const proto::CudaConsumerEvents& events) {
   proto::ClientMessage m;
   *m.mutable_cuda_consumer_events() = events;
+  return conn_->Send(m);
+}
+
+void Loader::LeakRegion() { conn_->LeakMapping(); }
+
+Status Loader::SendCudaMappingClosed() {
+  proto::ClientMessage m;
+  m.mutable_cuda_mapping_closed()->set_job_id(info().job_id);
   return conn_->Send(m);
 }
 

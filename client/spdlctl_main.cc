@@ -45,6 +45,12 @@ void PrintStatus(const DaemonStatus& s) {
               s.worker_threads());
   std::printf("shared memory %s of %s in use, %u live jobs (%d yours)\n", MiB(s.memory_in_use_bytes()).c_str(),
               MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
+  if (s.gpu_leaked_device_bytes() > 0) {
+    std::printf(
+        "GPU device memory leaked: %s (copies that never drained; not returned to the device budget until "
+        "spdld restarts)\n",
+        MiB(s.gpu_leaked_device_bytes()).c_str());
+  }
 }
 
 // The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of

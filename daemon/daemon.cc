@@ -205,6 +205,7 @@ Status Daemon::Start() {
       }
       cuda::CudaBackend::Options o;
       o.device = device;
+      o.require_ipc = true;  // copy: daemon only: CUDA IPC with the trainer
       o.report_teardown_error = [](const Status& s) { spdlog::error("GPU teardown: {}", s.message()); };
       SPDL_ASSIGN_OR_RETURN(auto backend, cuda::CudaBackend::Create(std::move(o)));
       spdlog::info("GPU delivery on cuda:{} ready", device);

@@ -1,6 +1,8 @@
 #include "spdl/cuda/client_copy.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace spdl::client {
 namespace {
@@ -50,25 +52,73 @@ Result<std::unique_ptr<ClientCopyPool>> ClientCopyPool::Create(cuda::DeviceBacke
   return p;
 }
 
-ClientCopyPool::~ClientCopyPool() {
+ClientCopyPool::~ClientCopyPool() { (void)Shutdown(); }
+
+Status ClientCopyPool::Shutdown() {
   std::lock_guard lock(mu_);
+  if (shut_down_) return leaked_ ? Unavailable("client copy: the device memory was leaked") : Status::Ok();
+  shut_down_ = true;
+  bool drained = true;
+  // Every wait is a polled host query with one deadline: a hung kernel must not hang close().
+  const auto deadline = std::chrono::steady_clock::now() + options_.teardown_timeout;
+  auto wait = [&](cuda::Event ev, const std::string& what) {
+    for (;;) {
+      Result<bool> done = backend_.QueryEvent(ev);
+      if (!done.ok()) {
+        backend_.ReportTeardownError(done.status().WithPrefix(what));
+        return false;
+      }
+      if (*done) return true;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        backend_.ReportTeardownError(
+            Unavailable(what + ": not done within " + std::to_string(options_.teardown_timeout.count()) + " ms"));
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
   if (stream_.valid()) {
-    Status s = backend_.SynchronizeStream(stream_.get());
-    if (!s.ok()) backend_.ReportTeardownError(s.WithPrefix("client copy: draining the copy stream"));
+    auto fence = cuda::MakeEvent(backend_, /*interprocess=*/false);
+    Status s = fence.ok() ? backend_.RecordEvent(fence->get(), stream_.get()) : fence.status();
+    if (!s.ok()) {
+      backend_.ReportTeardownError(s.WithPrefix("client copy: draining the copy stream"));
+      drained = false;
+    } else if (!wait(fence->get(), "client copy: draining the copy stream")) {
+      drained = false;
+      (void)fence->release();  // queued work may still record it: never destroyed
+    }
   }
   for (uint32_t i = 0; i < slots_.size() && i < consumer_done_.size(); ++i) {
     Slot& sl = slots_[i];
     if (sl.held) {
-      Status s = backend_.RecordEvent(consumer_done_[i].get(), sl.stream);
+      Status s = cuda::JoinStreams(backend_, sl.also, sl.stream);
+      if (s.ok()) s = backend_.RecordEvent(consumer_done_[i].get(), sl.stream);
       if (s.ok()) sl.used = true;
       sl.held = false;
     }
-    if (sl.used) {
-      Status s = backend_.SynchronizeEvent(consumer_done_[i].get());
-      if (!s.ok()) backend_.ReportTeardownError(s.WithPrefix("waiting for the consumer of " + SlotName(i)));
+    if (sl.used && drained && !wait(consumer_done_[i].get(), "waiting for the consumer of " + SlotName(i))) {
+      drained = false;
     }
   }
-  // Then by member order: events, stream, device memory, host registration.
+  Status result;
+  if (!drained) {
+    // Work may still run on the device memory and read the host pages: leak both (and the caller
+    // keeps the pages mapped) rather than free or unregister under it.
+    leaked_ = true;
+    result =
+        Unavailable("client copy: queued GPU work never completed; leaking " + std::to_string(device_.get().bytes) +
+                    " bytes of device memory and the host registration (the region stays mapped)");
+    backend_.ReportTeardownError(result);
+    device_.release();
+    host_registration_.release();
+  }
+  // In teardown order: events, stream, device memory, host registration.
+  consumer_done_.clear();
+  copied_.clear();
+  stream_.reset();
+  device_.reset();
+  host_registration_.reset();
+  return result;
 }
 
 Result<void*> ClientCopyPool::Acquire(uint32_t slot, uint64_t generation, uint64_t bytes,
@@ -121,8 +171,15 @@ Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
                              std::to_string(generation) + " (held under " +
                              std::to_string(s.generation) + ")");
     }
-    SPDL_RETURN_IF_ERROR(backend_.RecordEvent(consumer_done_[slot].get(), stream.value_or(s.stream))
+    const cuda::Stream final_stream = stream.value_or(s.stream);
+    std::vector<cuda::Stream> streams = s.also;
+    streams.push_back(s.stream);
+    // Consumer-done covers the work on every stream the batch was used on, not only the last.
+    SPDL_RETURN_IF_ERROR(cuda::JoinStreams(backend_, streams, final_stream)
+                             .WithPrefix("Release of " + SlotName(slot) + ": joining its streams"));
+    SPDL_RETURN_IF_ERROR(backend_.RecordEvent(consumer_done_[slot].get(), final_stream)
                              .WithPrefix("Release of " + SlotName(slot) + ": recording consumer-done"));
+    s.also.clear();
     s.held = false;
     s.used = true;
     copied = copied_[slot].get();
@@ -148,7 +205,9 @@ Status ClientCopyPool::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
   if (slot >= slots_.size() || !slots_[slot].held) {
     return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
   }
-  slots_[slot].stream = stream;
+  Slot& s = slots_[slot];
+  if (s.stream != stream) s.also.push_back(s.stream);
+  s.stream = stream;
   return Status::Ok();
 }
 

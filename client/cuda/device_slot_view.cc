@@ -1,6 +1,8 @@
 #include "spdl/cuda/device_slot_view.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace spdl::client {
 namespace {
@@ -72,15 +74,42 @@ void DeviceSlotView::Detach() {
     Slot& s = slots_[i];
     if (s.held) {
       // The trainer still holds the batch: order the teardown after whatever it queued on it.
-      Status st = backend_.RecordEvent(done_events_[i].get(), s.stream);
+      Status st = cuda::JoinStreams(backend_, s.also, s.stream);
+      if (st.ok()) st = backend_.RecordEvent(done_events_[i].get(), s.stream);
       if (st.ok()) s.done_recorded = true;
       else backend_.ReportTeardownError(st.WithPrefix("recording consumer-done of " + SlotName(i)));
       s.held = false;
     }
-    if (s.done_recorded) {
-      Status st = backend_.SynchronizeEvent(done_events_[i].get());
-      if (!st.ok()) backend_.ReportTeardownError(st.WithPrefix("waiting for the consumer of " + SlotName(i)));
+  }
+  // Wait for the trainer's queued work on the slots: polled, bounded (a host wait without deadline
+  // hangs the trainer's close() when its work waits behind a dead daemon's ready event).
+  const auto deadline = std::chrono::steady_clock::now() + detach_timeout_;
+  bool drained = true;
+  for (uint32_t i = 0; i < slots_.size() && drained; ++i) {
+    if (!slots_[i].done_recorded) continue;
+    for (;;) {
+      Result<bool> done = backend_.QueryEvent(done_events_[i].get());
+      if (!done.ok()) {
+        backend_.ReportTeardownError(done.status().WithPrefix("waiting for the consumer of " + SlotName(i)));
+        drained = false;
+        break;
+      }
+      if (*done) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        drained = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+  }
+  if (!drained) {
+    backend_.ReportTeardownError(
+        Unavailable("the trainer's GPU work on the device slots did not complete within " +
+                    std::to_string(detach_timeout_.count()) +
+                    " ms (spdld died with a copy queued?): leaking the IPC mapping and the ready events rather than "
+                    "closing them under queued work"));
+    for (auto& m : mappings_) (void)m.release();
+    for (auto& e : ready_events_) (void)e.release();
   }
   // Then, by member order: ready events (opened), mappings. The consumer-done events stay.
   ready_events_.clear();
@@ -127,8 +156,15 @@ Status DeviceSlotView::Release(uint32_t slot, uint64_t generation,
                            std::to_string(generation) + " (held under " +
                            std::to_string(s.generation) + ")");
   }
-  SPDL_RETURN_IF_ERROR(backend_.RecordEvent(done_events_[slot].get(), stream.value_or(s.stream))
+  const cuda::Stream final_stream = stream.value_or(s.stream);
+  std::vector<cuda::Stream> streams = s.also;
+  streams.push_back(s.stream);
+  // Consumer-done covers the work on every stream the batch was used on, not only the last.
+  SPDL_RETURN_IF_ERROR(cuda::JoinStreams(backend_, streams, final_stream)
+                           .WithPrefix("Release of " + SlotName(slot) + ": joining its streams"));
+  SPDL_RETURN_IF_ERROR(backend_.RecordEvent(done_events_[slot].get(), final_stream)
                            .WithPrefix("Release of " + SlotName(slot) + ": recording consumer-done"));
+  s.also.clear();
   s.held = false;
   s.done_recorded = true;
   return Status::Ok();
@@ -148,7 +184,9 @@ Status DeviceSlotView::SetReleaseStream(uint32_t slot, cuda::Stream stream) {
   if (slot >= slots_.size() || !slots_[slot].held) {
     return InvalidArgument("SetReleaseStream of " + SlotName(slot) + ": not held");
   }
-  slots_[slot].stream = stream;
+  Slot& s = slots_[slot];
+  if (s.stream != stream) s.also.push_back(s.stream);
+  s.stream = stream;
   return Status::Ok();
 }
 

@@ -24,8 +24,36 @@ class GpuCore {
   std::unique_ptr<cuda::DeviceBackend> owned_backend;
   cuda::DeviceBackend* backend = nullptr;
   int ordinal = 0;
+  // The job's connection, handed over by a GpuLoader destroyed while batches of it were alive
+  // (e.g. Python tensors): the mapping, the device buffers and the connection then live until the
+  // last batch goes, and this destructor finishes the teardown.
+  std::unique_ptr<Loader> orphan_loader;
+  bool job_ended = false;     // teardown step 2 done
+  bool end_confirmed = true;  // ... and the daemon confirmed it
 
-  ~GpuCore() { Close(/*leak_events=*/false); }
+  ~GpuCore() {
+    if (orphan_loader) {
+      CloseMapping(*orphan_loader);
+      Close(/*leak_events=*/!end_confirmed);
+      if (leak_region) orphan_loader->LeakRegion();
+      orphan_loader.reset();
+      return;
+    }
+    Close(/*leak_events=*/false);
+  }
+
+  // Teardown step 1, then (copy: daemon) the daemon is told the mapping is closed: only now may it
+  // free its device memory and destroy its ready events.
+  void CloseMapping(Loader& loader) {
+    Detach();
+    if (!loader.client_copy()) (void)loader.SendCudaMappingClosed();  // a closed connection: so is the job
+  }
+  // Teardown step 2, once.
+  void EndJob(Loader& loader, std::chrono::milliseconds timeout) {
+    if (job_ended) return;
+    job_ended = true;
+    if (!loader.client_copy()) end_confirmed = loader.Finish(timeout).ok();
+  }
 
   Result<void*> Acquire(uint32_t slot, uint64_t generation, cuda::Stream stream) {
     std::lock_guard lock(mu_);
@@ -54,13 +82,16 @@ class GpuCore {
   void SetView(std::unique_ptr<DeviceSlotView> v) { view_ = std::move(v); }
   void SetPool(std::unique_ptr<ClientCopyPool> p) { pool_ = std::move(p); }
 
-  // Teardown step 1.
+  // Teardown step 1. A copy pool that had to leak its host registration (its GPU work never
+  // completed) sets leak_region: the region's mapping must then stay for ever.
   void Detach() {
     std::lock_guard lock(mu_);
     if (view_) view_->Detach();
     detached_ = true;
+    if (pool_ && !pool_->Shutdown().ok()) leak_region = true;
     pool_.reset();
   }
+  bool leak_region = false;  // written by Detach, read by the teardown's thread after it
   // Teardown step 3: the rest of the view; with `leak_events`, its consumer-done events are kept
   // alive for ever (a daemon that did not confirm the end might still wait on them).
   void Close(bool leak_events) {
@@ -101,16 +132,18 @@ int CudaOrdinal(const std::string& device) {
 }
 
 #if SPDL_TEST_HOOKS
-std::string FakeGpuDir(const GpuOptions& gpu) {
-  if (!gpu.test_fake_gpu_dir.empty()) return gpu.test_fake_gpu_dir;
+// TEST ONLY (builds with SPDL_TEST_HOOKS, never shipped): the environment variable
+// SPDL_TEST_FAKE_GPU_DIR runs GPU jobs on the cross-process fake device in that directory
+// (testing/cuda/shm_fake_backend.h), as the daemon started with --test-only-fake-gpu DIR. It is not
+// part of the public API (GpuOptions), so the shipped header's layout never depends on test hooks.
+std::string FakeGpuDir(const GpuOptions&) {
   const char* env = std::getenv(cuda::kFakeGpuDirEnv);
   return env ? env : "";
 }
 
 Result<std::unique_ptr<cuda::DeviceBackend>> MakeFake(const std::string& dir, int ordinal) {
-  std::fprintf(stderr,
-               "spdl client: TEST ONLY: GPU batches go to a FAKE device in %s (%s / test_fake_gpu_dir), not a GPU\n",
-               dir.c_str(), cuda::kFakeGpuDirEnv);
+  std::fprintf(stderr, "spdl client: TEST ONLY: GPU batches go to a FAKE device in %s (%s), not a GPU\n", dir.c_str(),
+               cuda::kFakeGpuDirEnv);
   SPDL_ASSIGN_OR_RETURN(auto b, cuda::ShmFakeBackend::Create(dir, ordinal));
   return std::unique_ptr<cuda::DeviceBackend>(std::move(b));
 }
@@ -246,7 +279,14 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
 
   if (!client_copy) {
     auto view = DeviceSlotView::Open(*core->backend, *handles, gpu.consumer_stream);
-    if (!view.ok()) return view.status().WithPrefix(where);
+    if (!view.ok()) {
+      // Opening another process's IPC handles fails when the two processes do not share a PID
+      // namespace and /dev/shm (containers), or the device cannot do IPC: say what to do instead.
+      return Status(view.status().code(),
+                    where + ": " + view.status().message() +
+                        " (CUDA IPC needs the trainer and spdld in one PID namespace with a shared /dev/shm, "
+                        "e.g. hostPID/hostIPC in Kubernetes; otherwise use output.copy: client)");
+    }
     proto::CudaConsumerEvents events;
     cuda::BuildCudaConsumerEvents((*view)->consumer_done_handles(), &events);
     core->SetView(std::move(view).value());
@@ -269,14 +309,19 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
 }
 
 GpuLoader::~GpuLoader() {
-  core_->Detach();  // 1
-  bool confirmed = true;
-  if (!loader_->client_copy()) {  // 2
-    Status s = loader_->Finish(finish_timeout_);
-    if (!s.ok()) confirmed = false;
+  if (core_.use_count() > 1) {
+    // Batches outlive the loader: the job ends now (no more batches), but the mapping, the device
+    // buffers and the connection stay until the last batch goes (~GpuCore finishes the teardown).
+    core_->EndJob(*loader_, finish_timeout_);  // 2
+    core_->orphan_loader = std::move(loader_);
+    core_.reset();  // the last owner, if every batch went meanwhile: the teardown runs here
+    return;
   }
-  core_->Close(/*leak_events=*/!confirmed);  // 3
-  loader_.reset();                           // 4
+  core_->CloseMapping(*loader_);                        // 1
+  core_->EndJob(*loader_, finish_timeout_);             // 2
+  core_->Close(/*leak_events=*/!core_->end_confirmed);  // 3
+  if (core_->leak_region) loader_->LeakRegion();        // still registered with the driver: keep it mapped
+  loader_.reset();                                      // 4
 }
 
 Result<GpuEvent> GpuLoader::Next() {

@@ -8,6 +8,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,21 +35,26 @@ class GpuJob final : public JobHandle {
     cv_.notify_all();
     if (waiter_.joinable()) waiter_.join();
     if (pool_) pool_->Stop();
-    if (pool_ && options_.teardown && !CopiesDone()) {
-      // Copies still queued: wait for them (and free) on the teardown thread, not here. The work
-      // owns the only reference to the pool, so its destructor cannot run here by accident.
-      options_.teardown->Post([pool = std::shared_ptr<cuda::DeviceSlotPool>(std::move(pool_)), mapped = mapped_,
-                               bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
+    // Every free and unregister (which wait for the GPU: cudaFree synchronizes) runs on the
+    // teardown thread, never here (the control thread). The work owns the only reference to the
+    // pool, so its destructor cannot run here by accident.
+    auto work = [pool = std::shared_ptr<cuda::DeviceSlotPool>(std::move(pool_)), mapped = mapped_,
+                 bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
+      uint64_t leaked = 0;
+      if (pool) {
+        (void)pool->Shutdown();  // reported through the backend when it leaks
+        leaked = pool->leaked_bytes();
         pool.reset();
-        if (mapped) munmap(mapped, bytes);
-        if (on_close) on_close();
-      });
-      inner_.reset();
-      return;
+      }
+      // Leaked: a copy may still read the host pages (registered for ever): keep them mapped.
+      if (mapped && leaked == 0) munmap(mapped, bytes);
+      if (on_close) on_close(leaked);
+    };
+    if (options_.teardown && (work_has_pool_ || mapped_)) {
+      options_.teardown->Post(std::move(work));
+    } else {
+      work();
     }
-    pool_.reset();
-    if (mapped_) munmap(mapped_, mapped_bytes_);
-    if (options_.on_close) options_.on_close();
     inner_.reset();
   }
 
@@ -69,9 +75,11 @@ class GpuJob final : public JobHandle {
     po.slot_stride = accepted_.slot_stride();
     po.num_slots = accepted_.num_slots();
     po.register_host = options_.register_host;
+    po.drain_timeout = options_.drain_timeout;
     auto pool = cuda::DeviceSlotPool::Create(*backend, po);
     if (!pool.ok()) return pool.status();
     pool_ = std::move(pool).value();
+    work_has_pool_ = true;
     cuda::BuildCudaHandles(pool_->handles(), &handles_);
     waiter_ = std::thread([this] { WaitLoopCaught(); });
     return Status::Ok();
@@ -89,10 +97,32 @@ class GpuJob final : public JobHandle {
 
   std::optional<Delivery> TakeNext() override {
     ForwardReleases();
-    std::optional<Delivery> d = inner_->TakeNext();
-    if (!d || !pool_) return d;
+    if (!pool_) return inner_->TakeNext();
+    std::optional<Delivery> d;
+    {
+      std::lock_guard lock(mu_);
+      d.swap(held_);
+    }
+    if (!d) d = inner_->TakeNext();
+    if (!d) return d;
     const uint32_t slot = d->batch.slot();
-    Status s = pool_->Submit(slot);
+    // The reuse rule without a GPU wait on the client's event: the copy goes in only once the
+    // client's consumer-done event has completed (a host query); until then the batch is held and
+    // the waiter thread polls, with a deadline that fails this job only.
+    Result<bool> free = pool_->ConsumerDone(slot);
+    if (free.ok() && !*free) {
+      std::lock_guard lock(mu_);
+      if (held_since_ == std::chrono::steady_clock::time_point{}) held_since_ = std::chrono::steady_clock::now();
+      held_ = std::move(d);
+      held_signalled_ = false;
+      cv_.notify_all();
+      return std::nullopt;
+    }
+    {
+      std::lock_guard lock(mu_);
+      held_since_ = {};
+    }
+    Status s = free.ok() ? pool_->Submit(slot) : free.status();
     if (s.ok()) s = pool_->Lease(slot, d->batch.generation());
     if (!s.ok()) {
       inner_->Abort(Status(s.code(), "GPU delivery to " + options_.output.device + ": " + s.message()));
@@ -132,15 +162,6 @@ class GpuJob final : public JobHandle {
   proto::JobStats Stats() const override { return inner_->Stats(); }
 
  private:
-  // Whether every copy enqueued so far has run (never blocks).
-  bool CopiesDone() {
-    for (uint32_t i = 0; i < pool_->num_slots(); ++i) {
-      Result<bool> r = pool_->HostSlotReusable(i);
-      if (!r.ok() || !*r) return false;
-    }
-    return true;
-  }
-
   // Control thread: hands the ring the releases whose copies have finished.
   void ForwardReleases() {
     std::vector<std::pair<uint32_t, uint64_t>> ready;
@@ -177,28 +198,59 @@ class GpuJob final : public JobHandle {
     if (options_.notify) options_.notify();
   }
 
+  // Two duties, both host polls (never a GPU wait): forward the deferred ring releases whose copy
+  // has finished reading the host slot, and watch the held batch's consumer-done event (deadline:
+  // consumer_timeout from when the batch was first held; past it only this job fails).
   void WaitLoop() {
     std::unique_lock lock(mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stop_ || !waiting_.empty(); });
+      cv_.wait(lock, [this] { return stop_ || !waiting_.empty() || (held_ && !held_signalled_); });
       if (stop_) return;
-      auto [slot, generation] = waiting_.front();
-      Result<bool> r = pool_->HostSlotReusable(slot);
-      if (r.ok() && !*r) {
-        if (cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; })) return;
+      bool signal = false;
+      if (!waiting_.empty()) {
+        auto [slot, generation] = waiting_.front();
+        Result<bool> r = pool_->HostSlotReusable(slot);
+        if (!r.ok() || *r) {
+          waiting_.pop_front();
+          if (r.ok()) {
+            reusable_.emplace_back(slot, generation);
+          } else if (failure_.ok()) {
+            failure_ =
+                Status(r.status().code(), "GPU delivery to " + options_.output.device + ": " + r.status().message());
+          }
+          signal = true;
+        }
+      }
+      if (held_ && !held_signalled_) {
+        const uint32_t slot = held_->batch.slot();
+        Result<bool> r = pool_->ConsumerDone(slot);
+        if (!r.ok() || *r) {
+          held_signalled_ = true;
+          if (!r.ok() && failure_.ok()) {
+            failure_ =
+                Status(r.status().code(), "GPU delivery to " + options_.output.device + ": " + r.status().message());
+          }
+          signal = true;
+        } else if (std::chrono::steady_clock::now() - held_since_ > options_.consumer_timeout) {
+          held_signalled_ = true;
+          if (failure_.ok()) {
+            failure_ = Unavailable(
+                "GPU delivery to " + options_.output.device + ": the trainer's GPU work on device slot " +
+                std::to_string(slot) + " did not finish within " + std::to_string(options_.consumer_timeout.count()) +
+                " ms of its release (its consumer-done event never completed: is the trainer stalled or dead?)");
+          }
+          signal = true;
+        }
+      }
+      if (signal) {
+        if (options_.notify) {
+          lock.unlock();
+          options_.notify();
+          lock.lock();
+        }
         continue;
       }
-      waiting_.pop_front();
-      if (r.ok()) {
-        reusable_.emplace_back(slot, generation);
-      } else if (failure_.ok()) {
-        failure_ = Status(r.status().code(), "GPU delivery to " + options_.output.device + ": " + r.status().message());
-      }
-      if (options_.notify) {
-        lock.unlock();
-        options_.notify();
-        lock.lock();
-      }
+      if (cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; })) return;
     }
   }
 
@@ -208,6 +260,7 @@ class GpuJob final : public JobHandle {
   void* mapped_ = nullptr;
   size_t mapped_bytes_ = 0;
   std::unique_ptr<cuda::DeviceSlotPool> pool_;  // null for copy: client
+  bool work_has_pool_ = false;                  // Init made a pool (teardown goes to the queue)
   proto::CudaHandles handles_;
   std::thread waiter_;
 
@@ -218,6 +271,9 @@ class GpuJob final : public JobHandle {
   std::vector<std::pair<uint32_t, uint64_t>> reusable_;   // copy done, ring release pending
   Status failure_;
   bool stop_ = false;
+  std::optional<Delivery> held_;  // taken from the job; its device slot's consumer is not done yet
+  bool held_signalled_ = false;   // the waiter saw held_'s consumer done (or its deadline pass)
+  std::chrono::steady_clock::time_point held_since_{};  // when the batch in held_ was first held
 };
 
 }  // namespace

@@ -7,34 +7,39 @@
 //   - ImportConsumerEvents takes the client's per-slot consumer-done events;
 //   - TakeNext: for each batch the job hands out, before BatchReady is sent: pool Submit (H2D copy
 //     of the host slot + the slot's ready event, enqueued, never blocking) then pool Lease under the
-//     ring's generation;
+//     ring's generation. The device slot must be free: when the client's consumer-done event of its
+//     last use has not completed yet (host query; the copy stream never waits on the client's
+//     event), the batch is held, the waiter thread polls the event and notifies, and past
+//     consumer_timeout only this job fails (a stalled or dead trainer);
 //   - Release: pool Release (its generation checked), then the ring Release — but only once the
 //     slot's copy has finished reading the host slot (HostSlotReusable). When it has not (the
 //     client released before its GPU reached the copy), the ring release is deferred: a waiter
-//     thread of this object polls HostSlotReusable (every ms, only while one is deferred), then calls `notify`, and the next
-//     TakeNext (control thread) forwards the release. So the pipeline never refills a host slot a
-//     copy may still read, and the control thread never blocks on the GPU.
+//     thread of this object polls HostSlotReusable (every ms, only while one is deferred), then calls `notify`, and the
+//     next TakeNext (control thread) forwards the release. So the pipeline never refills a host slot a copy may still
+//     read, and the control thread never blocks on the GPU.
 //   - Cancel (EndJob, disconnect, failure): pool Stop + ReleaseAll, then the job's Cancel.
 // copy: client (no backend): only JobAccepted changes (device, client_copy = true); the client
 // pins the shared slots in its own process and copies them itself.
 //
 // Teardown (destructor, any thread; in practice the control thread): the waiter thread is joined and
-// the pool stopped (no more copies, no more waits on the client's events). Then, when every queued
-// copy has already run (the normal case; checked without blocking), inline: the pool is destroyed
-// (events, stream, device memory, host registration), the second mapping is unmapped, the device
-// budget is returned (on_close), then the wrapped job is released. When copies are still queued
-// (e.g. behind a consumer-done event of a client that never completes it) and a GpuTeardownQueue
-// is given, the pool, the second mapping and on_close move to the queue's thread, which waits for
-// the copies (bounded by the pool's drain timeout, then leaks the device memory and says so) and
-// does the rest there; the wrapped job is released at once. The control thread never waits for the
-// GPU. (The host pages stay valid for the queued copies: they read through this object's own
-// mapping of the region, not the job's.)
+// the pool stopped (no more copies). With a GpuTeardownQueue, ALWAYS on the queue's thread (frees and
+// unregistrations synchronize with the GPU, so never on the control thread): the pool's Shutdown
+// waits for the queued copies (bounded by its drain timeout; they wait on nothing foreign), destroys
+// events and stream, frees the device memory and unregisters the host region, then the second
+// mapping is unmapped and on_close returns the device budget. When the copies never drain, the
+// device memory, the registration and the second mapping are leaked (freeing under a copy would
+// corrupt memory), and on_close gets the leaked bytes, which stay counted as used. The wrapped job
+// is released at once. (The host pages stay valid for queued copies: they read through this
+// object's own mapping of the region, not the job's.) When the wrapper goes is the session's
+// business: it keeps a GPU job until the client has closed its IPC mapping (SessionLogic).
 //
 // Threading: like any JobHandle, control thread only, except the waiter thread described above
 // (it touches only the pool, which is thread-safe, and the guarded pending lists).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -86,8 +91,14 @@ struct GpuDeliveryOptions {
   // As JobService::Submit's notify: schedules the session's OnJobEvent on the control thread.
   std::function<void()> notify;
   // Called once when the wrapper is destroyed, after the device memory is freed (returns the
-  // device budget). May be empty.
-  std::function<void()> on_close;
+  // device budget), with the device bytes that could not be freed (leaked: a copy never drained;
+  // they must stay counted as used). May be empty.
+  std::function<void(uint64_t leaked_device_bytes)> on_close;
+  // How long a batch may wait for the client's consumer-done event of its device slot (from when
+  // it was first held) before this job fails: the trainer is stalled or dead.
+  std::chrono::milliseconds consumer_timeout{60000};
+  // How long the teardown waits for queued copies before it leaks the device memory.
+  std::chrono::milliseconds drain_timeout{10000};
   // Where a teardown that would wait for the GPU runs (borrowed; must outlive the job). Null: inline,
   // on the thread that drops the job (tests; bounded by the pool's drain timeout).
   GpuTeardownQueue* teardown = nullptr;

@@ -435,6 +435,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       return out;
     }
     backend = *b;
+    if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
+      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                            "output.device " + spec.config.output.device + ": " + sticky.message() +
+                                " (restart spdld); use output.copy: client or output.device: cpu meanwhile");
+      return out;
+    }
     if (!req.device_uuid().empty()) {
       auto uuid = backend->Uuid();
       if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {
@@ -542,10 +548,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
-  auto return_device = [this, cuda_device, device_bytes] {
+  // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
+  auto return_device = [this, cuda_device, device_bytes](uint64_t leaked) {
     if (device_bytes == 0) return;
     std::lock_guard lock(mu_);
-    device_bytes_in_use_[cuda_device] -= device_bytes;
+    device_bytes_in_use_[cuda_device] -= device_bytes - std::min(leaked, device_bytes);
+    leaked_device_bytes_[cuda_device] += std::min(leaked, device_bytes);
   };
   const config::OutputConfig output = spec.config.output;
   std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
@@ -560,7 +568,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   auto job = MediaJob::Start(std::move(spec), executor_->ForGroup(peer.uid), std::move(lease), std::move(notify),
                              io_executor_->ForGroup(peer.uid));
   if (!job.ok()) {
-    return_device();
+    return_device(0);
     out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
     return out;
   }
@@ -577,6 +585,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     g.notify = std::move(gpu_notify);
     g.on_close = return_device;
     g.teardown = &gpu_teardown_;
+    g.consumer_timeout = gpu_consumer_timeout_;
+    g.drain_timeout = gpu_drain_timeout_;
     auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
     if (!wrapped.ok()) {
       SubmitResult refused;
@@ -623,6 +633,12 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   const io::SourceIndexCache::Stats index_stats = index_cache_ ? index_cache_->stats() : io::SourceIndexCache::Stats{};
   st.set_source_index_scans(index_stats.scans);
   st.set_source_index_shared(index_stats.hits + index_stats.joined);
+  {
+    std::lock_guard lock(mu_);
+    uint64_t leaked = 0;
+    for (const auto& [device, bytes] : leaked_device_bytes_) leaked += bytes;
+    st.set_gpu_leaked_device_bytes(leaked);
+  }
   for (auto it = records_.begin(); it != records_.end();) {
     auto job = it->second->job.lock();
     if (!job) {

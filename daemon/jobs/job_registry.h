@@ -65,11 +65,25 @@ class JobRegistry final : public JobService {
   // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
   using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
   void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how
+  // long a batch waits for the trainer's consumer-done event before its job fails, and how long a
+  // teardown waits for queued copies before it leaks the device memory. Before the first Submit.
+  void SetGpuTimeouts(std::chrono::milliseconds consumer, std::chrono::milliseconds drain) {
+    gpu_consumer_timeout_ = consumer;
+    gpu_drain_timeout_ = drain;
+  }
   // Device bytes held by live copy: daemon jobs on CUDA device N.
   uint64_t device_bytes_in_use(int device) const {
     std::lock_guard lock(mu_);
     auto it = device_bytes_in_use_.find(device);
     return it == device_bytes_in_use_.end() ? 0 : it->second;
+  }
+  // Device bytes on CUDA device N that GPU jobs could not free (their copies never drained): still
+  // counted in device_bytes_in_use (not returned to the budget) and shown by Status / metrics.
+  uint64_t leaked_device_bytes(int device) const {
+    std::lock_guard lock(mu_);
+    auto it = leaked_device_bytes_.find(device);
+    return it == leaked_device_bytes_.end() ? 0 : it->second;
   }
 
   // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread that
@@ -116,6 +130,8 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
+  std::chrono::milliseconds gpu_consumer_timeout_{60000};
+  std::chrono::milliseconds gpu_drain_timeout_{10000};
   PrepareHook prepare_hook_;         // set before the first Submit
   std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
 #if SPDL_TEST_HOOKS
@@ -151,9 +167,10 @@ class JobRegistry final : public JobService {
   std::map<uid_t, std::chrono::steady_clock::time_point> refused_for_budget_;
   static constexpr std::chrono::seconds kBudgetWaitMemory{60};
   std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
+  std::map<int, uint64_t> leaked_device_bytes_;  // per CUDA device, part of device_bytes_in_use_
   int live_jobs_ = 0;
 
-  // GPU jobs whose copies have not drained are torn down here, off the control thread. Declared
+  // GPU jobs are torn down here (frees synchronize with the GPU), off the control thread. Declared
   // last: destroyed (finishing what is queued, which returns device budget above) first.
   GpuTeardownQueue gpu_teardown_;
 };

@@ -237,6 +237,9 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
         double(st.memory_budget_bytes()));
   e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {}, double(st.memory_in_use_bytes()));
   e.Add("spdld_jobs", "gauge", "Live jobs (all users).", {}, st.live_jobs());
+  e.Add("spdld_gpu_leaked_device_bytes", "gauge",
+        "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", {},
+        double(st.gpu_leaked_device_bytes()));
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
   if (st.jobs_size() > 0 && st.jobs(0).stats().cache_budget_bytes() > 0) {
     const auto& c = st.jobs(0).stats();  // node-wide figures, the same in every job's stats

@@ -41,9 +41,20 @@ void SessionLogic::DropJob() {
   awaiting_consumer_events_ = false;
   if (job_) {
     job_->Cancel();
-    job_.reset();
+    RetireJob();
   }
   record_.reset();
+}
+
+void SessionLogic::RetireJob() {
+  // A GPU job's device side (memory, ready events) lives on until the client says it has closed its
+  // mapping, or the session ends: on every path (EndJob, JobEnd, failure, cancel).
+  if (job_->cuda_handles()) {
+    job_->Cancel();  // stops its copies and closes the client's consumer-done events (also after JobEnd)
+    if (!mapping_closed_) retired_gpu_jobs_.push_back(std::move(job_));
+  }
+  job_.reset();
+  mapping_closed_ = false;
 }
 
 std::string SessionLogic::Who() const {
@@ -107,7 +118,6 @@ Output SessionLogic::OnFrame(std::string_view payload) {
         return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
       }
       if (control_ && control_->draining) return DrainingRefusal();  // the session stays open
-      ended_gpu_job_.reset();
       jobs::PrepareTask task = jobs_->Prepare(msg.submit(), peer_);
       if (!control_ || !control_->async_submit) return StartPrepared(task());
       Output out;
@@ -190,6 +200,14 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       awaiting_consumer_events_ = false;
       return {};
     }
+    case proto::ClientMessage::kCudaMappingClosed: {
+      // In any state: it may name an earlier job of the session while the next one is submitted.
+      const uint64_t id = msg.cuda_mapping_closed().job_id();
+      if (job_ && job_->accepted().job_id() == id) mapping_closed_ = true;
+      // The device side goes now (its frees run on the GPU teardown thread, not here).
+      std::erase_if(retired_gpu_jobs_, [id](const auto& j) { return j->accepted().job_id() == id; });
+      return {};
+    }
     case proto::ClientMessage::MSG_NOT_SET:
       break;
   }
@@ -267,8 +285,7 @@ Output SessionLogic::OnJobEvent() {
       // The client keeps its mapping; its late Releases are ignored. A GPU job's device slots stay
       // too (the client may still read the last batches through its IPC mapping, which it closes
       // before its connection): kept until the session ends or submits again.
-      if (job_->cuda_handles()) ended_gpu_job_ = std::move(job_);
-      job_.reset();
+      RetireJob();
       record_.reset();
       awaiting_consumer_events_ = false;
       state_ = State::kIdle;
@@ -297,6 +314,7 @@ Output SessionLogic::OnDrain(const proto::Draining& notice) {
 
 void SessionLogic::OnDisconnect() {
   DropJob();
+  retired_gpu_jobs_.clear();  // the session ended: the client's mappings went with its process or it closed them
   state_ = State::kClosed;
 }
 

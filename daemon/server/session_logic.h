@@ -20,9 +20,12 @@
 // followed at once by CudaHandles (once per job); the client must answer with CudaConsumerEvents
 // (once) before its first Release: a Release before it, a second one, one for a job without GPU
 // delivery, or one the job refuses closes the session (BAD_REQUEST). BatchReady is as for any job
-// (the device slot has the host slot's index). When a GPU job ends by itself (JobEnd), its device
-// side is kept until the session ends or submits again: the client may still read its last
-// batches through its IPC mapping, which it closes before its connection.
+// (the device slot has the host slot's index). However a GPU job ends — JobEnd, EndJob, a failure,
+// a cancel (spdlctl), a protocol error — its device side (device memory, ready events) is kept until
+// the client sends CudaMappingClosed for it or the session ends: the trainer may still read its
+// batches through its IPC mapping, and freeing exported memory or destroying an exported event
+// while an importer has it open is undefined in CUDA. (The frees then run on the GPU teardown
+// thread: jobs/gpu_delivery.h.)
 //
 // Draining (DaemonControl::draining): SubmitJob is refused with SHUTTING_DOWN (the session stays
 // open); a running job is told once with a Draining message (OnDrain) and runs on until it ends or
@@ -124,6 +127,8 @@ class SessionLogic {
   // Whether a line of `kind` may be logged now; `note` gets the suppressed-lines note.
   bool MayLog(const std::string& kind, std::string* note) const;
   void DropJob();
+  // job_ -> retired_gpu_jobs_ (a GPU job whose client has not closed its mapping) or gone.
+  void RetireJob();
 
   jobs::JobService* const jobs_;
   const jobs::PeerInfo peer_;
@@ -136,7 +141,10 @@ class SessionLogic {
   uint64_t submit_seq_ = 0;  // numbers Output::prepare; a result of another number is stale
   std::shared_ptr<jobs::JobHandle> job_;
   std::shared_ptr<jobs::JobRecord> record_;
-  std::shared_ptr<jobs::JobHandle> ended_gpu_job_;  // a finished GPU job, until the session ends
+  bool mapping_closed_ = false;  // the client sent CudaMappingClosed for job_
+  // Ended GPU jobs whose client has not closed its IPC mapping yet: kept until it does (their
+  // CudaMappingClosed) or the session ends. Bounded by the device budget they still hold.
+  std::vector<std::shared_ptr<jobs::JobHandle>> retired_gpu_jobs_;
 };
 
 }  // namespace spdl::server

@@ -1,5 +1,6 @@
 #include "cuda/device_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cuda/device_handles.h"
@@ -34,6 +35,19 @@ Result<DeviceBuffer> AllocDevice(DeviceBackend& backend, size_t bytes) {
 Result<HostRegistration> RegisterHost(DeviceBackend& backend, void* ptr, size_t bytes) {
   SPDL_RETURN_IF_ERROR(backend.HostRegister(ptr, bytes));
   return HostRegistration(&backend, internal::Span{ptr, bytes});
+}
+
+Status JoinStreams(DeviceBackend& backend, const std::vector<Stream>& from, Stream into) {
+  std::vector<Stream> done{into};
+  for (Stream s : from) {
+    if (std::find(done.begin(), done.end(), s) != done.end()) continue;
+    done.push_back(s);
+    SPDL_ASSIGN_OR_RETURN(EventHandle ev, MakeEvent(backend, /*interprocess=*/false));
+    SPDL_RETURN_IF_ERROR(backend.RecordEvent(ev.get(), s));
+    SPDL_RETURN_IF_ERROR(backend.StreamWaitEvent(into, ev.get()));
+    // Destroying it now is fine: the wait captured the record.
+  }
+  return Status::Ok();
 }
 
 Result<IpcMemMapping> OpenIpcMemory(DeviceBackend& backend, const IpcMemHandle& handle) {

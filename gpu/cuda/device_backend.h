@@ -125,6 +125,11 @@ class DeviceBackend {
   // Where RAII owners (device_handles.h) report a failure while tearing down, since destructors
   // never throw and return nothing. The default writes one line to stderr.
   virtual void ReportTeardownError(const Status& status);
+
+  // Ok, or the sticky error that left this process's context on the device unusable (CUDA's
+  // illegal address, launch failure, ECC error, ...): every later call fails with it, and only a
+  // restart of the process recovers. Users refuse new work on a poisoned backend, naming it.
+  virtual Status sticky_error() const { return Status::Ok(); }
 };
 
 }  // namespace spdl::cuda

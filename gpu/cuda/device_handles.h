@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "cuda/device_backend.h"
 
@@ -143,5 +144,10 @@ Result<EventHandle> OpenIpcEvent(DeviceBackend& backend, const IpcEventHandle& h
 Result<DeviceBuffer> AllocDevice(DeviceBackend& backend, size_t bytes);
 Result<HostRegistration> RegisterHost(DeviceBackend& backend, void* ptr, size_t bytes);
 Result<IpcMemMapping> OpenIpcMemory(DeviceBackend& backend, const IpcMemHandle& handle);
+
+// Makes `into` wait (on the GPU) for the work queued so far on every stream of `from` (one
+// temporary event each; `into` itself and repeats are skipped), so that one event recorded on
+// `into` afterwards covers the work of all of them (a batch used on several streams).
+Status JoinStreams(DeviceBackend& backend, const std::vector<Stream>& from, Stream into);
 
 }  // namespace spdl::cuda

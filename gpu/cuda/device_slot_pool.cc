@@ -90,22 +90,34 @@ Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& ba
   return pool;
 }
 
-DeviceSlotPool::~DeviceSlotPool() {
+DeviceSlotPool::~DeviceSlotPool() { (void)Shutdown(); }
+
+Status DeviceSlotPool::Shutdown() {
+  if (shut_down_) return leaked_bytes_ ? Internal("device memory leaked") : Status::Ok();
+  shut_down_ = true;
   Stop();
+  Status result;
   if (!Drain()) {
-    backend_.ReportTeardownError(Internal(
-        "device slot pool on device " + std::to_string(backend_.device()) +
-        ": copies still queued after " + std::to_string(options_.drain_timeout.count()) +
-        " ms (a consumer-done event never completed?); leaking " +
-        std::to_string(device_.get().bytes) +
-        " bytes of device memory and the host registration rather than freeing them under a copy"));
+    leaked_bytes_ = device_.get().bytes;
+    result = Internal("device slot pool on device " + std::to_string(backend_.device()) +
+                      ": copies still queued after " + std::to_string(options_.drain_timeout.count()) +
+                      " ms (a hung GPU?); leaking " + std::to_string(leaked_bytes_) +
+                      " bytes of device memory and the host registration rather than freeing them under a copy");
+    backend_.ReportTeardownError(result);
     device_.release();
     host_registration_.release();
   }
-  // The rest in declaration order's reverse: consumer events, ready events, stream, device memory,
-  // host registration.
-  std::lock_guard lock(mu_);
-  consumer_events_.clear();
+  // In teardown order: consumer events (opened), ready events, stream, device memory, host
+  // registration.
+  {
+    std::lock_guard lock(mu_);
+    consumer_events_.clear();
+  }
+  ready_events_.clear();
+  stream_.reset();
+  device_.reset();
+  host_registration_.reset();
+  return result;
 }
 
 bool DeviceSlotPool::Drain() {
@@ -147,9 +159,8 @@ Status DeviceSlotPool::ImportConsumerEvents(const std::vector<IpcEventHandle>& d
                            " for a pool of " + std::to_string(options_.num_slots) + " slots");
   }
   std::lock_guard lock(mu_);
-  if (!consumer_events_.empty()) {
-    return FailedPrecondition("consumer-done events were already imported for this job");
-  }
+  if (imported_) return FailedPrecondition("consumer-done events were already imported for this job");
+  if (stopped_) return FailedPrecondition("consumer-done events for a stopped pool");
   std::vector<EventHandle> opened;
   for (uint32_t i = 0; i < done_events.size(); ++i) {
     auto ev = OpenIpcEvent(backend_, done_events[i]);
@@ -157,6 +168,7 @@ Status DeviceSlotPool::ImportConsumerEvents(const std::vector<IpcEventHandle>& d
     opened.push_back(std::move(ev).value());
   }
   consumer_events_ = std::move(opened);
+  imported_ = true;
   return Status::Ok();
 }
 
@@ -176,14 +188,13 @@ Status DeviceSlotPool::Submit(uint32_t slot, uint64_t bytes) {
   }
   const Stream stream = stream_.get();
   if (s.state == DeviceSlotState::kReleased) {
-    if (consumer_events_.empty()) {
+    // The reuse rule: only once the client's last use of this slot has run (a host query; the
+    // copy stream never waits on the client's event).
+    SPDL_ASSIGN_OR_RETURN(bool done, ConsumerDoneLocked(slot));
+    if (!done) {
       return FailedPrecondition("Submit of " + SlotName(slot) +
-                                ": the slot was released but the client's consumer-done events "
-                                "are not imported yet, so its reuse cannot be ordered");
+                                ": the client's consumer-done event for it has not completed yet");
     }
-    // The reuse rule: the copy waits, on the GPU, for the client's last use of this slot.
-    SPDL_RETURN_IF_ERROR(backend_.StreamWaitEvent(stream, consumer_events_[slot].get())
-                             .WithPrefix("Submit of " + SlotName(slot) + ": waiting for the consumer"));
   }
   const auto* src = static_cast<const uint8_t*>(options_.host_base) + options_.slots_offset +
                     uint64_t{slot} * options_.slot_stride;
@@ -247,6 +258,26 @@ uint32_t DeviceSlotPool::ReleaseAll() {
   return n;
 }
 
+Result<bool> DeviceSlotPool::ConsumerDone(uint32_t slot) {
+  SPDL_RETURN_IF_ERROR(CheckRange(slot, "ConsumerDone"));
+  std::lock_guard lock(mu_);
+  return ConsumerDoneLocked(slot);
+}
+
+Result<bool> DeviceSlotPool::ConsumerDoneLocked(uint32_t slot) {
+  Slot& s = slots_[slot];
+  if (s.state != DeviceSlotState::kReleased) return s.state == DeviceSlotState::kFree;
+  if (stopped_) return FailedPrecondition(SlotName(slot) + ": the pool is stopped");
+  if (consumer_events_.empty()) {
+    return FailedPrecondition(SlotName(slot) +
+                              " was released but the client's consumer-done events are not imported yet, so "
+                              "its reuse cannot be ordered");
+  }
+  SPDL_ASSIGN_OR_RETURN(bool done, backend_.QueryEvent(consumer_events_[slot].get()));
+  if (done) s.state = DeviceSlotState::kFree;
+  return done;
+}
+
 Result<bool> DeviceSlotPool::HostSlotReusable(uint32_t slot) {
   SPDL_RETURN_IF_ERROR(CheckRange(slot, "HostSlotReusable"));
   std::lock_guard lock(mu_);
@@ -306,6 +337,9 @@ Status DeviceSlotPool::Poll() {
 void DeviceSlotPool::Stop() {
   std::lock_guard lock(mu_);
   stopped_ = true;
+  // The client may destroy its consumer-done events once the job's end is confirmed: close our
+  // handles of them now (cudaEventDestroy does not block), never after it destroyed them.
+  consumer_events_.clear();
 }
 
 DeviceSlotPool::Counts DeviceSlotPool::counts() const {

@@ -9,9 +9,9 @@
 //
 // Device slot states, next to the host ring's (shm/slot_ring.h), same slot index:
 //
-//   free     -> copying   Submit: [wait on the slot's consumer-done event] + H2D copy of the host
-//   released -> copying            slot + record the slot's ready event, all enqueued on the copy
-//                                  stream; nothing blocks. The host slot must be ready (filled).
+//   free     -> copying   Submit: H2D copy of the host slot + record the slot's ready event, both
+//   released -> copying            enqueued on the copy stream; nothing blocks. The host slot must be
+//                                  ready (filled); a released slot only once ConsumerDone says so.
 //   copying  -> ready     HostSlotReusable / WaitHostSlotReusable / Poll saw the ready event done:
 //                         the copy has finished reading the host slot.
 //   copying  -> leased    Lease(slot, generation): the client is told (BatchReady). It need not
@@ -19,13 +19,16 @@
 //   leased   -> released  Release(slot, generation): the client has recorded its consumer-done
 //                         event after its last use of the slot. The generation is the host ring's
 //                         lease generation; a stale or duplicate one is refused and changes nothing.
-//   released -> free      Poll saw the consumer-done event done (optional: Submit on a released
-//                         slot simply makes the copy stream wait on the event first).
+//   released -> free      ConsumerDone / Poll saw the consumer-done event complete (a host query).
 //
-// THE REUSE RULE: the daemon copies into a device slot again only after the client released it,
-// and the copy stream waits on the GPU (cudaStreamWaitEvent) for the consumer-done event the
-// client recorded at release, so no copy overwrites a slot that a kernel of the client may still
-// read — with no host synchronization and no device-wide synchronization. The host slot, in turn,
+// THE REUSE RULE: the daemon copies into a device slot again only after the client released it
+// AND the consumer-done event the client recorded at release has completed, as seen by a host query
+// (cudaEventQuery) — so no copy overwrites a slot that a kernel of the client may still read. The
+// daemon's copy stream NEVER waits on the client's event (no cudaStreamWaitEvent on a foreign
+// event): a dead or stalled trainer would block that stream forever, the next cudaFree on the GPU
+// (which waits for every stream) would hang the daemon, and every job of the node with it. The
+// caller polls ConsumerDone (GpuDelivery: its waiter thread, with a deadline that fails only that
+// job). The host slot, in turn,
 // may be refilled by the pipeline only once the slot's copy has finished reading it
 // (WaitHostSlotReusable, called from a pipeline thread before refilling; it returns at once in the
 // normal case, where the client's release came long after the copy ran).
@@ -34,7 +37,8 @@
 // for it, and records it again only after the client's Release; the client waits on the ready event
 // before it sends Release. So every wait sees the record meant for its batch.
 //
-// Teardown (destructor): no more Submits; wait (bounded by drain_timeout) until every copy has run;
+// Teardown (Shutdown, or the destructor): no more Submits; wait (bounded by drain_timeout) until
+// every copy has run (they wait on nothing foreign, so only a hung GPU keeps them);
 // destroy the consumer-done events (opened), then the ready events, then the stream; free the
 // device memory; unregister the host region. If the copies do not drain in time (a client event
 // that never completes), the device memory and the host registration are leaked on purpose and the
@@ -106,8 +110,8 @@ class DeviceSlotPool {
   // (0 = the whole slot) into its device slot, after the consumer-done wait for a released slot,
   // and records the slot's ready event. REQUIRES: the host slot is filled (ready in the ring).
   // Errors: out of range / too many bytes -> kInvalidArgument; wrong state, Stop() called, or a
-  // released slot before ImportConsumerEvents -> kFailedPrecondition; a backend failure -> its
-  // Status (the slot keeps its state; the job should fail).
+  // released slot whose consumer-done event has not completed (ConsumerDone) -> kFailedPrecondition; a backend failure
+  // -> its Status (the slot keeps its state; the job should fail).
   Status Submit(uint32_t slot, uint64_t bytes = 0);
 
   // copying|ready -> leased under the host ring's lease generation (which must be new: greater
@@ -121,6 +125,12 @@ class DeviceSlotPool {
   // Every leased slot -> released (the client is gone); returns how many.
   uint32_t ReleaseAll();
 
+  // Whether a copy may go into `slot` now: true for a free slot, and for a released one whose
+  // consumer-done event has completed (host query, never blocks; the slot becomes free). False
+  // while the client's work on it may still run. A released slot before ImportConsumerEvents ->
+  // kFailedPrecondition.
+  Result<bool> ConsumerDone(uint32_t slot);
+
   // Whether host slot `slot` may be refilled: its last copy has finished reading it. Never blocks.
   Result<bool> HostSlotReusable(uint32_t slot);
   // Blocks until HostSlotReusable(slot) would say true. For pipeline threads, never the control
@@ -131,9 +141,19 @@ class DeviceSlotPool {
   // Optional housekeeping (stats); the state machine is correct without it.
   Status Poll();
 
-  // No Submit is accepted from now on (the client ended the job or went away): the daemon issues no
-  // more waits on the client's events. Idempotent.
+  // No Submit is accepted from now on (the client ended the job or went away), and the client's
+  // consumer-done events are closed here (so the client may destroy them once the end of the job
+  // is confirmed). Idempotent.
   void Stop();
+
+  // The teardown, now (may block up to drain_timeout: call it off the control thread): Stop, wait
+  // for the queued copies, destroy the events and the stream, free the device memory, unregister
+  // the host region. When the copies do not drain, the device memory and the host registration
+  // are leaked (freeing under a copy would corrupt memory) and kInternal says so; then
+  // leaked_bytes() is the device memory lost, and the host region must stay mapped for ever.
+  // Idempotent (the destructor calls it).
+  Status Shutdown();
+  uint64_t leaked_bytes() const { return leaked_bytes_; }
 
   struct Counts {
     uint32_t free = 0, copying = 0, ready = 0, leased = 0, released = 0;
@@ -162,6 +182,8 @@ class DeviceSlotPool {
 
   DeviceSlotPool(DeviceBackend& backend, const DeviceSlotPoolOptions& options);
   Status CheckRange(uint32_t slot, const char* op) const;
+  // REQUIRES: mu_ held. ConsumerDone.
+  Result<bool> ConsumerDoneLocked(uint32_t slot);
   // Waits (polling, up to drain_timeout) until no copy is pending. False on timeout.
   bool Drain();
 
@@ -183,6 +205,9 @@ class DeviceSlotPool {
   std::vector<Slot> slots_;
   uint64_t last_generation_ = 0;
   bool stopped_ = false;
+  bool imported_ = false;  // ImportConsumerEvents succeeded
+  bool shut_down_ = false;
+  uint64_t leaked_bytes_ = 0;
 };
 
 }  // namespace spdl::cuda

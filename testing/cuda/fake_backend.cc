@@ -81,8 +81,8 @@ std::string ToString(const FakeCall& c) {
 
 // ------------------------------------------------------------------------------------ FakeDevice
 
-FakeDevice::FakeDevice(uint64_t capacity_bytes, DeviceUuid uuid)
-    : capacity_bytes_(capacity_bytes), uuid_(uuid) {}
+FakeDevice::FakeDevice(uint64_t capacity_bytes, DeviceUuid uuid, std::chrono::milliseconds block_limit)
+    : capacity_bytes_(capacity_bytes), uuid_(uuid), block_limit_(block_limit) {}
 
 FakeDevice::~FakeDevice() {
   for (auto& [base, a] : allocations_) AlignedDelete{}(a.bytes);
@@ -116,11 +116,73 @@ FakeDevice::Live FakeDevice::live() const {
   return l;
 }
 
+std::vector<std::string> FakeDevice::violations() const {
+  std::lock_guard lock(mu_);
+  return violations_;
+}
+
+void FakeDevice::ClearViolations() {
+  std::lock_guard lock(mu_);
+  violations_.clear();
+}
+
+void FakeDevice::ViolationLocked(std::string what) { violations_.push_back(std::move(what)); }
+
+bool FakeDevice::DoneLocked(uint64_t id) {
+  // Iterative (a long chain of held work must not overflow the stack).
+  std::vector<uint64_t> stack{id};
+  while (!stack.empty()) {
+    const uint64_t cur = stack.back();
+    auto it = works_.find(cur);
+    if (cur == 0 || it == works_.end() || it->second.done) {
+      stack.pop_back();
+      continue;
+    }
+    Work& w = it->second;
+    if (w.held || w.dead) return false;
+    bool all = true;
+    for (uint64_t d : w.deps) {
+      auto dit = works_.find(d);
+      if (d == 0 || dit == works_.end() || dit->second.done) continue;
+      if (dit->second.held || dit->second.dead) return false;
+      stack.push_back(d);
+      all = false;
+      break;
+    }
+    if (all) {
+      w.done = true;
+      w.deps.clear();
+      stack.pop_back();
+    }
+  }
+  return true;
+}
+
+uint64_t FakeDevice::AddWorkLocked(const std::string& owner, std::vector<uint64_t> deps) {
+  Work w;
+  w.owner = owner;
+  for (uint64_t d : deps) {
+    if (!DoneLocked(d)) w.deps.push_back(d);
+  }
+  w.done = w.deps.empty();
+  const uint64_t id = next_work_id_++;
+  works_.emplace(id, std::move(w));
+  return id;
+}
+
+template <typename Pred>
+Status FakeDevice::BlockLocked(std::unique_lock<std::mutex>& lock, Pred done, const std::string& what) {
+  if (cv_.wait_for(lock, block_limit_, done)) return Status::Ok();
+  ViolationLocked(what + " would hang: the work it waits for never completes");
+  return Unavailable(what + ": would block forever (the work it waits for never completes)");
+}
+
 FakeCall& FakeDevice::LogLocked(const std::string& process, FakeOp op) {
   FakeCall& c = calls_.emplace_back();
   c.seq = next_seq_++;
   c.process = process;
   c.op = op;
+  c.thread = std::this_thread::get_id();
   return c;
 }
 
@@ -140,7 +202,71 @@ FakeDevice::Allocation* FakeDevice::FindLocked(const void* ptr, size_t bytes, ui
 FakeBackend::FakeBackend(FakeDevice& device, std::string process, int ordinal)
     : device_(device), process_(std::move(process)), ordinal_(ordinal) {}
 
-FakeBackend::~FakeBackend() = default;
+FakeBackend::~FakeBackend() {
+  std::lock_guard lock(device_.mu_);
+  DieLocked();
+}
+
+void FakeBackend::Die() {
+  std::lock_guard lock(device_.mu_);
+  DieLocked();
+}
+
+void FakeBackend::DieLocked() {
+  if (dead_) return;
+  dead_ = true;
+  for (uint64_t id : works_) {
+    if (device_.DoneLocked(id)) continue;
+    auto it = device_.works_.find(id);
+    if (it != device_.works_.end()) it->second.dead = true;
+  }
+  for (auto& [id, u] : device_.events_) {
+    if (u.owner == process_) u.owner_dead = true;
+  }
+  // The driver closes what the process had open: its event handles and its IPC mappings.
+  for (auto& [handle, local] : events_) {
+    auto it = device_.events_.find(local.id);
+    if (it != device_.events_.end() && --it->second.refs == 0) device_.events_.erase(it);
+    --device_.live_local_events_;
+  }
+  events_.clear();
+  for (auto& [base, m] : mappings_) {
+    auto a = device_.allocations_.find(reinterpret_cast<uintptr_t>(base));
+    if (a != device_.allocations_.end() && --a->second.open_elsewhere == 0 && a->second.freed) {
+      AlignedDelete{}(a->second.bytes);
+      device_.allocations_.erase(a);
+    }
+    --device_.live_mappings_;
+  }
+  mappings_.clear();
+  device_.cv_.notify_all();
+}
+
+Status FakeBackend::sticky_error() const {
+  std::lock_guard lock(device_.mu_);
+  return sticky_ ? *sticky_ : Status::Ok();
+}
+
+void FakeBackend::InjectStickyError(Status status) {
+  std::lock_guard lock(device_.mu_);
+  sticky_ = std::move(status);
+}
+
+bool FakeBackend::AllWorkDoneLocked() {
+  std::vector<uint64_t> open;
+  for (uint64_t id : works_) {
+    if (!device_.DoneLocked(id)) open.push_back(id);
+  }
+  works_.swap(open);
+  return works_.empty();
+}
+
+uint64_t FakeBackend::EnqueueLocked(Stream stream, uint64_t extra) {
+  uint64_t& tail = tails_[stream.handle];
+  tail = device_.AddWorkLocked(process_, {tail, extra});
+  works_.push_back(tail);
+  return tail;
+}
 
 void FakeBackend::FailNext(FakeOp op, Status status) {
   std::lock_guard lock(device_.mu_);
@@ -148,6 +274,11 @@ void FakeBackend::FailNext(FakeOp op, Status status) {
 }
 
 std::optional<Status> FakeBackend::TakeFailureLocked(FakeOp op) {
+  if (dead_ || sticky_) {
+    device_.LogLocked(process_, op).ok = false;
+    if (dead_) return Unavailable("process " + process_ + " is dead");
+    return *sticky_;
+  }
   auto it = failures_.find(op);
   if (it == failures_.end()) return std::nullopt;
   Status s = std::move(it->second);
@@ -160,7 +291,15 @@ void FakeBackend::SetEventPending(Event event, bool pending) {
   std::lock_guard lock(device_.mu_);
   auto it = events_.find(event.handle);
   if (it == events_.end()) return;
-  device_.events_[it->second.id].pending = pending;
+  FakeDevice::UnderlyingEvent& u = device_.events_[it->second.id];
+  if (u.work == 0) {
+    if (!pending) return;
+    u.work = device_.AddWorkLocked(process_, {});
+  }
+  FakeDevice::Work& w = device_.works_[u.work];
+  w.held = pending;
+  if (pending) w.done = false;
+  device_.cv_.notify_all();
 }
 
 uint64_t FakeBackend::EventId(Event event) const {
@@ -219,8 +358,11 @@ Status FakeBackend::HostRegister(void* ptr, size_t bytes) {
 }
 
 Status FakeBackend::HostUnregister(void* ptr) {
-  std::lock_guard lock(device_.mu_);
+  std::unique_lock lock(device_.mu_);
   if (auto f = TakeFailureLocked(FakeOp::kHostUnregister)) return *f;
+  // cudaHostUnregister synchronizes: it waits for the queued work of this process.
+  SPDL_RETURN_IF_ERROR(device_.BlockLocked(
+      lock, [this] { return AllWorkDoneLocked(); }, process_ + " HostUnregister of " + Hex(ptr)));
   FakeCall& c = device_.LogLocked(process_, FakeOp::kHostUnregister);
   auto it = registrations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == registrations_.end()) {
@@ -262,21 +404,27 @@ Result<void*> FakeBackend::DeviceAlloc(size_t bytes) {
 }
 
 Status FakeBackend::DeviceFree(void* ptr) {
-  std::lock_guard lock(device_.mu_);
+  std::unique_lock lock(device_.mu_);
   if (auto f = TakeFailureLocked(FakeOp::kFree)) return *f;
+  // cudaFree synchronizes: it waits for the queued work of this process.
+  SPDL_RETURN_IF_ERROR(device_.BlockLocked(
+      lock, [this] { return AllWorkDoneLocked(); }, process_ + " DeviceFree of " + Hex(ptr)));
   FakeCall& c = device_.LogLocked(process_, FakeOp::kFree);
   auto it = device_.allocations_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == device_.allocations_.end() || it->second.owner != process_) {
+  if (it == device_.allocations_.end() || it->second.owner != process_ || it->second.freed) {
     c.ok = false;
     return InvalidArgument("DeviceFree of " + Hex(ptr) + ": not an allocation of this process");
   }
   c.alloc = it->second.id;
   c.bytes = it->second.size;
   if (it->second.open_elsewhere > 0) {
-    c.ok = false;
-    return FailedPrecondition("DeviceFree of allocation " + std::to_string(it->second.id) +
-                              ": still open in " + std::to_string(it->second.open_elsewhere) +
-                              " other process(es) (undefined behaviour with CUDA)");
+    // Undefined with CUDA: recorded, and the bytes stay until the last importer closes them.
+    device_.ViolationLocked(process_ + " freed allocation " + std::to_string(it->second.id) + " while " +
+                            std::to_string(it->second.open_elsewhere) +
+                            " other process(es) still have it open through IPC");
+    it->second.freed = true;
+    device_.used_bytes_ -= it->second.size;
+    return Status::Ok();
   }
   device_.used_bytes_ -= it->second.size;
   AlignedDelete{}(it->second.bytes);
@@ -348,7 +496,13 @@ Status FakeBackend::DestroyEvent(Event event) {
   }
   c.event = it->second.id;
   FakeDevice::UnderlyingEvent& u = device_.events_[it->second.id];
-  if (!it->second.opened) u.destroyed = true;  // the exporter's own handle: importers lose it
+  if (!it->second.opened) {  // the exporter's own handle: importers lose it
+    u.destroyed = true;
+    if (u.refs > 1) {
+      device_.ViolationLocked(process_ + " destroyed exported event " + std::to_string(u.id) + " while " +
+                              std::to_string(u.refs - 1) + " importer handle(s) still have it open");
+    }
+  }
   if (--u.refs == 0) device_.events_.erase(u.id);
   events_.erase(it);
   --device_.live_local_events_;
@@ -362,6 +516,8 @@ Result<FakeDevice::UnderlyingEvent*> FakeBackend::UsableEventLocked(Event event,
   }
   FakeDevice::UnderlyingEvent& u = device_.events_[it->second.id];
   if (u.destroyed) {
+    device_.ViolationLocked(process_ + " used event " + std::to_string(u.id) + " (" + op +
+                            ") after its exporter destroyed it");
     return FailedPrecondition(std::string(op) + ": event " + std::to_string(u.id) +
                               " was destroyed by its exporting process " + u.owner +
                               " (undefined behaviour with CUDA)");
@@ -402,6 +558,7 @@ Status FakeBackend::CopyLocked(FakeOp op, void* dst, const void* src, size_t byt
   c.alloc = a->id;
   c.pinned = PinnedLocked(host, bytes);
   std::memcpy(dst, src, bytes);
+  EnqueueLocked(stream);
   return Status::Ok();
 }
 
@@ -427,6 +584,7 @@ Status FakeBackend::RecordEvent(Event event, Stream stream) {
   }
   c.event = (*u)->id;
   ++(*u)->records;
+  (*u)->work = EnqueueLocked(stream);
   return Status::Ok();
 }
 
@@ -441,6 +599,13 @@ Status FakeBackend::StreamWaitEvent(Stream stream, Event event) {
     return s.ok() ? u.status() : s;
   }
   c.event = (*u)->id;
+  // Later work on the stream waits for the event's latest record (never for a later one).
+  const uint64_t w = EnqueueLocked(stream, (*u)->work);
+  if ((*u)->owner_dead && (*u)->owner != process_) {  // its exporter died: this wait never ends
+    FakeDevice::Work& work = device_.works_[w];
+    work.dead = true;
+    work.done = false;
+  }
   return Status::Ok();
 }
 
@@ -454,11 +619,12 @@ Result<bool> FakeBackend::QueryEvent(Event event) {
     return u.status();
   }
   c.event = (*u)->id;
-  return !(*u)->pending;
+  if ((*u)->owner_dead && (*u)->owner != process_) return false;  // its exporter died: never
+  return device_.DoneLocked((*u)->work);
 }
 
 Status FakeBackend::SynchronizeEvent(Event event) {
-  std::lock_guard lock(device_.mu_);
+  std::unique_lock lock(device_.mu_);
   if (auto f = TakeFailureLocked(FakeOp::kSyncEvent)) return *f;
   FakeCall& c = device_.LogLocked(process_, FakeOp::kSyncEvent);
   auto u = UsableEventLocked(event, "SynchronizeEvent");
@@ -466,22 +632,29 @@ Status FakeBackend::SynchronizeEvent(Event event) {
     c.ok = false;
     return u.status();
   }
-  c.event = (*u)->id;
-  if ((*u)->pending) {
-    c.ok = false;
-    return Unavailable("SynchronizeEvent: event " + std::to_string(c.event) +
-                       " is held by the test: it would block forever");
-  }
-  return Status::Ok();
+  const uint64_t id = (*u)->id;
+  c.event = id;
+  const bool never = (*u)->owner_dead && (*u)->owner != process_;
+  const uint64_t work = (*u)->work;
+  Status s = device_.BlockLocked(
+      lock, [&] { return !never && device_.DoneLocked(work); },
+      process_ + " SynchronizeEvent of event " + std::to_string(id));
+  if (!s.ok()) device_.LogLocked(process_, FakeOp::kSyncEvent).ok = false;
+  return s;
 }
 
 Status FakeBackend::SynchronizeStream(Stream stream) {
-  std::lock_guard lock(device_.mu_);
+  std::unique_lock lock(device_.mu_);
   if (auto f = TakeFailureLocked(FakeOp::kSyncStream)) return *f;
   FakeCall& c = device_.LogLocked(process_, FakeOp::kSyncStream);
   Status s = CheckStreamLocked(stream, &c.stream);
-  if (!s.ok()) c.ok = false;
-  return s;
+  if (!s.ok()) {
+    c.ok = false;
+    return s;
+  }
+  const uint64_t work = tails_[stream.handle];
+  return device_.BlockLocked(
+      lock, [&] { return device_.DoneLocked(work); }, process_ + " SynchronizeStream");
 }
 
 Result<IpcMemHandle> FakeBackend::ExportMemory(void* base) {
@@ -489,7 +662,7 @@ Result<IpcMemHandle> FakeBackend::ExportMemory(void* base) {
   if (auto f = TakeFailureLocked(FakeOp::kExportMemory)) return *f;
   FakeCall& c = device_.LogLocked(process_, FakeOp::kExportMemory);
   auto it = device_.allocations_.find(reinterpret_cast<uintptr_t>(base));
-  if (it == device_.allocations_.end() || it->second.owner != process_) {
+  if (it == device_.allocations_.end() || it->second.owner != process_ || it->second.freed) {
     c.ok = false;
     return InvalidArgument("ExportMemory of " + Hex(base) +
                            ": not the base of an allocation of this process");
@@ -522,7 +695,7 @@ Result<void*> FakeBackend::OpenMemory(const IpcMemHandle& handle) {
   FakeCall& c = device_.LogLocked(process_, FakeOp::kOpenMemory);
   const uint64_t id = DecodeHandle(kMemMagic, handle);
   for (auto& [base, a] : device_.allocations_) {
-    if (a.id != id || id == 0) continue;
+    if (a.id != id || id == 0 || a.freed) continue;
     c.alloc = id;
     if (a.owner == process_) {
       c.ok = false;
@@ -554,7 +727,10 @@ Status FakeBackend::CloseMemory(void* base) {
   c.alloc = it->second.first;
   if (--it->second.second == 0) {
     auto a = device_.allocations_.find(reinterpret_cast<uintptr_t>(base));
-    if (a != device_.allocations_.end()) --a->second.open_elsewhere;
+    if (a != device_.allocations_.end() && --a->second.open_elsewhere == 0 && a->second.freed) {
+      AlignedDelete{}(a->second.bytes);  // freed under the importer (a violation): gone only now
+      device_.allocations_.erase(a);
+    }
     mappings_.erase(it);
     --device_.live_mappings_;
   }

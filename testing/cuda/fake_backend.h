@@ -5,29 +5,45 @@
 // open in another FakeBackend of the same FakeDevice, referring to the same memory and the same
 // events, and fail in the exporting one, as with CUDA.
 //
-// Work runs at once: a copy is done before MemcpyH2DAsync returns, an event completes when recorded,
-// unless the test holds it (SetEventPending) to stand for GPU work still in flight. Every call is
-// appended to the device's call log with a global sequence number, so a test can check the order
-// of calls across processes (e.g. "the daemon waited on the consumer's event before it copied into
-// the slot again").
-//
-// The fake checks the rules CUDA leaves undefined or reports late, and fails the call with
-// kFailedPrecondition instead: freeing memory another process still has open, using an imported
-// event after its exporter destroyed it, overlapping host registrations, copies outside an
-// allocation, exporting a non-interprocess event or a pointer that is not an allocation's base.
+// Work and completion follow CUDA's rules (CODING.md, "CUDA rules"), not kinder ones:
+//   - Data moves at once (a copy is done before MemcpyH2DAsync returns), but *completion* is
+//     tracked as on a GPU: every copy, record and wait is a work item on its stream, after the
+//     stream's previous item; a wait adds the waited event's latest record as a dependency. The
+//     test holds work (SetEventPending) to stand for GPU work still in flight; everything queued
+//     behind held work (on the same stream, or through a wait, in any process) is not complete
+//     either.
+//   - SynchronizeEvent / SynchronizeStream, DeviceFree and HostUnregister (which synchronize, as
+//     cudaFree and cudaHostUnregister do) BLOCK until that work is complete. A wait that would
+//     never end (nothing completes it within block_limit) is recorded as a violation ("would hang")
+//     and the call fails with kUnavailable instead of hanging the test.
+//   - A process that dies (Die(), or the FakeBackend destroyed) never completes its queued work; an
+//     event it exported never completes in its importers, and neither does anything queued behind a
+//     wait on it.
+//   - What CUDA leaves undefined is recorded as a violation (violations(); tests assert none), not
+//     refused: freeing memory another process still has open (the bytes stay valid until the last
+//     importer closes, so a test reading them does not crash), destroying an exported event while
+//     an importer has it open, using an imported event after its exporter destroyed it (this one
+//     also fails the call).
+//   - A sticky error (InjectStickyError) poisons the process: every later call fails with it.
+// Refused at once, as CUDA does: overlapping host registrations, copies outside an allocation,
+// exporting a non-interprocess event or a pointer that is not an allocation's base.
 // It counts live objects (for leak checks) and can fail the next call of a kind (fault injection).
 //
-// Deterministic: ids are counters; nothing depends on addresses or time.
+// Deterministic apart from block_limit: ids are counters; nothing depends on addresses.
 // Thread safety: FakeDevice and its backends are safe to share between threads (one mutex, held for
-// every call).
+// every call, released while a call blocks).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/device_backend.h"
@@ -73,6 +89,7 @@ struct FakeCall {
   uint64_t bytes = 0;
   bool pinned = false;   // kCopyH2D / kCopyD2H: the host side lies in a registered range
   bool ok = true;        // false when the call failed
+  std::thread::id thread;  // the calling thread
 };
 // "daemon copy_h2d stream=1 alloc=1+8192 bytes=4096 pinned", for failure messages.
 std::string ToString(const FakeCall& call);
@@ -82,7 +99,9 @@ class FakeBackend;
 class FakeDevice {
  public:
   // capacity_bytes: device memory; a DeviceAlloc past it fails with kResourceExhausted.
-  explicit FakeDevice(uint64_t capacity_bytes = uint64_t{1} << 32, DeviceUuid uuid = DefaultUuid());
+  // block_limit: how long a blocking call waits for held work before it is recorded as a hang.
+  explicit FakeDevice(uint64_t capacity_bytes = uint64_t{1} << 32, DeviceUuid uuid = DefaultUuid(),
+                      std::chrono::milliseconds block_limit = std::chrono::milliseconds(300));
   ~FakeDevice();
   FakeDevice(const FakeDevice&) = delete;
   FakeDevice& operator=(const FakeDevice&) = delete;
@@ -101,6 +120,10 @@ class FakeDevice {
   // Objects made and not yet undone, over every process.
   Live live() const;
 
+  // What CUDA leaves undefined (or would hang on) that happened so far, one line each, in order.
+  std::vector<std::string> violations() const;
+  void ClearViolations();
+
   // "Device memory" is host memory here: a DeviceAlloc or OpenMemory pointer may be read on the
   // host to check what a copy wrote.
 
@@ -113,26 +136,48 @@ class FakeDevice {
     uint8_t* bytes = nullptr;  // owned: aligned new[], freed by DeviceFree or ~FakeDevice
     size_t size = 0;
     int open_elsewhere = 0;  // processes that have it mapped through IPC
+    bool freed = false;      // freed by its owner while still open elsewhere (a violation)
   };
   struct UnderlyingEvent {
     uint64_t id = 0;
     std::string owner;
     bool interprocess = false;
-    bool pending = false;    // the latest record stands for work not yet run
-    bool destroyed = false;  // the exporter destroyed it (importers must not use it any more)
+    uint64_t work = 0;        // the work item of the latest record; 0 = never recorded (complete)
+    bool destroyed = false;   // the exporter destroyed it (importers must not use it any more)
+    bool owner_dead = false;  // the exporting process died: never completes for its importers
     uint64_t records = 0;
-    int refs = 0;            // local handles (created + opened) still alive
+    int refs = 0;  // local handles (created + opened) still alive
+  };
+  // One copy, record or wait on a stream: complete when not held, not of a dead process, and
+  // every dependency (the stream's previous item, a waited event's record) is complete.
+  struct Work {
+    std::string owner;
+    bool held = false;
+    bool dead = false;
+    bool done = false;  // found complete (its deps then dropped)
+    std::vector<uint64_t> deps;
   };
 
   // REQUIRES: mu_ held. Appends to the log and returns the entry (to fill in).
   FakeCall& LogLocked(const std::string& process, FakeOp op);
   // REQUIRES: mu_ held. The allocation containing [ptr, ptr + bytes), or nullptr.
   Allocation* FindLocked(const void* ptr, size_t bytes, uint64_t* offset);
+  // REQUIRES: mu_ held. Whether work item `id` (0: none) is complete.
+  bool DoneLocked(uint64_t id);
+  // REQUIRES: mu_ held. A new work item of `owner` after `deps` (complete ones left out).
+  uint64_t AddWorkLocked(const std::string& owner, std::vector<uint64_t> deps);
+  // REQUIRES: lock holds mu_. Waits (releasing mu_) until done() or block_limit; on timeout records
+  // the hang as a violation and returns kUnavailable naming `what`.
+  template <typename Pred>
+  Status BlockLocked(std::unique_lock<std::mutex>& lock, Pred done, const std::string& what);
+  void ViolationLocked(std::string what);
 
   const uint64_t capacity_bytes_;
   const DeviceUuid uuid_;
+  const std::chrono::milliseconds block_limit_;
 
   mutable std::mutex mu_;
+  std::condition_variable cv_;  // work may have completed (SetEventPending)
   // Guarded by mu_.
   std::vector<FakeCall> calls_;
   uint64_t next_seq_ = 1;
@@ -145,6 +190,9 @@ class FakeDevice {
   size_t live_registrations_ = 0;
   size_t live_mappings_ = 0;
   size_t live_local_events_ = 0;
+  uint64_t next_work_id_ = 1;
+  std::map<uint64_t, Work> works_;
+  std::vector<std::string> violations_;
 };
 
 class FakeBackend final : public DeviceBackend {
@@ -156,9 +204,16 @@ class FakeBackend final : public DeviceBackend {
 
   // Makes the next call of kind `op` fail with `status` (once), without doing anything.
   void FailNext(FakeOp op, Status status);
-  // Holds (or lets go) the work captured by `event`'s latest record, in every process: QueryEvent
-  // says false and SynchronizeEvent fails with kUnavailable ("would block forever") while held.
+  // Holds (or lets go) the work captured by `event`'s latest record, in every process (a
+  // never-recorded event gets a held record): QueryEvent says false while held, and so for every
+  // event recorded behind it; blocking calls wait for it (see above).
   void SetEventPending(Event event, bool pending);
+  // Every later call of this process fails with `status` (a sticky CUDA error: the context is
+  // unusable until the process exits).
+  void InjectStickyError(Status status);
+  // The process dies: its queued work never completes, its exported events never complete in
+  // their importers, every later call fails. The destructor does the same.
+  void Die();
   // The device-wide id of a local event handle (0 if unknown), to match FakeCall::event.
   uint64_t EventId(Event event) const;
   // The process-local id of a stream (0 for the default stream or unknown), to match FakeCall::stream.
@@ -194,6 +249,7 @@ class FakeBackend final : public DeviceBackend {
   Status CloseMemory(void* base) override;
   Result<Event> OpenEvent(const IpcEventHandle& handle) override;
   void ReportTeardownError(const Status& status) override;
+  Status sticky_error() const override;
 
  private:
   struct LocalEvent {
@@ -201,7 +257,7 @@ class FakeBackend final : public DeviceBackend {
     bool opened = false;
   };
 
-  // REQUIRES: device_.mu_ held. A failure injected for `op`, consumed.
+  // REQUIRES: device_.mu_ held. A failure injected for `op`, consumed; the sticky error or death.
   std::optional<Status> TakeFailureLocked(FakeOp op);
   // REQUIRES: device_.mu_ held. Checks a stream handle; fills *id (0 = default).
   Status CheckStreamLocked(Stream stream, uint64_t* id) const;
@@ -210,6 +266,11 @@ class FakeBackend final : public DeviceBackend {
   // REQUIRES: device_.mu_ held. Whether [ptr, ptr + bytes) lies in a registered host range.
   bool PinnedLocked(const void* ptr, size_t bytes) const;
   Status CopyLocked(FakeOp op, void* dst, const void* src, size_t bytes, Stream stream);
+  // REQUIRES: device_.mu_ held. Appends a work item to `stream` (checked), after its tail and `extra`.
+  uint64_t EnqueueLocked(Stream stream, uint64_t extra = 0);
+  // REQUIRES: device_.mu_ held. Whether every work item this process queued is complete.
+  bool AllWorkDoneLocked();
+  void DieLocked();
 
   FakeDevice& device_;
   const std::string process_;
@@ -224,6 +285,10 @@ class FakeBackend final : public DeviceBackend {
   uint64_t next_local_event_ = 1;
   std::map<void*, std::pair<uint64_t, int>> mappings_;  // opened base -> (allocation id, opens)
   std::vector<Status> teardown_errors_;
+  std::map<void*, uint64_t> tails_;  // stream handle (nullptr: default) -> its latest work item
+  std::vector<uint64_t> works_;      // work items queued by this process, maybe not complete
+  std::optional<Status> sticky_;
+  bool dead_ = false;
 };
 
 }  // namespace spdl::cuda

@@ -4,8 +4,8 @@
 //
 // NEVER used unless a test asks for it explicitly: the daemon's hidden flag
 // `--test-only-fake-gpu DIR` (it logs a warning at start and for every device it fakes) and, in a
-// client, GpuOptions::test_fake_gpu_dir or the environment variable SPDL_TEST_FAKE_GPU_DIR (the
-// client prints a warning on stderr). Both sides must name the same directory: it is the "device".
+// client (built with SPDL_TEST_HOOKS), the environment variable SPDL_TEST_FAKE_GPU_DIR (the client
+// prints a warning on stderr). Both sides must name the same directory: it is the "device".
 //
 // What stands for what:
 //   device memory   a file DIR/mem-PID-N (size = the allocation), mapped MAP_SHARED. Its IPC

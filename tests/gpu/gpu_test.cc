@@ -290,5 +290,27 @@ TEST_CASE("GPU: copy: client — the trainer pins its own mapping and copies its
   pool->reset();
 }
 
+// The runtime is linked statically and loads the driver only now: on a machine without a driver
+// (or with one older than CUDA 13 needs), nothing GPU starts, and the message says which driver is
+// needed. Runs where no usable driver is installed (the CPU machines); skipped where one is.
+TEST_CASE("CUDA runtime: without a usable driver, GPU use is refused naming the driver needed", "[cuda_driver]") {
+  const Status driver = cuda::CheckCudaDriver();
+  if (driver.ok()) {
+    SPDL_SKIP_PART("this machine has a driver for CUDA 13; the refusal is for machines without one");
+    return;
+  }
+  INFO(driver.message());
+  CHECK(driver.code() == StatusCode::kUnavailable);
+  CHECK_THAT(driver.message(), Catch::Contains("CUDA 13.0") && Catch::Contains("driver 580 or newer"));
+  std::string why;
+  CHECK(cuda::CudaDeviceCount(&why) == 0);
+  CHECK(why == driver.message());
+  cuda::CudaBackend::Options o;
+  auto b = cuda::CudaBackend::Create(o);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(b.status().message(), Catch::Contains("driver 580 or newer"));
+}
+
 }  // namespace
 }  // namespace spdl::gpu_test

@@ -12,6 +12,7 @@ skipped, and said so, elsewhere.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import time
@@ -119,6 +120,8 @@ def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon,
                 assert t.__dlpack_device__() == (KDLCUDA, 0)
                 with pytest.raises(BufferError):
                     t.__dlpack__(stream=0)  # ambiguous for CUDA (array API)
+                with pytest.raises(BufferError, match="per-thread default stream"):
+                    t.__dlpack__(stream=2)  # would be recorded on the deleter's thread's stream
                 with pytest.raises(BufferError):
                     t.__dlpack__(dl_device=(KDLCPU, 0))
                 cap = t.__dlpack__(stream=1)  # torch's legacy default stream
@@ -130,6 +133,34 @@ def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon,
             b.release()
     assert got == ref
     assert loader.held_batches == 0
+
+
+def test_gpu_tensors_outlive_the_loader(fake_gpu_daemon, dataset, monkeypatch):
+    """Views kept after loader.close() still read their batch: the IPC mapping and the daemon's device
+    memory live as long as the last view (before, close() unmapped it under them)."""
+    sock, fake = fake_gpu_daemon
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_DIR", fake)
+    ref = cpu_reference(sock, dataset.root)
+    mine = f"mem-{os.getpid()}-"
+
+    def daemon_memory():
+        return [p for p in os.listdir(fake) if p.startswith("mem-") and not p.startswith(mine)]
+
+    assert not daemon_memory()
+    loader = spdl_client.Loader(job_yaml(dataset.root, batch=8, extra="output: {device: cuda:0}\n"), socket=sock,
+                                epochs=2, rank=0, world_size=1)
+    b = next(iter(loader))
+    key = (b.epoch, b.batch_in_epoch)
+    caps = {name: b[name].__dlpack__(stream=1) for name in b}
+    del b
+    loader.close()
+    assert daemon_memory()  # kept for the views
+    assert {name: capsule_bytes(c)[2] for name, c in caps.items()} == ref[key]
+    del caps  # the last views: the client unmaps, tells the daemon, which frees
+    deadline = time.monotonic() + 10
+    while daemon_memory() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not daemon_memory()
 
 
 def test_torch_takes_cuda_tensors_equal_to_the_cpu_path(make_loader, daemon, dataset):

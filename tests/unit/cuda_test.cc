@@ -5,6 +5,7 @@
 // rule is about. The same code runs against the real CUDA runtime in tests/gpu/.
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -14,9 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "cuda/device_handles.h"
+#include "cuda/device_scope.h"
 #include "cuda/device_slot_pool.h"
 #include "cuda/fake_backend.h"
 #include "cuda/ipc_messages.h"
@@ -134,23 +134,166 @@ TEST_CASE("FakeBackend: IPC memory and events open in another process only, and 
   daemon.SetEventPending(*ev, false);
   CHECK(*trainer.QueryEvent(*opened));
 
-  // Freeing while another process has it mapped is refused (undefined with CUDA).
-  Status early = daemon.DeviceFree(*mem);
-  CHECK(early.code() == StatusCode::kFailedPrecondition);
   REQUIRE(trainer.CloseMemory(*mapped).ok());
   REQUIRE(daemon.DeviceFree(*mem).ok());
-
-  // An imported event is unusable once its exporter destroyed it.
+  REQUIRE(trainer.DestroyEvent(*opened).ok());
   REQUIRE(daemon.DestroyEvent(*ev).ok());
+  REQUIRE(daemon.DestroyStream(*stream).ok());
+  CHECK(dev.live().empty());
+  CHECK(dev.violations().empty());
+}
+
+TEST_CASE("FakeBackend: what CUDA leaves undefined happens, and is recorded as a violation", "[cuda]") {
+  FakeDevice dev;
+  FakeBackend daemon(dev, "daemon");
+  FakeBackend trainer(dev, "trainer");
+  auto mem = daemon.DeviceAlloc(8192);
+  REQUIRE(mem.ok());
+  auto mapped = trainer.OpenMemory(*daemon.ExportMemory(*mem));
+  REQUIRE(mapped.ok());
+  auto ev = daemon.CreateEvent(/*interprocess=*/true);
+  REQUIRE(ev.ok());
+  auto opened = trainer.OpenEvent(*daemon.ExportEvent(*ev));
+  REQUIRE(opened.ok());
+
+  // Freeing while another process has it mapped: not refused (CUDA would not), recorded; the
+  // bytes stay readable in the importer until it closes them (a test reading them does not crash).
+  REQUIRE(daemon.DeviceFree(*mem).ok());
+  // Destroying an exported event an importer still has open: recorded too.
+  REQUIRE(daemon.DestroyEvent(*ev).ok());
+  // Using the imported event afterwards: recorded, and the call fails.
   auto q = trainer.QueryEvent(*opened);
   REQUIRE_FALSE(q.ok());
   CHECK_THAT(q.status().message(), Catch::Contains("destroyed by its exporting process daemon"));
+  const auto v = dev.violations();
+  REQUIRE(v.size() == 3);
+  CHECK_THAT(v[0], Catch::Contains("daemon freed allocation") && Catch::Contains("still have it open"));
+  CHECK_THAT(v[1], Catch::Contains("daemon destroyed exported event") && Catch::Contains("still have it open"));
+  CHECK_THAT(v[2], Catch::Contains("trainer used event"));
+  std::vector<uint8_t> back(16);
+  REQUIRE(trainer.MemcpyD2HAsync(back.data(), *mapped, back.size(), Stream{}).ok());
+  REQUIRE(trainer.CloseMemory(*mapped).ok());
   REQUIRE(trainer.DestroyEvent(*opened).ok());
-  REQUIRE(daemon.DestroyStream(*stream).ok());
   CHECK(dev.live().empty());
 }
 
-TEST_CASE("FakeBackend: the rules CUDA leaves undefined fail loudly", "[cuda]") {
+TEST_CASE("FakeBackend: free and unregister wait for the process's queued work, and would hang on work that never runs",
+          "[cuda]") {
+  FakeDevice dev(uint64_t{1} << 32, FakeDevice::DefaultUuid(), std::chrono::milliseconds(200));
+  FakeBackend b(dev, "daemon");
+  std::vector<uint8_t> host(8192);
+  REQUIRE(b.HostRegister(host.data(), host.size()).ok());
+  auto mem = b.DeviceAlloc(4096);
+  REQUIRE(mem.ok());
+  auto stream = b.CreateStream();
+  REQUIRE(stream.ok());
+  auto ev = b.CreateEvent(false);
+  REQUIRE(ev.ok());
+  REQUIRE(b.MemcpyH2DAsync(*mem, host.data(), 4096, *stream).ok());
+  REQUIRE(b.RecordEvent(*ev, *stream).ok());
+  b.SetEventPending(*ev, true);  // the copy is still running on the GPU
+
+  SECTION("free blocks until the work has run") {
+    std::atomic<bool> let_go{false};
+    std::thread gpu([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      let_go = true;
+      b.SetEventPending(*ev, false);
+    });
+    REQUIRE(b.DeviceFree(*mem).ok());
+    CHECK(let_go.load());  // returned only after the work completed
+    gpu.join();
+    REQUIRE(b.HostUnregister(host.data()).ok());
+    CHECK(dev.violations().empty());
+  }
+  SECTION("work that never runs: free and unregister would hang (recorded, and they fail)") {
+    CHECK(b.DeviceFree(*mem).code() == StatusCode::kUnavailable);
+    CHECK(b.HostUnregister(host.data()).code() == StatusCode::kUnavailable);
+    CHECK(b.SynchronizeStream(*stream).code() == StatusCode::kUnavailable);
+    const auto v = dev.violations();
+    REQUIRE(v.size() == 3);
+    CHECK_THAT(v[0], Catch::Contains("DeviceFree") && Catch::Contains("would hang"));
+    CHECK_THAT(v[1], Catch::Contains("HostUnregister") && Catch::Contains("would hang"));
+    b.SetEventPending(*ev, false);
+    REQUIRE(b.DeviceFree(*mem).ok());
+    REQUIRE(b.HostUnregister(host.data()).ok());
+  }
+  REQUIRE(b.DestroyEvent(*ev).ok());
+  REQUIRE(b.DestroyStream(*stream).ok());
+  CHECK(dev.live().empty());
+}
+
+TEST_CASE("FakeBackend: a wait on another process's event holds everything queued behind it", "[cuda]") {
+  FakeDevice dev(uint64_t{1} << 32, FakeDevice::DefaultUuid(), std::chrono::milliseconds(100));
+  FakeBackend daemon(dev, "daemon");
+  auto trainer = std::make_unique<FakeBackend>(dev, "trainer");
+  auto done = trainer->CreateEvent(true);
+  REQUIRE(done.ok());
+  auto done_in_daemon = daemon.OpenEvent(*trainer->ExportEvent(*done));
+  REQUIRE(done_in_daemon.ok());
+  auto stream = daemon.CreateStream();
+  REQUIRE(stream.ok());
+  auto ready = daemon.CreateEvent(true);
+  REQUIRE(ready.ok());
+
+  // The trainer recorded its work; it has not run yet. The daemon's stream waits on it (the GPU
+  // wait spdld must never make): what the daemon records after it is not complete either.
+  REQUIRE(trainer->RecordEvent(*done, Stream{}).ok());
+  trainer->SetEventPending(*done, true);
+  REQUIRE(daemon.StreamWaitEvent(*stream, *done_in_daemon).ok());
+  REQUIRE(daemon.RecordEvent(*ready, *stream).ok());
+  CHECK_FALSE(*daemon.QueryEvent(*ready));
+  trainer->SetEventPending(*done, false);  // the trainer's work ran: so does what waited for it
+  CHECK(*daemon.QueryEvent(*ready));
+
+  SECTION("the trainer dies with its work queued: the imported event never completes") {
+    REQUIRE(trainer->RecordEvent(*done, Stream{}).ok());
+    trainer->SetEventPending(*done, true);
+    REQUIRE(daemon.StreamWaitEvent(*stream, *done_in_daemon).ok());
+    REQUIRE(daemon.RecordEvent(*ready, *stream).ok());
+    trainer.reset();  // the process exits
+    CHECK_FALSE(*daemon.QueryEvent(*done_in_daemon));
+    CHECK_FALSE(*daemon.QueryEvent(*ready));
+    CHECK(daemon.SynchronizeEvent(*ready).code() == StatusCode::kUnavailable);
+    // A wait made after the death never ends either.
+    auto ready2 = daemon.CreateEvent(false);
+    REQUIRE(daemon.StreamWaitEvent(*stream, *done_in_daemon).ok());
+    REQUIRE(daemon.RecordEvent(*ready2, *stream).ok());
+    CHECK_FALSE(*daemon.QueryEvent(*ready2));
+    REQUIRE(daemon.DestroyEvent(*ready2).ok());
+    dev.ClearViolations();
+  }
+  SECTION("a completed record is seen complete, even on another stream of the waiter") {
+    auto other = daemon.CreateStream();
+    REQUIRE(daemon.StreamWaitEvent(*other, *done_in_daemon).ok());
+    REQUIRE(daemon.SynchronizeStream(*other).ok());
+    REQUIRE(daemon.DestroyStream(*other).ok());
+  }
+  REQUIRE(daemon.DestroyEvent(*done_in_daemon).ok());
+  REQUIRE(daemon.DestroyEvent(*ready).ok());
+  REQUIRE(daemon.DestroyStream(*stream).ok());
+  if (trainer) REQUIRE(trainer->DestroyEvent(*done).ok());
+  CHECK(dev.violations().empty());
+}
+
+TEST_CASE("FakeBackend: a sticky error poisons every later call of the process", "[cuda]") {
+  FakeDevice dev;
+  FakeBackend b(dev, "trainer");
+  FakeBackend other(dev, "daemon");
+  auto mem = b.DeviceAlloc(4096);
+  REQUIRE(mem.ok());
+  b.InjectStickyError(Internal("cudaErrorIllegalAddress: an illegal memory access was encountered"));
+  CHECK_THAT(b.CreateStream().status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(b.QueryEvent(Event{}).status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(b.DeviceFree(*mem).message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(b.DeviceAlloc(16).status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  // Another process is not affected.
+  auto mine = other.DeviceAlloc(16);
+  REQUIRE(mine.ok());
+  REQUIRE(other.DeviceFree(*mine).ok());
+}
+
+TEST_CASE("FakeBackend: misuse CUDA refuses is refused, fault injection, pinned copies", "[cuda]") {
   FakeDevice dev(/*capacity_bytes=*/1 << 20);
   FakeBackend b(dev, "daemon");
   std::vector<uint8_t> host(64 * 1024);
@@ -193,6 +336,58 @@ TEST_CASE("FakeBackend: the rules CUDA leaves undefined fail loudly", "[cuda]") 
   REQUIRE(b.DestroyEvent(*plain).ok());
   REQUIRE(b.HostUnregister(host.data()).ok());
   CHECK(dev.live().empty());
+}
+
+// ================================================================================ ScopedDevice
+
+// cudaGetDevice / cudaSetDevice as the runtime has them: per-thread state.
+struct PerThreadRuntime {
+  static int& Current() {
+    thread_local int device = 0;
+    return device;
+  }
+  int sets = 0;
+  bool fail_set = false;
+  Status GetDevice(int* d) {
+    *d = Current();
+    return Status::Ok();
+  }
+  Status SetDevice(int d) {
+    if (fail_set) return Unavailable("cudaSetDevice: cudaErrorInvalidDevice");
+    ++sets;
+    Current() = d;
+    return Status::Ok();
+  }
+};
+
+TEST_CASE("ScopedDevice: a backend call gives the calling thread its own device back", "[cuda]") {
+  PerThreadRuntime rt;
+  PerThreadRuntime::Current() = 1;  // the trainer's thread works on cuda:1
+  {
+    ScopedDevice<PerThreadRuntime> scope(rt, 0);  // a call of the backend of cuda:0
+    REQUIRE(scope.status().ok());
+    CHECK(PerThreadRuntime::Current() == 0);
+  }
+  CHECK(PerThreadRuntime::Current() == 1);  // restored: the trainer's next kernel runs where it chose
+  CHECK(rt.sets == 2);
+  {
+    ScopedDevice<PerThreadRuntime> scope(rt, 1);  // already current: no switch at all
+    CHECK(scope.status().ok());
+  }
+  CHECK(rt.sets == 2);
+  // Another thread's device is its own.
+  std::thread other([&] {
+    ScopedDevice<PerThreadRuntime> scope(rt, 3);
+    CHECK(PerThreadRuntime::Current() == 3);
+  });
+  other.join();
+  CHECK(PerThreadRuntime::Current() == 1);
+  rt.fail_set = true;
+  {
+    ScopedDevice<PerThreadRuntime> scope(rt, 2);
+    CHECK(scope.status().code() == StatusCode::kUnavailable);
+  }
+  CHECK(PerThreadRuntime::Current() == 1);
 }
 
 // ==================================================================================== handles
@@ -461,8 +656,9 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: the reuse rule, over several epochs"
   }
 
   // Per slot, in device-wide order: daemon copy C, daemon record-ready R, trainer wait-on-ready W,
-  // trainer record-done D, daemon wait-on-done w. The rule: every copy but the first is preceded
-  // by the daemon's wait on the done event the trainer recorded at the release before it.
+  // trainer record-done D, daemon host query of done q. The rule: every copy but the first is
+  // preceded by the daemon's host query that found complete the done event the trainer recorded
+  // at the release before it; the daemon's stream never waits on the trainer's event (w).
   for (uint32_t s = 0; s < kSlots; ++s) {
     const uint64_t ready = job.daemon.EventId(job.pool->ready_event(s));
     const uint64_t done = job.daemon.EventId(job.pool->consumer_event(s));
@@ -474,10 +670,17 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: the reuse rule, over several epochs"
       else if (daemon && c.op == FakeOp::kRecord && c.event == ready) trace += "R";
       else if (!daemon && c.op == FakeOp::kWait && c.event == ready) trace += "W";
       else if (!daemon && c.op == FakeOp::kRecord && c.event == done) trace += "D";
-      else if (daemon && c.op == FakeOp::kWait && c.event == done) trace += "w";
+      else if (daemon && c.op == FakeOp::kQuery && c.event == done)
+        trace += "q";
+      else if (daemon && c.op == FakeOp::kWait)
+        trace += "w";  // never: no GPU wait on a foreign event
     }
     INFO("slot " << s << "\n" << Dump(job.dev.calls()));
-    CHECK(trace == "CRWD" "wCRWD" "wCRWD" "wCRWD");
+    CHECK(trace ==
+          "CRWD"
+          "qCRWD"
+          "qCRWD"
+          "qCRWD");
   }
   // Every copy came from page-locked memory, on the pool's stream, never on the default stream.
   const uint64_t copy_stream = job.daemon.StreamId(job.pool->copy_stream());
@@ -491,6 +694,63 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: the reuse rule, over several epochs"
     CHECK(c.op != FakeOp::kSyncEvent);
     CHECK(c.op != FakeOp::kSyncStream);
   }
+}
+
+TEST_CASE("DeviceSlotPool: a stalled trainer holds only its slot, never the copy stream", "[cuda]") {
+  Job job(2);
+  job.region.Fill(0, 1);
+  REQUIRE(job.pool->Submit(0).ok());
+  REQUIRE(job.pool->Lease(0, 1).ok());
+  REQUIRE(job.view->Acquire(0, 1).ok());
+  REQUIRE(job.view->Release(0, 1).ok());
+  REQUIRE(job.pool->Release(0, 1).ok());
+  // The trainer's kernels on slot 0 have not run (a stalled or dead trainer).
+  const Event done = job.pool->consumer_event(0);
+  job.daemon.SetEventPending(done, true);
+
+  // Slot 0 may not be copied into: the daemon says so at once instead of queueing a GPU wait.
+  auto free0 = job.pool->ConsumerDone(0);
+  REQUIRE(free0.ok());
+  CHECK_FALSE(*free0);
+  Status s = job.pool->Submit(0);
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Contains("consumer-done event for it has not completed"));
+  CHECK(job.pool->state(0) == DeviceSlotState::kReleased);
+  // Other slots go on: the copy stream is not blocked behind the trainer.
+  job.region.Fill(1, 2);
+  REQUIRE(job.pool->Submit(1).ok());
+  CHECK(*job.pool->HostSlotReusable(1));
+  for (const FakeCall& c : job.dev.calls()) CHECK_FALSE((c.process == "daemon" && c.op == FakeOp::kWait));
+
+  // The trainer catches up and closes its view; the daemon's copy stream never waited on anything
+  // of the trainer's, so its teardown frees at once (no hang, nothing leaked).
+  job.daemon.SetEventPending(done, false);
+  job.pool->Stop();
+  job.view.reset();
+  REQUIRE(job.pool->Shutdown().ok());
+  CHECK(job.pool->leaked_bytes() == 0);
+  CHECK(job.dev.violations().empty());
+  CHECK(job.daemon.teardown_errors().empty());
+}
+
+TEST_CASE("DeviceSlotView::Detach: a daemon that died with a copy queued cannot hang the trainer's teardown",
+          "[cuda]") {
+  Job job(2);
+  REQUIRE(job.pool->Submit(0).ok());
+  REQUIRE(job.pool->Lease(0, 1).ok());
+  job.daemon.SetEventPending(job.pool->ready_event(0), true);  // the copy has not run yet
+  REQUIRE(job.view->Acquire(0, 1).ok());                       // the trainer's stream waits for it on the GPU
+  job.daemon.Die();  // ... and the daemon dies: its ready event never completes
+  job.view->set_detach_timeout(std::chrono::milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  job.view->Detach();  // records consumer-done behind the dead wait, then gives up waiting
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  auto errors = job.trainer.teardown_errors();
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0].message(), Catch::Contains("did not complete within 100 ms") && Catch::Contains("leaking"));
+  for (const FakeCall& c : job.dev.calls()) CHECK_FALSE((c.process == "trainer" && c.op == FakeOp::kCloseMemory));
+  CHECK(job.dev.violations().empty());
+  // (The Job's teardown then finds every call of the dead daemon failing, at once: nothing hangs.)
 }
 
 TEST_CASE("DeviceSlotPool: stale, duplicate and out-of-order operations are refused", "[cuda]") {
@@ -567,7 +827,7 @@ TEST_CASE("DeviceSlotPool: the host slot is refilled only after its copy has rea
   REQUIRE(reusable.ok());
   CHECK_FALSE(*reusable);
   CHECK(job.pool->state(0) == DeviceSlotState::kCopying);
-  // Blocking wait: on the fake a held event "would block forever" and says so.
+  // Blocking wait: on the fake a held event blocks until block_limit, then "would hang" (recorded).
   CHECK(job.pool->WaitHostSlotReusable(0).code() == StatusCode::kUnavailable);
 
   job.daemon.SetEventPending(ready, false);
@@ -611,23 +871,24 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: teardown order", "[cuda]") {
     // Held slot: record done; wait for the trainer's work on both used slots; then the opened
     // ready events, the mapping, the trainer's own events.
     CHECK(Ops(CallsOf(job.dev, "trainer")) ==
-          "sync_event record sync_event destroy_event destroy_event close_memory destroy_event "
-          "destroy_event");
+          "record query query destroy_event destroy_event close_memory destroy_event destroy_event");
     job.pool.reset();
-    // Drain (queries), opened consumer events, ready events, stream, device memory, host region.
+    // Drain (queries), ready events, stream, device memory, host region (the opened consumer
+    // events were closed by Stop, before the trainer destroyed them).
     auto daemon_ops = CallsOf(job.dev, "daemon", [](const FakeCall& c) { return c.op != FakeOp::kQuery; });
-    CHECK(Ops(daemon_ops) ==
-          "destroy_event destroy_event destroy_event destroy_event destroy_stream free host_unregister");
+    CHECK(Ops(daemon_ops) == "destroy_event destroy_event destroy_stream free host_unregister");
+    CHECK(job.dev.violations().empty());
     CHECK(job.daemon.teardown_errors().empty());
     CHECK(job.trainer.teardown_errors().empty());
   }
   SECTION("the wrong order is caught: the daemon frees while the trainer still maps the slots") {
     Job job(2);
     job.pool.reset();
-    auto errors = job.daemon.teardown_errors();
-    REQUIRE(errors.size() == 1);
-    CHECK_THAT(errors[0].message(), Catch::Contains("still open in 1 other process"));
+    auto v = job.dev.violations();
+    REQUIRE_FALSE(v.empty());
+    CHECK_THAT(v[0], Catch::Contains("still have it open"));
     job.view.reset();  // the trainer's view still closes cleanly (the fake kept the memory)
+    job.dev.ClearViolations();
   }
   SECTION("copies that never drain: the device memory is leaked, not freed under them") {
     Job job(2);
@@ -745,13 +1006,16 @@ TEST_CASE("DeviceSlotView: holds are checked by generation", "[cuda]") {
   CHECK(job.view->held(0));
   CHECK_THAT(job.view->Release(1, 5).message(), Catch::Contains("not held"));
 
-  // The release may name another stream (the trainer moved on to a side stream and joined it).
+  // The release may name another stream (the trainer moved on to a side stream); the stream the
+  // batch was acquired on is joined into it, then consumer-done is recorded there.
   Stream side = *job.trainer.CreateStream();
   job.dev.ClearCalls();
   REQUIRE(job.view->Release(0, 5, side).ok());
   auto rec = CallsOf(job.dev, "trainer", [](const FakeCall& c) { return c.op == FakeOp::kRecord; });
-  REQUIRE(rec.size() == 1);
-  CHECK(rec[0].stream == job.trainer.StreamId(side));
+  REQUIRE(rec.size() == 2);
+  CHECK(rec[0].stream == job.trainer.StreamId(job.trainer_stream));
+  CHECK(rec[1].stream == job.trainer.StreamId(side));
+  CHECK(rec[1].event == job.daemon.EventId(job.pool->consumer_event(0)));
   REQUIRE(job.trainer.DestroyStream(side).ok());
 }
 
@@ -813,6 +1077,52 @@ TEST_CASE("ClientCopyPool (copy: client): pinned own mapping, ordered reuse, exa
 }
 
 // ==================================================================================== DLPack
+
+// The leak path of copy: client: when the trainer's work never completes, the device memory and
+// the host registration are leaked, never freed or unregistered under it (which would block for
+// ever), and Shutdown says so, so that the caller keeps the registered range mapped too.
+TEST_CASE("ClientCopyPool: work that never completes leaks the memory and the registration, never frees under it",
+          "[cuda]") {
+  HostRegion region({4096}, 2);
+  FakeDevice dev(uint64_t{1} << 32, FakeDevice::DefaultUuid(), std::chrono::milliseconds(100));
+  FakeBackend trainer(dev, "trainer");
+  const Stream consumer = *trainer.CreateStream();
+  ClientCopyOptions o;
+  o.region_base = region.data;
+  o.region_bytes = region.layout.region_bytes;
+  o.slots_offset = region.layout.slots_offset;
+  o.slot_stride = region.layout.slot_stride;
+  o.num_slots = 2;
+  o.consumer_stream = consumer;
+  o.teardown_timeout = std::chrono::milliseconds(100);
+  auto pool = ClientCopyPool::Create(trainer, o);
+  REQUIRE(pool.ok());
+  region.Fill(0, 1);
+  REQUIRE((*pool)->Acquire(0, 1).ok());
+  // The trainer's kernel on the batch never finishes (a hung kernel): hold the consumer stream.
+  auto hang = trainer.CreateEvent(false);
+  REQUIRE(trainer.RecordEvent(*hang, consumer).ok());
+  trainer.SetEventPending(*hang, true);
+  REQUIRE((*pool)->Release(0, 1).ok());
+  dev.ClearCalls();
+  dev.ClearViolations();
+  Status s = (*pool)->Shutdown();
+  CHECK(s.code() == StatusCode::kUnavailable);
+  for (const FakeCall& c : dev.calls()) {
+    CHECK(c.op != FakeOp::kFree);
+    CHECK(c.op != FakeOp::kHostUnregister);
+  }
+  CHECK(dev.live().registrations == 1);  // leaked with the memory: the caller keeps the range mapped
+  CHECK(dev.live().allocations == 1);
+  CHECK(dev.violations().empty());  // and nothing blocked: the waits are bounded
+  bool said = false;
+  for (const Status& e : trainer.teardown_errors()) said |= e.message().find("leaking") != std::string::npos;
+  CHECK(said);
+  pool->reset();
+  trainer.SetEventPending(*hang, false);
+  REQUIRE(trainer.DestroyEvent(*hang).ok());
+  REQUIRE(trainer.DestroyStream(consumer).ok());
+}
 
 TEST_CASE("DLPack: tensors on a CUDA device slot", "[cuda]") {
   using client::DType;
@@ -882,7 +1192,7 @@ TEST_CASE("DeviceSlotView::Detach: the mapping closes before the daemon frees, t
   // GpuLoader's step 1: consumer-done for the held slot, wait for it, then the daemon's ready
   // events and the mapping go; the trainer's consumer-done events stay.
   job.view->Detach();
-  CHECK(Ops(CallsOf(job.dev, "trainer")) == "record sync_event destroy_event destroy_event close_memory");
+  CHECK(Ops(CallsOf(job.dev, "trainer")) == "record query destroy_event destroy_event close_memory");
   CHECK_FALSE(job.view->held(0));
   CHECK(job.view->Acquire(1, 2).status().code() == StatusCode::kFailedPrecondition);
   job.view->Detach();  // idempotent
@@ -917,13 +1227,18 @@ TEST_CASE("DeviceSlotView and ClientCopyPool: WaitReady on another stream moves 
     REQUIRE(job.view->Release(1, 1).ok());
     auto calls = CallsOf(job.dev, "trainer");
     INFO(Dump(calls));
-    REQUIRE(calls.size() == 2);
+    // The data wait on `other`; at release the consumer stream (used first) is joined into `other`
+    // (a temporary event), then consumer-done is recorded there: it covers both streams' work.
+    REQUIRE(calls.size() == 6);
     CHECK(calls[0].op == FakeOp::kWait);
     CHECK(calls[0].stream == job.trainer.StreamId(other));
     CHECK(calls[0].event == job.daemon.EventId(job.pool->ready_event(1)));
-    CHECK(calls[1].op == FakeOp::kRecord);
-    CHECK(calls[1].stream == job.trainer.StreamId(other));
-    CHECK(calls[1].event == job.daemon.EventId(job.pool->consumer_event(1)));
+    CHECK(Ops({calls.begin() + 1, calls.begin() + 5}) == "create_event record wait destroy_event");
+    CHECK(calls[2].stream == job.trainer.StreamId(job.trainer_stream));
+    CHECK((calls[3].stream == job.trainer.StreamId(other) && calls[3].event == calls[2].event));
+    CHECK(calls[5].op == FakeOp::kRecord);
+    CHECK(calls[5].stream == job.trainer.StreamId(other));
+    CHECK(calls[5].event == job.daemon.EventId(job.pool->consumer_event(1)));
     REQUIRE(job.pool->Release(1, 1).ok());
     REQUIRE(job.trainer.DestroyStream(other).ok());
   }
@@ -950,9 +1265,12 @@ TEST_CASE("DeviceSlotView and ClientCopyPool: WaitReady on another stream moves 
     REQUIRE((*pool)->Release(0, 1).ok());
     auto calls = CallsOf(dev, "trainer", [](const FakeCall& c) { return c.op != FakeOp::kQuery; });
     INFO(Dump(calls));
-    REQUIRE(calls.size() == 2);
+    REQUIRE(calls.size() == 6);
     CHECK((calls[0].op == FakeOp::kWait && calls[0].stream == trainer.StreamId(other)));
-    CHECK((calls[1].op == FakeOp::kRecord && calls[1].stream == trainer.StreamId(other)));
+    CHECK(Ops({calls.begin() + 1, calls.begin() + 5}) == "create_event record wait destroy_event");
+    CHECK(calls[2].stream == trainer.StreamId(consumer));
+    CHECK((calls[3].stream == trainer.StreamId(other) && calls[3].event == calls[2].event));
+    CHECK((calls[5].op == FakeOp::kRecord && calls[5].stream == trainer.StreamId(other)));
     CHECK(region.Holds((*pool)->slot_data(0), 5));
     CHECK((*pool)->WaitReady(0, other).code() == StatusCode::kInvalidArgument);  // released
     pool->reset();

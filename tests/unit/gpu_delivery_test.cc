@@ -1,16 +1,16 @@
 // GPU delivery through the real job registry and a real job (image folder, worker pool, shared
 // region) on the fake device: admission against device_memory_budget_bytes, the device side of a
 // running job, and the budget returned when the job goes.
-#include <catch2/catch.hpp>
-
 #include <stdlib.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -125,6 +125,10 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     r.job->Cancel();
     r.job.reset();
     r.record.reset();
+    // The frees run on the registry's GPU teardown thread.
+    for (int i = 0; i < 500 && reg.device_bytes_in_use(0) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     CHECK(reg.device_bytes_in_use(0) == 0);
     CHECK(dev.live().device_bytes == 0);
     CHECK(dev.live().registrations == 0);
@@ -202,6 +206,232 @@ TEST_CASE("gpu delivery: a job whose copies are stuck is torn down off the contr
     CHECK(freed);
     for (const Status& e : backend.teardown_errors()) FAIL_CHECK(e.ToString());
     (void)client.DestroyEvent(*ready);
+    done.clear();
+    pool.reset();
+  }
+}
+
+// The client's per-slot consumer-done events, imported into the job (this process stands for the
+// client: the fake allows it).
+std::vector<cuda::EventHandle> ImportClientEvents(cuda::FakeBackend& client, JobHandle& job) {
+  const uint32_t slots = job.accepted().num_slots();
+  std::vector<cuda::EventHandle> done;
+  std::vector<cuda::IpcEventHandle> exported;
+  for (uint32_t i = 0; i < slots; ++i) {
+    auto e = cuda::MakeEvent(client, /*interprocess=*/true);
+    REQUIRE(e.ok());
+    exported.push_back(*client.ExportEvent(e->get()));
+    done.push_back(std::move(e).value());
+  }
+  proto::CudaConsumerEvents msg;
+  cuda::BuildCudaConsumerEvents(exported, &msg);
+  REQUIRE(job.ImportConsumerEvents(msg).ok());
+  return done;
+}
+
+std::optional<Delivery> NextBatch(JobHandle& job) {
+  std::optional<Delivery> d;
+  for (int i = 0; i < 1000 && !d; ++i) {
+    d = job.TakeNext();
+    if (!d) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return d;
+}
+
+bool WaitFor(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// A trainer whose GPU work on a slot never completes (stalled, or dead with work queued): the daemon
+// never makes its copy stream wait for it (which would block the stream, then the next cudaFree,
+// then the control thread and every job of the node); the batch for that slot is held, and at the
+// consumer deadline only this job fails. Its device side is then freed at once.
+TEST_CASE("gpu delivery: a stalled trainer fails only its job at the consumer deadline, and no stream waits for it") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    reg.SetGpuTimeouts(std::chrono::milliseconds(300), std::chrono::milliseconds(5000));
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    std::vector<cuda::EventHandle> done = ImportClientEvents(client, *r.job);
+
+    std::optional<Delivery> d = NextBatch(*r.job);
+    REQUIRE(d);
+    const uint32_t stalled = d->batch.slot();
+    // The trainer releases the batch after queueing its work on it, and that work never runs.
+    REQUIRE(client.RecordEvent(done[stalled].get(), cuda::Stream{}).ok());
+    client.SetEventPending(done[stalled].get(), true);
+    REQUIRE(r.job->Release(stalled, d->batch.generation()).ok());
+
+    // The other slots keep going; the stalled one is never handed out again; then the job fails.
+    Status failure;
+    int others = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (std::optional<Delivery> n = r.job->TakeNext()) {
+        CHECK(n->batch.slot() != stalled);
+        ++others;
+        REQUIRE(client.RecordEvent(done[n->batch.slot()].get(), cuda::Stream{}).ok());
+        REQUIRE(r.job->Release(n->batch.slot(), n->batch.generation()).ok());
+        continue;
+      }
+      failure = r.job->failure();
+      if (!failure.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    INFO("batches on other slots: " << others);
+    CHECK(failure.code() == StatusCode::kUnavailable);
+    CHECK_THAT(failure.message(), Catch::Contains("device slot " + std::to_string(stalled)) &&
+                                      Catch::Contains("did not finish within 300 ms"));
+    for (const cuda::FakeCall& c : dev.calls()) CHECK_FALSE((c.process == "daemon" && c.op == cuda::FakeOp::kWait));
+
+    // The session drops the failed job: its copies waited on nothing, so everything is freed now.
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.device_bytes_in_use(0) == 0 && dev.live().device_bytes == 0; }));
+    CHECK(reg.leaked_device_bytes(0) == 0);
+    CHECK(dev.violations().empty());
+    for (const Status& e : backend.teardown_errors()) FAIL_CHECK(e.ToString());
+    client.SetEventPending(done[stalled].get(), false);
+    done.clear();
+    pool.reset();
+  }
+}
+
+// cudaFree and cudaHostUnregister synchronize with the GPU: the control thread (here: the test's
+// thread, which drops the job) must never make them, even when every copy has already run.
+TEST_CASE("gpu delivery: frees and unregistrations run on the teardown thread, never on the thread dropping the job") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    std::vector<cuda::EventHandle> done = ImportClientEvents(client, *r.job);
+    REQUIRE(NextBatch(*r.job));
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.device_bytes_in_use(0) == 0 && dev.live().registrations == 0; }));
+    int frees = 0, unregisters = 0;
+    for (const cuda::FakeCall& c : dev.calls()) {
+      if (c.process != "daemon" || (c.op != cuda::FakeOp::kFree && c.op != cuda::FakeOp::kHostUnregister)) continue;
+      CHECK(c.thread != std::this_thread::get_id());
+      ++(c.op == cuda::FakeOp::kFree ? frees : unregisters);
+    }
+    CHECK(frees == 1);
+    CHECK(unregisters == 1);
+    CHECK(dev.violations().empty());
+    done.clear();
+    pool.reset();
+  }
+}
+
+// A copy that never drains (a hung GPU): its device memory cannot be freed. It is leaked, stays
+// counted against the device budget (a new job cannot take it), and shows in the daemon's status.
+TEST_CASE("gpu delivery: device memory that cannot be freed is not returned to the budget, and shows") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    reg.SetGpuTimeouts(std::chrono::milliseconds(60000), std::chrono::milliseconds(200));
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    std::vector<cuda::EventHandle> done = ImportClientEvents(client, *r.job);
+    auto handles =
+        cuda::ParseCudaHandles(*r.job->cuda_handles(), r.job->accepted().num_slots(), r.job->accepted().slot_stride());
+    REQUIRE(handles.ok());
+    std::optional<Delivery> d = NextBatch(*r.job);
+    REQUIRE(d);
+    const uint64_t bytes = reg.device_bytes_in_use(0);
+    REQUIRE(bytes > 0);
+    // Hold the copy: the daemon's own ready event of the slot stays incomplete for ever.
+    auto ready_daemon = client.OpenEvent(handles->ready_events[d->batch.slot()]);
+    REQUIRE(ready_daemon.ok());
+    client.SetEventPending(*ready_daemon, true);
+
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.leaked_device_bytes(0) == bytes; }));
+    CHECK(reg.device_bytes_in_use(0) == bytes);                  // not returned
+    CHECK(reg.Status(peer).gpu_leaked_device_bytes() == bytes);  // and shown
+    CHECK(dev.live().device_bytes == bytes);                     // never freed under the copy
+    bool said = false;
+    for (const Status& e : backend.teardown_errors()) said |= e.message().find("leaking") != std::string::npos;
+    CHECK(said);
+    client.SetEventPending(*ready_daemon, false);
+    (void)client.DestroyEvent(*ready_daemon);
+    done.clear();
+    pool.reset();
+  }
+}
+
+// A sticky CUDA error (an illegal address, a launch failure, ECC) leaves the daemon's context on the
+// device unusable: the device's running job fails with it, a new job for the device is refused
+// naming it, and its device memory (which can no longer be freed) stays out of the budget.
+TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new jobs are refused naming it") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  cuda::FakeBackend client(dev, "client");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> { return &backend; });
+    reg.SetGpuTimeouts(std::chrono::milliseconds(60000), std::chrono::milliseconds(200));
+    SubmitResult r = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE(r.ok());
+    std::vector<cuda::EventHandle> done = ImportClientEvents(client, *r.job);
+    std::optional<Delivery> d = NextBatch(*r.job);
+    REQUIRE(d);
+    const uint64_t bytes = reg.device_bytes_in_use(0);
+    backend.InjectStickyError(
+        Status(StatusCode::kUnavailable, "cudaEventQuery: cudaErrorIllegalAddress: an illegal memory access"));
+    (void)r.job->Release(d->batch.slot(), d->batch.generation());  // fails too: the query cannot run
+    Status failure;
+    CHECK(WaitFor([&] {
+      (void)r.job->TakeNext();
+      failure = r.job->failure();
+      return !failure.ok();
+    }));
+    CHECK_THAT(failure.message(), Catch::Contains("cudaErrorIllegalAddress"));
+
+    SubmitResult again = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
+    REQUIRE_FALSE(again.ok());
+    CHECK_THAT(again.error.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
+                                          Catch::Contains("output.copy: client"));
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.leaked_device_bytes(0) == bytes; }));
+    CHECK(reg.device_bytes_in_use(0) == bytes);
     done.clear();
     pool.reset();
   }

@@ -122,7 +122,7 @@ class FakeService : public jobs::JobService {
       g.output.cuda_device = 0;
       g.host_base = gpu_host->base;
       g.notify = std::move(notify);
-      g.on_close = [this] { ++gpu_closed; };
+      g.on_close = [this](uint64_t) { ++gpu_closed; };
       auto w = jobs::WrapGpuJob(job, gpu_backend, std::move(g));
       REQUIRE(w.ok());
       r.job = *w;
@@ -612,6 +612,120 @@ TEST_CASE("gpu job: a Release before CudaConsumerEvents, or events sent twice, c
   }
   consumer.clear();
   CHECK(dev.live().empty());
+}
+
+proto::ClientMessage MappingClosed(uint64_t job_id) {
+  proto::ClientMessage m;
+  m.mutable_cuda_mapping_closed()->set_job_id(job_id);
+  return m;
+}
+
+// The trainer's side of a GPU job as the real client holds it: the IPC mapping of the device slots
+// and the daemon's ready events, opened; closed before it says CudaMappingClosed.
+struct TrainerMapping {
+  cuda::FakeBackend& trainer;
+  void* base = nullptr;
+  std::vector<cuda::Event> ready;
+  TrainerMapping(cuda::FakeBackend& t, const proto::CudaHandles& msg) : trainer(t) {
+    auto handles = cuda::ParseCudaHandles(msg, 2, GpuHost::kStride);
+    REQUIRE(handles.ok());
+    base = *trainer.OpenMemory(handles->memory[0].handle);
+    for (const auto& h : handles->ready_events) ready.push_back(*trainer.OpenEvent(h));
+  }
+  void Close() {
+    for (cuda::Event e : ready) REQUIRE(trainer.DestroyEvent(e).ok());
+    ready.clear();
+    REQUIRE(trainer.CloseMemory(base).ok());
+  }
+};
+
+// However the job ends, its device memory and ready events stay until the client says its mapping
+// is closed (freeing them under an importer is undefined in CUDA; the fake records it).
+TEST_CASE("gpu job: the device side stays until the client closed its mapping, however the job ends") {
+  cuda::FakeDevice dev;
+  cuda::FakeBackend daemon(dev, "daemon");
+  cuda::FakeBackend trainer(dev, "trainer");
+  GpuHost host;
+  FakeService svc;
+  svc.gpu_backend = &daemon;
+  svc.gpu_host = &host;
+  std::vector<cuda::EventHandle> consumer;
+  {
+    SessionLogic s(&svc, Peer(), [] {});
+    s.OnFrame(Frame(Hello()));
+    Output o = s.OnFrame(Frame(Submit()));
+    REQUIRE(o.messages.size() == 2);
+    TrainerMapping mapping(trainer, o.messages[1].message.cuda_handles());
+    CHECK(s.OnFrame(Frame(ConsumerEvents(trainer, &consumer))).messages.empty());
+    svc.job->ready = 1;
+    REQUIRE(s.OnJobEvent().messages.size() == 1);  // a batch the trainer still reads
+
+    const std::string how = GENERATE(std::string("EndJob"), std::string("failure"), std::string("cancel"),
+                                     std::string("job end"), std::string("protocol error"));
+    INFO(how);
+    if (how == "EndJob") {
+      proto::ClientMessage end;
+      end.mutable_end_job();
+      CHECK(s.OnFrame(Frame(end)).messages.at(0).message.has_job_end());
+    } else if (how == "failure") {
+      svc.job->fail = Internal("the disk went away");
+      CHECK(s.OnJobEvent().messages.at(0).message.error().code() == proto::Error::JOB_FAILED);
+    } else if (how == "cancel") {  // spdlctl cancel, from another session
+      REQUIRE(svc.Cancel(7, jobs::PeerInfo{1, 0, 0}).ok());
+      CHECK(s.OnJobEvent().messages.at(0).message.error().code() == proto::Error::JOB_FAILED);
+    } else if (how == "job end") {
+      svc.job->ready = 1;
+      CHECK(s.OnJobEvent().messages.back().message.has_job_end());
+    } else {
+      CHECK(s.OnFrame(Frame(Release(1, 999))).close);
+    }
+    CHECK(svc.job->cancelled);
+    if (how != "protocol error") {
+      // Still mapped: nothing freed, nothing destroyed, whatever the job's end.
+      CHECK(svc.gpu_closed == 0);
+      CHECK(dev.live().allocations == 1);
+      CHECK(dev.violations().empty());
+      // The session goes on (a new job may come) and the old device side waits for the client.
+      mapping.Close();
+      CHECK(s.OnFrame(Frame(MappingClosed(7))).messages.empty());
+      CHECK(svc.gpu_closed == 1);
+    } else {
+      // The session is closed: its end frees the device side (the client closes its mapping as it
+      // sees the error; a dead client's mappings die with it).
+      mapping.Close();
+    }
+  }
+  CHECK(svc.gpu_closed == 1);
+  consumer.clear();
+  CHECK(dev.violations().empty());
+  CHECK(dev.live().empty());
+}
+
+TEST_CASE("gpu job: a client that closed its mapping first frees the device side at EndJob, unknown ids are ignored") {
+  cuda::FakeDevice dev;
+  cuda::FakeBackend daemon(dev, "daemon");
+  cuda::FakeBackend trainer(dev, "trainer");
+  GpuHost host;
+  FakeService svc;
+  svc.gpu_backend = &daemon;
+  svc.gpu_host = &host;
+  std::vector<cuda::EventHandle> consumer;
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  CHECK(s.OnFrame(Frame(MappingClosed(99))).messages.empty());  // no job: harmless
+  Output o = s.OnFrame(Frame(Submit()));
+  TrainerMapping mapping(trainer, o.messages[1].message.cuda_handles());
+  CHECK(s.OnFrame(Frame(ConsumerEvents(trainer, &consumer))).messages.empty());
+  mapping.Close();
+  CHECK(s.OnFrame(Frame(MappingClosed(99))).messages.empty());  // another job's id: ignored
+  CHECK(s.OnFrame(Frame(MappingClosed(7))).messages.empty());
+  CHECK(svc.gpu_closed == 0);  // the job still runs
+  proto::ClientMessage end;
+  end.mutable_end_job();
+  CHECK(s.OnFrame(Frame(end)).messages.at(0).message.has_job_end());
+  CHECK(svc.gpu_closed == 1);  // freed at once
+  consumer.clear();
+  CHECK(dev.violations().empty());
 }
 
 TEST_CASE("a CudaConsumerEvents for a cpu job closes the session") {

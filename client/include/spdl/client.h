@@ -302,6 +302,13 @@ class Loader {
   const proto::CudaHandles* cuda_handles() const { return cuda_handles_.get(); }
   // Sends the client's per-slot consumer-done events (once, before the first Release).
   Status SendCudaConsumerEvents(const proto::CudaConsumerEvents& events);
+  // Tells the daemon this process closed its IPC mapping of the job's device slots (and its handles
+  // of the ready events): the daemon may free them now. Until then it keeps them.
+  Status SendCudaMappingClosed();
+  // The job's shared region is never unmapped, not even when the last Batch goes: for a GPU layer
+  // that could not unregister it from the driver (its GPU work never completed). The address range
+  // stays reserved for the life of the process.
+  void LeakRegion();
   // Ends the job and waits, up to `timeout`, until the daemon confirms (JobStats) or closes the
   // connection; batches still in flight are released unseen. OK at once when the job has already
   // finished or failed. After it the daemon makes no more copies for this job and waits on none of

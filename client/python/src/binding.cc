@@ -241,10 +241,18 @@ class Tensor {
     if (gpu_) {
       // The DLPack stream protocol: None = the legacy default stream, -1 = the consumer syncs itself,
       // else the consumer's cudaStream_t (1 = legacy default, 2 = per-thread default). The stream
-      // waits on the GPU for the batch's copy; consumer-done is recorded on it at release.
+      // waits on the GPU for the batch's copy; consumer-done is recorded at release on the last
+      // stream exported to, after the work of every earlier one (joined: client::GpuBatch::WaitOn).
       int64_t s = 1;
       if (!stream.is_none()) s = stream.cast<int64_t>();
       if (s == 0) ThrowBufferError("__dlpack__(stream=0) is ambiguous for CUDA: pass 1 for the legacy default stream");
+      if (s == 2) {
+        // cudaStreamPerThread names the calling thread's stream: consumer-done would be recorded on
+        // whichever thread runs the last deleter, not where the consumer's work runs.
+        ThrowBufferError(
+            "__dlpack__(stream=2) (the per-thread default stream) is not supported: pass the stream's own "
+            "handle (e.g. torch.cuda.current_stream().cuda_stream) or 1 for the legacy default stream");
+      }
       if (s != -1) {
         Status st = lease->WaitOn(s == 1 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(s)));
         if (!st.ok()) ThrowStatus(st);
@@ -554,7 +562,10 @@ class Core {
   }
 
   // Closes the connection: the daemon ends the job. Batches still alive stay readable (their
-  // memory stays mapped) but are no longer protected. Idempotent.
+  // memory stays mapped) but are no longer protected. A GPU job's tensors still alive share its
+  // device side (client::GpuLoader): the job ends now, and the IPC mapping, the device buffers and
+  // the connection stay until the last of them dies, so they never point at freed memory.
+  // Idempotent.
   void Close() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) {

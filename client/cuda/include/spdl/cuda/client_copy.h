@@ -18,13 +18,18 @@
 // The same reuse rule as on the daemon side: a device slot is overwritten only after the GPU ran the
 // consumer's work recorded before its release.
 //
-// Teardown (destructor): waits for the copy stream and every consumer-done event, destroys the
-// events and the stream, frees the device memory, unregisters the host mapping. REQUIRES: the
-// region stays mapped until then.
+// Teardown (Shutdown, or the destructor): waits for the copy stream and every consumer-done event,
+// destroys the events and the stream, frees the device memory, unregisters the host mapping.
+// REQUIRES: the region stays mapped until then. The waits are polled, bounded by teardown_timeout.
+// When they fail (the trainer's work never completes, a sticky error), the device memory AND the host registration are
+// leaked rather than freed or unregistered under queued work (cudaFree / cudaHostUnregister would block for ever), and
+// Shutdown says so: the caller must then leak the region's mapping too (Loader::LeakRegion), since
+// unmapping a range still registered with the driver is undefined.
 //
 // Thread safety: safe to share between threads (one mutex). Neither copyable nor movable.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -48,6 +53,8 @@ struct ClientCopyOptions {
   cuda::Stream consumer_stream;
   // Page-lock the mapping. Without it copies are synchronous staging copies (slower).
   bool register_host = true;
+  // Teardown's bound on waiting for the queued GPU work (polled): past it the memory is leaked.
+  std::chrono::milliseconds teardown_timeout{10000};
 };
 
 class ClientCopyPool {
@@ -55,8 +62,12 @@ class ClientCopyPool {
   // `backend` (borrowed: must outlive the pool) is bound to the trainer's device.
   static Result<std::unique_ptr<ClientCopyPool>> Create(cuda::DeviceBackend& backend,
                                                         const ClientCopyOptions& options);
-  ~ClientCopyPool();
+  ~ClientCopyPool();  // Shutdown, its result reported
   ClientCopyPool(const ClientCopyPool&) = delete;
+
+  // The teardown above, now. Ok, or kUnavailable when the device memory and the host registration
+  // were leaked (keep the region mapped for ever). Idempotent.
+  Status Shutdown();
   ClientCopyPool& operator=(const ClientCopyPool&) = delete;
 
   // Enqueues the copy of host slot `slot` (its first `bytes` bytes; 0 = all) into its device slot
@@ -88,6 +99,7 @@ class ClientCopyPool {
     bool held = false;
     uint64_t generation = 0;
     cuda::Stream stream;
+    std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
     bool used = false;  // consumer-done was recorded at least once
   };
 
@@ -104,6 +116,8 @@ class ClientCopyPool {
 
   mutable std::mutex mu_;
   std::vector<Slot> slots_;  // guarded by mu_
+  bool shut_down_ = false;   // guarded by mu_
+  bool leaked_ = false;      // guarded by mu_
 };
 
 }  // namespace spdl::client

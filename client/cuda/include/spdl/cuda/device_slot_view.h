@@ -11,15 +11,21 @@
 //                  address + TensorLayout.offset (see dlpack_tensor.h to hand it to a framework).
 //   ... the trainer enqueues its work reading the slot on the consumer stream ...
 //   Release(s, g)  records slot s's consumer-done event on the consumer stream (after that work);
-//                  then the client sends Release{s, g}. The daemon's next copy into slot s waits on
-//                  that event on the GPU, so it never overwrites data a queued kernel still reads.
+//                  then the client sends Release{s, g}. The daemon copies into slot s again only once
+//                  that event has completed (a host query of its own), so it never overwrites
+//                  data a queued kernel still reads. Used on several streams (SetReleaseStream),
+//                  their work is joined into the last one first.
 // The consumer stream is the stream on which the trainer uses the tensors (e.g. PyTorch's current
 // stream); work on other streams must be joined to it before Release (like torch's record_stream).
 //
 // Teardown, in two steps (GpuLoader does them around ending the job, see gpu_loader.h):
-//   Detach()     records consumer-done for slots still held, waits on the host until every
-//                consumer-done event has completed (the trainer's queued work on the slots is done),
-//                destroys the opened ready events and closes the IPC mapping. Do it BEFORE the
+//   Detach()     records consumer-done for slots still held, waits on the host (polling, at most
+//                detach_timeout) until every consumer-done event has completed (the trainer's
+//                queued work on the slots is done), destroys the opened ready events and closes the
+//                IPC mapping. When the wait times out (e.g. the daemon died with a copy queued: the
+//                trainer's work waits behind its ready event, which then never completes) the
+//                mapping and the ready events are leaked rather than closed under queued work, and
+//                that is reported: the trainer's teardown never hangs. Do it BEFORE the
 //                daemon may free the device memory (before EndJob / closing the connection).
 //   destructor   Detach() if not done, then destroys the consumer-done events. Do it only after the
 //                daemon stopped copying (EndJob answered, JobEnd, or the connection closed): the
@@ -29,6 +35,7 @@
 // thread. Neither copyable nor movable.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -56,6 +63,8 @@ class DeviceSlotView {
 
   // Teardown step 1 (see above). Idempotent; afterwards Acquire fails and Release is a no-op check.
   void Detach();
+  // Detach's bound on waiting for the trainer's queued work (default 10 s). Before Detach.
+  void set_detach_timeout(std::chrono::milliseconds t) { detach_timeout_ = t; }
 
   // Per slot, this process's consumer-done events, to send once as CudaConsumerEvents.
   const std::vector<cuda::IpcEventHandle>& consumer_done_handles() const { return done_handles_; }
@@ -93,7 +102,8 @@ class DeviceSlotView {
   struct Slot {
     bool held = false;
     uint64_t generation = 0;
-    cuda::Stream stream;     // where it was acquired
+    cuda::Stream stream;             // where it was acquired, or the last SetReleaseStream
+    std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
     bool done_recorded = false;  // the consumer-done event was ever recorded
   };
 
@@ -103,6 +113,7 @@ class DeviceSlotView {
   cuda::DeviceBackend& backend_;
   const cuda::Stream consumer_stream_;
   uint64_t slot_bytes_ = 0;
+  std::chrono::milliseconds detach_timeout_{10000};
   std::vector<cuda::EventHandle> done_events_;    // per slot, created here (interprocess)
   std::vector<cuda::IpcEventHandle> done_handles_;
   std::vector<cuda::IpcMemMapping> mappings_;     // one per daemon allocation

@@ -15,19 +15,21 @@
 //
 // Release (GpuBatch::Release or its destructor, any thread): first the slot's consumer-done event
 // is recorded on the release stream (default: the consumer stream), after the trainer's queued work
-// on the batch; then the host slot is released to the daemon. The daemon's next copy into that
-// device slot waits for the event on the GPU, so it never overwrites data a queued kernel still
-// reads (copy: client: the client's own next copy waits likewise, and the release waits until the
-// copy has finished reading the host slot before the daemon may refill it).
-// Work on streams other than the release stream must be joined to it before the release (like
-// torch's record_stream); WaitOn(stream) makes another stream wait for the data and moves the
-// release there.
+// on the batch; then the host slot is released to the daemon. The daemon copies into that device
+// slot again only once the event has completed (its host query), so it never overwrites data a
+// queued kernel still reads (copy: client: the client's own next copy waits on the GPU, and the
+// release waits until the copy has finished reading the host slot before the daemon may refill it).
+// WaitOn(stream) makes another stream wait for the data and moves the release there; the work of
+// every stream the batch was given to is joined into the release stream before consumer-done is
+// recorded. Work on streams the batch was never given to must be joined by the trainer (like
+// torch's record_stream).
 //
 // Teardown (destructor), in order:
 //   1. copy: daemon: DeviceSlotView::Detach: consumer-done recorded for batches still held, the host
 //      waits until every consumer-done event completed (the trainer's queued work is done), the
-//      daemon's ready events are destroyed and the IPC mapping closed — before the daemon may free
-//      its device memory. copy: client: the ClientCopyPool is destroyed (waits likewise, frees its
+//      daemon's ready events are destroyed and the IPC mapping closed; then CudaMappingClosed tells
+//      the daemon, which keeps its device memory and ready events until then (or until the
+//      connection closes). copy: client: the ClientCopyPool is destroyed (waits likewise, frees its
 //      device slots, unregisters the host mapping).
 //   2. copy: daemon: Loader::Finish: EndJob, then wait (GpuOptions::finish_timeout) until the daemon
 //      confirms: it makes no more copies and no more waits on this client's events.
@@ -35,8 +37,10 @@
 //      that is reported: a hung daemon might still wait on them).
 //   4. the Loader is destroyed: the connection closes.
 //   5. the backend, if this layer made it, goes with the last GpuBatch.
-// A GpuBatch that outlives its GpuLoader keeps its metadata, but its device memory is gone (unlike
-// a host Batch): finish with every batch before destroying the loader. Destructors never throw.
+// GpuBatches that outlive their GpuLoader (Python tensors kept after loader.close()) share the
+// device side: the destructor then does step 2 at once (the job ends: no more batches) and leaves
+// steps 1, 3, 4 (mapping, buffers, events, connection) to the last of those batches, so their
+// device memory stays valid as long as they live. Destructors never throw.
 //
 // Thread safety: as Loader: Next/End from one thread at a time; GpuBatches may be released or
 // destroyed from any thread.
@@ -80,12 +84,6 @@ struct GpuOptions {
   cuda::DeviceBackend* backend = nullptr;
   // Otherwise a factory (CudaBackendFactory() with CUDA).
   BackendFactory open_backend;
-#if SPDL_TEST_HOOKS
-  // TEST ONLY (builds with SPDL_TEST_HOOKS): run on the cross-process fake device in this directory
-  // (testing/cuda/shm_fake_backend.h), as the daemon started with --test-only-fake-gpu DIR. Empty:
-  // the environment variable SPDL_TEST_FAKE_GPU_DIR, if set, does the same. A warning goes to stderr.
-  std::string test_fake_gpu_dir;
-#endif
   // Teardown step 2's bound.
   std::chrono::milliseconds finish_timeout{10000};
 };
