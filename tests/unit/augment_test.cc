@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <string>
@@ -321,4 +323,21 @@ TEST_CASE("PlanErase draws a rectangle inside the image, or none") {
     CHECK(frac <= 0.40);
   }
   CHECK(erased > 190);
+}
+
+TEST_CASE("the RandAugment example config parses to the reference recipe") {
+  std::ifstream in(std::string(SPDL_SOURCE_DIR) + "/config/examples/imagenet_train_randaug.yaml");
+  REQUIRE(in);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto r = ParseJobConfig(text);
+  for (const auto& e : r.errors) INFO(e.path + ": " + e.message);
+  REQUIRE(r.errors.empty());
+  const auto& t = r.config->transforms;
+  REQUIRE(t.size() == 5);
+  const auto& ra = std::get<AugmentOp>(t[2]).spec;
+  CHECK(ra.kind == m::AugmentKind::kRandAugment);
+  CHECK(ra.num_ops == 2);
+  CHECK(ra.magnitude == 9);
+  CHECK(std::get<RandomErasingOp>(t[4]).p == 0.25);
+  CHECK(r.config->out_height == 224);
 }

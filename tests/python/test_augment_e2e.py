@@ -1,0 +1,130 @@
+"""The built-in augmentations through a real spdld: pixels of pinned ops equal to torchvision on PIL,
+random ones deterministic per (seed, epoch, sample), exact across a resume, timed in the job's stats
+(`aug:NAME` rows, as `spdlctl stats` shows them). Op-by-op parity figures: test_augment_parity.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import torchvision.transforms.functional as F
+from torchvision.transforms import InterpolationMode
+
+from conftest import BUILD
+
+SPDLCTL = BUILD / "bin" / "spdlctl"
+
+
+def config(root, augment: str, *, seed: int = 5, batch: int = 16, extra: str = "") -> str:
+    return (
+        f"source: {{type: image_folder, root: {root}}}\n"
+        f"sampler: {{shuffle: false, seed: {seed}}}\n"
+        f"batch: {{size: {batch}}}\n"
+        "transforms:\n"
+        "  - resize: {shorter: 64}\n"
+        "  - center_crop: {size: 56}\n"
+        f"{augment}"
+        f"{extra}"
+    )
+
+
+def base(root, path) -> Image.Image:
+    return F.center_crop(F.resize(Image.open(root / path).convert("RGB"), 64), 56)
+
+
+# Ops whose random parameters are pinned by the config (a one-point range, p: 1).
+PINNED = [
+    ("sharpness", "  - sharpness: {sharpness_factor: 1.7, p: 1}\n", lambda im: F.adjust_sharpness(im, 1.7)),
+    ("hue", "  - color_jitter: {hue: [0.2, 0.2]}\n", lambda im: F.adjust_hue(im, 0.2)),
+    ("contrast", "  - color_jitter: {contrast: [0.6, 0.6]}\n", lambda im: F.adjust_contrast(im, 0.6)),
+    ("equalize", "  - equalize: {p: 1}\n", F.equalize),
+    ("grayscale", "  - grayscale: {p: 1}\n", lambda im: F.rgb_to_grayscale(im, 3)),
+    ("vertical_flip", "  - vertical_flip: {p: 1}\n", F.vflip),
+    ("blur", "  - gaussian_blur: {kernel_size: 5, sigma: 1.5}\n", lambda im: F.gaussian_blur(im, [5, 5], [1.5, 1.5])),
+    ("rotate", "  - rotate: {degrees: [30, 30], interpolation: bilinear, fill: 7}\n",
+     lambda im: F.rotate(im, 30, InterpolationMode.BILINEAR, fill=[7, 7, 7])),
+    ("affine", "  - affine: {degrees: [10, 10], scale: [1.2, 1.2], shear: [5, 5]}\n",
+     lambda im: F.affine(im, 10.0, [0, 0], 1.2, [5.0, 0.0], InterpolationMode.NEAREST)),
+]
+
+
+@pytest.mark.parametrize("name,augment,reference", PINNED, ids=[p[0] for p in PINNED])
+def test_pinned_augmentation_through_the_daemon_equals_torchvision(make_loader, dataset, name, augment, reference):
+    got = {}
+    for batch in make_loader(config(dataset.root, augment), epochs=1):
+        for path, image in zip(batch.paths, np.from_dlpack(batch["image"])):
+            got[path] = image.copy()
+    assert sorted(got) == sorted(dataset.files)
+    diffs = [np.abs(got[p].astype(np.int16) - np.asarray(reference(base(dataset.root, p))).astype(np.int16))
+             for p in dataset.files]
+    d = np.stack(diffs)
+    mean, p999 = float(d.mean()), float(np.percentile(d, 99.9))
+    print(f"daemon parity {name}: mean abs diff {mean:.4f}, p99.9 {p999:.1f}, max {int(d.max())}")
+    assert mean <= 1.0 and p999 <= 3.0
+
+
+RECIPE = (
+    "  - horizontal_flip: {p: 0.5}\n"
+    "  - rand_augment: {num_ops: 2, magnitude: 9}\n"
+    "  - color_jitter: {brightness: 0.4, contrast: 0.4, saturation: 0.4, hue: 0.1, p: 0.8}\n"
+    "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
+    "  - random_erasing: {p: 0.5, value: random}\n"
+)
+FLOAT = "output: {dtype: float32, layout: NCHW}\n"
+
+
+def images(loader, limit=None):
+    """(paths, image array) per batch: one epoch, or its first `limit` batches (taking no more)."""
+    return [(list(b.paths), np.from_dlpack(b["image"]).copy()) for b in itertools.islice(iter(loader), limit)]
+
+
+def test_random_augmentations_are_deterministic_and_vary_by_seed_and_epoch(make_loader, dataset):
+    a = make_loader(config(dataset.root, RECIPE, extra=FLOAT))
+    b = make_loader(config(dataset.root, RECIPE, extra=FLOAT))
+    first_a, first_b = images(a), images(b)
+    assert all(pa == pb and np.array_equal(ia, ib) for (pa, ia), (pb, ib) in zip(first_a, first_b))
+    second_a = images(a)  # epoch 1: new draws for the same (unshuffled) samples
+    assert not all(np.array_equal(i0, i1) for (_, i0), (_, i1) in zip(first_a, second_a))
+    other = images(make_loader(config(dataset.root, RECIPE, seed=6, extra=FLOAT)))
+    assert not all(np.array_equal(i0, i1) for (_, i0), (_, i1) in zip(first_a, other))
+    plain = images(make_loader(config(dataset.root, "  - normalize: {mean: [0.485, 0.456, 0.406], "
+                                      "std: [0.229, 0.224, 0.225]}\n", extra=FLOAT)))
+    changed = np.mean([float(np.mean(i0 != i1)) for (_, i0), (_, i1) in zip(first_a, plain)])
+    assert changed > 0.3  # the recipe changes most values
+
+
+def test_augmented_job_resumes_exactly(make_loader, dataset):
+    cfg = config(dataset.root, RECIPE, batch=8, extra=FLOAT)
+    whole = images(make_loader(cfg, epochs=1))
+    first = make_loader(cfg, epochs=1)
+    head = images(first, limit=2)
+    state = first.state_dict()
+    first.close()
+    resumed = make_loader(cfg, epochs=1)
+    resumed.load_state_dict(state)
+    rest = images(resumed)
+    assert len(head) + len(rest) == len(whole)
+    for (pw, iw), (pg, ig) in zip(whole, head + rest):
+        assert pw == pg and np.array_equal(iw, ig)
+
+
+def test_augmentation_time_shows_in_stats(make_loader, daemon, dataset):
+    loader = make_loader(config(dataset.root, RECIPE, batch=8, extra=FLOAT), epochs=1)
+    it = iter(loader)
+    next(it)
+    out = subprocess.run([str(SPDLCTL), "--socket", daemon.socket, "--json", "stats"], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    names = json.dumps(json.loads(out))
+    for row in ("aug:rand_augment", "aug:color_jitter", "aug:random_erasing"):
+        assert row in names, out
+    for _ in it:
+        pass
+    stages = {s["name"]: s for s in loader.stats()["stages"]}
+    for row in ("aug:rand_augment", "aug:color_jitter", "aug:random_erasing"):
+        assert row in stages, sorted(stages)
+    print("stats rows:", {k: v for k, v in stages.items() if k.startswith("aug:")})
