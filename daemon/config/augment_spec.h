@@ -65,4 +65,21 @@ struct AugmentSpec {
   bool operator==(const AugmentSpec&) const = default;
 };
 
+// How random_crop pads (torchvision's padding_mode): constant (fill), edge (repeat the border pixel),
+// reflect (mirror without repeating the border: numpy's 'reflect'), symmetric (mirror repeating it).
+enum class PadMode { kConstant, kEdge, kReflect, kSymmetric };
+
+// torchvision RandomCrop(size, padding, pad_if_needed, fill, padding_mode): pad, then a uniformly
+// placed height x width window.
+struct RandomCropSpec {
+  int height = 0;
+  int width = 0;
+  std::array<int, 4> padding = {0, 0, 0, 0};  // left, top, right, bottom
+  bool pad_if_needed = false;                 // then pad both sides by what the size lacks
+  PadMode mode = PadMode::kConstant;
+  std::array<uint8_t, 3> fill = {0, 0, 0};
+
+  bool operator==(const RandomCropSpec&) const = default;
+};
+
 }  // namespace spdl::config

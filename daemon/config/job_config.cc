@@ -27,7 +27,7 @@ constexpr const char* kNeedFixedSize =
 constexpr const char* kTransformNames =
     "resize, center_crop, random_resized_crop, horizontal_flip, normalize, op, or an augmentation (color_jitter, "
     "grayscale, gaussian_blur, posterize, solarize, equalize, autocontrast, sharpness, invert, rand_augment, "
-    "trivial_augment_wide, auto_augment, vertical_flip, rotate, affine, random_erasing)";
+    "trivial_augment_wide, auto_augment, vertical_flip, rotate, affine, random_crop, random_erasing)";
 constexpr size_t kMaxUserOps = 16;
 constexpr size_t kMaxOpArgsBytes = 64 * 1024;
 constexpr int kMaxOpArgsDepth = 32;
@@ -406,6 +406,24 @@ std::optional<ParsedOp> ReadResize(Diagnostics& diag, const Field& field) {
   if (auto v = internal::ReadInt(diag, height, 1, kMaxImageSide)) op.height = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, width, 1, kMaxImageSide)) op.width = static_cast<int>(*v);
   if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) op.interpolation = *v;
+  const Field max_size = m.Get("max_size");
+  if (auto v = internal::ReadInt(diag, max_size, 1, kMaxImageSide)) {
+    if (!Present(shorter))
+      diag.Error(max_size, "max_size goes with 'shorter' (as torchvision's Resize(int, max_size))");
+    else if (op.shorter > 0 && *v <= op.shorter)
+      diag.Error(max_size,
+                 "must be greater than shorter (" + std::to_string(op.shorter) + "), as torchvision requires");
+    else
+      op.max_size = static_cast<int>(*v);
+  }
+  const Field antialias = m.Get("antialias");
+  if (auto v = internal::ReadBool(diag, antialias)) {
+    if (!*v) {
+      diag.Error(antialias,
+                 "antialias: false is not supported: spdld resizes as PIL does (torchvision on PIL images), "
+                 "which always antialiases");
+    }
+  }
   if (m.ok()) {
     if (Present(shorter) && (Present(height) || Present(width))) {
       diag.ErrorAtKey(field, "resize takes either 'shorter' or 'height' and 'width', not both");
@@ -916,6 +934,49 @@ std::optional<ParsedOp> ReadRandomErasing(Diagnostics& diag, const Field& field,
   return ParsedOp{op, field};
 }
 
+std::optional<ParsedOp> ReadRandomCrop(Diagnostics& diag, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  RandomCropSpec s;
+  const Field size = m.Require("size");
+  if (auto hw = ReadSize(diag, size)) {
+    s.height = hw->first;
+    s.width = hw->second;
+  }
+  const Field padding = m.Get("padding");
+  if (Present(padding)) {
+    std::vector<int64_t> v;
+    if (padding.node.IsSequence() && (padding.node.size() == 2 || padding.node.size() == 4)) {
+      if (auto items = internal::ReadList(diag, padding)) {
+        for (const Field& item : *items) {
+          if (auto x = internal::ReadInt(diag, item, 0, 4096)) v.push_back(*x);
+        }
+      }
+    } else if (padding.node.IsScalar()) {
+      if (auto x = internal::ReadInt(diag, padding, 0, 4096)) v = {*x};
+    } else {
+      diag.Error(padding, "expected p, [left/right, top/bottom] or [left, top, right, bottom], got " +
+                              internal::Describe(padding.node));
+    }
+    auto at = [&v](size_t i) { return static_cast<int>(v[i]); };
+    if (v.size() == 1) s.padding = {at(0), at(0), at(0), at(0)};
+    if (v.size() == 2 && padding.node.size() == 2) s.padding = {at(0), at(1), at(0), at(1)};
+    if (v.size() == 4) s.padding = {at(0), at(1), at(2), at(3)};
+  }
+  if (auto v = internal::ReadBool(diag, m.Get("pad_if_needed"))) s.pad_if_needed = *v;
+  if (auto v = internal::ReadChoice<PadMode>(diag, m.Get("pad_mode"),
+                                             {{"constant", PadMode::kConstant},
+                                              {"edge", PadMode::kEdge},
+                                              {"reflect", PadMode::kReflect},
+                                              {"symmetric", PadMode::kSymmetric}})) {
+    s.mode = *v;
+  }
+  ReadFill(diag, m.Get("fill"), &s.fill);
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{RandomCropOp{s}, size};
+}
+
 // One list entry: a map with exactly one key naming the transform.
 std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, ColorMode color) {
   if (!item.node.IsMap()) {
@@ -942,6 +1003,7 @@ std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, Colo
     if (name == aug) return ReadAugment(diag, kind, m.Get(name));
   }
   if (name == "random_erasing") return ReadRandomErasing(diag, m.Get(name), color);
+  if (name == "random_crop") return ReadRandomCrop(diag, m.Get(name));
   std::string message = "unknown transform '" + name + "'";
   std::vector<std::string> known = {"resize",    "center_crop", "random_resized_crop", "horizontal_flip",
                                     "normalize", "op",          "random_erasing"};
@@ -965,6 +1027,7 @@ const char* TransformName(const TransformOp& op) {
     }
   }
   if (std::holds_alternative<RandomErasingOp>(op)) return "random_erasing";
+  if (std::holds_alternative<RandomCropOp>(op)) return "random_crop";
   return "normalize";
 }
 
@@ -992,7 +1055,7 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   bool all_ok = true;
   bool seen_resize_or_crop = false;
   std::string seen_random_crop, seen_flip, seen_normalize, seen_op;  // the item path, once seen
-  std::string seen_augment, seen_erasing;
+  std::string seen_augment, seen_erasing, seen_random_crop_op;
   size_t user_ops = 0;
   bool seen_geometry = false;
   std::optional<Field> normalize_item;
@@ -1006,8 +1069,27 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
     const bool user_op = std::holds_alternative<UserOp>(parsed->op);
     const bool augment = std::holds_alternative<AugmentOp>(parsed->op);
     const bool erasing = std::holds_alternative<RandomErasingOp>(parsed->op);
+    const bool random_crop = std::holds_alternative<RandomCropOp>(parsed->op);
     const bool geometric = !std::holds_alternative<HorizontalFlipOp>(parsed->op) &&
-                           !std::holds_alternative<NormalizeOp>(parsed->op) && !user_op && !augment && !erasing;
+                           !std::holds_alternative<NormalizeOp>(parsed->op) && !user_op && !augment && !erasing &&
+                           !random_crop;
+    if (random_crop) {
+      if (!seen_random_crop_op.empty())
+        diag.Error(item, "only one random_crop (the first is " + seen_random_crop_op + ")");
+      if (!seen_flip.empty() || !seen_augment.empty() || !seen_normalize.empty() || !seen_op.empty()) {
+        diag.Error(item,
+                   "random_crop comes right after the geometry (resize, center_crop, random_resized_crop), "
+                   "before horizontal_flip, ops, augmentations and normalize");
+      } else if (all_ok && state != Size::kFixed) {
+        diag.Error(item,
+                   "random_crop needs a fixed-size image before it: end the geometry with center_crop, "
+                   "resize {height, width} or random_resized_crop");
+      }
+      seen_random_crop_op = item.path;
+    }
+    if (geometric && !seen_random_crop_op.empty()) {
+      diag.Error(item, name + " comes after random_crop (" + seen_random_crop_op + "): the geometry comes first");
+    }
     // Built-in augmentations: after every geometric transform, before normalize; random_erasing last.
     if (!seen_erasing.empty()) {
       diag.Error(item, name + " comes after random_erasing (" + seen_erasing +
@@ -1088,6 +1170,19 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       state = Size::kFixed;
       height = rc->height;
       width = rc->width;
+    } else if (random_crop) {
+      const RandomCropSpec& rc = std::get<RandomCropOp>(parsed->op).spec;
+      if (state == Size::kFixed && !rc.pad_if_needed &&
+          (rc.height > height + rc.padding[1] + rc.padding[3] || rc.width > width + rc.padding[0] + rc.padding[2])) {
+        diag.Error(parsed->size_field, "random_crop " + std::to_string(rc.height) + "x" + std::to_string(rc.width) +
+                                           " is larger than the padded image (" +
+                                           std::to_string(height + rc.padding[1] + rc.padding[3]) + "x" +
+                                           std::to_string(width + rc.padding[0] + rc.padding[2]) +
+                                           "): lower it, add padding or set pad_if_needed: true");
+      }
+      state = Size::kFixed;
+      height = rc.height;
+      width = rc.width;
     } else if (user_op || augment || erasing) {
       // no size change; order checked above
     } else if (std::holds_alternative<HorizontalFlipOp>(parsed->op)) {

@@ -39,6 +39,10 @@ struct ResizeOp {
   int height = 0;   // fixed output height; 0 = not used
   int width = 0;    // fixed output width; 0 = not used
   Interpolation interpolation = Interpolation::kBilinear;  // see Interpolation
+  // With `shorter`: torchvision's max_size (> shorter): a longer side that would exceed it becomes
+  // max_size, the shorter int(max_size * shorter / longer). 0 = none. (YAML antialias: true is
+  // accepted and is what PIL always does; false is refused.)
+  int max_size = 0;
 
   bool operator==(const ResizeOp&) const = default;
 };
@@ -134,8 +138,18 @@ struct RandomErasingOp {
   bool operator==(const RandomErasingOp&) const = default;
 };
 
+// torchvision RandomCrop: pad the image (padding: p, [left/right, top/bottom] or [left, top, right,
+// bottom]; pad_if_needed), then a uniformly placed window of `size`. Comes right after the geometry,
+// which must give a fixed size (center_crop, resize {height, width} or random_resized_crop), before
+// every other augmentation, flip and op; the output is `size`.
+struct RandomCropOp {
+  RandomCropSpec spec;
+
+  bool operator==(const RandomCropOp&) const = default;
+};
+
 using TransformOp = std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp, UserOp,
-                                 AugmentOp, RandomErasingOp>;
+                                 AugmentOp, RandomErasingOp, RandomCropOp>;
 
 // What a job does with a sample that cannot be read or decoded.
 enum class OnError {

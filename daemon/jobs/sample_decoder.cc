@@ -80,6 +80,7 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
       if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
         return InvalidArgument("transforms: only one resize, before center_crop, is supported in this version");
       ops.resize_shorter = r->shorter;
+      ops.resize_max_size = r->max_size;
       ops.resize_height = r->height;
       ops.resize_width = r->width;
       ops.interpolation = ToMedia(r->interpolation);
@@ -169,7 +170,8 @@ struct PixelStep {
 struct AugmentChain {
   std::vector<media::AugmentSpec> specs;           // in chain order; step.augment indexes it
   std::optional<config::RandomErasingOp> erasing;  // the last transform, on the output tensor
-  bool empty() const { return specs.empty() && !erasing; }
+  std::optional<config::RandomCropSpec> crop;      // random_crop, right after the geometry
+  bool empty() const { return specs.empty() && !erasing && !crop; }
 };
 
 // Writes one value of the output tensor (dtype of `ops`) at element index `i` of `row`.
@@ -259,6 +261,13 @@ class OpImageSampleDecoder final : public SampleDecoder {
       aug_stats_.push_back(std::make_unique<pipeline::StageStats>("aug:random_erasing", pipeline::StageKind::kCpu,
                                                                   decode_concurrency, 0));
     }
+    geo_width_ = width_;
+    geo_height_ = height_;
+    if (augments_.crop) {  // the geometry's own (fixed) size, before the crop
+      media::OutputSize(ops_, 1, 1, &geo_width_, &geo_height_);
+      crop_stats_ =
+          std::make_unique<pipeline::StageStats>("aug:random_crop", pipeline::StageKind::kCpu, decode_concurrency, 0);
+    }
   }
   const std::vector<RowTensor>& tensors() const override { return tensors_; }
   bool random() const override { return true; }  // every op gets its seed
@@ -266,6 +275,7 @@ class OpImageSampleDecoder final : public SampleDecoder {
     std::vector<const pipeline::StageStats*> out;
     for (const auto& s : stats_) out.push_back(s.get());
     for (const auto& s : aug_stats_) out.push_back(s.get());
+    if (crop_stats_) out.push_back(crop_stats_.get());
     return out;
   }
 
@@ -279,16 +289,27 @@ class OpImageSampleDecoder final : public SampleDecoder {
       scratch.resize(stride * static_cast<size_t>(height_));
       pixels = scratch.data();
     }
+    // With random_crop the geometry goes to a per-thread image of its own size, cropped into `pixels`.
+    thread_local std::vector<uint8_t> geometry;
+    uint8_t* geo = pixels;
+    size_t geo_stride = stride;
+    if (augments_.crop) {
+      geo_stride = static_cast<size_t>(geo_width_) * static_cast<size_t>(c);
+      geometry.resize(geo_stride * static_cast<size_t>(geo_height_));
+      geo = geometry.data();
+    }
     if (pre_steps_.empty()) {
-      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed));
+      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed));
     } else {
       // Ops before the geometry: the full-size path, the ops on the whole upright RGB image.
       const media::ImageDecoder::PixelHook hook = [this, seed](uint8_t* px, int w, int h, size_t pitch) {
         for (const PixelStep& step : pre_steps_) SPDL_RETURN_IF_ERROR(RunOp(step.op, px, h, w, 3, pitch, seed));
         return Status::Ok();
       };
-      SPDL_RETURN_IF_ERROR(decoder.DecodeWithHookInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed, hook));
+      SPDL_RETURN_IF_ERROR(
+          decoder.DecodeWithHookInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed, hook));
     }
+    if (augments_.crop) SPDL_RETURN_IF_ERROR(RandomCrop(geo, geo_stride, pixels, stride, seed));
     for (const PixelStep& step : steps_) {
       if (step.augment >= 0) {
         RunAugmentStep(step.augment, pixels, stride, seed);
@@ -328,6 +349,23 @@ class OpImageSampleDecoder final : public SampleDecoder {
     return s;
   }
 
+  // random_crop from the geometry's image into the output-size one, from its own stream.
+  Status RandomCrop(const uint8_t* geo, size_t geo_stride, uint8_t* pixels, size_t stride, uint64_t seed) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    media::SampleRng rng(seed, media::RandomStream::kRandomCrop);
+    std::string error;
+    const media::CropDraw d = media::DrawRandomCrop(*augments_.crop, geo_width_, geo_height_, rng, &error);
+    if (error.empty()) {
+      const media::ImageView src{const_cast<uint8_t*>(geo), geo_width_, geo_height_, ops_.channels, geo_stride};
+      media::PadCrop(src, media::ImageView{pixels, width_, height_, ops_.channels, stride}, d, augments_.crop->mode,
+                     augments_.crop->fill);
+    }
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    crop_stats_->Record(static_cast<uint64_t>(nanos.count()), error.empty());
+    if (!error.empty()) return InvalidArgument(error);
+    return Status::Ok();
+  }
+
   // Runs built-in augmentation `i` on the uint8 image, from its own stream of the sample's seed.
   void RunAugmentStep(int i, uint8_t* pixels, size_t stride, uint64_t seed) const {
     const auto t0 = std::chrono::steady_clock::now();
@@ -359,6 +397,8 @@ class OpImageSampleDecoder final : public SampleDecoder {
   std::vector<std::unique_ptr<pipeline::StageStats>> stats_;  // per op; atomic counters
   const AugmentChain augments_;
   std::vector<std::unique_ptr<pipeline::StageStats>> aug_stats_;  // per augmentation, then random erasing
+  int geo_width_ = 0, geo_height_ = 0;                // the geometry's output: the image's size unless random_crop
+  std::unique_ptr<pipeline::StageStats> crop_stats_;  // random_crop's row, when there is one
 };
 
 // The chain's user ops, made through *loader, and the steps around the geometry. An error names
@@ -380,6 +420,10 @@ Status MakeUserOps(const config::JobConfig& c, plugins::OpLoader* loader,
     }
     if (const auto* e = std::get_if<config::RandomErasingOp>(&t)) {
       augments->erasing = *e;
+      continue;
+    }
+    if (const auto* rc = std::get_if<config::RandomCropOp>(&t)) {
+      augments->crop = rc->spec;
       continue;
     }
     if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {

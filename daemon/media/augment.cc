@@ -817,6 +817,75 @@ void RunAugment(const AugmentSpec& s, ImageView img, SampleRng& rng, Affine2D* m
   }
 }
 
+CropDraw DrawRandomCrop(const RandomCropSpec& s, int in_w, int in_h, SampleRng& rng, std::string* error) {
+  error->clear();
+  CropDraw d;
+  d.pad_left = s.padding[0];
+  d.pad_top = s.padding[1];
+  int w = in_w + s.padding[0] + s.padding[2], h = in_h + s.padding[1] + s.padding[3];
+  // pad_if_needed: torchvision pads both sides by the shortfall (F.pad with [dw, 0], then [0, dh]).
+  if (s.pad_if_needed && w < s.width) {
+    d.pad_left += s.width - w;
+    w += 2 * (s.width - w);
+  }
+  if (s.pad_if_needed && h < s.height) {
+    d.pad_top += s.height - h;
+    h += 2 * (s.height - h);
+  }
+  if (w < s.width || h < s.height) {
+    *error = "random_crop: the " + std::to_string(w) + "x" + std::to_string(h) +
+             " (padded) image is smaller than the " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+             " crop";
+    return {};
+  }
+  d.width = s.width;
+  d.height = s.height;
+  if (w != s.width || h != s.height) {  // get_params: (0, 0) when the sizes are equal, no draw
+    d.y = static_cast<int>(rng.UniformInt(0, h - s.height));
+    d.x = static_cast<int>(rng.UniformInt(0, w - s.width));
+  }
+  return d;
+}
+
+void PadCrop(const ImageView& src, ImageView dst, const CropDraw& d, PadMode mode, const std::array<uint8_t, 3>& fill) {
+  // The source index of padded coordinate p along an axis of n pixels, or -1 for the fill.
+  auto source = [mode](int p, int n) {
+    if (p >= 0 && p < n) return p;
+    switch (mode) {
+      case PadMode::kConstant:
+        return -1;
+      case PadMode::kEdge:
+        return p < 0 ? 0 : n - 1;
+      case PadMode::kReflect: {
+        if (n == 1) return 0;
+        const int period = 2 * (n - 1);
+        int q = ((p % period) + period) % period;
+        return q < n ? q : period - q;
+      }
+      case PadMode::kSymmetric: {
+        const int period = 2 * n;
+        int q = ((p % period) + period) % period;
+        return q < n ? q : period - 1 - q;
+      }
+    }
+    return -1;
+  };
+  const int C = src.channels;
+  for (int y = 0; y < d.height; ++y) {
+    uint8_t* out = Row(dst, y);
+    const int sy = source(d.y + y - d.pad_top, src.height);
+    for (int x = 0; x < d.width; ++x) {
+      const int sx = source(d.x + x - d.pad_left, src.width);
+      if (sx < 0 || sy < 0) {
+        for (int c = 0; c < C; ++c) out[x * C + c] = fill[c];
+      } else {
+        const uint8_t* in = Row(src, sy) + static_cast<size_t>(sx) * C;
+        for (int c = 0; c < C; ++c) out[x * C + c] = in[c];
+      }
+    }
+  }
+}
+
 EraseRect PlanErase(int width, int height, std::array<double, 2> scale, std::array<double, 2> ratio, SampleRng& rng) {
   const double area = static_cast<double>(width) * height;
   const double lr0 = std::log(ratio[0]), lr1 = std::log(ratio[1]);

@@ -37,6 +37,8 @@ namespace spdl::media {
 
 using config::AugmentKind;  // the ops as a job states them (config/augment_spec.h)
 using config::AugmentSpec;
+using config::PadMode;
+using config::RandomCropSpec;
 using config::WarpFilter;
 
 // One uint8 image, HWC, `channels` of 1 (gray) or 3 (RGB), rows `stride` bytes apart.
@@ -124,6 +126,25 @@ const char* AugmentName(AugmentKind kind);
 // REQUIRES: ValidateAugment(spec) is empty; a geometric op (rotate with expand excluded) keeps the
 // size.
 void RunAugment(const AugmentSpec& spec, ImageView img, SampleRng& rng, Affine2D* map);
+
+// ---- random crop (torchvision RandomCrop): changes the size ----
+
+// One sample's crop: the padded image is pad_left + in_w + pad_right wide (likewise in height), and
+// the output is its window [x, x + width) x [y, y + height).
+struct CropDraw {
+  int pad_left = 0, pad_top = 0;
+  int x = 0, y = 0;
+  int width = 0, height = 0;
+};
+// RandomCrop.forward's parameters for an in_w x in_h image: the padding, pad_if_needed's extra
+// padding (the shortfall on both sides), then a uniform position (draws only from rng). "" in *error unless the
+// window does not fit (then the draw is empty and *error says why).
+CropDraw DrawRandomCrop(const RandomCropSpec& spec, int in_w, int in_h, SampleRng& rng, std::string* error);
+// The point map of a crop draw: a translation by (pad_left - x, pad_top - y).
+inline Affine2D RandomCropMap(const CropDraw& d) { return Affine2D::Translate(d.pad_left - d.x, d.pad_top - d.y); }
+// Writes the window of the padded `src` into `dst` (d.width x d.height, same channels), padding as
+// `mode` (fill for kConstant). REQUIRES: dst does not overlap src.
+void PadCrop(const ImageView& src, ImageView dst, const CropDraw& d, PadMode mode, const std::array<uint8_t, 3>& fill);
 
 // ---- random erasing (torchvision RandomErasing), on the output tensor ----
 

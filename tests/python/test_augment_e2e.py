@@ -128,3 +128,39 @@ def test_augmentation_time_shows_in_stats(make_loader, daemon, dataset):
     for row in ("aug:rand_augment", "aug:color_jitter", "aug:random_erasing"):
         assert row in stages, sorted(stages)
     print("stats rows:", {k: v for k, v in stages.items() if k.startswith("aug:")})
+
+
+def test_random_crop_with_padding_through_the_daemon(make_loader, dataset):
+    # size = the padded size: the window is the whole padded image (no draw), so the pixels are pinned.
+    got = {}
+    cfg = config(dataset.root, "  - random_crop: {size: [62, 60], padding: [2, 3], pad_mode: reflect}\n")
+    for batch in make_loader(cfg, epochs=1):
+        batch_images = np.from_dlpack(batch["image"])
+        assert batch_images.shape[1:] == (62, 60, 3)
+        for path, image in zip(batch.paths, batch_images):
+            got[path] = image.copy()
+    for p in dataset.files:
+        want = np.asarray(F.pad(base(dataset.root, p), [2, 3], padding_mode="reflect"))
+        assert np.array_equal(got[p], want), p
+    # A smaller window: 48 x 48 out of the padded 64 x 64, at a drawn position, deterministic.
+    cfg = config(dataset.root, "  - random_crop: {size: 48, padding: 4}\n")
+    a, b = images(make_loader(cfg, epochs=1)), images(make_loader(cfg, epochs=1))
+    assert all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+    assert a[0][1].shape[1:] == (48, 48, 3)
+
+
+def test_resize_max_size_through_the_daemon(make_loader, dataset):
+    cfg = (f"source: {{type: image_folder, root: {dataset.root}}}\nsampler: {{shuffle: false}}\nbatch: {{size: 16}}\n"
+           "transforms:\n  - resize: {shorter: 64, max_size: 80, antialias: true}\n  - center_crop: {size: 56}\n")
+    got = {}
+    for batch in make_loader(cfg, epochs=1):
+        for path, image in zip(batch.paths, np.from_dlpack(batch["image"])):
+            got[path] = image.copy()
+    capped = 0
+    for p in dataset.files:
+        img = Image.open(dataset.root / p).convert("RGB")
+        resized = F.resize(img, 64, max_size=80)
+        capped += min(resized.size) < 64
+        want = np.asarray(F.center_crop(resized, 56))
+        assert np.array_equal(got[p], want), p
+    assert capped > 0  # some images were limited by max_size (and padded by the crop)

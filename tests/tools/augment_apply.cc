@@ -5,7 +5,9 @@
 //
 // OP: brightness F | contrast F | saturation F | hue F | sharpness F | posterize BITS |
 //     solarize T | equalize | autocontrast | invert | grayscale | blur KX KY SX SY | vflip |
-//     affine ANGLE TX TY SCALE SHX SHY FILTER [CX CY] | rotate ANGLE FILTER
+//     affine ANGLE TX TY SCALE SHX SHY FILTER [CX CY] | rotate ANGLE FILTER |
+//     padcrop PAD_LEFT PAD_TOP X Y W H MODE FILL (MODE: 0 constant, 1 edge, 2 reflect, 3 symmetric;
+//     OUT.raw is then W x H)
 // FILTER: 0 nearest, 1 bilinear, 2 bicubic. Fill is 0. Exit 0 on success, 2 on bad usage.
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +99,19 @@ int main(int argc, char** argv) {
       filter = static_cast<int>(arg(1));
     }
     m::WarpAffine(img, dst, map, static_cast<m::WarpFilter>(filter), {0, 0, 0});
+    px.swap(out);
+  } else if (op == "padcrop") {
+    m::CropDraw d;
+    d.pad_left = static_cast<int>(arg(0));
+    d.pad_top = static_cast<int>(arg(1));
+    d.x = static_cast<int>(arg(2));
+    d.y = static_cast<int>(arg(3));
+    d.width = static_cast<int>(arg(4));
+    d.height = static_cast<int>(arg(5));
+    const auto fill = static_cast<uint8_t>(arg(7));
+    std::vector<uint8_t> out(static_cast<size_t>(d.width) * d.height * c);
+    m::PadCrop(img, m::ImageView{out.data(), d.width, d.height, c, static_cast<size_t>(d.width) * c}, d,
+               static_cast<m::PadMode>(static_cast<int>(arg(6))), {fill, fill, fill});
     px.swap(out);
   } else {
     std::cerr << "unknown op " << op << "\n";

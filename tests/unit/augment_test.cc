@@ -10,10 +10,12 @@
 #include <iterator>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "config/job_config.h"
+#include "media/image_ops.h"
 
 namespace {
 
@@ -340,4 +342,112 @@ TEST_CASE("the RandAugment example config parses to the reference recipe") {
   CHECK(ra.magnitude == 9);
   CHECK(std::get<RandomErasingOp>(t[4]).p == 0.25);
   CHECK(r.config->out_height == 224);
+}
+
+TEST_CASE("random_crop parses, checks its place and size, and its draw and map agree with the pixels") {
+  auto r =
+      ParseJobConfig(Job("  - random_crop: {size: 32, padding: 4, pad_mode: reflect, fill: 3}\n"
+                         "  - horizontal_flip: {}\n"));
+  for (const auto& e : r.errors) INFO(e.path + ": " + e.message);
+  REQUIRE(r.errors.empty());
+  const auto& rc = std::get<spdl::config::RandomCropOp>(r.config->transforms[1]).spec;
+  CHECK(rc.height == 32);
+  CHECK(rc.padding == std::array<int, 4>{4, 4, 4, 4});
+  CHECK(rc.mode == m::PadMode::kReflect);
+  CHECK(r.config->out_height == 32);
+  auto two = ParseJobConfig(Job("  - random_crop: {size: [20, 30], padding: [1, 2]}\n"));
+  REQUIRE(two.errors.empty());
+  CHECK(std::get<spdl::config::RandomCropOp>(two.config->transforms[1]).spec.padding == std::array<int, 4>{1, 2, 1, 2});
+  CHECK(two.config->out_width == 30);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"  - random_crop: {size: 41, padding: 4}\n", "larger than the padded image"},
+      {"  - horizontal_flip: {}\n  - random_crop: {size: 16}\n", "right after the geometry"},
+      {"  - random_crop: {size: 16}\n  - center_crop: {size: 8}\n", "comes after random_crop"},
+  };
+  for (const auto& [yaml, message] : bad) {
+    auto e = ParseJobConfig(Job(yaml));
+    std::string all;
+    for (const auto& x : e.errors) all += x.message + "\n";
+    INFO(yaml << all);
+    CHECK(all.find(message) != std::string::npos);
+  }
+  auto variable = ParseJobConfig(
+      "source: {type: image_folder, root: /d}\ntransforms:\n  - resize: {shorter: 64}\n"
+      "  - random_crop: {size: 56}\n");
+  REQUIRE_FALSE(variable.errors.empty());
+  CHECK(variable.errors[0].message.find("fixed-size image before it") != std::string::npos);
+
+  // The draw: the window inside the padded image, uniformly placed; the map moves a pixel where it lands.
+  m::RandomCropSpec s;
+  s.height = 10;
+  s.width = 12;
+  s.padding = {3, 2, 3, 2};
+  std::set<std::pair<int, int>> seen;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    m::SampleRng rng(seed, m::RandomStream::kRandomCrop);
+    std::string error;
+    const m::CropDraw d = m::DrawRandomCrop(s, 14, 9, rng, &error);  // padded: 20 x 13
+    REQUIRE(error.empty());
+    CHECK(d.x >= 0);
+    CHECK(d.x <= 20 - 12);
+    CHECK(d.y >= 0);
+    CHECK(d.y <= 13 - 10);
+    seen.insert({d.x, d.y});
+  }
+  CHECK(seen.size() == 9 * 4);  // every position is drawn
+  std::vector<uint8_t> src(14 * 9, 0);
+  src[4 * 14 + 6] = 255;  // pixel (6, 4)
+  m::CropDraw d;
+  d.pad_left = 3;
+  d.pad_top = 2;
+  d.x = 5;
+  d.y = 1;
+  d.width = 12;
+  d.height = 10;
+  std::vector<uint8_t> out(12 * 10, 1);
+  m::PadCrop(View(src, 14, 9, 1), View(out, 12, 10, 1), d, m::PadMode::kConstant, {0, 0, 0});
+  const auto p = m::RandomCropMap(d).Apply(6.5, 4.5);
+  CHECK(out[static_cast<size_t>(p[1]) * 12 + static_cast<size_t>(p[0])] == 255);
+  CHECK(std::count(out.begin(), out.end(), 255) == 1);
+  std::string error;
+  m::SampleRng rng(1, m::RandomStream::kRandomCrop);
+  s.padding = {0, 0, 0, 0};
+  m::DrawRandomCrop(s, 5, 5, rng, &error);
+  CHECK(error.find("smaller than") != std::string::npos);
+  s.pad_if_needed = true;  // pads both sides by the shortfall: 5 + 2 * 7 = 19 wide
+  const m::CropDraw padded = m::DrawRandomCrop(s, 5, 5, rng, &error);
+  CHECK(error.empty());
+  CHECK(padded.pad_left == 7);
+  CHECK(padded.pad_top == 5);
+}
+
+TEST_CASE("resize max_size follows torchvision's _compute_resized_output_size") {
+  auto r = ParseJobConfig(
+      "source: {type: image_folder, root: /d}\ntransforms:\n"
+      "  - resize: {shorter: 100, max_size: 300, antialias: true}\n  - center_crop: {size: 64}\n");
+  for (const auto& e : r.errors) INFO(e.path + ": " + e.message);
+  REQUIRE(r.errors.empty());
+  CHECK(std::get<spdl::config::ResizeOp>(r.config->transforms[0]).max_size == 300);
+  for (const char* bad :
+       {"  - resize: {shorter: 100, max_size: 100}\n", "  - resize: {height: 9, width: 9, max_size: 300}\n",
+        "  - resize: {shorter: 100, antialias: false}\n"}) {
+    auto e = ParseJobConfig(std::string("source: {type: image_folder, root: /d}\ntransforms:\n") + bad +
+                            "  - center_crop: {size: 8}\n");
+    INFO(bad);
+    CHECK_FALSE(e.errors.empty());
+  }
+  m::ImageOps ops;
+  ops.resize_shorter = 100;
+  ops.resize_max_size = 300;
+  REQUIRE(m::ValidateImageOps(ops).ok());
+  auto p = m::PlanResizeCrop(ops, 1000, 250);  // 400 x 100 would exceed 300: 300 x int(300 * 100 / 400)
+  CHECK(p.resized_width == 300);
+  CHECK(p.resized_height == 75);
+  p = m::PlanResizeCrop(ops, 333, 1000);  // 100 x 300: within max_size
+  CHECK(p.resized_width == 100);
+  CHECK(p.resized_height == 300);
+  p = m::PlanResizeCrop(ops, 200, 700);  // 100 x 350 -> int(300 * 100 / 350) = 85 x 300
+  CHECK(p.resized_width == 85);
+  CHECK(p.resized_height == 300);
 }
