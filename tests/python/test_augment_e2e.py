@@ -164,3 +164,16 @@ def test_resize_max_size_through_the_daemon(make_loader, dataset):
         want = np.asarray(F.center_crop(resized, 56))
         assert np.array_equal(got[p], want), p
     assert capped > 0  # some images were limited by max_size (and padded by the crop)
+
+
+def test_shared_augmented_job_gives_every_member_the_same_pixels_as_a_job_of_its_own(make_loader, dataset):
+    share = "share: true\nshare_members: 2\nshare_wait_seconds: 20\n"
+    cfg = config(dataset.root, RECIPE, batch=8, extra=FLOAT + share)
+    a, b = make_loader(cfg, epochs=1), make_loader(cfg, epochs=1)
+    pairs = [((list(x.paths), np.from_dlpack(x["image"]).copy()), (list(y.paths), np.from_dlpack(y["image"]).copy()))
+             for x, y in zip(a, b)]
+    alone = images(make_loader(config(dataset.root, RECIPE, batch=8, extra=FLOAT), epochs=1))
+    assert len(pairs) == len(alone)
+    for ((pa, ia), (pb, ib)), (pc, ic) in zip(pairs, alone):
+        assert pa == pb == pc
+        assert np.array_equal(ia, ib) and np.array_equal(ia, ic)
