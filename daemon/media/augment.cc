@@ -278,50 +278,64 @@ enum class PolicyOp {
   kInvert,
 };
 
-void ApplyPolicyOp(PolicyOp op, double magnitude, ImageView img, const AugmentSpec& spec) {
+// Applies one policy op; returns its point map (identity for the photometric ones).
+Affine2D ApplyPolicyOp(PolicyOp op, double magnitude, ImageView img, const AugmentSpec& spec) {
   switch (op) {
     case PolicyOp::kIdentity:
-      return;
+      return Affine2D::Identity();
     case PolicyOp::kShearX:
     case PolicyOp::kShearY: {
       AffineParams p;
       const double deg = std::atan(magnitude) * 180.0 / kPi;
       (op == PolicyOp::kShearX ? p.shear_x : p.shear_y) = deg;
       p.has_center = true;  // center [0, 0]
-      WarpInPlace(img, InverseAffine(p, img.width, img.height), spec.filter, spec.fill);
-      return;
+      const auto inv = InverseAffine(p, img.width, img.height);
+      WarpInPlace(img, inv, spec.filter, spec.fill);
+      return ForwardOf(inv);
     }
     case PolicyOp::kTranslateX:
     case PolicyOp::kTranslateY: {
       AffineParams p;
       (op == PolicyOp::kTranslateX ? p.translate_x : p.translate_y) = static_cast<double>(static_cast<int>(magnitude));
-      WarpInPlace(img, InverseAffine(p, img.width, img.height), spec.filter, spec.fill);
-      return;
+      const auto inv = InverseAffine(p, img.width, img.height);
+      WarpInPlace(img, inv, spec.filter, spec.fill);
+      return ForwardOf(inv);
     }
     case PolicyOp::kRotate: {
       int w = 0, h = 0;
-      WarpInPlace(img, InverseRotate(magnitude, false, img.width, img.height, &w, &h), spec.filter, spec.fill);
-      return;
+      const auto inv = InverseRotate(magnitude, false, img.width, img.height, &w, &h);
+      WarpInPlace(img, inv, spec.filter, spec.fill);
+      return ForwardOf(inv);
     }
     case PolicyOp::kBrightness:
-      return AdjustBrightness(img, 1.0 + magnitude);
+      AdjustBrightness(img, 1.0 + magnitude);
+      return Affine2D::Identity();
     case PolicyOp::kColor:
-      return AdjustSaturation(img, 1.0 + magnitude);
+      AdjustSaturation(img, 1.0 + magnitude);
+      return Affine2D::Identity();
     case PolicyOp::kContrast:
-      return AdjustContrast(img, 1.0 + magnitude);
+      AdjustContrast(img, 1.0 + magnitude);
+      return Affine2D::Identity();
     case PolicyOp::kSharpness:
-      return AdjustSharpness(img, 1.0 + magnitude);
+      AdjustSharpness(img, 1.0 + magnitude);
+      return Affine2D::Identity();
     case PolicyOp::kPosterize:
-      return Posterize(img, static_cast<int>(magnitude));
+      Posterize(img, static_cast<int>(magnitude));
+      return Affine2D::Identity();
     case PolicyOp::kSolarize:
-      return Solarize(img, magnitude);
+      Solarize(img, magnitude);
+      return Affine2D::Identity();
     case PolicyOp::kAutoContrast:
-      return Autocontrast(img);
+      Autocontrast(img);
+      return Affine2D::Identity();
     case PolicyOp::kEqualize:
-      return Equalize(img);
+      Equalize(img);
+      return Affine2D::Identity();
     case PolicyOp::kInvert:
-      return Invert(img);
+      Invert(img);
+      return Affine2D::Identity();
   }
+  return Affine2D::Identity();
 }
 
 // One op's magnitude for bin `bin` of `bins` (RandAugment / TrivialAugmentWide / AutoAugment
@@ -767,7 +781,8 @@ void RunAugment(const AugmentSpec& s, ImageView img, SampleRng& rng, Affine2D* m
         bool is_signed = false;
         double m = Magnitude(op, bin, s.num_magnitude_bins, wide, img.width, img.height, &is_signed);
         if (is_signed && rng.Bernoulli(0.5)) m = -m;
-        ApplyPolicyOp(op, m, img, s);
+        const Affine2D step = ApplyPolicyOp(op, m, img, s);
+        if (map != nullptr) *map = map->Then(step);
       }
       return;
     }
@@ -782,7 +797,8 @@ void RunAugment(const AugmentSpec& s, ImageView img, SampleRng& rng, Affine2D* m
                        ? 0.0
                        : Magnitude(policy[i].op, policy[i].bin, 10, false, img.width, img.height, &is_signed);
         if (is_signed && negative[i]) m = -m;
-        ApplyPolicyOp(policy[i].op, m, img, s);
+        const Affine2D step = ApplyPolicyOp(policy[i].op, m, img, s);
+        if (map != nullptr) *map = map->Then(step);
       }
       return;
     }

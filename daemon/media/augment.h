@@ -122,7 +122,8 @@ std::string ValidateAugment(const AugmentSpec& spec);
 const char* AugmentName(AugmentKind kind);
 
 // Applies `spec` to `img` in place with its random parameters drawn from `rng`; *map (if not
-// null) is set to the op's point map (identity for photometric ops).
+// null) is set to the op's point map: identity for photometric ops, the composition of the ops
+// applied for the policies (their shear / translate / rotate move points).
 // REQUIRES: ValidateAugment(spec) is empty; a geometric op (rotate with expand excluded) keeps the
 // size.
 void RunAugment(const AugmentSpec& spec, ImageView img, SampleRng& rng, Affine2D* map);

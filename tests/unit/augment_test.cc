@@ -451,3 +451,34 @@ TEST_CASE("resize max_size follows torchvision's _compute_resized_output_size") 
   CHECK(p.resized_width == 85);
   CHECK(p.resized_height == 300);
 }
+
+TEST_CASE("the policies report the composed map of the warps they applied") {
+  // One lit pixel on black: where it lands must be where the reported map sends its centre.
+  const int n = 40;
+  int warped = 0, checked = 0;
+  for (auto kind : {m::AugmentKind::kRandAugment, m::AugmentKind::kTrivialAugmentWide, m::AugmentKind::kAutoAugment}) {
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      std::vector<uint8_t> px(static_cast<size_t>(n) * n, 0);
+      px[17 * n + 21] = 200;  // pixel (21, 17)
+      m::AugmentSpec s;
+      s.kind = kind;
+      s.magnitude = 5;
+      m::SampleRng rng(seed, m::RandomStream::kAugment);
+      m::Affine2D map;
+      m::RunAugment(s, View(px, n, n, 1), rng, &map);
+      std::vector<size_t> lit;
+      for (size_t i = 0; i < px.size(); ++i) {
+        if (px[i] != px[0]) lit.push_back(i);  // differs from the (possibly changed) background
+      }
+      if (lit.size() != 1) continue;  // a photometric op made it ambiguous: nothing to check
+      ++checked;
+      if (!(map == m::Affine2D::Identity())) ++warped;
+      const auto p = map.Apply(21.5, 17.5);
+      INFO(m::AugmentName(kind) << " seed " << seed);
+      CHECK(std::abs(static_cast<double>(lit[0] % n) + 0.5 - p[0]) <= 1.0);
+      CHECK(std::abs(static_cast<double>(lit[0] / n) + 0.5 - p[1]) <= 1.0);
+    }
+  }
+  CHECK(checked > 300);
+  CHECK(warped > 50);
+}
