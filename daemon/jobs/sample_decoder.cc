@@ -119,6 +119,23 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
   return ops;
 }
 
+// A large image's decode scratch, reserved from the daemon's memory budget (memory_budget.h) for
+// as long as the lease lives; an empty lease without a budget, for a small image, or for one over
+// max_pixels (the decoder refuses it from the header, naming the limit).
+Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span<const uint8_t> bytes,
+                                                 int64_t max_pixels) {
+  if (budget == nullptr) return MemoryBudget::Lease();
+  uint64_t pixels = 0;
+  const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
+  if (need < kScratchAccountFrom || pixels > static_cast<uint64_t>(max_pixels)) return MemoryBudget::Lease();
+  int w = 0, h = 0;
+  const media::ImageFormat f = media::SniffImageFormat(bytes);
+  (void)media::ReadImageSize(f, bytes, &w, &h);
+  const std::string what = std::string(media::ImageFormatName(f)) + " image" +
+                           (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
+  return budget->ReserveScratch(need, what);
+}
+
 class ImageSampleDecoder final : public SampleDecoder {
  public:
   ImageSampleDecoder(media::ImageOps ops, int width, int height, std::shared_ptr<MemoryBudget> budget)
@@ -133,20 +150,7 @@ class ImageSampleDecoder final : public SampleDecoder {
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
     thread_local media::ImageDecoder decoder;  // decoders are not thread-safe: one per worker thread
     // A large image's scratch comes out of the daemon's memory budget first (memory_budget.h).
-    MemoryBudget::Lease scratch;
-    if (budget_) {
-      uint64_t pixels = 0;
-      const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
-      // Over max_pixels the decoder refuses it from the header, naming the limit: nothing to reserve.
-      if (need >= kScratchAccountFrom && pixels <= static_cast<uint64_t>(ops_.max_pixels)) {
-        int w = 0, h = 0;
-        const media::ImageFormat f = media::SniffImageFormat(bytes);
-        (void)media::ReadImageSize(f, bytes, &w, &h);
-        const std::string what = std::string(media::ImageFormatName(f)) + " image" +
-                                 (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
-        SPDL_ASSIGN_OR_RETURN(scratch, budget_->ReserveScratch(need, what));
-      }
-    }
+    SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease scratch, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
     return decoder.DecodeInto(bytes, ops_, rows[0], width_, height_, seed);
   }
 
@@ -228,8 +232,14 @@ void RandomErase(const config::RandomErasingOp& e, const media::ImageOps& ops, u
 class OpImageSampleDecoder final : public SampleDecoder {
  public:
   OpImageSampleDecoder(media::ImageOps ops, int width, int height, std::vector<std::unique_ptr<plugins::Op>> user_ops,
-                       std::vector<PixelStep> steps, uint32_t decode_concurrency, AugmentChain augments)
-      : ops_(ops), width_(width), height_(height), user_ops_(std::move(user_ops)), augments_(std::move(augments)) {
+                       std::vector<PixelStep> steps, uint32_t decode_concurrency, AugmentChain augments,
+                       std::shared_ptr<MemoryBudget> budget)
+      : ops_(ops),
+        width_(width),
+        height_(height),
+        user_ops_(std::move(user_ops)),
+        augments_(std::move(augments)),
+        budget_(std::move(budget)) {
     for (const PixelStep& step : steps) (step.before_geometry ? pre_steps_ : steps_).push_back(step);
     pixel_ops_ = ops;
     pixel_ops_.dtype = media::OutputDType::kUInt8;
@@ -282,6 +292,7 @@ class OpImageSampleDecoder final : public SampleDecoder {
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
     thread_local media::ImageDecoder decoder;
     thread_local std::vector<uint8_t> scratch;  // the uint8 image when the output is not uint8 NHWC
+    SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease lease, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
     const int c = ops_.channels;
     const size_t stride = static_cast<size_t>(width_) * static_cast<size_t>(c);
     uint8_t* pixels = rows[0];
@@ -399,6 +410,7 @@ class OpImageSampleDecoder final : public SampleDecoder {
   std::vector<std::unique_ptr<pipeline::StageStats>> aug_stats_;  // per augmentation, then random erasing
   int geo_width_ = 0, geo_height_ = 0;                // the geometry's output: the image's size unless random_crop
   std::unique_ptr<pipeline::StageStats> crop_stats_;  // random_crop's row, when there is one
+  const std::shared_ptr<MemoryBudget> budget_;        // large decodes' scratch (may be null)
 };
 
 // The chain's user ops, made through *loader, and the steps around the geometry. An error names
@@ -545,7 +557,7 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
       if (!user_ops.empty() || !augments.empty()) {
         return std::shared_ptr<const SampleDecoder>(std::make_shared<OpImageSampleDecoder>(
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
-            static_cast<uint32_t>(c.stages.decode.concurrency), std::move(augments)));
+            static_cast<uint32_t>(c.stages.decode.concurrency), std::move(augments), std::move(budget)));
       }
       return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height, std::move(budget)));
     }
