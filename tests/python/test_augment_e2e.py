@@ -177,3 +177,29 @@ def test_shared_augmented_job_gives_every_member_the_same_pixels_as_a_job_of_its
     for ((pa, ia), (pb, ib)), (pc, ic) in zip(pairs, alone):
         assert pa == pb == pc
         assert np.array_equal(ia, ib) and np.array_equal(ia, ic)
+
+
+@pytest.mark.parametrize("output", ["{dtype: uint8, layout: NHWC}", "{dtype: float16, layout: NCHW}"])
+def test_random_erasing_writes_its_value_in_any_dtype_and_layout(make_loader, dataset, output):
+    cfg = config(dataset.root, "  - random_erasing: {p: 1, value: [1, 0, 0]}\n", extra=f"output: {output}\n")
+    erased = 0
+    for batch in make_loader(cfg, epochs=1):
+        imgs = np.from_dlpack(batch["image"]).astype(np.float32)
+        if imgs.shape[-1] != 3:
+            imgs = imgs.transpose(0, 2, 3, 1)
+        for img in imgs:
+            mask = (img[..., 0] == 1) & (img[..., 1] == 0) & (img[..., 2] == 0)
+            erased += int(mask.any())
+            ys, xs = np.nonzero(mask)
+            if len(ys):  # one rectangle
+                box = mask[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+                assert box.mean() > 0.9
+    assert erased >= len(dataset.files) - 1
+
+
+def test_augmentations_on_gray_images(make_loader, dataset):
+    cfg = config(dataset.root, "  - rand_augment: {}\n  - color_jitter: {brightness: 0.5, saturation: 0.5}\n",
+                 extra="decode: {color: gray}\n")
+    a, b = images(make_loader(cfg, epochs=1)), images(make_loader(cfg, epochs=1))
+    assert a[0][1].shape[1:] == (56, 56, 1)
+    assert all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
