@@ -145,7 +145,11 @@ def main():
     ap.add_argument("--identical", default="4",
                     help="scenarios: N identical spdl-client jobs with and without share: true (comma list; '' = none)")
     ap.add_argument("--threads", type=int, default=2, help="spdld --threads (and SPDL's)")
-    ap.add_argument("--job-config", default=os.path.join(REPO, "config", "examples", "imagenet.yaml"))
+    ap.add_argument("--job-config", help="spdld's job config (default: config/examples/imagenet.yaml, or "
+                                         "imagenet_train_randaug.yaml with --recipe randaug)")
+    ap.add_argument("--recipe", choices=["eval", "randaug"], default="eval",
+                    help="eval: Resize 256 + CenterCrop 224; randaug: RandomResizedCrop, flip, RandAugment(2, 9), "
+                         "normalize, RandomErasing (the DataLoader's torchvision recipe; SPDL is not measured)")
     ap.add_argument("--data-dir", help="dataset location (default ~/.cache/spdld-bench/data-...)")
     ap.add_argument("--spdl", choices=["auto", "off"], default="auto",
                     help="auto: measure SPDL if importable or pip-installable into ~/.cache/spdld-bench/pydeps")
@@ -165,7 +169,10 @@ def main():
     a.identical = [int(x) for x in a.identical.split(",") if x]
     a.build_dir = os.path.abspath(a.build_dir)
     a.out = os.path.abspath(a.out or (os.path.join(HERE, "out") if a.quick else HERE))
-    a.job_config = os.path.abspath(a.job_config)
+    a.job_config = os.path.abspath(a.job_config or os.path.join(
+        REPO, "config", "examples", "imagenet_train_randaug.yaml" if a.recipe == "randaug" else "imagenet.yaml"))
+    if a.recipe == "randaug":
+        a.spdl = "off"  # SPDL's example pipeline has no such recipe
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "spdld-bench")
 
     if a.from_json:
@@ -222,7 +229,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="spdld-bench-")
     env = scenarios.Env(python=python, build_dir=a.build_dir, job_config=a.job_config, data_root=data_root,
                         dataset_count=desc["count"], epochs=a.epochs, batch=32, seed=42, workdir=workdir,
-                        timeout=a.timeout, pss_interval=a.pss_interval, spdl_pythonpath=spdl_path or "", log=log)
+                        timeout=a.timeout, pss_interval=a.pss_interval, spdl_pythonpath=spdl_path or "", log=log,
+                        recipe=a.recipe)
     configs = build_configs(a, have_py, spdl_path is not None)
     results = {c.key: {"config": dataclasses.asdict(c), "runs": [], "errors": []} for c in configs}
     total = len(configs) * a.repeats

@@ -47,7 +47,12 @@ def run_dataloader(a, torch):
     import torchvision
     from torchvision import transforms as T
 
-    tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+    if a.recipe == "randaug":  # config/examples/imagenet_train_randaug.yaml's recipe
+        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.RandAugment(num_ops=2, magnitude=9),
+                        T.PILToTensor(), T.ConvertImageDtype(torch.float32),
+                        T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]), T.RandomErasing(p=0.25)])
+    else:
+        tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
     ds = torchvision.datasets.ImageFolder(a.root, transform=tf)
     if a.world_size > 1:
         sampler = torch.utils.data.distributed.DistributedSampler(
@@ -80,6 +85,8 @@ def run_spdld(a, torch):
 
     kwargs = dict(socket=a.socket, rank=a.rank, world_size=a.world_size,
                   overrides={"source.root": a.root}, epochs=a.epochs)
+    if a.recipe == "randaug":  # the example trains with 256 and drop_last: measure the DataLoader's batching
+        kwargs["overrides"].update({"batch.size": a.batch, "batch.drop_last": False})
     loader = spdl_client.Loader(a.config, **kwargs)
 
     def epochs():
@@ -172,6 +179,9 @@ def main():
     ap.add_argument("--socket", help="spdld's control socket")
     ap.add_argument("--config", help="spdld job config (YAML path)")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for GO on stdin")
+    ap.add_argument("--recipe", choices=["eval", "randaug"], default="eval",
+                    help="the DataLoader's transforms: eval (Resize 256, CenterCrop 224) or randaug (the training "
+                         "recipe of config/examples/imagenet_train_randaug.yaml); spdld's come from --config")
     a = ap.parse_args()
 
     import torch

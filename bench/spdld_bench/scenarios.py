@@ -58,6 +58,7 @@ class Env:
     pss_interval: float
     spdl_pythonpath: str = ""
     log: callable = print
+    recipe: str = "eval"  # trainer.py --recipe: the DataLoader's transforms
     extra_env: dict = field(default_factory=dict)
 
     def bin(self, name):
@@ -73,10 +74,16 @@ def _trainer_cmd(env, cfg, rank, socket=None):
     loader = {"dataloader": "dataloader", "spdld-py": "spdld", "spdl": "spdl"}[cfg.loader]
     cmd = [env.python, TRAINER, "--loader", loader, "--root", env.data_root, "--epochs", str(env.epochs),
            "--batch", str(env.batch), "--seed", str(env.seed), "--rank", str(rank), "--world-size", str(cfg.ranks),
-           "--workers", str(cfg.workers), "--threads", str(cfg.threads)]
+           "--workers", str(cfg.workers), "--threads", str(cfg.threads), "--recipe", env.recipe]
     if socket:
         cmd += ["--socket", socket, "--config", env.job_config]
     return cmd
+
+
+def _recipe_sets(env):
+    """spdl-client --set for the recipe: the randaug example trains with batch 256 and drop_last; the
+    benchmark measures every loader with its batch size."""
+    return ["--set", f"batch.size={env.batch}", "--set", "batch.drop_last=false"] if env.recipe == "randaug" else []
 
 
 def _trainer_env(env, cfg):
@@ -283,7 +290,7 @@ def _measure_cli(env, cfg, daemon, errlog, started):
             shard = ["--rank", str(rank), "--world-size", str(cfg.ranks)]
         p = subprocess.Popen(
             [env.bin("spdl-client"), "--socket", daemon.socket, "--config", env.job_config,
-             "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs)] + shard +
+             "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs)] + shard + _recipe_sets(env) +
             ["--json", "--no-checksum", "--quiet"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         started.append(p)
@@ -344,7 +351,8 @@ def profile_daemon(env, threads, perf="perf"):
             raise RuntimeError("perf record failed: " + rec.stderr.read().decode(errors="replace")[-300:])
         subprocess.run([env.bin("spdl-client"), "--socket", d.socket, "--config", env.job_config,
                         "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs), "--json",
-                        "--no-checksum", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        "--no-checksum", "--quiet"] + _recipe_sets(env), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL,
                        timeout=env.timeout, check=True)
         rec.send_signal(2)
         try:

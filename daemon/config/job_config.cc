@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
@@ -23,7 +24,10 @@ constexpr int64_t kMaxImageSide = 16384;
 constexpr int64_t kMaxPixelsLimit = int64_t{1} << 40;
 constexpr const char* kNeedFixedSize =
     "transforms must produce a fixed image size (end with center_crop or resize {height, width})";
-constexpr const char* kTransformNames = "resize, center_crop, random_resized_crop, horizontal_flip, normalize or op";
+constexpr const char* kTransformNames =
+    "resize, center_crop, random_resized_crop, horizontal_flip, normalize, op, or an augmentation (color_jitter, "
+    "grayscale, gaussian_blur, posterize, solarize, equalize, autocontrast, sharpness, invert, rand_augment, "
+    "trivial_augment_wide, auto_augment, vertical_flip, rotate, affine, random_crop, random_erasing)";
 constexpr size_t kMaxUserOps = 16;
 constexpr size_t kMaxOpArgsBytes = 64 * 1024;
 constexpr int kMaxOpArgsDepth = 32;
@@ -402,6 +406,24 @@ std::optional<ParsedOp> ReadResize(Diagnostics& diag, const Field& field) {
   if (auto v = internal::ReadInt(diag, height, 1, kMaxImageSide)) op.height = static_cast<int>(*v);
   if (auto v = internal::ReadInt(diag, width, 1, kMaxImageSide)) op.width = static_cast<int>(*v);
   if (auto v = ReadInterpolation(diag, m.Get("interpolation"))) op.interpolation = *v;
+  const Field max_size = m.Get("max_size");
+  if (auto v = internal::ReadInt(diag, max_size, 1, kMaxImageSide)) {
+    if (!Present(shorter))
+      diag.Error(max_size, "max_size goes with 'shorter' (as torchvision's Resize(int, max_size))");
+    else if (op.shorter > 0 && *v <= op.shorter)
+      diag.Error(max_size,
+                 "must be greater than shorter (" + std::to_string(op.shorter) + "), as torchvision requires");
+    else
+      op.max_size = static_cast<int>(*v);
+  }
+  const Field antialias = m.Get("antialias");
+  if (auto v = internal::ReadBool(diag, antialias)) {
+    if (!*v) {
+      diag.Error(antialias,
+                 "antialias: false is not supported: spdld resizes as PIL does (torchvision on PIL images), "
+                 "which always antialiases");
+    }
+  }
   if (m.ok()) {
     if (Present(shorter) && (Present(height) || Present(width))) {
       diag.ErrorAtKey(field, "resize takes either 'shorter' or 'height' and 'width', not both");
@@ -620,6 +642,341 @@ std::optional<ParsedOp> ReadUserOp(Diagnostics& diag, const Field& item, const F
   return ParsedOp{op, field};
 }
 
+// ---- built-in augmentations (AugmentOp, RandomErasingOp) ----
+
+// A probability in [0, 1] into *p when present.
+void ReadProbability(Diagnostics& diag, const Field& f, double* p) {
+  if (auto v = ReadNumber(diag, f)) {
+    if (*v < 0 || *v > 1)
+      diag.Error(f, "must be a probability in [0, 1] (got " + FormatNumber(*v) + ")");
+    else
+      *p = *v;
+  }
+}
+
+// A jitter amount as torchvision's ColorJitter: a number v (>= 0) -> [center - v, center + v]
+// (clipped at `lo`), or [min, max] with lo <= min <= max <= hi.
+void ReadJitter(Diagnostics& diag, const Field& f, double center, double lo, double hi, std::array<double, 2>* out) {
+  if (!Present(f)) return;
+  if (f.node.IsSequence()) {
+    if (auto v = ReadNumbers(diag, f, 2)) {
+      if (!((*v)[0] >= lo && (*v)[0] <= (*v)[1] && (*v)[1] <= hi)) {
+        diag.Error(f, "must be [min, max] with " + FormatNumber(lo) + " <= min <= max" +
+                          (std::isfinite(hi) ? " <= " + FormatNumber(hi) : std::string()));
+      } else {
+        *out = {(*v)[0], (*v)[1]};
+      }
+    }
+    return;
+  }
+  if (auto v = ReadNumber(diag, f)) {
+    if (*v < 0 || (std::isfinite(hi) && center + *v > hi)) {
+      diag.Error(f, "must be >= 0" + (std::isfinite(hi) ? " and <= " + FormatNumber(hi - center) : std::string()) +
+                        " (got " + FormatNumber(*v) + ")");
+    } else {
+      *out = {std::max(lo, center - *v), center + *v};
+    }
+  }
+}
+
+// A number d -> [-d, d] (d >= 0), or [lo, hi] with lo <= hi.
+void ReadSymmetric(Diagnostics& diag, const Field& f, double limit, std::array<double, 2>* out) {
+  if (!Present(f)) return;
+  std::array<double, 2> r;
+  if (f.node.IsSequence()) {
+    auto v = ReadNumbers(diag, f, 2);
+    if (!v) return;
+    r = {(*v)[0], (*v)[1]};
+  } else {
+    auto v = ReadNumber(diag, f);
+    if (!v) return;
+    if (*v < 0) {
+      diag.Error(f, "a single value d means [-d, d]: it must be >= 0 (got " + FormatNumber(*v) + ")");
+      return;
+    }
+    r = {-*v, *v};
+  }
+  if (!(r[0] <= r[1]) || (limit > 0 && (std::fabs(r[0]) >= limit || std::fabs(r[1]) >= limit))) {
+    diag.Error(f, "must be [lo, hi] with lo <= hi" +
+                      (limit > 0 ? ", each within (-" + FormatNumber(limit) + ", " + FormatNumber(limit) + ")"
+                                 : std::string()));
+    return;
+  }
+  *out = r;
+}
+
+std::optional<WarpFilter> ReadWarpFilter(Diagnostics& diag, const Field& f) {
+  return internal::ReadChoice<WarpFilter>(
+      diag, f,
+      {{"nearest", WarpFilter::kNearest}, {"bilinear", WarpFilter::kBilinear}, {"bicubic", WarpFilter::kBicubic}});
+}
+
+// fill: a number 0..255 (every channel) or [r, g, b].
+void ReadFill(Diagnostics& diag, const Field& f, std::array<uint8_t, 3>* out) {
+  if (!Present(f)) return;
+  std::vector<double> v;
+  if (f.node.IsSequence()) {
+    auto list = ReadNumbers(diag, f, 3);
+    if (!list) return;
+    v = *list;
+  } else {
+    auto one = ReadNumber(diag, f);
+    if (!one) return;
+    v = {*one, *one, *one};
+  }
+  for (double x : v) {
+    if (x < 0 || x > 255 || x != std::floor(x)) {
+      diag.Error(f, "fill is an integer 0..255 or three of them (got " + FormatNumber(x) + ")");
+      return;
+    }
+  }
+  *out = {static_cast<uint8_t>(v[0]), static_cast<uint8_t>(v[1]), static_cast<uint8_t>(v[2])};
+}
+
+// The names of the built-in augmentations, as written in YAML.
+const std::vector<std::pair<std::string, AugmentKind>>& AugmentNames() {
+  static const std::vector<std::pair<std::string, AugmentKind>> names = {
+      {"color_jitter", AugmentKind::kColorJitter},
+      {"grayscale", AugmentKind::kGrayscale},
+      {"gaussian_blur", AugmentKind::kGaussianBlur},
+      {"posterize", AugmentKind::kPosterize},
+      {"solarize", AugmentKind::kSolarize},
+      {"equalize", AugmentKind::kEqualize},
+      {"autocontrast", AugmentKind::kAutocontrast},
+      {"sharpness", AugmentKind::kSharpness},
+      {"invert", AugmentKind::kInvert},
+      {"rand_augment", AugmentKind::kRandAugment},
+      {"trivial_augment_wide", AugmentKind::kTrivialAugmentWide},
+      {"auto_augment", AugmentKind::kAutoAugment},
+      {"vertical_flip", AugmentKind::kVerticalFlip},
+      {"rotate", AugmentKind::kRotate},
+      {"affine", AugmentKind::kAffine},
+  };
+  return names;
+}
+
+std::optional<ParsedOp> ReadAugment(Diagnostics& diag, AugmentKind kind, const Field& field) {
+  using K = AugmentKind;
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  AugmentSpec s;
+  s.kind = kind;
+  // torchvision's defaults: the Random* photometric transforms apply with p = 0.5, RandomGrayscale 0.1.
+  switch (kind) {
+    case K::kGrayscale:
+      s.p = 0.1;
+      break;
+    case K::kPosterize:
+    case K::kSolarize:
+    case K::kEqualize:
+    case K::kAutocontrast:
+    case K::kSharpness:
+    case K::kInvert:
+    case K::kVerticalFlip:
+      s.p = 0.5;
+      break;
+    default:
+      break;
+  }
+  const bool has_p = kind != K::kRandAugment && kind != K::kTrivialAugmentWide && kind != K::kAutoAugment &&
+                     kind != K::kRotate && kind != K::kAffine && kind != K::kGaussianBlur;
+  if (has_p) ReadProbability(diag, m.Get("p"), &s.p);
+  switch (kind) {
+    case K::kColorJitter: {
+      const double inf = std::numeric_limits<double>::infinity();
+      ReadJitter(diag, m.Get("brightness"), 1, 0, inf, &s.brightness);
+      ReadJitter(diag, m.Get("contrast"), 1, 0, inf, &s.contrast);
+      ReadJitter(diag, m.Get("saturation"), 1, 0, inf, &s.saturation);
+      ReadJitter(diag, m.Get("hue"), 0, -0.5, 0.5, &s.hue);
+      break;
+    }
+    case K::kGaussianBlur: {
+      const Field k = m.Require("kernel_size");
+      if (Present(k)) {
+        if (auto hw = ReadSize(diag, k)) {  // an integer or [x, y] as torchvision (width first)
+          s.kernel_x = hw->first;
+          s.kernel_y = hw->second;
+          if (s.kernel_x % 2 == 0 || s.kernel_y % 2 == 0 || s.kernel_x > 255 || s.kernel_y > 255)
+            diag.Error(k, "kernel_size must be odd and at most 255");
+        }
+      }
+      const Field sigma = m.Get("sigma");
+      if (Present(sigma) && sigma.node.IsScalar()) {
+        if (auto v = ReadNumber(diag, sigma)) {
+          if (*v <= 0)
+            diag.Error(sigma, "must be > 0");
+          else
+            s.sigma = {*v, *v};
+        }
+      } else if (Present(sigma)) {
+        double lo = s.sigma[0], hi = s.sigma[1];
+        if (ReadRange(diag, sigma, "sigma", 0, &lo, &hi)) s.sigma = {lo, hi};
+      }
+      break;
+    }
+    case K::kPosterize: {
+      if (auto v = internal::ReadInt(diag, m.Require("bits"), 0, 8)) s.value = static_cast<double>(*v);
+      break;
+    }
+    case K::kSolarize: {
+      const Field t = m.Require("threshold");
+      if (auto v = ReadNumber(diag, t)) {
+        if (*v < 0 || *v > 256)
+          diag.Error(t, "must be in [0, 256] (got " + FormatNumber(*v) + ")");
+        else
+          s.value = *v;
+      }
+      break;
+    }
+    case K::kSharpness: {
+      const Field f = m.Require("sharpness_factor");
+      if (auto v = ReadNumber(diag, f)) {
+        if (*v < 0)
+          diag.Error(f, "must be >= 0 (got " + FormatNumber(*v) + ")");
+        else
+          s.value = *v;
+      }
+      break;
+    }
+    case K::kRandAugment:
+    case K::kTrivialAugmentWide:
+    case K::kAutoAugment: {
+      if (kind == K::kRandAugment) {
+        if (auto v = internal::ReadInt(diag, m.Get("num_ops"), 0, 16)) s.num_ops = static_cast<int>(*v);
+        if (auto v = internal::ReadInt(diag, m.Get("num_magnitude_bins"), 2, 1000))
+          s.num_magnitude_bins = static_cast<int>(*v);
+        const Field mag = m.Get("magnitude");
+        if (auto v = internal::ReadInt(diag, mag, 0, 999)) {
+          if (*v >= s.num_magnitude_bins)
+            diag.Error(mag, "must be below num_magnitude_bins (" + std::to_string(s.num_magnitude_bins) + ")");
+          else
+            s.magnitude = static_cast<int>(*v);
+        }
+      } else if (kind == K::kTrivialAugmentWide) {
+        if (auto v = internal::ReadInt(diag, m.Get("num_magnitude_bins"), 2, 1000))
+          s.num_magnitude_bins = static_cast<int>(*v);
+      } else {
+        const Field policy = m.Get("policy");
+        if (auto v = internal::ReadChoice<int>(diag, policy, {{"imagenet", 0}})) (void)*v;
+      }
+      if (auto v = ReadWarpFilter(diag, m.Get("interpolation"))) s.filter = *v;
+      ReadFill(diag, m.Get("fill"), &s.fill);
+      break;
+    }
+    case K::kRotate:
+    case K::kAffine: {
+      const Field degrees = m.Require("degrees");
+      ReadSymmetric(diag, degrees, 0, &s.degrees);
+      if (auto v = ReadWarpFilter(diag, m.Get("interpolation"))) s.filter = *v;
+      ReadFill(diag, m.Get("fill"), &s.fill);
+      if (kind == K::kRotate) {
+        const Field expand = m.Get("expand");
+        if (auto v = internal::ReadBool(diag, expand)) {
+          if (*v)
+            diag.Error(expand,
+                       "expand: true changes the image size with the angle; a batch holds one size (not supported)");
+        }
+        break;
+      }
+      const Field translate = m.Get("translate");
+      if (Present(translate)) {
+        if (auto v = ReadNumbers(diag, translate, 2)) {
+          if ((*v)[0] < 0 || (*v)[0] > 1 || (*v)[1] < 0 || (*v)[1] > 1)
+            diag.Error(translate, "must be two fractions in [0, 1]");
+          else
+            s.translate = {(*v)[0], (*v)[1]};
+        }
+      }
+      double lo = 1, hi = 1;
+      if (ReadRange(diag, m.Get("scale"), "scale", 0, &lo, &hi)) s.scale = {lo, hi};
+      const Field shear = m.Get("shear");
+      if (Present(shear) && shear.node.IsSequence() && shear.node.size() == 4) {
+        if (auto v = ReadNumbers(diag, shear, 4)) {
+          const bool ok = (*v)[0] <= (*v)[1] && (*v)[2] <= (*v)[3] &&
+                          std::all_of(v->begin(), v->end(), [](double x) { return std::fabs(x) < 90; });
+          if (!ok)
+            diag.Error(shear, "must be [xmin, xmax, ymin, ymax] with min <= max, each within (-90, 90)");
+          else
+            s.shear = {(*v)[0], (*v)[1], (*v)[2], (*v)[3]};
+        }
+      } else {
+        std::array<double, 2> x = {0, 0};
+        ReadSymmetric(diag, shear, 90, &x);
+        s.shear = {x[0], x[1], 0, 0};
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{AugmentOp{s}, field};
+}
+
+std::optional<ParsedOp> ReadRandomErasing(Diagnostics& diag, const Field& field, ColorMode color) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  RandomErasingOp op;
+  ReadProbability(diag, m.Get("p"), &op.p);
+  ReadRange(diag, m.Get("scale"), "scale", 1.0, &op.scale[0], &op.scale[1]);
+  ReadRange(diag, m.Get("ratio"), "ratio", 0, &op.ratio[0], &op.ratio[1]);
+  const Field value = m.Get("value");
+  if (Present(value) && value.node.IsScalar() && value.node.Scalar() == "random") {
+    op.random = true;
+  } else if (Present(value) && value.node.IsScalar()) {
+    if (auto v = ReadNumber(diag, value)) op.value = {*v, *v, *v};
+  } else if (Present(value)) {
+    if (auto v = ReadChannelValues(diag, value, color)) op.value = *v;
+  }
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{op, field};
+}
+
+std::optional<ParsedOp> ReadRandomCrop(Diagnostics& diag, const Field& field) {
+  const size_t errors_before = diag.count();
+  MapReader m(diag, field);
+  RandomCropSpec s;
+  const Field size = m.Require("size");
+  if (auto hw = ReadSize(diag, size)) {
+    s.height = hw->first;
+    s.width = hw->second;
+  }
+  const Field padding = m.Get("padding");
+  if (Present(padding)) {
+    std::vector<int64_t> v;
+    if (padding.node.IsSequence() && (padding.node.size() == 2 || padding.node.size() == 4)) {
+      if (auto items = internal::ReadList(diag, padding)) {
+        for (const Field& item : *items) {
+          if (auto x = internal::ReadInt(diag, item, 0, 4096)) v.push_back(*x);
+        }
+      }
+    } else if (padding.node.IsScalar()) {
+      if (auto x = internal::ReadInt(diag, padding, 0, 4096)) v = {*x};
+    } else {
+      diag.Error(padding, "expected p, [left/right, top/bottom] or [left, top, right, bottom], got " +
+                              internal::Describe(padding.node));
+    }
+    auto at = [&v](size_t i) { return static_cast<int>(v[i]); };
+    if (v.size() == 1) s.padding = {at(0), at(0), at(0), at(0)};
+    if (v.size() == 2 && padding.node.size() == 2) s.padding = {at(0), at(1), at(0), at(1)};
+    if (v.size() == 4) s.padding = {at(0), at(1), at(2), at(3)};
+  }
+  if (auto v = internal::ReadBool(diag, m.Get("pad_if_needed"))) s.pad_if_needed = *v;
+  if (auto v = internal::ReadChoice<PadMode>(diag, m.Get("pad_mode"),
+                                             {{"constant", PadMode::kConstant},
+                                              {"edge", PadMode::kEdge},
+                                              {"reflect", PadMode::kReflect},
+                                              {"symmetric", PadMode::kSymmetric}})) {
+    s.mode = *v;
+  }
+  ReadFill(diag, m.Get("fill"), &s.fill);
+  m.ReportUnknownKeys();
+  if (diag.count() != errors_before) return std::nullopt;
+  return ParsedOp{RandomCropOp{s}, size};
+}
+
 // One list entry: a map with exactly one key naming the transform.
 std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, ColorMode color) {
   if (!item.node.IsMap()) {
@@ -642,9 +999,16 @@ std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, Colo
   if (name == "horizontal_flip") return ReadHorizontalFlip(diag, m.Get("horizontal_flip"));
   if (name == "normalize") return ReadNormalize(diag, m.Get("normalize"), color);
   if (name == "op") return ReadUserOp(diag, item, m.Get("op"));
+  for (const auto& [aug, kind] : AugmentNames()) {
+    if (name == aug) return ReadAugment(diag, kind, m.Get(name));
+  }
+  if (name == "random_erasing") return ReadRandomErasing(diag, m.Get(name), color);
+  if (name == "random_crop") return ReadRandomCrop(diag, m.Get(name));
   std::string message = "unknown transform '" + name + "'";
-  const std::string suggestion =
-      internal::Suggest(name, {"resize", "center_crop", "random_resized_crop", "horizontal_flip", "normalize", "op"});
+  std::vector<std::string> known = {"resize",    "center_crop", "random_resized_crop", "horizontal_flip",
+                                    "normalize", "op",          "random_erasing"};
+  for (const auto& a : AugmentNames()) known.push_back(a.first);
+  const std::string suggestion = internal::Suggest(name, known);
   if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
   diag.ErrorAtKey(m.entries().front().field, message + "; expected " + kTransformNames);
   return std::nullopt;
@@ -657,6 +1021,13 @@ const char* TransformName(const TransformOp& op) {
   if (std::holds_alternative<RandomResizedCropOp>(op)) return "random_resized_crop";
   if (std::holds_alternative<HorizontalFlipOp>(op)) return "horizontal_flip";
   if (std::holds_alternative<UserOp>(op)) return "op";
+  if (const auto* a = std::get_if<AugmentOp>(&op)) {
+    for (const auto& [name, kind] : AugmentNames()) {
+      if (kind == a->spec.kind) return name.c_str();
+    }
+  }
+  if (std::holds_alternative<RandomErasingOp>(op)) return "random_erasing";
+  if (std::holds_alternative<RandomCropOp>(op)) return "random_crop";
   return "normalize";
 }
 
@@ -684,6 +1055,7 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
   bool all_ok = true;
   bool seen_resize_or_crop = false;
   std::string seen_random_crop, seen_flip, seen_normalize, seen_op;  // the item path, once seen
+  std::string seen_augment, seen_erasing, seen_random_crop_op;
   size_t user_ops = 0;
   bool seen_geometry = false;
   std::optional<Field> normalize_item;
@@ -695,8 +1067,54 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
     }
     const std::string name = TransformName(parsed->op);
     const bool user_op = std::holds_alternative<UserOp>(parsed->op);
+    const bool augment = std::holds_alternative<AugmentOp>(parsed->op);
+    const bool erasing = std::holds_alternative<RandomErasingOp>(parsed->op);
+    const bool random_crop = std::holds_alternative<RandomCropOp>(parsed->op);
     const bool geometric = !std::holds_alternative<HorizontalFlipOp>(parsed->op) &&
-                           !std::holds_alternative<NormalizeOp>(parsed->op) && !user_op;
+                           !std::holds_alternative<NormalizeOp>(parsed->op) && !user_op && !augment && !erasing &&
+                           !random_crop;
+    if (random_crop) {
+      if (!seen_random_crop_op.empty())
+        diag.Error(item, "only one random_crop (the first is " + seen_random_crop_op + ")");
+      if (!seen_flip.empty() || !seen_augment.empty() || !seen_normalize.empty() || !seen_op.empty()) {
+        diag.Error(item,
+                   "random_crop comes right after the geometry (resize, center_crop, random_resized_crop), "
+                   "before horizontal_flip, ops, augmentations and normalize");
+      } else if (all_ok && state != Size::kFixed) {
+        diag.Error(item,
+                   "random_crop needs a fixed-size image before it: end the geometry with center_crop, "
+                   "resize {height, width} or random_resized_crop");
+      }
+      seen_random_crop_op = item.path;
+    }
+    if (geometric && !seen_random_crop_op.empty()) {
+      diag.Error(item, name + " comes after random_crop (" + seen_random_crop_op + "): the geometry comes first");
+    }
+    // Built-in augmentations: after every geometric transform, before normalize; random_erasing last.
+    if (!seen_erasing.empty()) {
+      diag.Error(item, name + " comes after random_erasing (" + seen_erasing +
+                           "): random_erasing works on the final tensor, so it is the last transform");
+    }
+    if (erasing) {
+      if (!seen_erasing.empty()) diag.Error(item, "only one random_erasing (the first is " + seen_erasing + ")");
+      seen_erasing = item.path;
+    }
+    if (augment) {
+      if (!seen_normalize.empty()) {
+        diag.Error(item, name + " comes after normalize (" + seen_normalize +
+                             "): augmentations work on uint8 pixels, so they come before normalize");
+      }
+      if (seen_augment.empty()) seen_augment = item.path;
+    }
+    if (geometric && !seen_augment.empty()) {
+      diag.Error(item, name + " comes after " + seen_augment +
+                           ": resize, center_crop and random_resized_crop come before the augmentations");
+    }
+    if (augment && !seen_geometry) {
+      diag.Error(item, name +
+                           " comes before the geometry: augmentations run on the output-size image, after "
+                           "resize / center_crop / random_resized_crop");
+    }
     if (geometric && (!seen_flip.empty() || !seen_normalize.empty())) {
       diag.Error(item, name + " comes after " + (seen_flip.empty() ? "normalize" : "horizontal_flip") +
                            ": resize, center_crop and random_resized_crop must come before "
@@ -752,7 +1170,20 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       state = Size::kFixed;
       height = rc->height;
       width = rc->width;
-    } else if (user_op) {
+    } else if (random_crop) {
+      const RandomCropSpec& rc = std::get<RandomCropOp>(parsed->op).spec;
+      if (state == Size::kFixed && !rc.pad_if_needed &&
+          (rc.height > height + rc.padding[1] + rc.padding[3] || rc.width > width + rc.padding[0] + rc.padding[2])) {
+        diag.Error(parsed->size_field, "random_crop " + std::to_string(rc.height) + "x" + std::to_string(rc.width) +
+                                           " is larger than the padded image (" +
+                                           std::to_string(height + rc.padding[1] + rc.padding[3]) + "x" +
+                                           std::to_string(width + rc.padding[0] + rc.padding[2]) +
+                                           "): lower it, add padding or set pad_if_needed: true");
+      }
+      state = Size::kFixed;
+      height = rc.height;
+      width = rc.width;
+    } else if (user_op || augment || erasing) {
       // no size change; order checked above
     } else if (std::holds_alternative<HorizontalFlipOp>(parsed->op)) {
       if (!seen_flip.empty()) {

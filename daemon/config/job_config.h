@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "config/augment_spec.h"
 #include "config/config_error.h"
 #include "config/override.h"
 
@@ -38,6 +39,10 @@ struct ResizeOp {
   int height = 0;   // fixed output height; 0 = not used
   int width = 0;    // fixed output width; 0 = not used
   Interpolation interpolation = Interpolation::kBilinear;  // see Interpolation
+  // With `shorter`: torchvision's max_size (> shorter): a longer side that would exceed it becomes
+  // max_size, the shorter int(max_size * shorter / longer). 0 = none. (YAML antialias: true is
+  // accepted and is what PIL always does; false is refused.)
+  int max_size = 0;
 
   bool operator==(const ResizeOp&) const = default;
 };
@@ -106,7 +111,45 @@ struct UserOp {
   bool operator==(const UserOp& o) const { return library == o.library && name == o.name && args_json == o.args_json; }
 };
 
-using TransformOp = std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp, UserOp>;
+// ---- built-in augmentations (README "Augmentations"; media/augment.h has the pixels) ----
+// One of: color_jitter, grayscale, gaussian_blur, posterize, solarize, equalize, autocontrast,
+// sharpness, invert, rand_augment, trivial_augment_wide, auto_augment, vertical_flip, rotate,
+// affine, as torchvision's transform of that name. Run in the decode stage on the uint8 image, after
+// every geometric transform (resize, center_crop, random_resized_crop), in the order written among
+// themselves, horizontal_flip and ops, and before normalize. Random parameters come from
+// (sampler.seed, epoch, sample index) and the op's place in the chain.
+struct AugmentOp {
+  AugmentSpec spec;  // the parser guarantees media::ValidateAugment(spec) passes
+
+  bool operator==(const AugmentOp&) const = default;
+};
+
+// torchvision RandomErasing: with probability p, a rectangle (area fraction uniform in `scale`,
+// aspect ratio log-uniform in `ratio`, ten attempts) of the output tensor set to `value` (per
+// channel, in the tensor's units, i.e. after normalize) or to standard normal noise (value: random).
+// Must be the last transform.
+struct RandomErasingOp {
+  double p = 0.5;
+  std::array<double, 2> scale = {0.02, 0.33};
+  std::array<double, 2> ratio = {0.3, 3.3};
+  std::array<double, 3> value = {0, 0, 0};
+  bool random = false;  // YAML value: random
+
+  bool operator==(const RandomErasingOp&) const = default;
+};
+
+// torchvision RandomCrop: pad the image (padding: p, [left/right, top/bottom] or [left, top, right,
+// bottom]; pad_if_needed), then a uniformly placed window of `size`. Comes right after the geometry,
+// which must give a fixed size (center_crop, resize {height, width} or random_resized_crop), before
+// every other augmentation, flip and op; the output is `size`.
+struct RandomCropOp {
+  RandomCropSpec spec;
+
+  bool operator==(const RandomCropOp&) const = default;
+};
+
+using TransformOp = std::variant<ResizeOp, CenterCropOp, RandomResizedCropOp, HorizontalFlipOp, NormalizeOp, UserOp,
+                                 AugmentOp, RandomErasingOp, RandomCropOp>;
 
 // What a job does with a sample that cannot be read or decoded.
 enum class OnError {

@@ -1,15 +1,19 @@
 #include "jobs/sample_decoder.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <variant>
 
 #include "media/audio_decoder.h"
+#include "media/augment.h"
 #include "media/image_decoder.h"
+#include "media/image_format.h"
 #include "media/pixel_convert.h"
 #include "media/sample_random.h"
-#include "media/image_format.h"
 #include "media/video_decoder.h"
 #include "plugins/op_loader.h"
 
@@ -76,6 +80,7 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
       if (seen_crop || ops.resize_shorter || ops.resize_height || ops.random_crop())
         return InvalidArgument("transforms: only one resize, before center_crop, is supported in this version");
       ops.resize_shorter = r->shorter;
+      ops.resize_max_size = r->max_size;
       ops.resize_height = r->height;
       ops.resize_width = r->width;
       ops.interpolation = ToMedia(r->interpolation);
@@ -114,6 +119,23 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
   return ops;
 }
 
+// A large image's decode scratch, reserved from the daemon's memory budget (memory_budget.h) for
+// as long as the lease lives; an empty lease without a budget, for a small image, or for one over
+// max_pixels (the decoder refuses it from the header, naming the limit).
+Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span<const uint8_t> bytes,
+                                                 int64_t max_pixels) {
+  if (budget == nullptr) return MemoryBudget::Lease();
+  uint64_t pixels = 0;
+  const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
+  if (need < kScratchAccountFrom || pixels > static_cast<uint64_t>(max_pixels)) return MemoryBudget::Lease();
+  int w = 0, h = 0;
+  const media::ImageFormat f = media::SniffImageFormat(bytes);
+  (void)media::ReadImageSize(f, bytes, &w, &h);
+  const std::string what = std::string(media::ImageFormatName(f)) + " image" +
+                           (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
+  return budget->ReserveScratch(need, what);
+}
+
 class ImageSampleDecoder final : public SampleDecoder {
  public:
   ImageSampleDecoder(media::ImageOps ops, int width, int height, std::shared_ptr<MemoryBudget> budget)
@@ -128,20 +150,7 @@ class ImageSampleDecoder final : public SampleDecoder {
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
     thread_local media::ImageDecoder decoder;  // decoders are not thread-safe: one per worker thread
     // A large image's scratch comes out of the daemon's memory budget first (memory_budget.h).
-    MemoryBudget::Lease scratch;
-    if (budget_) {
-      uint64_t pixels = 0;
-      const uint64_t need = EstimateDecodeScratch(bytes, &pixels);
-      // Over max_pixels the decoder refuses it from the header, naming the limit: nothing to reserve.
-      if (need >= kScratchAccountFrom && pixels <= static_cast<uint64_t>(ops_.max_pixels)) {
-        int w = 0, h = 0;
-        const media::ImageFormat f = media::SniffImageFormat(bytes);
-        (void)media::ReadImageSize(f, bytes, &w, &h);
-        const std::string what = std::string(media::ImageFormatName(f)) + " image" +
-                                 (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
-        SPDL_ASSIGN_OR_RETURN(scratch, budget_->ReserveScratch(need, what));
-      }
-    }
+    SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease scratch, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
     return decoder.DecodeInto(bytes, ops_, rows[0], width_, height_, seed);
   }
 
@@ -152,20 +161,85 @@ class ImageSampleDecoder final : public SampleDecoder {
   std::vector<RowTensor> tensors_;
 };
 
-// One step run on the uint8 image after the geometry: a user op or the horizontal flip.
+// One step run on the uint8 image after the geometry: a user op, a built-in augmentation or the
+// horizontal flip.
 struct PixelStep {
-  int op = -1;                   // index into the ops; -1 = the flip
+  int op = -1;                   // index into the ops; -1 = the flip (or an augmentation)
   double flip_p = 0;             // the flip's probability
   bool before_geometry = false;  // an op on the whole decoded image, before resize / crops
+  int augment = -1;              // >= 0: index into the built-in augmentations (op is then -1)
 };
+
+// ---- built-in augmentations (media/augment.h) and random erasing ----
+struct AugmentChain {
+  std::vector<media::AugmentSpec> specs;           // in chain order; step.augment indexes it
+  std::optional<config::RandomErasingOp> erasing;  // the last transform, on the output tensor
+  std::optional<config::RandomCropSpec> crop;      // random_crop, right after the geometry
+  bool empty() const { return specs.empty() && !erasing && !crop; }
+};
+
+// Writes one value of the output tensor (dtype of `ops`) at element index `i` of `row`.
+void PutValue(const media::ImageOps& ops, uint8_t* row, size_t i, double v) {
+  switch (ops.dtype) {
+    case media::OutputDType::kUInt8:
+      row[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(v), 0.0, 255.0));
+      return;
+    case media::OutputDType::kFloat32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(row + 4 * i, &f, 4);
+      return;
+    }
+    case media::OutputDType::kFloat16: {
+      const uint16_t h = media::DoubleToHalf(v);
+      std::memcpy(row + 2 * i, &h, 2);
+      return;
+    }
+    case media::OutputDType::kBFloat16: {
+      const uint16_t h = media::DoubleToBFloat16(v);
+      std::memcpy(row + 2 * i, &h, 2);
+      return;
+    }
+  }
+}
+
+// torchvision RandomErasing on one output image (any dtype and layout): the value per channel, or
+// standard normal noise (Box-Muller from the sample's erase stream).
+void RandomErase(const config::RandomErasingOp& e, const media::ImageOps& ops, uint8_t* row, int width, int height,
+                 uint64_t seed) {
+  media::SampleRng rng(seed, media::RandomStream::kErase);
+  if (!rng.Bernoulli(e.p)) return;
+  const media::EraseRect r = media::PlanErase(width, height, e.scale, e.ratio, rng);
+  if (r.width == 0) return;
+  const int c = ops.channels;
+  for (int ch = 0; ch < c; ++ch) {
+    for (int y = r.y; y < r.y + r.height; ++y) {
+      for (int x = r.x; x < r.x + r.width; ++x) {
+        double v = e.value[ch];
+        if (e.random) {
+          const double u1 = 1.0 - rng.Uniform(0, 1), u2 = rng.Uniform(0, 1);
+          v = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
+        }
+        const size_t i = ops.layout == media::OutputLayout::kNCHW ? (static_cast<size_t>(ch) * height + y) * width + x
+                                                                  : (static_cast<size_t>(y) * width + x) * c + ch;
+        PutValue(ops, row, i, v);
+      }
+    }
+  }
+}
 
 // An image job with user ops: geometry into a uint8 HWC image (the row, or a per-thread scratch),
 // the steps in config order, then the output pass (see the header).
 class OpImageSampleDecoder final : public SampleDecoder {
  public:
   OpImageSampleDecoder(media::ImageOps ops, int width, int height, std::vector<std::unique_ptr<plugins::Op>> user_ops,
-                       std::vector<PixelStep> steps, uint32_t decode_concurrency)
-      : ops_(ops), width_(width), height_(height), user_ops_(std::move(user_ops)) {
+                       std::vector<PixelStep> steps, uint32_t decode_concurrency, AugmentChain augments,
+                       std::shared_ptr<MemoryBudget> budget)
+      : ops_(ops),
+        width_(width),
+        height_(height),
+        user_ops_(std::move(user_ops)),
+        augments_(std::move(augments)),
+        budget_(std::move(budget)) {
     for (const PixelStep& step : steps) (step.before_geometry ? pre_steps_ : steps_).push_back(step);
     pixel_ops_ = ops;
     pixel_ops_.dtype = media::OutputDType::kUInt8;
@@ -185,18 +259,40 @@ class OpImageSampleDecoder final : public SampleDecoder {
       }
       stats_.push_back(std::make_unique<pipeline::StageStats>(name, pipeline::StageKind::kCpu, decode_concurrency, 0));
     }
+    for (size_t i = 0; i < augments_.specs.size(); ++i) {  // "aug:NAME", "#i" when a name repeats
+      std::string name = std::string("aug:") + media::AugmentName(augments_.specs[i].kind);
+      for (size_t j = 0; j < i; ++j) {
+        if (augments_.specs[j].kind == augments_.specs[i].kind) name += "#" + std::to_string(i);
+      }
+      aug_stats_.push_back(
+          std::make_unique<pipeline::StageStats>(name, pipeline::StageKind::kCpu, decode_concurrency, 0));
+    }
+    if (augments_.erasing) {
+      aug_stats_.push_back(std::make_unique<pipeline::StageStats>("aug:random_erasing", pipeline::StageKind::kCpu,
+                                                                  decode_concurrency, 0));
+    }
+    geo_width_ = width_;
+    geo_height_ = height_;
+    if (augments_.crop) {  // the geometry's own (fixed) size, before the crop
+      media::OutputSize(ops_, 1, 1, &geo_width_, &geo_height_);
+      crop_stats_ =
+          std::make_unique<pipeline::StageStats>("aug:random_crop", pipeline::StageKind::kCpu, decode_concurrency, 0);
+    }
   }
   const std::vector<RowTensor>& tensors() const override { return tensors_; }
   bool random() const override { return true; }  // every op gets its seed
   std::vector<const pipeline::StageStats*> SubStageStats() const override {
     std::vector<const pipeline::StageStats*> out;
     for (const auto& s : stats_) out.push_back(s.get());
+    for (const auto& s : aug_stats_) out.push_back(s.get());
+    if (crop_stats_) out.push_back(crop_stats_.get());
     return out;
   }
 
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
     thread_local media::ImageDecoder decoder;
     thread_local std::vector<uint8_t> scratch;  // the uint8 image when the output is not uint8 NHWC
+    SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease lease, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
     const int c = ops_.channels;
     const size_t stride = static_cast<size_t>(width_) * static_cast<size_t>(c);
     uint8_t* pixels = rows[0];
@@ -204,17 +300,32 @@ class OpImageSampleDecoder final : public SampleDecoder {
       scratch.resize(stride * static_cast<size_t>(height_));
       pixels = scratch.data();
     }
+    // With random_crop the geometry goes to a per-thread image of its own size, cropped into `pixels`.
+    thread_local std::vector<uint8_t> geometry;
+    uint8_t* geo = pixels;
+    size_t geo_stride = stride;
+    if (augments_.crop) {
+      geo_stride = static_cast<size_t>(geo_width_) * static_cast<size_t>(c);
+      geometry.resize(geo_stride * static_cast<size_t>(geo_height_));
+      geo = geometry.data();
+    }
     if (pre_steps_.empty()) {
-      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed));
+      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed));
     } else {
       // Ops before the geometry: the full-size path, the ops on the whole upright RGB image.
       const media::ImageDecoder::PixelHook hook = [this, seed](uint8_t* px, int w, int h, size_t pitch) {
         for (const PixelStep& step : pre_steps_) SPDL_RETURN_IF_ERROR(RunOp(step.op, px, h, w, 3, pitch, seed));
         return Status::Ok();
       };
-      SPDL_RETURN_IF_ERROR(decoder.DecodeWithHookInto(bytes, pixel_ops_, pixels, width_, height_, stride, seed, hook));
+      SPDL_RETURN_IF_ERROR(
+          decoder.DecodeWithHookInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed, hook));
     }
+    if (augments_.crop) SPDL_RETURN_IF_ERROR(RandomCrop(geo, geo_stride, pixels, stride, seed));
     for (const PixelStep& step : steps_) {
+      if (step.augment >= 0) {
+        RunAugmentStep(step.augment, pixels, stride, seed);
+        continue;
+      }
       if (step.op < 0) {
         media::SampleRng rng(seed, media::RandomStream::kFlip);  // the draw the decoder's own flip makes
         if (rng.Bernoulli(step.flip_p)) Mirror(pixels, stride, c);
@@ -229,6 +340,12 @@ class OpImageSampleDecoder final : public SampleDecoder {
       media::OutputImage out{rows[0], width_, height_, stride * media::DTypeSize(ops_.dtype), ops_.layout, c};
       media::ConvertInto(src, media::Orientation{}, 0, 0, table, out);
     }
+    if (augments_.erasing) {
+      const auto t0 = std::chrono::steady_clock::now();
+      RandomErase(*augments_.erasing, ops_, rows[0], width_, height_, seed);
+      const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+      aug_stats_.back()->Record(static_cast<uint64_t>(nanos.count()), true);
+    }
     return Status::Ok();
   }
 
@@ -241,6 +358,34 @@ class OpImageSampleDecoder final : public SampleDecoder {
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     stats_[op]->Record(static_cast<uint64_t>(nanos.count()), s.ok());
     return s;
+  }
+
+  // random_crop from the geometry's image into the output-size one, from its own stream.
+  Status RandomCrop(const uint8_t* geo, size_t geo_stride, uint8_t* pixels, size_t stride, uint64_t seed) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    media::SampleRng rng(seed, media::RandomStream::kRandomCrop);
+    std::string error;
+    const media::CropDraw d = media::DrawRandomCrop(*augments_.crop, geo_width_, geo_height_, rng, &error);
+    if (error.empty()) {
+      const media::ImageView src{const_cast<uint8_t*>(geo), geo_width_, geo_height_, ops_.channels, geo_stride};
+      media::PadCrop(src, media::ImageView{pixels, width_, height_, ops_.channels, stride}, d, augments_.crop->mode,
+                     augments_.crop->fill);
+    }
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    crop_stats_->Record(static_cast<uint64_t>(nanos.count()), error.empty());
+    if (!error.empty()) return InvalidArgument(error);
+    return Status::Ok();
+  }
+
+  // Runs built-in augmentation `i` on the uint8 image, from its own stream of the sample's seed.
+  void RunAugmentStep(int i, uint8_t* pixels, size_t stride, uint64_t seed) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    media::SampleRng rng(seed, static_cast<media::RandomStream>(static_cast<uint64_t>(media::RandomStream::kAugment) +
+                                                                static_cast<uint64_t>(i)));
+    media::RunAugment(augments_.specs[i], media::ImageView{pixels, width_, height_, ops_.channels, stride}, rng,
+                      nullptr);
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    aug_stats_[i]->Record(static_cast<uint64_t>(nanos.count()), true);
   }
 
   // Mirrors the image left-right in place.
@@ -261,14 +406,38 @@ class OpImageSampleDecoder final : public SampleDecoder {
   std::vector<PixelStep> pre_steps_;  // ops on the whole decoded image (constant after construction)
   std::vector<PixelStep> steps_;      // ops and the flip after the geometry (constant after construction)
   std::vector<std::unique_ptr<pipeline::StageStats>> stats_;  // per op; atomic counters
+  const AugmentChain augments_;
+  std::vector<std::unique_ptr<pipeline::StageStats>> aug_stats_;  // per augmentation, then random erasing
+  int geo_width_ = 0, geo_height_ = 0;                // the geometry's output: the image's size unless random_crop
+  std::unique_ptr<pipeline::StageStats> crop_stats_;  // random_crop's row, when there is one
+  const std::shared_ptr<MemoryBudget> budget_;        // large decodes' scratch (may be null)
 };
 
 // The chain's user ops, made through *loader, and the steps around the geometry. An error names
 // the entry's path and line.
 Status MakeUserOps(const config::JobConfig& c, plugins::OpLoader* loader,
-                   std::vector<std::unique_ptr<plugins::Op>>* ops, std::vector<PixelStep>* steps) {
+                   std::vector<std::unique_ptr<plugins::Op>>* ops, std::vector<PixelStep>* steps,
+                   AugmentChain* augments) {
   bool seen_geometry = false;
   for (const auto& t : c.transforms) {
+    if (const auto* a = std::get_if<config::AugmentOp>(&t)) {  // built-in augmentation
+      if (const std::string bad = media::ValidateAugment(a->spec); !bad.empty()) {
+        return InvalidArgument(std::string("transforms: ") + media::AugmentName(a->spec.kind) + ": " + bad);
+      }
+      PixelStep step;
+      step.augment = static_cast<int>(augments->specs.size());
+      steps->push_back(step);
+      augments->specs.push_back(a->spec);
+      continue;
+    }
+    if (const auto* e = std::get_if<config::RandomErasingOp>(&t)) {
+      augments->erasing = *e;
+      continue;
+    }
+    if (const auto* rc = std::get_if<config::RandomCropOp>(&t)) {
+      augments->crop = rc->spec;
+      continue;
+    }
     if (const auto* f = std::get_if<config::HorizontalFlipOp>(&t)) {
       steps->push_back({-1, f->p, false});
       continue;
@@ -383,11 +552,12 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
       SPDL_ASSIGN_OR_RETURN(media::ImageOps ops, ImageOpsFor(c));
       std::vector<std::unique_ptr<plugins::Op>> user_ops;
       std::vector<PixelStep> steps;
-      SPDL_RETURN_IF_ERROR(MakeUserOps(c, loader, &user_ops, &steps));
-      if (!user_ops.empty()) {
+      AugmentChain augments;
+      SPDL_RETURN_IF_ERROR(MakeUserOps(c, loader, &user_ops, &steps, &augments));
+      if (!user_ops.empty() || !augments.empty()) {
         return std::shared_ptr<const SampleDecoder>(std::make_shared<OpImageSampleDecoder>(
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
-            static_cast<uint32_t>(c.stages.decode.concurrency)));
+            static_cast<uint32_t>(c.stages.decode.concurrency), std::move(augments), std::move(budget)));
       }
       return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height, std::move(budget)));
     }

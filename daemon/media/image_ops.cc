@@ -38,6 +38,8 @@ void CropAxis(int size, int crop, int* keep_start, int* keep_len, int* dst_start
 Status ValidateImageOps(const ImageOps& ops) {
   std::vector<std::string> errors;
   if (ops.resize_shorter < 0) errors.push_back("resize_shorter < 0");
+  if (ops.resize_max_size < 0 || (ops.resize_max_size > 0 && ops.resize_max_size <= ops.resize_shorter))
+    errors.push_back("resize_max_size must be 0 or > resize_shorter");
   if (ops.resize_height < 0 || ops.resize_width < 0) errors.push_back("resize size < 0");
   if ((ops.resize_height > 0) != (ops.resize_width > 0)) {
     errors.push_back("resize_height and resize_width must be set together");
@@ -99,12 +101,20 @@ ResizeCropPlan PlanResizeCrop(const ImageOps& ops, int src_width, int src_height
     // torchvision: new_short = S, new_long = int(S * long / short). Integer division gives the
     // same floor as Python's float division for any realistic size.
     const int64_t s = ops.resize_shorter;
+    const int64_t shorter = std::min(src_width, src_height), longer = std::max(src_width, src_height);
+    int64_t new_short = s, new_long = s * longer / shorter;
+    if (ops.resize_max_size > 0 && new_long > ops.resize_max_size) {  // torchvision's max_size
+      new_short = static_cast<int64_t>(static_cast<double>(ops.resize_max_size) * static_cast<double>(new_short) /
+                                       static_cast<double>(new_long));
+      new_long = ops.resize_max_size;
+      new_short = std::max<int64_t>(new_short, 1);
+    }
     if (src_width <= src_height) {
-      p.resized_width = static_cast<int>(s);
-      p.resized_height = static_cast<int>(s * src_height / src_width);
+      p.resized_width = static_cast<int>(new_short);
+      p.resized_height = static_cast<int>(new_long);
     } else {
-      p.resized_height = static_cast<int>(s);
-      p.resized_width = static_cast<int>(s * src_width / src_height);
+      p.resized_height = static_cast<int>(new_short);
+      p.resized_width = static_cast<int>(new_long);
     }
   } else {
     p.resized_width = src_width;

@@ -60,6 +60,9 @@ struct ImageOps {
   // ---- deterministic geometry (unused when random_crop_height > 0) ----
   // > 0: scale so the shorter side is this (aspect kept), like torchvision Resize(int).
   int resize_shorter = 0;
+  // > 0 (with resize_shorter): torchvision Resize(int, max_size): when the longer side would exceed
+  // it, the longer side becomes max_size and the shorter int(max_size * shorter / longer).
+  int resize_max_size = 0;
   // Both > 0: scale to exactly this size (used instead of resize_shorter).
   int resize_height = 0;
   int resize_width = 0;

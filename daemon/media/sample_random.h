@@ -19,7 +19,16 @@ uint64_t SampleSeed(uint64_t job_seed, uint64_t epoch, uint64_t sample_index);
 
 // Streams of a sample's seed, one per random transform. User op i of a job's chain (its i-th `op`
 // entry, from 0) draws from stream kUserOp + i (see UserOpSeed).
-enum class RandomStream : uint64_t { kResizedCrop = 1, kFlip = 2, kUserOp = 16 };
+// Built-in augmentation i of the chain (media/augment.h) draws from stream kAugment + i, random
+// erasing from kErase, random_crop from kRandomCrop.
+enum class RandomStream : uint64_t {
+  kResizedCrop = 1,
+  kFlip = 2,
+  kErase = 3,
+  kRandomCrop = 4,
+  kUserOp = 16,
+  kAugment = 64
+};
 
 // The seed handed to user op `op_index` (0-based among the chain's ops) for one sample: the first
 // draw of its own stream of the sample's seed, so each op's randomness is independent of the

@@ -435,7 +435,9 @@ TEST_CASE("job config: bad transforms") {
     REQUIRE(errors.size() == 6);
     CHECK(ErrorAt(errors, "transforms.0.rezise").message ==
           "unknown transform 'rezise' (did you mean 'resize'?); expected resize, center_crop, "
-          "random_resized_crop, horizontal_flip, normalize or op");
+          "random_resized_crop, horizontal_flip, normalize, op, or an augmentation (color_jitter, grayscale, "
+          "gaussian_blur, posterize, solarize, equalize, autocontrast, sharpness, invert, rand_augment, "
+          "trivial_augment_wide, auto_augment, vertical_flip, rotate, affine, random_crop, random_erasing)");
     CHECK(ErrorAt(errors, "transforms.1").line == 4);
     CHECK(Contains(ErrorAt(errors, "transforms.1").message, "got 'flip'"));
     CHECK(Contains(ErrorAt(errors, "transforms.2").message, "exactly one key"));
