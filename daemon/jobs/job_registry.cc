@@ -6,6 +6,7 @@
 
 #include "cuda/device_slot_pool.h"
 #include "io/allowed_roots.h"
+#include "io/coco_source.h"
 #include "io/file_list_source.h"
 #include "io/fs_identity.h"
 #include "io/http_source.h"
@@ -102,6 +103,18 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.index_cache = index_cache;
       auto src = io::HttpSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.list");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+    case config::SourceType::kCoco: {
+      io::CocoOptions o;
+      o.annotations = c.coco.annotations;
+      o.root = c.root;
+      o.allowed_roots = daemon.allowed_roots;
+      o.include_crowd = c.coco.include_crowd;
+      o.contiguous_ids = c.coco.contiguous_ids;
+      o.masks = c.coco.masks;
+      auto src = io::CocoSource::Open(o);
+      if (!src.ok()) return src.status().WithPrefix("source.annotations");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
     }
   }
