@@ -326,3 +326,70 @@ def test_draw_boxes_example_writes_a_png(daemon, coco, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     img = Image.open(out)
     assert img.size[0] > 0 and "boxes per image" in proc.stdout
+
+
+def test_mix_resume_mid_epoch_gives_the_same_mixed_batches(make_loader, dataset):
+    """Resume stays exact with mix: the batches after a mid-epoch checkpoint equal the uninterrupted
+    run's, images and soft labels; another mix setting refuses the token (it is in the fingerprint)."""
+    import json
+
+    mix = f"{{mixup: {{alpha: 0.4}}, cutmix: {{alpha: 1.0}}, num_classes: {CLASSES}}}"
+
+    def take(loader):
+        return [(np.from_dlpack(b["label"]).copy(), np.from_dlpack(b["image"]).copy()) for b in loader]
+
+    ref = take(make_loader(_mix_job(dataset.root, mix), epochs=1))
+    loader = make_loader(_mix_job(dataset.root, mix), epochs=1)
+    for i, batch in enumerate(loader):
+        if i == 1:
+            state = json.loads(json.dumps(loader.state_dict()))
+            del batch
+            break
+    loader.close()
+    resumed = make_loader(_mix_job(dataset.root, mix), epochs=1)
+    resumed.load_state_dict(state)
+    got = take(resumed)
+    assert len(got) == len(ref) - 2
+    for (la, ia), (lb, ib) in zip(got, ref[2:]):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(ia, ib)
+    other = make_loader(_mix_job(dataset.root, mix.replace("alpha: 0.4", "alpha: 0.5")), epochs=1)
+    with pytest.raises(spdl_client.SpdlError, match="other settings"):
+        other.load_state_dict(state)
+        list(other)
+
+
+def test_mask_sidecar_in_tar_shards(make_loader, daemon):
+    import io
+    import tarfile
+
+    root = daemon.tmp / "mask_tar"
+    root.mkdir(exist_ok=True)
+    rng = np.random.default_rng(9)
+    masks = {}
+    with tarfile.open(root / "shard-0.tar", "w") as tar:
+        for i in range(3):
+            w, h = 40 + 4 * i, 30 + 2 * i
+            members = {}
+            buf = io.BytesIO()
+            Image.fromarray(_photo(w, h, i)).save(buf, format="JPEG", quality=90)
+            members[f"{i:04d}.jpg"] = buf.getvalue()
+            m = rng.integers(0, 7, size=(h, w), dtype=np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(m, mode="L").save(buf, format="PNG")
+            members[f"{i:04d}.png"] = buf.getvalue()
+            masks[f"{i:04d}"] = m
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    cfg = (f"source: {{type: tar, shards: {root}/shard-0.tar, extensions: [.jpg], label_extension: ''}}\n"
+           "sampler: {shuffle: false}\nbatch: {size: 3}\ntransforms:\n  - center_crop: {size: [24, 36]}\n"
+           "  - horizontal_flip: {p: 1.0}\nmask: {from: .png}\n")
+    (batch,) = list(make_loader(cfg, epochs=1))
+    got = np.from_dlpack(batch["mask"])
+    for r, path in enumerate(batch.paths):
+        m = masks[path.split("/")[-1].split(".")[0].split(":")[-1][-4:]]
+        h, w = m.shape
+        oy, ox = round((h - 24) / 2), round((w - 36) / 2)
+        np.testing.assert_array_equal(got[r], m[oy:oy + 24, ox:ox + 36][:, ::-1], err_msg=path)

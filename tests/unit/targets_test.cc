@@ -18,6 +18,7 @@
 #include "media/geometry.h"
 #include "media/image_encoder.h"
 #include "media/jpeg_encoder.h"
+#include "media/mix.h"
 #include "media/sample_random.h"
 #include "media/targets.h"
 
@@ -368,4 +369,63 @@ TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks fo
       CHECK(mask[y * 16 + x] == want);
     }
   }
+}
+
+TEST_CASE("Mix: Beta draws, cutmix's lambda is the kept area, labels sum to 1, images blend as the label says") {
+  using namespace spdl::media;
+  SampleRng rng(12345, RandomStream::kResizedCrop);
+  double sum = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const double b = BetaSample(0.4, rng);
+    REQUIRE(b >= 0);
+    REQUIRE(b <= 1);
+    sum += b;
+  }
+  CHECK(sum / 4000 == Approx(0.5).margin(0.03));  // Beta(a, a) has mean 1/2
+  MixOptions o;
+  o.cutmix_alpha = 1.0;
+  for (int i = 0; i < 50; ++i) {
+    const MixDraw d = DrawMix(o, 32, 24, rng);
+    REQUIRE(d.mixed);
+    REQUIRE(d.cutmix);
+    const double area = double(d.box_x1 - d.box_x0) * (d.box_y1 - d.box_y0);
+    CHECK(d.lam == Approx(1 - area / (32 * 24)));
+    CHECK((d.box_x0 >= 0 && d.box_x1 <= 32 && d.box_y0 >= 0 && d.box_y1 <= 24));
+  }
+  o.prob = 0;
+  CHECK_FALSE(DrawMix(o, 32, 24, rng).mixed);
+
+  // Labels: smoothed one-hot rows, mixed with the reversed batch, sum to 1.
+  const int k = 5;
+  std::vector<float> labels(3 * k);
+  for (int r = 0; r < 3; ++r) SmoothedOneHot(r, k, 0.1, labels.data() + r * k);
+  CHECK(labels[0] == Approx(0.9 + 0.02));
+  CHECK(labels[1] == Approx(0.02));
+  MixLabels(0.7, k, labels.data(), 3);
+  for (int r = 0; r < 3; ++r) {
+    double s = 0;
+    for (int c = 0; c < k; ++c) s += labels[r * k + c];
+    CHECK(s == Approx(1.0));
+  }
+  CHECK(labels[0 * k + 0] == Approx(0.7 * 0.92 + 0.3 * 0.02));
+  CHECK(labels[0 * k + 2] == Approx(0.7 * 0.02 + 0.3 * 0.92));
+  CHECK(labels[1 * k + 1] == Approx(0.92));  // the middle row of an odd batch mixes with itself
+
+  // Images: uint8 mixup rounds the blend; cutmix swaps the box.
+  ImageOps ops;
+  std::vector<uint8_t> images = {10, 20, 30, 40, 200, 100, 50, 0};  // two 2 x 2 gray images
+  ops.channels = 1;
+  MixDraw mixup;
+  mixup.mixed = true;
+  mixup.lam = 0.75;
+  MixImages(mixup, ops, 2, 2, images.data(), 2);
+  CHECK(images == std::vector<uint8_t>{58, 40, 35, 30, 152, 80, 45, 10});
+  MixDraw cut;
+  cut.mixed = cut.cutmix = true;
+  cut.box_x0 = 1;
+  cut.box_x1 = 2;
+  cut.box_y0 = 0;
+  cut.box_y1 = 1;
+  MixImages(cut, ops, 2, 2, images.data(), 2);
+  CHECK(images == std::vector<uint8_t>{58, 80, 35, 30, 152, 40, 45, 10});
 }
