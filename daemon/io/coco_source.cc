@@ -42,6 +42,14 @@ struct Problems {
 
 bool IsInt(const json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
 
+// A coordinate spdld accepts: a JSON number within +-1e7 pixels (so that it fits a float and the
+// rasteriser's integer arithmetic).
+bool IsCoordinate(const json& j) {
+  if (!j.is_number()) return false;
+  const double v = j.get<double>();
+  return v >= -1e7 && v <= 1e7;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
@@ -152,8 +160,8 @@ Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
     }
     const json* bbox = a.contains("bbox") ? &a["bbox"] : nullptr;
     if (bbox == nullptr || !bbox->is_array() || bbox->size() != 4 ||
-        !std::all_of(bbox->begin(), bbox->end(), [](const json& v) { return v.is_number(); })) {
-      problems.Add(where + ": 'bbox' must be [x, y, width, height]");
+        !std::all_of(bbox->begin(), bbox->end(), IsCoordinate)) {
+      problems.Add(where + ": 'bbox' must be [x, y, width, height], numbers within +-1e7");
       continue;
     }
     const double x = (*bbox)[0].get<double>(), y = (*bbox)[1].get<double>();
@@ -173,8 +181,9 @@ Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
       if (seg.is_array()) {
         for (const json& poly : seg) {
           if (!poly.is_array() || poly.size() % 2 != 0 ||
-              !std::all_of(poly.begin(), poly.end(), [](const json& v) { return v.is_number(); })) {
-            problems.Add(where + ": a polygon of 'segmentation' must be a flat list [x0, y0, x1, y1, ...]");
+              !std::all_of(poly.begin(), poly.end(), IsCoordinate)) {
+            problems.Add(where + ": a polygon of 'segmentation' must be a flat list [x0, y0, x1, y1, ...] of numbers "
+                                 "within +-1e7");
             break;
           }
           std::vector<float> xy;

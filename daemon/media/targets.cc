@@ -103,8 +103,9 @@ void FillPolygon(std::span<const float> xy, uint8_t value, uint8_t* mask, int wi
     uint8_t* row = mask + static_cast<size_t>(y) * width;
     for (size_t k = 0; k + 1 < xs.size(); k += 2) {
       // pixels whose centre x + 0.5 lies in [xs[k], xs[k + 1])
-      const int from = std::max(0, static_cast<int>(std::ceil(xs[k] - 0.5)));
-      const int to = std::min(width, static_cast<int>(std::ceil(xs[k + 1] - 0.5)));
+      // (clamped in double first: a far-away vertex must not overflow the int)
+      const int from = static_cast<int>(std::clamp(std::ceil(xs[k] - 0.5), 0.0, double(width)));
+      const int to = static_cast<int>(std::clamp(std::ceil(xs[k + 1] - 0.5), 0.0, double(width)));
       for (int x = from; x < to; ++x) row[x] = value;
     }
   }
