@@ -1,5 +1,7 @@
 #include "io/coco_source.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <exception>
 #include <map>
@@ -9,6 +11,17 @@
 #include "io/allowed_roots.h"
 
 namespace spdl::io {
+
+struct CocoIndex final : SourceIndex {
+  std::string annotations;  // resolved
+  std::string identity;
+  std::vector<SampleRef> samples;
+  std::vector<std::vector<ObjectAnnotation>> objects;  // per sample
+  std::vector<std::string> class_names;
+  uint64_t categories = 0;
+  uint64_t object_count = 0;
+};
+
 namespace {
 
 using nlohmann::json;
@@ -50,18 +63,17 @@ bool IsCoordinate(const json& j) {
   return v >= -1e7 && v <= 1e7;
 }
 
-}  // namespace
-
-Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
-  SPDL_ASSIGN_OR_RETURN(std::string json_path, ResolveUnderRoots(o.annotations, o.allowed_roots));
-  SPDL_ASSIGN_OR_RETURN(std::string real_root, ResolveUnderRoots(o.root, o.allowed_roots));
+// Reads and checks the annotations JSON (see CocoSource::Open).
+Result<std::shared_ptr<const CocoIndex>> ParseCoco(const std::string& json_path, const std::string& real_root,
+                                                   const CocoOptions& o) {
+  auto src = std::make_shared<CocoIndex>();
+  src->scan_start_ns = RealtimeNowNs();
+  struct stat st;
+  if (::stat(json_path.c_str(), &st) == 0) src->inputs.push_back(MakeStamp(json_path, st));  // before the read
   std::vector<uint8_t> bytes;
   SPDL_RETURN_IF_ERROR(ReadFile(json_path, &bytes, o.max_json_bytes));
-  auto src = std::unique_ptr<CocoSource>(new CocoSource());
-  src->annotations_ = json_path;
-  src->max_sample_bytes_ = o.max_sample_bytes;
-  SPDL_ASSIGN_OR_RETURN(src->root_, RootDir::Open(real_root));
-  src->identity_ = "coco " + json_path + " root " + real_root + " " + HashHex(bytes);
+  src->annotations = json_path;
+  src->identity = "coco " + json_path + " root " + real_root + " " + HashHex(bytes);
 
   json doc;
   try {  // nlohmann throws; nothing escapes this function
@@ -103,10 +115,10 @@ Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
       problems.Add("category " + std::to_string(id) + ": masks: true needs every category to fit a uint8 mask value (" +
                    (o.contiguous_ids ? "index + 1" : std::string("the id")) + " at most 255)");
     }
-    if (o.contiguous_ids) src->class_names_.push_back(name);
+    if (o.contiguous_ids) src->class_names.push_back(name);
     ++next;
   }
-  src->categories_ = categories.size();
+  src->categories = categories.size();
 
   // Images, in id order.
   struct Image {
@@ -131,9 +143,9 @@ Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
     if (!index_of.emplace(images[i].id, i).second)
       problems.Add("image id " + std::to_string(images[i].id) + " appears twice");
   }
-  src->samples_.reserve(images.size());
-  for (Image& im : images) src->samples_.push_back({std::move(im.file), kNoLabel});
-  src->objects_.resize(images.size());
+  src->samples.reserve(images.size());
+  for (Image& im : images) src->samples.push_back({std::move(im.file), kNoLabel});
+  src->objects.resize(images.size());
 
   // Annotations, in file order.
   const json& anns = doc["annotations"];
@@ -198,32 +210,62 @@ Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
         continue;
       }
     }
-    src->objects_[img->second].push_back(std::move(obj));
-    ++src->object_count_;
+    src->objects[img->second].push_back(std::move(obj));
+    ++src->object_count;
   }
   if (!problems.list.empty()) return problems.AsStatus(json_path);
-  if (src->samples_.empty()) return NotFound(json_path + ": no image in 'images'");
-  return src;
+  if (src->samples.empty()) return NotFound(json_path + ": no image in 'images'");
+  return std::shared_ptr<const CocoIndex>(std::move(src));
 }
+
+}  // namespace
+
+Result<std::unique_ptr<CocoSource>> CocoSource::Open(const CocoOptions& o) {
+  SPDL_ASSIGN_OR_RETURN(std::string json_path, ResolveUnderRoots(o.annotations, o.allowed_roots));
+  SPDL_ASSIGN_OR_RETURN(std::string real_root, ResolveUnderRoots(o.root, o.allowed_roots));
+  std::shared_ptr<const CocoIndex> index;
+  if (o.index_cache == nullptr) {
+    SPDL_ASSIGN_OR_RETURN(index, ParseCoco(json_path, real_root, o));
+  } else {
+    const std::vector<std::string> key = {"coco",
+                                          json_path,
+                                          real_root,
+                                          o.include_crowd ? "crowd" : "-",
+                                          o.contiguous_ids ? "contiguous" : "-",
+                                          o.masks ? "masks" : "-",
+                                          std::to_string(o.max_json_bytes)};
+    SPDL_ASSIGN_OR_RETURN(index, o.index_cache->Get<CocoIndex>(IndexKey(key), "coco " + json_path,
+                                                               [&] { return ParseCoco(json_path, real_root, o); }));
+  }
+  SPDL_ASSIGN_OR_RETURN(std::shared_ptr<const RootDir> dir, RootDir::Open(real_root));
+  return std::unique_ptr<CocoSource>(new CocoSource(std::move(index), std::move(dir), o.max_sample_bytes));
+}
+
+uint64_t CocoSource::size() const { return index_->samples.size(); }
+const SampleRef& CocoSource::sample(uint64_t index) const { return index_->samples[index]; }
+std::string CocoSource::Identity() const { return index_->identity; }
+std::vector<std::string> CocoSource::ClassNames() const { return index_->class_names; }
+const std::vector<ObjectAnnotation>* CocoSource::Objects(uint64_t index) const { return &index_->objects[index]; }
+uint64_t CocoSource::object_count() const { return index_->object_count; }
 
 Status CocoSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
   if (index >= size()) {
     out->clear();
-    return InvalidArgument("coco " + annotations_ + ": sample " + std::to_string(index) + " is out of range (" +
+    return InvalidArgument("coco " + index_->annotations + ": sample " + std::to_string(index) + " is out of range (" +
                            std::to_string(size()) + " samples)");
   }
-  return root_->ReadFile(samples_[index].path, out, max_sample_bytes_);
+  return root_->ReadFile(index_->samples[index].path, out, max_sample_bytes_);
 }
 
 Status CocoSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
   out->clear();
   if (index >= size()) return Read(index, out);
-  return root_->ReadFile(SidecarPath(samples_[index].path, extension), out, max_sample_bytes_);
+  return root_->ReadFile(SidecarPath(index_->samples[index].path, extension), out, max_sample_bytes_);
 }
 
 std::string CocoSource::Describe() const {
-  return "coco " + annotations_ + " (" + std::to_string(size()) + " images, " + std::to_string(object_count_) +
-         " objects, " + std::to_string(categories_) + " categories)";
+  return "coco " + index_->annotations + " (" + std::to_string(size()) + " images, " +
+         std::to_string(index_->object_count) + " objects, " + std::to_string(index_->categories) + " categories)";
 }
 
 }  // namespace spdl::io

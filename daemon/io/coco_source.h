@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "io/read_file.h"
 #include "io/sample_source.h"
+#include "io/source_index_cache.h"
 
 namespace spdl::io {
 
@@ -29,7 +30,13 @@ struct CocoOptions {
                                            // segmentation (crowd) is refused
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;
   uint64_t max_json_bytes = uint64_t{2} << 30;  // a larger annotations file is refused
+  // Open shares the parsed annotations with other opens of the same file, root and options while
+  // one of them lives (source_index_cache.h; reused while the JSON is unchanged): the ranks of a
+  // run parse COCO's JSON once. nullptr = always parse.
+  SourceIndexCache* index_cache = nullptr;
 };
+
+struct CocoIndex;  // the parsed annotations (coco_source.cc)
 
 class CocoSource final : public SampleSource {
  public:
@@ -38,32 +45,27 @@ class CocoSource final : public SampleSource {
   // ..."); an annotation of an unknown image or category; no image -> kNotFound.
   static Result<std::unique_ptr<CocoSource>> Open(const CocoOptions& options);
 
-  uint64_t size() const override { return samples_.size(); }
-  const SampleRef& sample(uint64_t index) const override { return samples_[index]; }
+  uint64_t size() const override;
+  const SampleRef& sample(uint64_t index) const override;
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
   Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override;
   std::string Describe() const override;
   // "coco <annotations> root <root> <hash of the JSON>": a changed annotations file is another dataset.
-  std::string Identity() const override { return identity_; }
+  std::string Identity() const override;
   // The category names by label (contiguous ids: by index; else empty, as ids need not be dense).
-  std::vector<std::string> ClassNames() const override { return class_names_; }
-  const std::vector<ObjectAnnotation>* Objects(uint64_t index) const override { return &objects_[index]; }
+  std::vector<std::string> ClassNames() const override;
+  const std::vector<ObjectAnnotation>* Objects(uint64_t index) const override;
 
-  uint64_t object_count() const { return object_count_; }
+  uint64_t object_count() const;
 
  private:
-  CocoSource() = default;
+  CocoSource(std::shared_ptr<const CocoIndex> index, std::shared_ptr<const RootDir> root, uint64_t max_sample_bytes)
+      : index_(std::move(index)), root_(std::move(root)), max_sample_bytes_(max_sample_bytes) {}
 
   // Constant after Open.
-  std::string annotations_;  // resolved
-  std::shared_ptr<const RootDir> root_;
-  std::string identity_;
-  std::vector<SampleRef> samples_;
-  std::vector<std::vector<ObjectAnnotation>> objects_;  // per sample
-  std::vector<std::string> class_names_;
-  uint64_t categories_ = 0;
-  uint64_t object_count_ = 0;
-  uint64_t max_sample_bytes_ = kDefaultMaxSampleBytes;
+  const std::shared_ptr<const CocoIndex> index_;  // possibly shared with other sources
+  const std::shared_ptr<const RootDir> root_;
+  const uint64_t max_sample_bytes_;
 };
 
 }  // namespace spdl::io

@@ -115,6 +115,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.include_crowd = c.coco.include_crowd;
       o.contiguous_ids = c.coco.contiguous_ids;
       o.masks = c.coco.masks;
+      o.index_cache = index_cache;
       auto src = io::CocoSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.annotations");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());

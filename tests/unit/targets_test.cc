@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -278,6 +279,20 @@ TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded,
   CHECK((*(*contiguous)->Objects(1))[0].category == 1);  // id 18 is the second category by id
   CHECK((*contiguous)->ClassNames() == std::vector<std::string>{"person", "dog"});
   CHECK((*contiguous)->Identity() == (*src)->Identity());  // same files
+
+  // The ranks of a run share one parse through the daemon's index cache.
+  // (The JSON is dated an hour back: one written within the racy window is never reused.)
+  fs::last_write_time(dir.path / "ann.json", fs::file_time_type::clock::now() - std::chrono::hours(1));
+  spdl::io::SourceIndexCache cache;
+  o.index_cache = &cache;
+  auto first = spdl::io::CocoSource::Open(o);
+  auto second = spdl::io::CocoSource::Open(o);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(cache.stats().scans == 1);
+  CHECK(cache.stats().hits + cache.stats().joined == 1);
+  CHECK((*second)->Objects(1) == (*first)->Objects(1));  // the very same parsed objects
+  o.index_cache = nullptr;
 
   o.masks = true;  // a crowd RLE cannot be rasterised: refused with the entry named
   auto rle = spdl::io::CocoSource::Open(o);
