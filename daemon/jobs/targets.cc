@@ -116,7 +116,7 @@ Status TargetWriter::Write(const io::SampleSource& source, uint64_t index, const
       return Status(d.code(), "mask (" + mask_from_ + "): " + d.message());
     }
   }
-  media::WarpMaskNearest(stored.data(), sw, sh, chain.map(), dst, out_width_, out_height_);
+  media::WarpMaskSteps(stored.data(), chain, dst);
   return Status::Ok();
 }
 

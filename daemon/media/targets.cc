@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace spdl::media {
 
@@ -21,6 +22,12 @@ Affine2D ResizeCropMap(const ResizeCropPlan& p, int src_width, int src_height) {
       .Then(Affine2D::Translate(p.dst_x - p.keep_x, p.dst_y - p.keep_y));
 }
 
+Affine2D ResizeMap(int src_width, int src_height, int out_width, int out_height) {
+  return Affine2D::Scale(static_cast<double>(out_width) / src_width, static_cast<double>(out_height) / src_height);
+}
+
+Affine2D CropMap(const ResizeCropPlan& p) { return Affine2D::Translate(p.dst_x - p.keep_x, p.dst_y - p.keep_y); }
+
 Affine2D ResizedCropMap(const CropRect& r, int out_width, int out_height) {
   return Affine2D::Translate(-r.x, -r.y)
       .Then(Affine2D::Scale(static_cast<double>(out_width) / r.width, static_cast<double>(out_height) / r.height));
@@ -34,12 +41,15 @@ GeometryChain ImageGeometry(const ImageOps& ops, const ImageInfo& info) {
   const int dh = o.transpose ? info.width : info.height;
   chain.Then(OrientationMap(o, info.width, info.height), dw, dh);
   // 2. resize + center crop, or the random resized crop
-  if (ops.random_crop()) {
-    chain.Then(ResizedCropMap(info.crop, ops.random_crop_width, ops.random_crop_height), ops.random_crop_width,
+  if (ops.random_crop()) {  // torchvision's resized_crop: crop, then resize
+    const CropRect& r = info.crop;
+    chain.Then(Affine2D::Translate(-r.x, -r.y), r.width, r.height);
+    chain.Then(ResizeMap(r.width, r.height, ops.random_crop_width, ops.random_crop_height), ops.random_crop_width,
                ops.random_crop_height);
-  } else {
+  } else {  // Resize, then CenterCrop (with its padding)
     const ResizeCropPlan p = PlanResizeCrop(ops, dw, dh);
-    chain.Then(ResizeCropMap(p, dw, dh), p.out_width, p.out_height);
+    chain.Then(ResizeMap(dw, dh, p.resized_width, p.resized_height), p.resized_width, p.resized_height);
+    chain.Then(CropMap(p), p.out_width, p.out_height);
   }
   // 3. horizontal flip
   if (info.flipped) chain.Then(Affine2D::FlipX(chain.width()), chain.width(), chain.height());
@@ -84,6 +94,57 @@ void WarpMaskNearest(const uint8_t* src, int src_width, int src_height, const Af
                    : 0;
     }
   }
+}
+
+namespace {
+
+// PIL's NEAREST source index per output index along one axis (Image.resize -> ImagingScaleAffine:
+// start at half a step, add the step in doubles, truncate).
+void PilNearestTable(int in, int out, std::vector<int>* idx) {
+  const double a = static_cast<double>(in) / out;
+  double o = a * 0.5;
+  idx->resize(static_cast<size_t>(out));
+  for (int i = 0; i < out; ++i) {
+    (*idx)[i] = std::clamp(static_cast<int>(o), 0, in - 1);
+    o += a;
+  }
+}
+
+}  // namespace
+
+void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst) {
+  thread_local std::vector<uint8_t> a, b;
+  thread_local std::vector<int> xs, ys;
+  const auto& steps = chain.steps();
+  const uint8_t* in = src;
+  int w = chain.source_width(), h = chain.source_height();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const GeometryStep& s = steps[i];
+    const bool last = i + 1 == steps.size();
+    if (s.map == Affine2D{} && s.width == w && s.height == h && !last) continue;  // nothing to do
+    std::vector<uint8_t>& buf = (in == a.data()) ? b : a;
+    uint8_t* out = dst;
+    if (!last) {
+      buf.resize(static_cast<size_t>(s.width) * static_cast<size_t>(s.height));
+      out = buf.data();
+    }
+    const auto& m = s.map.m;
+    if (m[1] == 0 && m[3] == 0 && m[2] == 0 && m[5] == 0 && m[0] > 0 && m[4] > 0) {  // a resize
+      PilNearestTable(w, s.width, &xs);
+      PilNearestTable(h, s.height, &ys);
+      for (int y = 0; y < s.height; ++y) {
+        const uint8_t* row = in + static_cast<size_t>(ys[y]) * w;
+        uint8_t* o = out + static_cast<size_t>(y) * s.width;
+        for (int x = 0; x < s.width; ++x) o[x] = row[xs[x]];
+      }
+    } else {
+      WarpMaskNearest(in, w, h, s.map, out, s.width, s.height);
+    }
+    in = out;
+    w = s.width;
+    h = s.height;
+  }
+  if (in != dst) std::memcpy(dst, in, static_cast<size_t>(w) * static_cast<size_t>(h));  // no step at all
 }
 
 void FillPolygon(std::span<const float> xy, uint8_t value, uint8_t* mask, int width, int height) {

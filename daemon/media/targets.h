@@ -9,9 +9,8 @@
 // box, is clipped to the output, and is dropped when narrower or lower than min_size, empty, or
 // less than min_visibility of its moved area is left after clipping.
 // Masks: nearest-neighbour sampling, each output pixel's centre mapped back by the inverse map and
-// floored to the source pixel; outside the source: 0. Exact for flips, crops and padding; for a
-// resize, PIL's NEAREST except where a centre maps exactly onto a pixel edge (there PIL's
-// accumulated floating-point steps decide, one pixel either way).
+// floored to the source pixel; outside the source: 0. Exact for flips, crops and padding; a resize
+// step samples as PIL's NEAREST (WarpMaskSteps), so masks equal torchvision's on PIL masks.
 //
 // Plain values and pure functions: safe from any thread.
 #pragma once
@@ -27,7 +26,14 @@
 
 namespace spdl::media {
 
-// The map from a source image's pixels to the output's, and the sizes at both ends.
+// One geometric step: its map (input pixels -> output pixels) and its output size.
+struct GeometryStep {
+  Affine2D map;
+  int width = 0;
+  int height = 0;
+};
+
+// The map from a source image's pixels to the output's, the sizes at both ends, and the steps.
 class GeometryChain {
  public:
   // The identity on a width x height source (as stored). REQUIRES: width, height >= 1.
@@ -39,6 +45,7 @@ class GeometryChain {
     map_ = map_.Then(map);
     width_ = out_width;
     height_ = out_height;
+    steps_.push_back({map, out_width, out_height});
   }
 
   const Affine2D& map() const { return map_; }
@@ -46,9 +53,12 @@ class GeometryChain {
   int height() const { return height_; }
   int source_width() const { return source_width_; }
   int source_height() const { return source_height_; }
+  // The steps in order (masks are moved step by step: WarpMaskSteps).
+  const std::vector<GeometryStep>& steps() const { return steps_; }
 
  private:
   Affine2D map_;
+  std::vector<GeometryStep> steps_;
   int width_, height_;
   int source_width_, source_height_;
 };
@@ -59,7 +69,10 @@ class GeometryChain {
 Affine2D OrientationMap(Orientation o, int sw, int sh);
 // A resize + center crop plan (image_ops.h) of a src_width x src_height image: the scale to the
 // resized size, then the kept rectangle moved to its place (padding: a positive offset).
+// (ImageGeometry adds the two as separate steps: ResizeMap, then CropMap.)
 Affine2D ResizeCropMap(const ResizeCropPlan& plan, int src_width, int src_height);
+Affine2D ResizeMap(int src_width, int src_height, int out_width, int out_height);
+Affine2D CropMap(const ResizeCropPlan& plan);
 // A crop of rectangle `r` resized to out_width x out_height (random resized crop).
 Affine2D ResizedCropMap(const CropRect& r, int out_width, int out_height);
 
@@ -85,6 +98,13 @@ struct BoxFilter {
 bool MoveBox(const Box& in, const Affine2D& map, int out_width, int out_height, const BoxFilter& filter, Box* out);
 
 // ---- masks ----
+
+// Moves a mask (src_width x src_height = chain.source_width() x source_height(), packed) through
+// every step of `chain` into dst (chain.width() x chain.height()): a step that is a pure scale
+// (a resize) samples as PIL's Image.resize(NEAREST) does (its accumulated source steps, so the
+// result equals torchvision's Resize on a PIL mask exactly); any other step by WarpMaskNearest
+// (exact for flips, crops, padding and 90-degree turns). Safe from any thread (thread_local scratch).
+void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst);
 
 // Fills dst (dst_width x dst_height, one byte per pixel, packed) by nearest sampling of src
 // (src_width x src_height, packed) through the inverse of `map` (src -> dst); 0 outside src.

@@ -233,24 +233,24 @@ def test_mask_sidecar_is_pixel_exact_for_crops_and_flips(make_loader, mask_folde
 
 
 def test_mask_sidecar_resize_equals_pil_nearest(make_loader, mask_folder):
-    """PIL's NEAREST, except on rows / columns whose centre maps exactly onto a source pixel edge
-    ((i + 0.5) * in / out an integer): PIL steps there by accumulated floats, one pixel either way."""
+    """torchvision's Resize + CenterCrop + flip on the PIL mask, pixel for pixel: the
+    resize step samples as PIL's NEAREST (including its rounding where a centre falls on an edge)."""
     root, masks = mask_folder
     (batch,) = list(make_loader(_mask_job(root, "  - resize: {height: 33, width: 29}\n"), epochs=1))
     got = np.from_dlpack(batch["mask"])
     for r, path in enumerate(batch.paths):
-        m = masks[path]
-        want = np.asarray(Image.fromarray(m).resize((29, 33), Image.NEAREST))
-        tie_rows = [i for i in range(33) if ((2 * i + 1) * m.shape[0]) % (2 * 33) == 0]
-        tie_cols = [i for i in range(29) if ((2 * i + 1) * m.shape[1]) % (2 * 29) == 0]
-        ok = np.ones(want.shape, bool)
-        ok[tie_rows, :] = False
-        ok[:, tie_cols] = False
-        np.testing.assert_array_equal(got[r][ok], want[ok], err_msg=path)
-        # every value, ties included, is the source pixel on one side of the edge
-        ys = np.floor((np.arange(33) + 0.5) * m.shape[0] / 33).astype(int)
-        xs = np.floor((np.arange(29) + 0.5) * m.shape[1] / 29).astype(int)
-        np.testing.assert_array_equal(got[r], m[ys][:, xs], err_msg=path)
+        want = np.asarray(Image.fromarray(masks[path]).resize((29, 33), Image.NEAREST))
+        np.testing.assert_array_equal(got[r], want, err_msg=path)
+    import torchvision.transforms as T
+
+    tf = T.Compose([T.Resize(37, interpolation=T.InterpolationMode.NEAREST), T.CenterCrop((30, 34)),
+                    T.RandomHorizontalFlip(p=1.0)])
+    (batch,) = list(make_loader(_mask_job(root, "  - resize: {shorter: 37}\n  - center_crop: {size: [30, 34]}\n"
+                                                "  - horizontal_flip: {p: 1.0}\n"), epochs=1))
+    got = np.from_dlpack(batch["mask"])
+    for r, path in enumerate(batch.paths):
+        want = np.asarray(tf(Image.fromarray(masks[path])))
+        np.testing.assert_array_equal(got[r], want, err_msg=path)
 
 
 def _mix_job(root, mix: str, *, dtype: str = "uint8", seed: int = 7) -> str:
