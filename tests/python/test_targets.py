@@ -303,6 +303,34 @@ def test_mixup_images_are_the_blend_their_labels_say(make_loader, dataset):
     assert checked > 0
 
 
+def test_cutmix_pastes_a_box_of_the_area_its_labels_say(make_loader, dataset):
+    """cutmix, NCHW float32: row i is row i's image outside one box and row n-1-i's inside it, and its
+    label weight on its own class is the area kept (timm's correct_lam)."""
+    cfg = lambda mix: _mix_job(dataset.root, mix, dtype="float32").replace(
+        "output: {dtype: float32}", "output: {dtype: float32, layout: NCHW}")
+    plain = [np.from_dlpack(b["image"]).copy() for b in make_loader(cfg(""), epochs=1)]
+    mixed = make_loader(cfg(f"{{cutmix: {{alpha: 1.0}}, num_classes: {CLASSES}}}"), epochs=1)
+    checked = 0
+    for orig, batch in zip(plain, mixed):
+        images, soft, labels, n = np.from_dlpack(batch["image"]), np.from_dlpack(batch["label"]), batch.labels, batch.rows
+        for i in range(n):
+            j = n - 1 - i
+            if i == j:
+                continue
+            inside = np.any(images[i] != orig[i], axis=0)  # [H, W]: where row j's pixels were pasted
+            np.testing.assert_array_equal(images[i][:, inside], orig[j][:, inside])
+            np.testing.assert_array_equal(images[i][:, ~inside], orig[i][:, ~inside])
+            ys, xs = np.nonzero(inside)
+            if len(ys):  # the changed pixels lie in one box, no larger than the box the label implies
+                box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
+                if labels[i] != labels[j]:
+                    area = (1 - soft[i, labels[i]]) * 32 * 32
+                    assert inside.sum() <= box <= round(area) + 1e-3
+                    checked += 1
+        del batch
+    assert checked > 0
+
+
 def test_config_errors_of_targets(make_loader, coco, dataset):
     bad = _coco_job(coco, transforms="  - resize: {shorter: 40}\n", extra_source=", max_boxes: 0, min_visibility: 2")
     with pytest.raises(spdl_client.SpdlError) as e:
