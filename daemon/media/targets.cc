@@ -80,6 +80,29 @@ void WarpMaskNearest(const uint8_t* src, int src_width, int src_height, const Af
                      int dst_width, int dst_height) {
   const Affine2D inv = map.Inverse();
   const auto& m = inv.m;
+  if (m[1] == 0 && m[3] == 0) {
+    // Axis-aligned (scales, crops, padding, flips): one source index per column and per row.
+    thread_local std::vector<int> xs, ys;
+    auto table = [](double scale, double offset, int n, int limit, std::vector<int>* out) {
+      out->resize(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        const double f = std::floor(scale * (i + 0.5) + offset);
+        (*out)[i] = (f >= 0 && f < limit) ? static_cast<int>(f) : -1;
+      }
+    };
+    table(m[0], m[2], dst_width, src_width, &xs);
+    table(m[4], m[5], dst_height, src_height, &ys);
+    for (int y = 0; y < dst_height; ++y) {
+      uint8_t* row = dst + static_cast<size_t>(y) * dst_width;
+      if (ys[y] < 0) {
+        std::memset(row, 0, static_cast<size_t>(dst_width));
+        continue;
+      }
+      const uint8_t* in = src + static_cast<size_t>(ys[y]) * src_width;
+      for (int x = 0; x < dst_width; ++x) row[x] = xs[x] < 0 ? 0 : in[xs[x]];
+    }
+    return;
+  }
   for (int y = 0; y < dst_height; ++y) {
     uint8_t* row = dst + static_cast<size_t>(y) * dst_width;
     const double cy = y + 0.5;
