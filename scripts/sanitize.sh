@@ -35,7 +35,7 @@ if [ "${SANITIZE_SUBSET:-}" = ci ]; then
   # ASAN_TESTS="e2e_test client_test"); the thread pool, pipeline, slot ring and control server
   # under TSan. Both run task_exception_test (a real spdld whose decode tasks throw): spdld adds
   # only daemon.cc, main.cc and spdl_ops to what server_test already builds.
-  : "${ASAN_TESTS:=common_test config_test io_test media_test shm_test codec_test pipeline_test server_test task_exception_test}"
+  : "${ASAN_TESTS:=common_test config_test io_test media_test shm_test codec_test pipeline_test server_test targets_test task_exception_test}"
   : "${TSAN_TESTS:=shm_test pipeline_test server_test task_exception_test}"
 fi
 read -r -a asan_tests <<<"${ASAN_TESTS:-all}"

@@ -168,7 +168,7 @@ struct SourceKey {
   unsigned types;
 };
 constexpr SourceKey kSourceKeys[] = {
-    {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList)},
+    {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco)},
     {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar)},
     {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
     {"shards", Bit(SourceType::kTar)},
@@ -179,11 +179,20 @@ constexpr SourceKey kSourceKeys[] = {
     {"connect_timeout_ms", Bit(SourceType::kHttp)},
     {"max_attempts", Bit(SourceType::kHttp)},
     {"max_in_flight", Bit(SourceType::kHttp)},
+    {"annotations", Bit(SourceType::kCoco)},
+    {"max_boxes", Bit(SourceType::kCoco)},
+    {"on_overflow", Bit(SourceType::kCoco)},
+    {"contiguous_ids", Bit(SourceType::kCoco)},
+    {"include_crowd", Bit(SourceType::kCoco)},
+    {"masks", Bit(SourceType::kCoco)},
+    {"min_box_size", Bit(SourceType::kCoco)},
+    {"min_visibility", Bit(SourceType::kCoco)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
-  for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp}) {
+  for (SourceType t :
+       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kCoco}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -195,6 +204,38 @@ std::vector<std::string> DefaultExtensions(Media media) {
   return {".mp4", ".webm", ".mkv", ".mov", ".avi"};
 }
 
+// source.type: coco (see CocoConfig).
+void ReadCoco(Diagnostics& diag, MapReader& m, Media media, const Field& type_field, SourceConfig* out) {
+  CocoConfig& c = out->coco;
+  if (media != Media::kImage) {
+    diag.Error(type_field, std::string("source.type coco holds images: it needs media: image (this job's media is ") +
+                               MediaName(media) + ")");
+  }
+  if (auto v = ReadRequiredString(diag, m, "annotations")) c.annotations = *v;
+  if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("max_boxes"), 1, 10000)) c.max_boxes = *v;
+  if (auto v = internal::ReadChoice<CocoConfig::OnOverflow>(
+          diag, m.Get("on_overflow"),
+          {{"error", CocoConfig::OnOverflow::kError}, {"truncate", CocoConfig::OnOverflow::kTruncate}})) {
+    c.on_overflow = *v;
+  }
+  if (auto v = internal::ReadBool(diag, m.Get("contiguous_ids"))) c.contiguous_ids = *v;
+  if (auto v = internal::ReadBool(diag, m.Get("include_crowd"))) c.include_crowd = *v;
+  if (auto v = internal::ReadBool(diag, m.Get("masks"))) c.masks = *v;
+  if (const Field f = m.Get("min_box_size"); auto v = ReadNumber(diag, f)) {
+    if (*v < 0 || *v > kMaxImageSide)
+      diag.Error(f, "must be between 0 and 16384 output pixels (got " + FormatNumber(*v) + ")");
+    else
+      c.min_box_size = *v;
+  }
+  if (const Field f = m.Get("min_visibility"); auto v = ReadNumber(diag, f)) {
+    if (*v < 0 || *v > 1)
+      diag.Error(f, "must be a fraction between 0 and 1 (got " + FormatNumber(*v) + ")");
+    else
+      c.min_visibility = *v;
+  }
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
@@ -202,7 +243,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                     {{"image_folder", SourceType::kImageFolder},
                                                                      {"file_list", SourceType::kFileList},
                                                                      {"tar", SourceType::kTar},
-                                                                     {"http", SourceType::kHttp}});
+                                                                     {"http", SourceType::kHttp},
+                                                                     {"coco", SourceType::kCoco}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -273,6 +315,10 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
       if (auto v = internal::ReadInt(diag, m.Get("connect_timeout_ms"), 1, 3'600'000)) out->connect_timeout_ms = *v;
       if (auto v = internal::ReadInt(diag, m.Get("max_attempts"), 1, 100)) out->max_attempts = static_cast<int>(*v);
       if (auto v = internal::ReadInt(diag, m.Get("max_in_flight"), 1, 1024)) out->max_in_flight = static_cast<int>(*v);
+      break;
+    }
+    case SourceType::kCoco: {
+      ReadCoco(diag, m, media, type_field, out);
       break;
     }
   }
@@ -1352,8 +1398,8 @@ void ReadVideo(Diagnostics& diag, const Field& field, VideoConfig* out) {
 // The tensors a job of this media kind has before its extra outputs.
 std::vector<std::string> OwnTensorNames(Media media) {
   switch (media) {
-    case Media::kImage:
-      return {"image", "label"};
+    case Media::kImage:  // with the targets' names (boxes: a coco source; mask), reserved for them
+      return {"image", "label", "boxes", "box_labels", "box_count", "mask"};
     case Media::kAudio:
       return {"audio", "length", "label"};
     case Media::kVideo:
@@ -1437,6 +1483,94 @@ void ReadExtraOutputs(Diagnostics& diag, const Field& field, JobConfig* out) {
   }
 }
 
+// mask: {from: .png, on_missing: error|empty} (see MaskConfig).
+void ReadMask(Diagnostics& diag, const Field& field, JobConfig* out) {
+  if (!Present(field)) return;
+  if (out->media != Media::kImage) {
+    diag.ErrorAtKey(
+        field, std::string("'mask' applies to media: image only (this job's media is ") + MediaName(out->media) + ")");
+    return;
+  }
+  if (out->source.type == SourceType::kHttp || out->source.type == SourceType::kCoco) {
+    diag.ErrorAtKey(field, out->source.type == SourceType::kCoco
+                               ? "a coco source rasterises its polygons with source.masks: true, not a mask sidecar"
+                               : "a mask is a sidecar file, which source type http does not have (use image_folder, "
+                                 "file_list or tar)");
+    return;
+  }
+  MapReader m(diag, field);
+  if (!m.ok()) return;
+  const Field from = m.Require("from");
+  if (auto v = internal::ReadString(diag, from)) {
+    if (v->size() < 2 || v->front() != '.' || v->find('/') != std::string::npos) {
+      diag.Error(from, "the sidecar's ending starts with '.' and has no '/', e.g. .png (got '" + *v + "')");
+    } else {
+      out->mask.from = *v;
+    }
+  }
+  if (auto v = internal::ReadChoice<bool>(diag, m.Get("on_missing"), {{"error", false}, {"empty", true}})) {
+    out->mask.empty_on_missing = *v;
+  }
+  m.ReportUnknownKeys();
+}
+
+// mix: {mixup: {alpha}, cutmix: {alpha}, switch_prob, prob, num_classes, label_smoothing}.
+void ReadMix(Diagnostics& diag, const Field& field, JobConfig* out) {
+  if (!Present(field)) return;
+  if (out->media != Media::kImage) {
+    diag.ErrorAtKey(
+        field, std::string("'mix' applies to media: image only (this job's media is ") + MediaName(out->media) + ")");
+    return;
+  }
+  if (out->source.type == SourceType::kCoco) {
+    diag.ErrorAtKey(field, "mix blends class labels: a coco source's samples have boxes, not a class label");
+    return;
+  }
+  MapReader m(diag, field);
+  if (!m.ok()) return;
+  MixConfig& c = out->mix;
+  auto fraction = [&](const char* key, double* dst) {
+    const Field f = m.Get(key);
+    if (auto v = ReadNumber(diag, f)) {
+      if (*v < 0 || *v > 1)
+        diag.Error(f, "must be between 0 and 1 (got " + FormatNumber(*v) + ")");
+      else
+        *dst = *v;
+    }
+  };
+  auto alpha = [&](const char* key, double* dst) {
+    const Field f = m.Get(key);
+    if (!Present(f)) return;
+    MapReader a(diag, f);
+    if (!a.ok()) return;
+    const Field af = a.Require("alpha");
+    if (auto v = ReadNumber(diag, af)) {
+      if (*v <= 0 || *v > 1000)
+        diag.Error(af, "must be > 0 and at most 1000 (got " + FormatNumber(*v) + ")");
+      else
+        *dst = *v;
+    }
+    a.ReportUnknownKeys();
+  };
+  alpha("mixup", &c.mixup_alpha);
+  alpha("cutmix", &c.cutmix_alpha);
+  fraction("switch_prob", &c.switch_prob);
+  fraction("prob", &c.prob);
+  const Field classes = m.Require("num_classes");
+  if (auto v = internal::ReadInt(diag, classes, 1, 100000)) c.num_classes = static_cast<int>(*v);
+  const Field smoothing = m.Get("label_smoothing");
+  if (auto v = ReadNumber(diag, smoothing)) {
+    if (*v < 0 || *v >= 1)
+      diag.Error(smoothing, "must be >= 0 and below 1 (got " + FormatNumber(*v) + ")");
+    else
+      c.label_smoothing = *v;
+  }
+  if (!c.enabled() && !Present(m.Get("mixup")) && !Present(m.Get("cutmix"))) {
+    diag.ErrorAtKey(field, "mix needs mixup: {alpha} or cutmix: {alpha} (or both)");
+  }
+  m.ReportUnknownKeys();
+}
+
 // Image-only keys in an audio or video job: each is an error at its key.
 void RefuseImageKeys(Diagnostics& diag, MapReader& m, Media media) {
   const std::string why = std::string(" applies to media: image only (this job's media is ") + MediaName(media) + ")";
@@ -1505,6 +1639,8 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   }
   ReadOutput(diag, m.Get("output"), &out->output);
   ReadExtraOutputs(diag, m.Get("extra_outputs"), out);
+  ReadMask(diag, m.Get("mask"), out);
+  ReadMix(diag, m.Get("mix"), out);
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
                            "bfloat16), not uint8");
@@ -1559,6 +1695,8 @@ const char* SourceTypeName(SourceType type) {
       return "tar";
     case SourceType::kHttp:
       return "http";
+    case SourceType::kCoco:
+      return "coco";
   }
   return "?";
 }

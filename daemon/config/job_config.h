@@ -169,6 +169,8 @@ enum class Uneven {
 //   file_list     list (required), root
 //   tar           shards (required), extensions, label_extension, shuffle_buffer
 //   http          list (required), base_url, timeout_ms, connect_timeout_ms, max_attempts, max_in_flight
+//   coco          annotations (required), root (required), max_boxes, on_overflow, contiguous_ids,
+//                 include_crowd, masks, min_box_size, min_visibility (CocoConfig)
 // Every local path (root, list, shards) must lie below the daemon's allowed_roots, and every URL
 // below its allowed_url_prefixes; that is checked when the job is submitted, not here.
 enum class SourceType {
@@ -176,10 +178,33 @@ enum class SourceType {
   kFileList,     // a text/CSV file of "path[,label]" lines; paths relative to `root`
   kTar,          // WebDataset tar shards, read in place; samples grouped by key (x.jpg + x.cls)
   kHttp,         // a file of "url[,label]" lines, or of "path[,label]" lines below `base_url`
+  kCoco,         // a COCO instances JSON (`annotations`) and its image folder (`root`): boxes per sample
 };
 
 // The YAML name of a source type ("image_folder", "file_list", "tar", "http").
 const char* SourceTypeName(SourceType type);
+
+// source.type: coco — a COCO instances JSON and its images. A batch gets, beside `image` and `label`
+// (-1: a detection sample has no class), `boxes` float32 [B, max_boxes, 4] (x1, y1, x2, y2 in output
+// pixels, moved by every geometric transform with the pixels), `box_labels` int64 [B, max_boxes]
+// and `box_count` int32 [B] (rows past it are zero); with masks: true also `mask` uint8 [B, H, W].
+struct CocoConfig {
+  enum class OnOverflow {
+    kError,     // a sample with more than max_boxes boxes (after the geometry) fails, naming it
+    kTruncate,  // keep the first max_boxes (in the JSON's order)
+  };
+  std::string annotations;                      // the instances JSON (required); below allowed_roots
+  int64_t max_boxes = 100;                      // boxes per sample row, 1..10000
+  OnOverflow on_overflow = OnOverflow::kError;  // YAML: error | truncate
+  bool contiguous_ids = false;                  // box_labels: category ids as written (false) or 0..K-1 in id order
+  bool include_crowd = false;                   // keep annotations with iscrowd: 1 (their polygon masks too)
+  bool masks = false;                           // rasterise the polygons into `mask`: 0 background, else the
+                                                // category id (contiguous_ids: its index + 1); later objects on top
+  double min_box_size = 1.0;                    // drop a box narrower or lower than this (output pixels), >= 0
+  double min_visibility = 0.0;                  // drop a box whose area after clipping is below this fraction of its
+                                                // area before clipping, 0..1
+  bool operator==(const CocoConfig&) const = default;
+};
 
 struct SourceConfig {
   SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http
@@ -206,6 +231,7 @@ struct SourceConfig {
   int64_t connect_timeout_ms = 5'000;    // http: establishing a connection, 1..3600000
   int max_attempts = 4;                  // http: attempts per sample (retries with backoff), 1..100
   int max_in_flight = 16;                // http: requests at once for the job, 1..1024
+  CocoConfig coco;                       // coco: the annotations and how boxes are delivered
 
   bool operator==(const SourceConfig&) const = default;
 };
@@ -376,6 +402,38 @@ struct ExtraOutputConfig {
   bool operator==(const ExtraOutputConfig&) const = default;
 };
 
+// A segmentation mask per sample from a sidecar image (YAML mask: {from: .png, on_missing}): an
+// 8-bit grayscale PNG (or any image spdld decodes; colour ones are taken as their luma) of the
+// image's stored size, each value a class. Delivered as `mask` uint8 [B, H, W], moved by every
+// geometric transform with nearest-neighbour sampling (0 where the output is padding), never
+// touched by photometric ones. Image folders, file lists and tar shards (not http, not coco:
+// there masks: true rasterises the polygons).
+struct MaskConfig {
+  std::string from;               // the sidecar's ending, e.g. ".png"; "" = no mask
+  bool empty_on_missing = false;  // YAML on_missing: error (the sample fails) | empty (all zero)
+
+  bool operator==(const MaskConfig&) const = default;
+};
+
+// Batch-level mixing (YAML mix: {mixup: {alpha}, cutmix: {alpha}, switch_prob, prob, num_classes,
+// label_smoothing}), as timm's Mixup / torchvision's references: per batch one of mixup or cutmix
+// (cutmix with probability switch_prob when both are given), lambda from Beta(alpha, alpha), each
+// row mixed with the batch reversed (media/mix.h). The batch's `label` becomes float32
+// [B, num_classes] soft targets (smoothed one-hot, mixed with the same lambda: each row sums to 1).
+// Draws from (sampler.seed, epoch, batch index): a rerun or a resumed job mixes the same way.
+// media: image; every sample needs a label in [0, num_classes); not with a coco source.
+struct MixConfig {
+  double mixup_alpha = 0;      // YAML mixup: {alpha}; > 0 (0 = no mixup)
+  double cutmix_alpha = 0;     // YAML cutmix: {alpha}; > 0 (0 = no cutmix)
+  double switch_prob = 0.5;    // with both: the chance a batch gets cutmix, 0..1
+  double prob = 1.0;           // the chance a batch is mixed at all, 0..1
+  int num_classes = 0;         // label width, 1..100000 (required with mixup or cutmix)
+  double label_smoothing = 0;  // 0..1 (< 1)
+
+  bool enabled() const { return mixup_alpha > 0 || cutmix_alpha > 0; }
+  bool operator==(const MixConfig&) const = default;
+};
+
 struct JobConfig {
   Media media = Media::kImage;          // YAML: image | audio | video
   AudioConfig audio;                    // media: audio only (YAML: audio: {...})
@@ -389,6 +447,8 @@ struct JobConfig {
   OutputConfig output;                  // what a delivered batch looks like (dtype and layout:
                                         // media: image only)
   std::vector<ExtraOutputConfig> extra_outputs;  // sidecar bytes per sample, after `label` (0..16)
+  MaskConfig mask;                               // a segmentation mask per sample from a sidecar (media: image)
+  MixConfig mix;                                 // batch-level mixup / cutmix (media: image)
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
   StagesConfig stages;                  // per-stage concurrency and queue bounds

@@ -25,6 +25,14 @@
 
 namespace spdl::io {
 
+// One object of a sample, in the stored image's pixels (COCO instances: coco_source.h). Polygons
+// are flat [x0, y0, x1, y1, ...] lists in the same pixels (a COCO segmentation's polygons).
+struct ObjectAnnotation {
+  float x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // the box, x2 >= x1, y2 >= y1
+  int64_t category = 0;                  // the label the batch carries (a category id, or a contiguous index)
+  std::vector<std::vector<float>> polygons;
+};
+
 // The label of a sample that has none (a file list line without a label, a tar sample without a
 // .cls member).
 inline constexpr int64_t kNoLabel = -1;
@@ -72,6 +80,11 @@ class SampleSource {
   // index order (shard 0 holds samples [0, sizes[0]), shard 1 the next sizes[1], ...). Empty for
   // random-access sources. The sampler uses it for a shard-aware order (sampler.h).
   virtual std::vector<uint64_t> ShardSizes() const { return {}; }
+
+  // The objects annotated on sample `index` (detection / segmentation sources: coco), in the
+  // stored image's pixels; nullptr for sources without annotations. The pointer lives as long as
+  // the source. REQUIRES: index < size().
+  virtual const std::vector<ObjectAnnotation>* Objects(uint64_t /*index*/) const { return nullptr; }
 
   // The class names by label, for sources that have them (an image folder: its sub-directories);
   // empty otherwise. Sent to the client in JobAccepted.classes.

@@ -6,6 +6,7 @@
 
 #include "cuda/device_slot_pool.h"
 #include "io/allowed_roots.h"
+#include "io/coco_source.h"
 #include "io/file_list_source.h"
 #include "io/fs_identity.h"
 #include "io/http_source.h"
@@ -55,6 +56,7 @@ std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 // `index_cache` (may be null: every open scans) shares the scan with other opens of the same data.
 Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
                                                            const std::vector<config::ExtraOutputConfig>& extras,
+                                                           const std::string& mask_from,
                                                            const config::DaemonConfig& daemon,
                                                            io::SourceIndexCache* index_cache) {
   switch (c.type) {
@@ -80,6 +82,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.image_extensions = c.extensions;
       o.label_extension = c.label_extension;
       for (const config::ExtraOutputConfig& e : extras) o.sidecar_extensions.push_back(e.from);
+      if (!mask_from.empty()) o.sidecar_extensions.push_back(mask_from);  // the mask's member
       o.allowed_roots = daemon.allowed_roots;
       o.index_cache = index_cache;
       auto src = io::TarShardSource::Open(o);
@@ -102,6 +105,19 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       o.index_cache = index_cache;
       auto src = io::HttpSource::Open(o);
       if (!src.ok()) return src.status().WithPrefix("source.list");
+      return std::shared_ptr<const io::SampleSource>(std::move(src).value());
+    }
+    case config::SourceType::kCoco: {
+      io::CocoOptions o;
+      o.annotations = c.coco.annotations;
+      o.root = c.root;
+      o.allowed_roots = daemon.allowed_roots;
+      o.include_crowd = c.coco.include_crowd;
+      o.contiguous_ids = c.coco.contiguous_ids;
+      o.masks = c.coco.masks;
+      o.index_cache = index_cache;
+      auto src = io::CocoSource::Open(o);
+      if (!src.ok()) return src.status().WithPrefix("source.annotations");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
     }
   }
@@ -312,7 +328,7 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     if (!as_user.ok())
       return fail(proto::Error::INTERNAL,
                   "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
-    source = OpenSource(spec.config.source, spec.config.extra_outputs, daemon, index_cache);
+    source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache);
   }
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
   spec.source = std::make_shared<const io::UserSource>(std::move(source).value(), identity);

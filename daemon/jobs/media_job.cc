@@ -6,6 +6,7 @@
 
 #include "io/sampler.h"
 #include "jobs/resume_token.h"
+#include "media/mix.h"
 #include "media/sample_random.h"
 #include "proto/framing.h"
 
@@ -29,11 +30,19 @@ io::SamplerOptions SamplerFor(const MediaJobSpec& spec) {
 // The decoder's tensors, then the label, then per extra output its bytes and its length.
 std::vector<RowTensor> TensorsOf(const MediaJobSpec& spec) {
   std::vector<RowTensor> t = spec.decoder->tensors();
-  t.push_back({"label", proto::INT64, {}, sizeof(int64_t)});
+  if (spec.config.mix.enabled()) {  // ---- mix: soft targets ----
+    const int k = spec.config.mix.num_classes;
+    t.push_back({"label", proto::FLOAT32, {k}, static_cast<uint64_t>(k) * sizeof(float)});
+  } else {
+    t.push_back({"label", proto::INT64, {}, sizeof(int64_t)});
+  }
   for (const config::ExtraOutputConfig& e : spec.config.extra_outputs) {
     t.push_back({e.name, proto::UINT8, {e.max_bytes}, static_cast<uint64_t>(e.max_bytes)});
     t.push_back({e.name + "_length", proto::INT32, {}, sizeof(int32_t)});
   }
+  // ---- targets that follow the image (boxes, mask) ----
+  const TargetWriter targets(spec.config);
+  for (const RowTensor& r : targets.tensors()) t.push_back(r);
   return t;
 }
 
@@ -54,6 +63,8 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
       layout_(std::move(layout)),
       tensors_(TensorsOf(spec_)),
       label_tensor_(spec_.decoder->tensors().size()),
+      targets_(spec_.config),
+      targets_tensor_(tensors_.size() - targets_.tensors().size()),
       started_(Clock::now()),
       ring_(layout_.num_slots),
       epoch_started_(started_) {}
@@ -170,8 +181,34 @@ Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   // Random crops and starts draw from (job seed, epoch, sample index): never from thread timing,
   // so a rerun or a resumed job delivers the same values.
   const uint64_t seed = spec_.decoder->random() ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index) : 0;
-  Status s = spec_.decoder->Decode(std::span<const uint8_t>(t.bytes.data(), t.bytes.size()), seed, rows);
-  if (!s.ok()) return s.WithPrefix(sample.path);
+  const std::span<const uint8_t> bytes(t.bytes.data(), t.bytes.size());
+  if (!targets_.empty() && spec_.decoder->image_ops() != nullptr) {
+    // ---- targets: the decoder reports its geometry, the boxes / mask follow it ----
+    media::ImageInfo info;
+    Status s = spec_.decoder->DecodeImage(bytes, seed, rows, &info);
+    if (!s.ok()) return s.WithPrefix(sample.path);
+    const size_t k = targets_.tensors().size();
+    std::vector<uint8_t*> target_rows(k);
+    for (size_t i = 0; i < k; ++i) {
+      const size_t ti = targets_tensor_ + i;
+      target_rows[i] = base + layout_.tensor_offsets[ti] + t.row * tensors_[ti].row_bytes;
+    }
+    s = targets_.Write(*spec_.source, t.index, *spec_.decoder->image_ops(), info, target_rows);
+    if (!s.ok()) return s.WithPrefix(sample.path);
+  } else {
+    Status s = spec_.decoder->Decode(bytes, seed, rows);
+    if (!s.ok()) return s.WithPrefix(sample.path);
+  }
+  if (spec_.config.mix.enabled()) {  // ---- mix: the smoothed one-hot, mixed when the batch is whole ----
+    const config::MixConfig& mix = spec_.config.mix;
+    if (sample.label < 0 || sample.label >= mix.num_classes) {
+      return InvalidArgument(sample.path + ": label " + std::to_string(sample.label) + " is outside mix.num_classes " +
+                             std::to_string(mix.num_classes) + " (mix needs a class label per sample)");
+    }
+    auto* row = reinterpret_cast<float*>(base + layout_.tensor_offsets[n] + t.row * tensors_[n].row_bytes);
+    media::SmoothedOneHot(sample.label, mix.num_classes, mix.label_smoothing, row);
+    return Status::Ok();
+  }
   reinterpret_cast<int64_t*>(base + layout_.tensor_offsets[n])[t.row] = sample.label;
   return Status::Ok();
 }
@@ -219,6 +256,42 @@ void MediaJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
     const uint64_t row = tensors_[i].row_bytes;
     std::memcpy(t + to * row, t + from * row, row);
   }
+}
+
+void MediaJob::BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epoch, uint32_t rows) {
+  const config::JobConfig& c = spec_.config;
+  if (!c.mix.enabled() || rows == 0) return;
+  media::MixOptions o;
+  o.mixup_alpha = c.mix.mixup_alpha;
+  o.cutmix_alpha = c.mix.cutmix_alpha;
+  o.switch_prob = c.mix.switch_prob;
+  o.prob = c.mix.prob;
+  // Its own stream of (seed, epoch, batch index): never a sample's (a batch index is not a sample's).
+  media::SampleRng rng(media::SampleSeed(c.sampler.seed ^ 0x6d69782d62617463ull, epoch, batch_in_epoch),
+                       media::RandomStream::kResizedCrop);
+  const media::MixDraw draw = media::DrawMix(o, c.out_width, c.out_height, rng);
+  if (!draw.mixed) return;
+  media::ImageOps ops;  // only the layout of the image rows matters here
+  switch (c.output.dtype) {
+    case config::DType::kUInt8:
+      ops.dtype = media::OutputDType::kUInt8;
+      break;
+    case config::DType::kFloat32:
+      ops.dtype = media::OutputDType::kFloat32;
+      break;
+    case config::DType::kFloat16:
+      ops.dtype = media::OutputDType::kFloat16;
+      break;
+    case config::DType::kBFloat16:
+      ops.dtype = media::OutputDType::kBFloat16;
+      break;
+  }
+  ops.layout = c.output.layout == config::Layout::kNCHW ? media::OutputLayout::kNCHW : media::OutputLayout::kNHWC;
+  ops.channels = c.decode.color == config::ColorMode::kGray ? 1 : 3;
+  uint8_t* base = region_.data() + layout_.SlotOffset(slot);
+  media::MixImages(draw, ops, c.out_width, c.out_height, base + layout_.tensor_offsets[0], rows);
+  media::MixLabels(draw.lam, c.mix.num_classes, reinterpret_cast<float*>(base + layout_.tensor_offsets[label_tensor_]),
+                   rows);
 }
 
 std::optional<Delivery> MediaJob::TakeNext() {

@@ -20,6 +20,7 @@
 #include "jobs/job_service.h"
 #include "jobs/resume_token.h"
 #include "jobs/sample_decoder.h"
+#include "jobs/targets.h"
 #include "pipeline/batch_pipeline.h"
 #include "pipeline/executor.h"
 #include "proto/shm_layout.h"
@@ -83,6 +84,8 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   }
   Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
+  // mix: the batch's images and soft labels mixed (media/mix.h), drawn from (seed, epoch, batch).
+  void BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epoch, uint32_t rows) override;
   // The decoder's user-op figures ("op:NAME" rows, their time part of decode's).
   std::vector<const pipeline::StageStats*> SubStageStats() const override { return spec_.decoder->SubStageStats(); }
 
@@ -99,8 +102,10 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   const MediaJobSpec spec_;
   shm::SharedRegion region_;
   const proto::SlotLayout layout_;
-  std::vector<RowTensor> tensors_;  // the decoder's tensors, the label, then two per extra output
+  std::vector<RowTensor> tensors_;  // the decoder's tensors, the label, two per extra output, the targets
   const size_t label_tensor_;       // the label's index in tensors_ (= the decoder's tensor count)
+  const TargetWriter targets_;      // boxes / mask that follow the image (none for most jobs)
+  const size_t targets_tensor_;     // the first target's index in tensors_
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;

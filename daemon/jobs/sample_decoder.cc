@@ -147,11 +147,16 @@ class ImageSampleDecoder final : public SampleDecoder {
   }
   const std::vector<RowTensor>& tensors() const override { return tensors_; }
   bool random() const override { return ops_.random_crop() || ops_.flip_probability > 0; }
+  const media::ImageOps* image_ops() const override { return &ops_; }
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
+    return DecodeImage(bytes, seed, rows, nullptr);
+  }
+  Status DecodeImage(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows,
+                     media::ImageInfo* info) const override {
     thread_local media::ImageDecoder decoder;  // decoders are not thread-safe: one per worker thread
     // A large image's scratch comes out of the daemon's memory budget first (memory_budget.h).
     SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease scratch, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
-    return decoder.DecodeInto(bytes, ops_, rows[0], width_, height_, seed);
+    return decoder.DecodeInto(bytes, ops_, rows[0], width_, height_, seed, info);
   }
 
  private:
@@ -555,6 +560,15 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
       AugmentChain augments;
       SPDL_RETURN_IF_ERROR(MakeUserOps(c, loader, &user_ops, &steps, &augments));
       if (!user_ops.empty() || !augments.empty()) {
+        // ---- targets (boxes, masks) ----
+        // Not yet followed through op: transforms (an op may move pixels in ways spdld does not know) nor
+        // through the augmentations (their decoder does not report the geometry they drew): refused, not
+        // delivered wrong.
+        if (c.source.type == config::SourceType::kCoco || !c.mask.from.empty()) {
+          return InvalidArgument(
+              "transforms: boxes and masks cannot yet follow op: transforms or augmentations (color_jitter, rotate, "
+              "rand_augment, ...); remove them, or the coco source / mask");
+        }
         return std::shared_ptr<const SampleDecoder>(std::make_shared<OpImageSampleDecoder>(
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
             static_cast<uint32_t>(c.stages.decode.concurrency), std::move(augments), std::move(budget)));

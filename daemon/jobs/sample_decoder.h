@@ -33,8 +33,9 @@
 
 #include "common/status.h"
 #include "config/job_config.h"
-#include "pipeline/stage_stats.h"
 #include "jobs/memory_budget.h"
+#include "media/image_decoder.h"
+#include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
 
 namespace spdl::plugins {
@@ -66,6 +67,16 @@ class SampleDecoder {
   // `sample_seed` is media::SampleSeed(job seed, epoch, sample index). Errors are the decoder's
   // (kDataLoss for bad data, kResourceExhausted for a guard, ...); rows may then hold partial output.
   virtual Status Decode(std::span<const uint8_t> bytes, uint64_t sample_seed, std::span<uint8_t* const> rows) const = 0;
+
+  // ---- targets that follow the image (boxes, masks: jobs/targets.h) ----
+  // Image decoders without user ops: the ops that place the image; nullptr for every other decoder.
+  virtual const media::ImageOps* image_ops() const { return nullptr; }
+  // As Decode; *info (when given) gets what the image decoder did (stored size, EXIF orientation,
+  // random crop, flip) for targets to follow. REQUIRES: image_ops() != nullptr.
+  virtual Status DecodeImage(std::span<const uint8_t> bytes, uint64_t sample_seed, std::span<uint8_t* const> rows,
+                             media::ImageInfo* /*info*/) const {
+    return Decode(bytes, sample_seed, rows);
+  }
 
   // Figures timed inside Decode: one per user op ("op:NAME"), in chain order; alive as long as
   // the decoder. Empty without ops.

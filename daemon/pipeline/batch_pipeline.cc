@@ -449,6 +449,8 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     return;
   }
   std::vector<std::pair<uint32_t, uint32_t>> moves;
+  uint32_t epoch = 0, rows = 0;  // for BatchWritten
+  uint64_t batch_in_epoch = 0;
   {
     std::lock_guard lock(mu_);
     InFlight& f = slots_.at(slot);
@@ -464,8 +466,12 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     }
     f.meta.indices = std::move(packed);
     f.meta.rows = write;
+    epoch = f.meta.epoch;
+    batch_in_epoch = f.meta.batch_in_epoch;
+    rows = write;
   }
   for (auto [from, to] : moves) processor_->MoveRow(slot, from, to);
+  processor_->BatchWritten(slot, epoch, batch_in_epoch, rows);
   Status s = ring_->MarkReady(slot);
   (void)s;  // the slot was acquired by Pump() and is filling: cannot fail
   notify_();

@@ -80,6 +80,11 @@ class RowProcessor {
   virtual Status RunStage(uint32_t stage, RowTask& t) = 0;
   // Copies row `from` of `slot` over row `to` (to pack a short batch). REQUIRES: to < from.
   virtual void MoveRow(uint32_t slot, uint32_t from, uint32_t to) = 0;
+  // ---- batch-level transforms (mix) ----
+  // Called once all rows of a batch are written and packed (`rows` valid rows, at the front),
+  // before it is marked ready; on the thread that finished its last row, never twice at once for
+  // one slot. (epoch, batch_in_epoch) name the batch, for deterministic draws. Default: nothing.
+  virtual void BatchWritten(uint32_t /*slot*/, uint32_t /*epoch*/, uint64_t /*batch_in_epoch*/, uint32_t /*rows*/) {}
   // Figures of parts timed inside a stage (a job's user ops inside decode), reported after the
   // stages with their totals and window; their time is also counted in their stage's. Constant;
   // the objects outlive the pipeline.

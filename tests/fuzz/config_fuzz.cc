@@ -82,6 +82,9 @@ void CheckJob(const JobConfig& c) {
     case SourceType::kTar:
       FUZZ_CHECK(!c.source.shards.empty() && c.source.shuffle_buffer >= 1);
       break;
+    case SourceType::kCoco:
+      FUZZ_CHECK(!c.source.root.empty() && !c.source.coco.annotations.empty() && c.source.coco.max_boxes >= 1);
+      break;
   }
   for (const std::string& ext : c.source.extensions) {
     FUZZ_CHECK(std::none_of(ext.begin(), ext.end(), [](unsigned char ch) { return std::isupper(ch); }));

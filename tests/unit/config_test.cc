@@ -256,7 +256,7 @@ TEST_CASE("job config: missing or empty root") {
     REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
     CHECK(ErrorAt(errors, "source.type").message ==
-          "must be one of image_folder | file_list | tar | http (got 'lmdb')");
+          "must be one of image_folder | file_list | tar | http | coco (got 'lmdb')");
   }
 }
 
@@ -322,7 +322,7 @@ transforms: [{center_crop: {size: 8}}]
     CHECK(ErrorAt(errors, "source.shards").line == 1);
     CHECK(ErrorAt(errors, "source.root").line == 3);
     CHECK(ErrorAt(errors, "source.root").message ==
-          "'root' is not a key of source type tar (it belongs to image_folder and file_list)");
+          "'root' is not a key of source type tar (it belongs to image_folder and file_list and coco)");
     CHECK(ErrorAt(errors, "source.list").line == 4);
     CHECK(ErrorAt(errors, "source.max_attempts").line == 5);
     CHECK(Contains(ErrorAt(errors, "source.max_attempts").message, "belongs to http"));
@@ -1457,6 +1457,61 @@ TEST_CASE("job config: every extra_outputs error with its line") {
   REQUIRE(errors.size() == 1);
   CHECK(errors[0].line == 3);
   CHECK(Contains(errors[0].message, "source type http"));
+}
+
+TEST_CASE("job config: coco source, mask and mix, with their errors at their lines") {
+  JobConfig c = ParseGoodJob(
+      "source: {type: coco, annotations: /d/ann.json, root: /d/img, max_boxes: 7, on_overflow: truncate,\n"
+      "         contiguous_ids: true, include_crowd: true, masks: true, min_box_size: 0.5, min_visibility: 0.3}\n"
+      "transforms:\n  - resize: {height: 8, width: 8}\n");
+  CHECK(c.source.type == SourceType::kCoco);
+  CHECK(c.source.root == "/d/img");
+  CHECK(c.source.coco.annotations == "/d/ann.json");
+  CHECK(c.source.coco.max_boxes == 7);
+  CHECK(c.source.coco.on_overflow == CocoConfig::OnOverflow::kTruncate);
+  CHECK(c.source.coco.contiguous_ids);
+  CHECK(c.source.coco.include_crowd);
+  CHECK(c.source.coco.masks);
+  CHECK(c.source.coco.min_box_size == 0.5);
+  CHECK(c.source.coco.min_visibility == 0.3);
+  const CocoConfig defaults;
+  CHECK(defaults.max_boxes == 100);
+  CHECK_FALSE(defaults.include_crowd);
+
+  JobConfig m = ParseGoodJob(
+      "source: {type: image_folder, root: /d}\ntransforms:\n  - resize: {height: 8, width: 8}\n"
+      "mask: {from: .png, on_missing: empty}\n"
+      "mix: {mixup: {alpha: 0.2}, cutmix: {alpha: 1.0}, switch_prob: 0.25, num_classes: 10, label_smoothing: 0.1}\n");
+  CHECK(m.mask.from == ".png");
+  CHECK(m.mask.empty_on_missing);
+  CHECK(m.mix.enabled());
+  CHECK(m.mix.mixup_alpha == 0.2);
+  CHECK(m.mix.cutmix_alpha == 1.0);
+  CHECK(m.mix.switch_prob == 0.25);
+  CHECK(m.mix.num_classes == 10);
+  CHECK(m.mix.label_smoothing == 0.1);
+
+  auto errors = ParseBadJob(
+      "source: {type: coco, root: /d, max_boxes: 0, min_visibility: 1.5, on_overflow: drop}\n"  // 1
+      "transforms:\n  - resize: {height: 8, width: 8}\n"                                        // 2-3
+      "mask: {from: .png}\n"                                                                    // 4
+      "mix: {mixup: {alpha: 0}, num_classes: 0}\n");                                            // 5
+  CHECK(ErrorAt(errors, "source.annotations").message == "required key is missing");
+  CHECK(ErrorAt(errors, "source.max_boxes").line == 1);
+  CHECK(Contains(ErrorAt(errors, "source.min_visibility").message, "between 0 and 1"));
+  CHECK(Contains(ErrorAt(errors, "source.on_overflow").message, "error | truncate"));
+  CHECK(Contains(ErrorAt(errors, "mask").message, "masks: true"));
+  CHECK(ErrorAt(errors, "mask").line == 4);
+  CHECK(Contains(ErrorAt(errors, "mix").message, "not a class label"));
+
+  auto mix_errors = ParseBadJob(
+      "source: {type: image_folder, root: /d}\ntransforms:\n  - resize: {height: 8, width: 8}\n"
+      "mix: {mixup: {alpha: 0}, num_classes: 0, label_smoothing: 1}\n");
+  CHECK(Contains(ErrorAt(mix_errors, "mix.mixup.alpha").message, "> 0"));
+  CHECK(ErrorAt(mix_errors, "mix.num_classes").line == 4);
+  CHECK(Contains(ErrorAt(mix_errors, "mix.label_smoothing").message, "below 1"));
+  auto audio = ParseBadJob("media: audio\naudio: {seconds: 1}\nsource: {type: coco, annotations: /a, root: /r}\n");
+  CHECK(Contains(ErrorAt(audio, "source.type").message, "media: image"));
 }
 
 }  // namespace

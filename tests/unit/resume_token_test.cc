@@ -89,6 +89,9 @@ TEST_CASE("resume: each part of the fingerprint is named when it alone differs")
       {"sampler: {seed: 7}\n", "its sampler differ"},
       {"batch: {size: 4, drop_last: true}\n", "its batch differ"},
       {"source: {type: image_folder, root: /data, extensions: [.png]}\n", "its dataset differ"},
+      {"mask: {from: .png}\n", "its other settings differ"},
+      {"mix: {mixup: {alpha: 0.2}, num_classes: 10}\n", "its other settings differ"},
+      {"source: {type: coco, annotations: /data/a.json, root: /data, max_boxes: 5}\n", "its dataset differ"},
   };
   for (const auto& [extra, message] : cases) {
     std::string yaml = std::string(kBase) + extra;

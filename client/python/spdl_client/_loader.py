@@ -26,6 +26,12 @@ OverridesLike = Union[Mapping[str, Any], Iterable[Union[str, tuple]], None]
 class Batch(Mapping):
     """One batch: a read-only mapping of tensor name to :class:`Tensor` (``"image"``, ``"label"``).
 
+    Jobs with targets carry more tensors, by name: a ``source.type: coco`` job ``"boxes"`` float32
+    [B, max_boxes, 4] (x1, y1, x2, y2 in output pixels), ``"box_labels"`` int64 [B, max_boxes] and
+    ``"box_count"`` int32 [B] (rows past the count are zero); a job with a mask (``mask.from`` or
+    ``source.masks``) ``"mask"`` uint8 [B, H, W]; a job with ``mix`` has ``"label"`` as float32
+    [B, num_classes] soft targets (``labels`` below still lists each row's own class).
+
     The tensors are zero-copy views of one slot of the job's shared ring. Take them with
     ``torch.from_dlpack(batch["image"])`` or ``numpy.from_dlpack(...)`` (or :meth:`torch`,
     :meth:`numpy`); what you get shares the memory.

@@ -1,0 +1,446 @@
+// Targets that follow the image (media/targets.h, io/coco_source.h, jobs/targets.h): the Affine2D
+// maps of the geometric steps, boxes moved by them (checked against transforms computed by hand),
+// masks moved by nearest sampling (pixel-exact for flips and crops), polygon rasterisation, the
+// COCO source on real files, and the whole chain on real JPEGs through the real image decoder.
+#include "jobs/targets.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/job_config.h"
+#include "io/coco_source.h"
+#include "jobs/sample_decoder.h"
+#include "media/geometry.h"
+#include "media/image_encoder.h"
+#include "media/jpeg_encoder.h"
+#include "media/mix.h"
+#include "media/sample_random.h"
+#include "media/targets.h"
+
+namespace fs = std::filesystem;
+using spdl::media::Affine2D;
+using spdl::media::Box;
+using spdl::media::BoxFilter;
+using spdl::media::MoveBox;
+
+namespace {
+
+void CheckPoint(const Affine2D& m, double x, double y, double ex, double ey) {
+  const auto p = m.Apply(x, y);
+  CHECK(p[0] == Approx(ex).margin(1e-9));
+  CHECK(p[1] == Approx(ey).margin(1e-9));
+}
+
+Box Moved(const Box& in, const Affine2D& m, int w, int h, BoxFilter f = {}) {
+  Box out;
+  REQUIRE(MoveBox(in, m, w, h, f, &out));
+  return out;
+}
+
+void CheckBox(const Box& b, double x1, double y1, double x2, double y2) {
+  CHECK(b.x1 == Approx(x1).margin(1e-4));
+  CHECK(b.y1 == Approx(y1).margin(1e-4));
+  CHECK(b.x2 == Approx(x2).margin(1e-4));
+  CHECK(b.y2 == Approx(y2).margin(1e-4));
+}
+
+// A scratch directory removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("spdl-targets-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  static inline int counter = 0;
+};
+
+void WriteFile(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+void WriteFile(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// A real JPEG, width x height, of a smooth gradient.
+std::vector<uint8_t> Jpeg(int width, int height) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      for (int c = 0; c < 3; ++c) rgb[(y * width + x) * 3 + c] = static_cast<uint8_t>((x * 3 + y * 2 + c * 40) % 256);
+  auto jpeg = spdl::media::EncodeJpeg(rgb.data(), width, height, 90);
+  REQUIRE(jpeg.ok());
+  return *jpeg;
+}
+
+}  // namespace
+
+TEST_CASE("Affine2D: a 90 degree rotation, its inverse and composition with a scale and a translation") {
+  // Rotate a W x H image 90 degrees clockwise: (x, y) -> (H - y, x); the output is H x W.
+  const int w = 40, h = 30;
+  const Affine2D rot{{0, -1, double(h), 1, 0, 0}};
+  CheckPoint(rot, 0, 0, h, 0);  // top-left -> top-right
+  CheckPoint(rot, w, 0, h, w);  // top-right -> bottom-right
+  CheckPoint(rot, 0, h, 0, 0);  // bottom-left -> top-left
+  CheckPoint(rot, 10, 5, 25, 10);
+  // EXIF orientation 6 ("rotate 90 clockwise" to upright) is the same map.
+  CHECK(spdl::media::OrientationMap(spdl::media::OrientationFromExif(6), w, h) == rot);
+  const Affine2D back = rot.Inverse();
+  CheckPoint(back, 25, 10, 10, 5);
+  CheckPoint(rot.Then(back), 7, 3, 7, 3);
+  // Scale by 2, rotate, translate by (5, -1), hand-composed: (x, y) -> (2H - 2y + 5, 2x - 1).
+  const Affine2D chain =
+      Affine2D::Scale(2, 2).Then(Affine2D{{0, -1, 2.0 * h, 1, 0, 0}}).Then(Affine2D::Translate(5, -1));
+  CheckPoint(chain, 10, 5, 2 * h - 10 + 5, 20 - 1);
+  CheckPoint(chain.Inverse(), 2 * h - 10 + 5, 20 - 1, 10, 5);
+}
+
+TEST_CASE("Boxes: flip, crop, resize, rotate-90 and an affine chain, against hand-computed boxes") {
+  const Box b{10, 5, 30, 25};
+  SECTION("horizontal flip in a 100 wide image: x -> 100 - x") {
+    CheckBox(Moved(b, Affine2D::FlipX(100), 100, 50), 70, 5, 90, 25);
+  }
+  SECTION("vertical flip in a 50 high image") { CheckBox(Moved(b, Affine2D::FlipY(50), 100, 50), 10, 25, 30, 45); }
+  SECTION("crop at (8, 10) of size 16 x 12: shifted and clipped") {
+    CheckBox(Moved(b, Affine2D::Translate(-8, -10), 16, 12), 2, 0, 16, 12);
+  }
+  SECTION("resize 100 x 50 -> 50 x 100") { CheckBox(Moved(b, Affine2D::Scale(0.5, 2), 50, 100), 5, 10, 15, 50); }
+  SECTION("rotate 90 clockwise (EXIF 6) of a 100 x 50 image: (x, y) -> (50 - y, x)") {
+    const Affine2D m = spdl::media::OrientationMap(spdl::media::OrientationFromExif(6), 100, 50);
+    CheckBox(Moved(b, m, 50, 100), 25, 10, 45, 30);
+  }
+  SECTION("rotate 90 counter-clockwise (EXIF 8): (x, y) -> (y, 100 - x)") {
+    const Affine2D m = spdl::media::OrientationMap(spdl::media::OrientationFromExif(8), 100, 50);
+    CheckBox(Moved(b, m, 50, 100), 5, 70, 25, 90);
+  }
+  SECTION("a 45 degree rotation about the origin: the enclosing box of the four corners") {
+    const double c = std::sqrt(0.5);
+    const Affine2D m{{c, -c, 50, c, c, 0}};
+    // corners (10,5) (30,5) (10,25) (30,25) -> x = 50 + c(x - y), y = c(x + y)
+    CheckBox(Moved(b, m, 200, 200), 50 + c * (10 - 25), c * 15, 50 + c * (30 - 5), c * 55);
+  }
+  SECTION("an affine chain: resize x2, crop at (4, 4), flip in the 48 wide output") {
+    const Affine2D m = Affine2D::Scale(2, 2).Then(Affine2D::Translate(-4, -4)).Then(Affine2D::FlipX(48));
+    // x: 2x - 4 then 48 - x: [16, 56] -> [-8, 32] clipped to [0, 32]; y: 2y - 4: [6, 46] -> clipped to 40
+    CheckBox(Moved(b, m, 48, 40), 0, 6, 32, 40);
+  }
+  SECTION("dropped: outside, too small, too little visible") {
+    Box out;
+    CHECK_FALSE(MoveBox(b, Affine2D::Translate(-50, 0), 40, 40, {}, &out));         // wholly left of the image
+    CHECK_FALSE(MoveBox({10, 10, 10.5f, 20}, Affine2D{}, 40, 40, {1.0, 0}, &out));  // 0.5 wide < min_size 1
+    CHECK(MoveBox({10, 10, 10.5f, 20}, Affine2D{}, 40, 40, {0.25, 0}, &out));       // kept with min_size 0.25
+    CHECK_FALSE(MoveBox({30, 0, 50, 10}, Affine2D{}, 40, 40, {1.0, 0.6}, &out));    // half visible < 0.6
+    CHECK(MoveBox({30, 0, 50, 10}, Affine2D{}, 40, 40, {1.0, 0.5}, &out));          // half visible >= 0.5
+    CheckBox(out, 30, 0, 40, 10);
+  }
+}
+
+TEST_CASE(
+    "ImageGeometry: the decoder's steps as one map (resize + center crop, padding, random resized crop, flip, EXIF)") {
+  spdl::media::ImageOps ops;
+  spdl::media::ImageInfo info;
+  info.width = 200;
+  info.height = 100;
+  SECTION("resize shorter 50 then center crop 40: scale 0.25 then offset (-30, -5)") {
+    ops.resize_shorter = 50;
+    ops.crop_height = ops.crop_width = 40;
+    const auto chain = spdl::media::ImageGeometry(ops, info);
+    CHECK(chain.width() == 40);
+    CHECK(chain.height() == 40);
+    // 200x100 -> 100x50; crop 40: x offset round(60 / 2) = 30, y offset round(10 / 2) = 5
+    CheckPoint(chain.map(), 120, 20, 120 * 0.5 - 30, 20 * 0.5 - 5);
+  }
+  SECTION("a center crop larger than the image pads: the image moves by the padding") {
+    ops.crop_height = 120;
+    ops.crop_width = 210;
+    const auto chain = spdl::media::ImageGeometry(ops, info);
+    CheckPoint(chain.map(), 0, 0, 5, 10);
+  }
+  SECTION("random resized crop with a flip") {
+    ops.random_crop_height = ops.random_crop_width = 32;
+    info.crop = {20, 10, 64, 32};
+    info.flipped = true;
+    const auto chain = spdl::media::ImageGeometry(ops, info);
+    // (x, y) -> ((x - 20) / 2, (y - 10)) then x -> 32 - x
+    CheckPoint(chain.map(), 52, 26, 32 - 16, 16);
+    CheckBox(Moved({20, 10, 36, 26}, chain.map(), 32, 32), 24, 0, 32, 16);
+  }
+  SECTION("EXIF orientation 6 then a resize to 25 x 50") {
+    info.orientation = 6;
+    ops.resize_height = 50;
+    ops.resize_width = 25;
+    const auto chain = spdl::media::ImageGeometry(ops, info);
+    CHECK(chain.width() == 25);
+    CHECK(chain.height() == 50);
+    // upright: (x, y) -> (100 - y, x), 100 x 200; then scale 0.25
+    CheckPoint(chain.map(), 40, 20, (100 - 20) * 0.25, 40 * 0.25);
+  }
+}
+
+TEST_CASE("Masks: nearest sampling is pixel-exact for flips and crops, padding is 0, polygons fill pixel centres") {
+  const int w = 7, h = 5;
+  std::vector<uint8_t> src(w * h);
+  for (int i = 0; i < w * h; ++i) src[i] = static_cast<uint8_t>(i + 1);
+  SECTION("horizontal flip") {
+    std::vector<uint8_t> dst(w * h);
+    spdl::media::WarpMaskNearest(src.data(), w, h, Affine2D::FlipX(w), dst.data(), w, h);
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) CHECK(dst[y * w + x] == src[y * w + (w - 1 - x)]);
+  }
+  SECTION("vertical flip") {
+    std::vector<uint8_t> dst(w * h);
+    spdl::media::WarpMaskNearest(src.data(), w, h, Affine2D::FlipY(h), dst.data(), w, h);
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) CHECK(dst[y * w + x] == src[(h - 1 - y) * w + x]);
+  }
+  SECTION("crop (2, 1) 4 x 3, and padding around it") {
+    std::vector<uint8_t> dst(4 * 3);
+    spdl::media::WarpMaskNearest(src.data(), w, h, Affine2D::Translate(-2, -1), dst.data(), 4, 3);
+    for (int y = 0; y < 3; ++y)
+      for (int x = 0; x < 4; ++x) CHECK(dst[y * 4 + x] == src[(y + 1) * w + x + 2]);
+    std::vector<uint8_t> pad(9 * 7);
+    spdl::media::WarpMaskNearest(src.data(), w, h, Affine2D::Translate(1, 1), pad.data(), 9, 7);
+    for (int y = 0; y < 7; ++y)
+      for (int x = 0; x < 9; ++x) {
+        const bool inside = x >= 1 && x < 8 && y >= 1 && y < 6;
+        CHECK(pad[y * 9 + x] == (inside ? src[(y - 1) * w + x - 1] : 0));
+      }
+  }
+  SECTION("an integer downscale by 2 takes each block's top-left pixel... of the centre: floor((x + 0.5) * 2)") {
+    std::vector<uint8_t> big(4 * 4);
+    for (int i = 0; i < 16; ++i) big[i] = static_cast<uint8_t>(i);
+    std::vector<uint8_t> small(2 * 2);
+    spdl::media::WarpMaskNearest(big.data(), 4, 4, Affine2D::Scale(0.5, 0.5), small.data(), 2, 2);
+    CHECK(small == std::vector<uint8_t>{5, 7, 13, 15});  // source pixels (1,1) (3,1) (1,3) (3,3)
+  }
+  SECTION("a rectangle polygon fills exactly the pixels whose centres it holds") {
+    std::vector<uint8_t> m(10 * 8, 0);
+    const std::vector<float> rect = {2, 1, 6, 1, 6, 4, 2, 4};
+    spdl::media::FillPolygon(rect, 9, m.data(), 10, 8);
+    for (int y = 0; y < 8; ++y)
+      for (int x = 0; x < 10; ++x) CHECK(m[y * 10 + x] == ((x >= 2 && x < 6 && y >= 1 && y < 4) ? 9 : 0));
+  }
+}
+
+TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded, contiguous ids, errors") {
+  TempDir dir;
+  WriteFile(dir.path / "img" / "b.jpg", Jpeg(16, 8));
+  WriteFile(dir.path / "img" / "a.jpg", Jpeg(8, 8));
+  WriteFile(dir.path / "ann.json", std::string(R"({
+    "images": [{"id": 7, "file_name": "b.jpg", "width": 16, "height": 8}, {"id": 3, "file_name": "a.jpg"}],
+    "categories": [{"id": 18, "name": "dog"}, {"id": 1, "name": "person"}],
+    "annotations": [
+      {"id": 1, "image_id": 7, "category_id": 18, "bbox": [1, 2, 3, 4], "iscrowd": 0,
+       "segmentation": [[1, 2, 4, 2, 4, 6, 1, 6]]},
+      {"id": 2, "image_id": 7, "category_id": 1, "bbox": [0, 0, 16, 8], "iscrowd": 1,
+       "segmentation": {"counts": [0, 128], "size": [8, 16]}},
+      {"id": 3, "image_id": 3, "category_id": 1, "bbox": [2.5, 0.5, 1, 1]}]})"));
+  spdl::io::CocoOptions o;
+  o.annotations = (dir.path / "ann.json").string();
+  o.root = (dir.path / "img").string();
+  o.allowed_roots = {dir.path.string()};
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  const auto& s = **src;
+  REQUIRE(s.size() == 2);
+  CHECK(s.sample(0).path == "a.jpg");  // id 3 first
+  CHECK(s.sample(1).path == "b.jpg");
+  CHECK(s.sample(0).label == spdl::io::kNoLabel);
+  REQUIRE(s.Objects(1)->size() == 1);  // the crowd region is left out
+  const auto& o1 = (*s.Objects(1))[0];
+  CHECK(o1.x1 == 1);
+  CHECK(o1.y1 == 2);
+  CHECK(o1.x2 == 4);
+  CHECK(o1.y2 == 6);
+  CHECK(o1.category == 18);
+  REQUIRE(s.Objects(0)->size() == 1);
+  CHECK((*s.Objects(0))[0].x2 == 3.5f);
+  std::vector<uint8_t> bytes;
+  REQUIRE(s.Read(0, &bytes).ok());
+  CHECK(bytes == Jpeg(8, 8));
+
+  o.contiguous_ids = true;
+  o.include_crowd = true;
+  auto contiguous = spdl::io::CocoSource::Open(o);
+  REQUIRE(contiguous.ok());
+  CHECK((*contiguous)->Objects(1)->size() == 2);
+  CHECK((*(*contiguous)->Objects(1))[0].category == 1);  // id 18 is the second category by id
+  CHECK((*contiguous)->ClassNames() == std::vector<std::string>{"person", "dog"});
+  CHECK((*contiguous)->Identity() == (*src)->Identity());  // same files
+
+  // The ranks of a run share one parse through the daemon's index cache.
+  // (The JSON is dated an hour back: one written within the racy window is never reused.)
+  fs::last_write_time(dir.path / "ann.json", fs::file_time_type::clock::now() - std::chrono::hours(1));
+  spdl::io::SourceIndexCache cache;
+  o.index_cache = &cache;
+  auto first = spdl::io::CocoSource::Open(o);
+  auto second = spdl::io::CocoSource::Open(o);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(cache.stats().scans == 1);
+  CHECK(cache.stats().hits + cache.stats().joined == 1);
+  CHECK((*second)->Objects(1) == (*first)->Objects(1));  // the very same parsed objects
+  o.index_cache = nullptr;
+
+  o.masks = true;  // a crowd RLE cannot be rasterised: refused with the entry named
+  auto rle = spdl::io::CocoSource::Open(o);
+  REQUIRE_FALSE(rle.ok());
+  CHECK_THAT(rle.status().message(), Catch::Contains("annotations[1]") && Catch::Contains("RLE"));
+
+  WriteFile(dir.path / "bad.json", std::string(R"({"images": [{"id": 1, "file_name": "a.jpg"}], "categories": [],
+    "annotations": [{"image_id": 2, "category_id": 5, "bbox": [0, 0, 1, 1]}, {"image_id": 1, "category_id": 5}]})"));
+  o.annotations = (dir.path / "bad.json").string();
+  o.masks = false;
+  auto bad = spdl::io::CocoSource::Open(o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("annotations[0]: image_id 2 is not in 'images'") &&
+                                         Catch::Contains("annotations[1]: category_id 5 is not in 'categories'"));
+  WriteFile(dir.path / "broken.json", std::string("{\"images\": ["));
+  o.annotations = (dir.path / "broken.json").string();
+  auto broken = spdl::io::CocoSource::Open(o);
+  REQUIRE_FALSE(broken.ok());
+  CHECK_THAT(broken.status().message(), Catch::Contains("not valid JSON"));
+  o.annotations = "/etc/passwd";
+  CHECK_FALSE(spdl::io::CocoSource::Open(o).ok());
+}
+
+TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks follow resize, crop and flip") {
+  TempDir dir;
+  // 64 x 32 image; one object [8, 4, 24, 20], its polygon the same rectangle; a second one at the right edge.
+  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
+  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+    "categories": [{"id": 5, "name": "a"}, {"id": 9, "name": "b"}],
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]},
+                    {"image_id": 1, "category_id": 5, "bbox": [60, 0, 4, 32], "segmentation": [[60, 0, 64, 0, 64, 32, 60, 32]]}]})"));
+  const std::string yaml =
+      "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
+      ", root: " + (dir.path / "img").string() +
+      ", max_boxes: 4, masks: true, contiguous_ids: true}\n"
+      "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n  - horizontal_flip: {p: 1.0}\n";
+  auto parsed = spdl::config::ParseJobConfig(yaml);
+  std::string errors;
+  for (const auto& e : parsed.errors) errors += std::to_string(e.line) + " " + e.path + ": " + e.message + "\n";
+  INFO(errors);
+  REQUIRE(parsed.errors.empty());
+  const auto& config = *parsed.config;
+  auto decoder = spdl::jobs::MakeSampleDecoder(config);
+  REQUIRE(decoder.ok());
+  spdl::io::CocoOptions o;
+  o.annotations = config.source.coco.annotations;
+  o.root = config.source.root;
+  o.allowed_roots = {dir.path.string()};
+  o.masks = true;
+  o.contiguous_ids = true;
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  std::vector<uint8_t> bytes;
+  REQUIRE((*src)->Read(0, &bytes).ok());
+
+  std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+  uint8_t* image_row = image.data();
+  spdl::media::ImageInfo info;
+  REQUIRE((*decoder)->DecodeImage(bytes, 1, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+  CHECK(info.flipped);
+
+  spdl::jobs::TargetWriter writer(config);
+  REQUIRE(writer.tensors().size() == 4);
+  std::vector<float> boxes(4 * 4);
+  std::vector<int64_t> labels(4);
+  int32_t count = -1;
+  std::vector<uint8_t> mask(16 * 16);
+  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+                                reinterpret_cast<uint8_t*>(&count), mask.data()};
+  REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+  // 64 x 32 -> resize 16: 32 x 16 (scale 0.5), center crop 16: offset x 8, then flip: x -> 16 - x.
+  // Object 1: x [8, 24] -> [4, 12] -> [-4, 4] -> flipped [12, 20] -> clipped [12, 16]; y [4, 20] -> [2, 10].
+  // Object 2: x [60, 64] -> [30, 32] -> [22, 24]: outside the crop, dropped.
+  REQUIRE(count == 1);
+  CHECK(boxes[0] == 12);
+  CHECK(boxes[1] == 2);
+  CHECK(boxes[2] == 16);
+  CHECK(boxes[3] == 10);
+  CHECK(labels[0] == 1);  // category 9 is index 1
+  CHECK(boxes[4] == 0);
+  // The mask: object 1 covers stored x [8, 24) y [4, 20); output pixel (x, y) samples stored
+  // ((16 - x - 0.5 + 8) * 2, (y + 0.5) * 2) floored.
+  for (int y = 0; y < 16; ++y) {
+    for (int x = 0; x < 16; ++x) {
+      const int sx = static_cast<int>(std::floor((16 - x - 0.5 + 8) * 2));
+      const int sy = static_cast<int>(std::floor((y + 0.5) * 2));
+      const uint8_t want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 2 : (sx >= 60 ? 1 : 0);
+      INFO("x " << x << " y " << y);
+      CHECK(mask[y * 16 + x] == want);
+    }
+  }
+}
+
+TEST_CASE("Mix: Beta draws, cutmix's lambda is the kept area, labels sum to 1, images blend as the label says") {
+  using namespace spdl::media;
+  SampleRng rng(12345, RandomStream::kResizedCrop);
+  double sum = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const double b = BetaSample(0.4, rng);
+    REQUIRE(b >= 0);
+    REQUIRE(b <= 1);
+    sum += b;
+  }
+  CHECK(sum / 4000 == Approx(0.5).margin(0.03));  // Beta(a, a) has mean 1/2
+  MixOptions o;
+  o.cutmix_alpha = 1.0;
+  for (int i = 0; i < 50; ++i) {
+    const MixDraw d = DrawMix(o, 32, 24, rng);
+    REQUIRE(d.mixed);
+    REQUIRE(d.cutmix);
+    const double area = double(d.box_x1 - d.box_x0) * (d.box_y1 - d.box_y0);
+    CHECK(d.lam == Approx(1 - area / (32 * 24)));
+    CHECK((d.box_x0 >= 0 && d.box_x1 <= 32 && d.box_y0 >= 0 && d.box_y1 <= 24));
+  }
+  o.prob = 0;
+  CHECK_FALSE(DrawMix(o, 32, 24, rng).mixed);
+
+  // Labels: smoothed one-hot rows, mixed with the reversed batch, sum to 1.
+  const int k = 5;
+  std::vector<float> labels(3 * k);
+  for (int r = 0; r < 3; ++r) SmoothedOneHot(r, k, 0.1, labels.data() + r * k);
+  CHECK(labels[0] == Approx(0.9 + 0.02));
+  CHECK(labels[1] == Approx(0.02));
+  MixLabels(0.7, k, labels.data(), 3);
+  for (int r = 0; r < 3; ++r) {
+    double s = 0;
+    for (int c = 0; c < k; ++c) s += labels[r * k + c];
+    CHECK(s == Approx(1.0));
+  }
+  CHECK(labels[0 * k + 0] == Approx(0.7 * 0.92 + 0.3 * 0.02));
+  CHECK(labels[0 * k + 2] == Approx(0.7 * 0.02 + 0.3 * 0.92));
+  CHECK(labels[1 * k + 1] == Approx(0.92));  // the middle row of an odd batch mixes with itself
+
+  // Images: uint8 mixup rounds the blend; cutmix swaps the box.
+  ImageOps ops;
+  std::vector<uint8_t> images = {10, 20, 30, 40, 200, 100, 50, 0};  // two 2 x 2 gray images
+  ops.channels = 1;
+  MixDraw mixup;
+  mixup.mixed = true;
+  mixup.lam = 0.75;
+  MixImages(mixup, ops, 2, 2, images.data(), 2);
+  CHECK(images == std::vector<uint8_t>{58, 40, 35, 30, 152, 80, 45, 10});
+  MixDraw cut;
+  cut.mixed = cut.cutmix = true;
+  cut.box_x0 = 1;
+  cut.box_x1 = 2;
+  cut.box_y0 = 0;
+  cut.box_y1 = 1;
+  MixImages(cut, ops, 2, 2, images.data(), 2);
+  CHECK(images == std::vector<uint8_t>{58, 80, 35, 30, 152, 40, 45, 10});
+}
