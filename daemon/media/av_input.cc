@@ -192,11 +192,29 @@ Status CheckIsoBoxes(std::span<const uint8_t> d, uint64_t begin, uint64_t end, i
     if (size < header) break;          // libavformat stops reading this container here too
     size = std::min(size, end - off);  // and clamps a box to its parent
     const uint64_t body = off + header, body_end = off + size;
-    static constexpr const char* kContainers[] = {"moov", "trak", "mdia", "minf", "stbl",
-                                                  "edts", "mvex", "moof", "traf", "mfra"};
+    // The boxes libavformat reads as a list of boxes, wherever they are (it looks a box's reader up
+    // by its type alone, so a sample table inside 'dinf' is read too).
+    static constexpr const char* kContainers[] = {"moov", "trak", "mdia", "minf", "stbl", "edts", "dinf",
+                                                  "mvex", "moof", "traf", "mfra", "tref", "udta", "ilst",
+                                                  "sinf", "schi", "wave", "clip", "matt"};
     bool container = false;
     for (const char* c : kContainers) container = container || IsBox(type, c);
-    if (container) {
+    if (IsBox(type, "cmov")) {
+      // A compressed movie header (old QuickTime): libavformat inflates it into a buffer of the size
+      // it states, from the file.
+      return DataLoss("MP4/MOV box 'cmov' at offset " + std::to_string(off) +
+                      ": compressed movie headers are not supported");
+    }
+    if (IsBox(type, "meta")) {
+      // libavformat looks for its 'hdlr' child 4 bytes at a time (a QuickTime 'meta' has no
+      // version/flags, an ISO one has), then reads the boxes from there.
+      for (uint64_t at = body; at + 8 <= body_end; at += 4) {
+        if (IsBox(d.data() + at + 4, "hdlr")) {
+          if (depth > 0) SPDL_RETURN_IF_ERROR(CheckIsoBoxes(d, at, body_end, depth - 1));
+          break;
+        }
+      }
+    } else if (container) {
       if (depth > 0) SPDL_RETURN_IF_ERROR(CheckIsoBoxes(d, body, body_end, depth - 1));
     } else {
       SPDL_RETURN_IF_ERROR(CheckBoxTable(type, d.subspan(body, body_end - body), off, d.size()));
@@ -221,7 +239,7 @@ Status CheckIsoBmff(std::span<const uint8_t> d) {
   bool iso = false;
   for (const char* t : kFirst) iso = iso || IsBox(type, t);
   if (!iso) return Status::Ok();
-  return CheckIsoBoxes(d, 0, d.size(), /*depth=*/8);
+  return CheckIsoBoxes(d, 0, d.size(), /*depth=*/16);
 }
 
 }  // namespace
