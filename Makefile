@@ -69,8 +69,7 @@ sanitize:
 # tests under TSan (build-tsan); see scripts/sanitize.sh for the subsets and .ci/README.md for
 # the time each step takes.
 CI_FUZZ_SECONDS ?= 20
-# image_fuzz and video_fuzz are out of CI until their open findings are fixed (tests/fuzz/README.md, "Open findings").
-CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz audio_fuzz http_fuzz:15
+CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz video_fuzz http_fuzz:15
 ci-extra: ci-fuzz ci-sanitize ci-release
 
 ci-fuzz:

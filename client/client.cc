@@ -1,6 +1,7 @@
 #include "spdl/client.h"
 
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include "common/unique_fd.h"
 #include "proto/control.pb.h"
 #include "proto/framing.h"
+#include "proto/job_stats_fields.h"
 #include "proto/shm_layout.h"
 #include "spdl/control.h"
 
@@ -744,18 +746,7 @@ Result<Event> Loader::Next() {
         return Event(EpochEnd{e.epoch(), e.samples(), e.batches(), e.skipped(), e.seconds()});
       }
       case proto::DaemonMessage::kJobEnd: {
-        const auto& js = m.job_end().stats();
-        JobStats stats{js.samples(), js.batches(), js.skipped(), js.seconds(), js.first_batch_seconds(), {}, js.client_wait_seconds()};
-        for (const auto& st : js.stages()) {
-          stats.stages.push_back(StageStats{st.name(), st.tasks(), st.failures(), st.busy_seconds(), st.kind(),
-                                            st.avg_ms(), st.p50_ms(), st.p90_ms(), st.p99_ms(), st.put_wait_seconds(),
-                                            st.get_wait_seconds(), st.items_per_s()});
-        }
-        stats.cache_hits = js.cache_hits();
-        stats.cache_misses = js.cache_misses();
-        stats.cache_evictions = js.cache_evictions();
-        stats.cache_bytes = js.cache_bytes();
-        stats.cache_budget_bytes = js.cache_budget_bytes();
+        JobStats stats = JobStatsFromProto(m.job_end().stats());
         finished_ = true;
         return Event(std::move(stats));
       }
@@ -773,6 +764,53 @@ Result<Event> Loader::Next() {
         return fail(ProtocolError("unexpected message #" + std::to_string(m.msg_case()) + " during the job"));
     }
   }
+}
+
+std::string OperatorJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+JobStats JobStatsFromProto(const proto::JobStats& js) {
+  JobStats stats;
+  stats.samples = js.samples();
+  stats.batches = js.batches();
+  stats.skipped = js.skipped();
+  stats.seconds = js.seconds();
+  stats.first_batch_seconds = js.first_batch_seconds();
+  stats.client_wait_seconds = js.client_wait_seconds();
+  for (const auto& st : js.stages()) {
+    StageStats s;
+    s.name = st.name();
+    s.tasks = st.tasks();
+    s.failures = st.failures();
+    s.busy_seconds = st.busy_seconds();
+    s.kind = st.kind();
+    s.avg_ms = st.avg_ms();
+    s.p50_ms = st.p50_ms();
+    s.p90_ms = st.p90_ms();
+    s.p99_ms = st.p99_ms();
+    s.put_wait_seconds = st.put_wait_seconds();
+    s.get_wait_seconds = st.get_wait_seconds();
+    s.items_per_s = st.items_per_s();
+    stats.stages.push_back(std::move(s));
+  }
+  stats.cache_hits = js.cache_hits();
+  stats.cache_misses = js.cache_misses();
+  stats.cache_evictions = js.cache_evictions();
+  stats.cache_bytes = js.cache_bytes();
+  stats.cache_budget_bytes = js.cache_budget_bytes();
+  for (const auto& f : proto::JobStatFields()) {
+    if (f.surfaces & proto::kClient) {
+      stats.values.push_back({f.name, proto::JobStatValue(js, f), proto::JobStatIsInteger(f)});
+    }
+  }
+  return stats;
 }
 
 double Loader::drain_seconds_left() const {

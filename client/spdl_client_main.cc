@@ -320,12 +320,11 @@ int main(int argc, char** argv) {
     for (const auto& [name, sum] : checksums) j["checksums"][name] = std::to_string(sum);
     j["stages"] = nlohmann::json::array();
     if (stats) {
-      j["daemon"] = {{"samples", stats->samples},
-                     {"batches", stats->batches},
-                     {"skipped", stats->skipped},
-                     {"seconds", stats->seconds},
-                     {"first_batch_seconds", stats->first_batch_seconds},
-                     {"client_wait_seconds", stats->client_wait_seconds}};
+      // Every figure the daemon describes for clients, by name (proto/job_stats_fields.h).
+      j["daemon"] = nlohmann::json::object();
+      for (const auto& v : stats->values) {
+        j["daemon"][v.name] = v.integer ? nlohmann::json(static_cast<uint64_t>(v.value)) : nlohmann::json(v.value);
+      }
       j["cache"] = {{"hits", stats->cache_hits},
                     {"misses", stats->cache_misses},
                     {"evictions", stats->cache_evictions},

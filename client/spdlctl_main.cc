@@ -22,15 +22,7 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-void PrintJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  std::cout << out;
-}
+void PrintJson(const google::protobuf::Message& m) { std::cout << spdl::client::OperatorJson(m); }
 
 std::string MiB(uint64_t bytes) {
   char b[32];

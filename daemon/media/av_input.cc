@@ -111,16 +111,152 @@ Status CheckRiff(std::span<const uint8_t> d) {
   return CheckRiffChunks(d, 12, d.size(), /*depth=*/4);
 }
 
+uint32_t Be32(const uint8_t* p) {
+  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]};
+}
+
+bool IsBox(const uint8_t* type, const char* name) { return std::memcmp(type, name, 4) == 0; }
+
+std::string BoxName(const uint8_t* type) {
+  std::string name;
+  for (int i = 0; i < 4; ++i) name += (type[i] >= 0x20 && type[i] < 0x7f) ? static_cast<char>(type[i]) : '?';
+  return name;
+}
+
+// The bytes one entry of a sample-table box takes, after its version/flags and entry count;
+// 0 for a box without such a count.
+uint64_t TableEntryBytes(const uint8_t* type, uint8_t version) {
+  if (IsBox(type, "stts") || IsBox(type, "ctts") || IsBox(type, "co64") || IsBox(type, "sbgp")) return 8;
+  if (IsBox(type, "stss") || IsBox(type, "stps") || IsBox(type, "stco")) return 4;
+  if (IsBox(type, "stsc")) return 12;
+  if (IsBox(type, "elst")) return version == 1 ? 20 : 12;
+  return 0;
+}
+
+// Checks one box's entry count against the bytes it has. `body` is the box's content (after the
+// size and type), already clamped to its parent as libavformat clamps it.
+Status CheckBoxTable(const uint8_t* type, std::span<const uint8_t> body, uint64_t offset, uint64_t file_size) {
+  auto refuse = [&](uint64_t entries) {
+    return DataLoss("MP4/MOV box '" + BoxName(type) + "' at offset " + std::to_string(offset) + " states " +
+                    std::to_string(entries) + " entries, more than its " + std::to_string(body.size()) +
+                    " bytes (or the file's " + std::to_string(file_size) + ") can hold");
+  };
+  if (body.size() < 8) return Status::Ok();  // too short to state a count: libavformat refuses it
+  const uint8_t version = body[0];
+  if (IsBox(type, "stsz")) {  // version/flags, sample size, count, then a size per sample when the size is 0
+    if (body.size() < 12) return Status::Ok();
+    const uint64_t sample_size = Be32(body.data() + 4), entries = Be32(body.data() + 8);
+    if (sample_size == 0 ? entries * 4 > body.size() - 12 : entries > file_size) return refuse(entries);
+    return Status::Ok();
+  }
+  if (IsBox(type, "stz2")) {  // version/flags, 3 reserved bytes + field size in bits, count, packed sizes
+    if (body.size() < 12) return Status::Ok();
+    const uint64_t bits = body[7], entries = Be32(body.data() + 8);
+    if ((entries * bits + 7) / 8 > body.size() - 12) return refuse(entries);
+    return Status::Ok();
+  }
+  if (IsBox(type, "trun")) {  // a fragment's samples: 0 to 16 bytes each, by the flags
+    const uint32_t flags = Be32(body.data()) & 0xffffff;
+    const uint64_t entries = Be32(body.data() + 4);
+    const uint64_t header = 8 + 4 * (flags & 1) + 4 * ((flags >> 2) & 1);  // data offset, first sample's flags
+    const uint64_t each = 4 * (((flags >> 8) & 1) + ((flags >> 9) & 1) + ((flags >> 10) & 1) + ((flags >> 11) & 1));
+    if (entries > file_size || (body.size() >= header && entries * each > body.size() - header)) {
+      return refuse(entries);
+    }
+    return Status::Ok();
+  }
+  const uint64_t each = TableEntryBytes(type, version);
+  if (each == 0) return Status::Ok();
+  // The count follows the version/flags; 'sbgp' has its grouping type (and, version 1, a parameter) first.
+  const uint64_t count_at = IsBox(type, "sbgp") ? (version == 1 ? 12 : 8) : 4;
+  if (body.size() < count_at + 4) return Status::Ok();
+  const uint64_t entries = Be32(body.data() + count_at);
+  if (entries * each > body.size() - count_at - 4) return refuse(entries);
+  return Status::Ok();
+}
+
+// Walks the boxes of [begin, end) of an MP4/MOV file, into the containers that hold sample tables.
+Status CheckIsoBoxes(std::span<const uint8_t> d, uint64_t begin, uint64_t end, int depth) {
+  uint64_t off = begin;
+  while (end - off >= 8) {
+    const uint8_t* type = d.data() + off + 4;
+    uint64_t size = Be32(d.data() + off);
+    uint64_t header = 8;
+    if (size == 1) {
+      if (end - off < 16) break;
+      size = uint64_t{Be32(d.data() + off + 8)} << 32 | Be32(d.data() + off + 12);
+      header = 16;
+    } else if (size == 0) {
+      size = end - off;  // to the end of the parent
+    }
+    if (size < header) break;          // libavformat stops reading this container here too
+    size = std::min(size, end - off);  // and clamps a box to its parent
+    const uint64_t body = off + header, body_end = off + size;
+    // The boxes libavformat reads as a list of boxes, wherever they are (it looks a box's reader up
+    // by its type alone, so a sample table inside 'dinf' is read too).
+    static constexpr const char* kContainers[] = {"moov", "trak", "mdia", "minf", "stbl", "edts", "dinf",
+                                                  "mvex", "moof", "traf", "mfra", "tref", "udta", "ilst",
+                                                  "sinf", "schi", "wave", "clip", "matt"};
+    bool container = false;
+    for (const char* c : kContainers) container = container || IsBox(type, c);
+    if (IsBox(type, "cmov")) {
+      // A compressed movie header (old QuickTime): libavformat inflates it into a buffer of the size
+      // it states, from the file.
+      return DataLoss("MP4/MOV box 'cmov' at offset " + std::to_string(off) +
+                      ": compressed movie headers are not supported");
+    }
+    if (IsBox(type, "meta")) {
+      // libavformat looks for its 'hdlr' child 4 bytes at a time (a QuickTime 'meta' has no
+      // version/flags, an ISO one has), then reads the boxes from there.
+      for (uint64_t at = body; at + 8 <= body_end; at += 4) {
+        if (IsBox(d.data() + at + 4, "hdlr")) {
+          if (depth > 0) SPDL_RETURN_IF_ERROR(CheckIsoBoxes(d, at, body_end, depth - 1));
+          break;
+        }
+      }
+    } else if (container) {
+      if (depth > 0) SPDL_RETURN_IF_ERROR(CheckIsoBoxes(d, body, body_end, depth - 1));
+    } else {
+      SPDL_RETURN_IF_ERROR(CheckBoxTable(type, d.subspan(body, body_end - body), off, d.size()));
+    }
+    off = body_end;
+  }
+  return Status::Ok();
+}
+
+// MP4/MOV (ISO base media, QuickTime): libavformat's mov demuxer allocates each sample table at
+// the size its entry count states before reading the entries (FFmpeg 5.1: 'stss' asked for 4 bytes
+// a keyframe, 'stco' 4 or 8 a chunk, ...; the index then 24 bytes a sample), so a file of a few
+// hundred bytes could ask for gigabytes (tests/fuzz/video_fuzz: a 24-byte 'stss' stating 134
+// million keyframes, 539 MB). Every sample table's count must fit in the bytes its box has; where
+// entries take no bytes (a constant sample size, a 'trun' without per-sample fields) there may be
+// no more samples than the file has bytes. Box sizes themselves need no check: libavformat clamps
+// a box to its parent and the top level to the file.
+Status CheckIsoBmff(std::span<const uint8_t> d) {
+  if (d.size() < 8) return Status::Ok();
+  const uint8_t* type = d.data() + 4;
+  static constexpr const char* kFirst[] = {"ftyp", "moov", "mdat", "free", "skip", "wide", "styp", "moof"};
+  bool iso = false;
+  for (const char* t : kFirst) iso = iso || IsBox(type, t);
+  if (!iso) return Status::Ok();
+  return CheckIsoBoxes(d, 0, d.size(), /*depth=*/16);
+}
+
 }  // namespace
 
 Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed, const char* what) {
   const std::string kind = what;
-  if (data.empty()) return DataLoss("not an " + kind + " file: no data");
+  const std::string not_a =
+      std::string(std::strchr("aeiou", kind.empty() ? 'x' : kind[0]) ? "not an " : "not a ") + kind;
+  if (data.empty()) return DataLoss(not_a + " file: no data");
   if (data.size() > static_cast<size_t>(INT64_MAX / 2)) {
     return ResourceExhausted(kind + " file of " + std::to_string(data.size()) + " bytes is too large");
   }
   if (Status riff = CheckRiff(data); !riff.ok()) {
-    return DataLoss("not an " + kind + " file FFmpeg reads: " + riff.message());
+    return DataLoss(not_a + " file FFmpeg reads: " + riff.message());
+  }
+  if (Status iso = CheckIsoBmff(data); !iso.ok()) {
+    return DataLoss(not_a + " file FFmpeg reads: " + iso.message());
   }
   AvInput in;
   in.reader_ = std::make_unique<Reader>();
@@ -142,7 +278,7 @@ Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed,
   // sample is these bytes and nothing else.
   fmt->protocol_whitelist = av_strdup("");
   int rc = avformat_open_input(&fmt, nullptr, nullptr, nullptr);  // frees fmt on failure
-  if (rc < 0) return DataLoss("not an " + kind + " file FFmpeg reads: " + AvErrorString(rc));
+  if (rc < 0) return DataLoss(not_a + " file FFmpeg reads: " + AvErrorString(rc));
   in.format_ = fmt;
   bool complete = false;
   for (unsigned i = 0; i < fmt->nb_streams; ++i) {

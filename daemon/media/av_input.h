@@ -32,7 +32,8 @@ class AvInput {
   // when the headers leave the parameters of a stream of `needed` type incomplete.
   // kDataLoss (with libavformat's message) when the bytes are not a container FFmpeg reads or
   // are cut short in the headers, or (checked first, without libavformat) when a RIFF file (WAV,
-  // AVI) has a chunk other than its media data that states more bytes than the file holds;
+  // AVI) has a chunk other than its media data that states more bytes than the file holds, or an
+  // MP4/MOV sample table states more entries than its box holds;
   // kResourceExhausted when the buffer is too large for an int.
   // `what` names the kind of media in messages ("audio", "video").
   static Result<AvInput> Open(std::span<const uint8_t> data, AVMediaType needed, const char* what);

@@ -33,10 +33,7 @@ std::string AvError(int rc) {
 
 }  // namespace
 
-Result<AVCodecContext*> FfmpegImageDecoder::ContextFor(ImageFormat format) {
-  for (Codec& c : codecs_) {
-    if (c.format == format) return c.context.get();
-  }
+Result<AvCodecContextPtr> FfmpegImageDecoder::OpenContext(ImageFormat format) {
   const AVCodecID id = CodecIdFor(format);
   const AVCodec* codec = id == AV_CODEC_ID_NONE ? nullptr : avcodec_find_decoder(id);
   if (codec == nullptr) {
@@ -58,17 +55,7 @@ Result<AVCodecContext*> FfmpegImageDecoder::ContextFor(ImageFormat format) {
     return FailedPrecondition(std::string("cannot open the ") + ImageFormatName(format) +
                               " decoder: " + AvError(rc));
   }
-  codecs_.push_back(Codec{format, std::move(ctx)});
-  return codecs_.back().context.get();
-}
-
-void FfmpegImageDecoder::DropContext(ImageFormat format) {
-  for (auto it = codecs_.begin(); it != codecs_.end(); ++it) {
-    if (it->format == format) {
-      codecs_.erase(it);
-      return;
-    }
-  }
+  return ctx;
 }
 
 void FfmpegImageDecoder::Trim(size_t max_bytes) {
@@ -77,7 +64,6 @@ void FfmpegImageDecoder::Trim(size_t max_bytes) {
   for (int p = 0; p < AV_NUM_DATA_POINTERS && frame_->buf[p]; ++p) bytes += frame_->buf[p]->size;
   if (bytes <= max_bytes) return;
   av_frame_unref(frame_.get());
-  codecs_.clear();  // their buffer pools hold pictures of this size too
 }
 
 Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
@@ -99,7 +85,18 @@ Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
                              " pixels, over the limit of " + std::to_string(max_pixels));
   }
   if (format == ImageFormat::kGif) SPDL_RETURN_IF_ERROR(CheckGifFirstImage(data));
-  SPDL_ASSIGN_OR_RETURN(AVCodecContext * ctx, ContextFor(format));
+  // A fresh codec context for every image: libavcodec's image decoders keep state from the last
+  // file that flushing does not clear (found by tests/fuzz/image_fuzz): TIFF keeps the last file's
+  // tags (StripByteCounts, Predictor, ...) for the next one that lacks them, and WebP's has no
+  // flush at all: its inner VP8 decoder keeps its context (reference frames, probabilities,
+  // segmentation, loop filter) from the last image, and a crafted keyframe decoded to different
+  // pixels after another WebP than after none. The result must
+  // depend on the file alone, not on what the worker decoded before, even after a refused file.
+  // The cost (measured, FFmpeg 5.1, loaded 2-core machine): about 50 us more per image with the
+  // new context's picture pool, a whole 32x24 WebP or PNG taking ~100 us instead of ~50, a
+  // 256x256 PNG ~5 ms either way.
+  SPDL_ASSIGN_OR_RETURN(AvCodecContextPtr context, OpenContext(format));
+  AVCodecContext* ctx = context.get();
   ctx->max_pixels = max_pixels;
   if (!packet_) packet_.reset(av_packet_alloc());
   if (!frame_) frame_.reset(av_frame_alloc());
@@ -123,22 +120,13 @@ Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
   }
   av_packet_unref(packet_.get());
   if (rc < 0) {
-    DropContext(format);
     if (rc == AVERROR(ENOMEM)) return ResourceExhausted(name + " decode: out of memory");
     if (rc == AVERROR_EOF || rc == AVERROR(EAGAIN)) {
       return DataLoss(name + " decode failed: the data holds no complete image");
     }
     return DataLoss(name + " decode failed: " + AvError(rc));
   }
-  // Forget this image: the next call starts clean. Flushing is enough for most decoders, not for
-  // TIFF's, which keeps the last file's tags (StripByteCounts, Predictor, ...) for the next one
-  // that lacks them (found by tests/fuzz/image_fuzz): it gets a fresh context instead. The frame
-  // keeps its own reference to its buffers.
-  if (format == ImageFormat::kTiff) {
-    DropContext(format);
-  } else {
-    avcodec_flush_buffers(ctx);
-  }
+  // The context goes now; the frame keeps its own reference to its buffers.
   const AVFrame* f = frame_.get();
   if (f->width <= 0 || f->height <= 0 || f->format < 0) {
     return DataLoss(name + " decode gave an empty picture");

@@ -3,10 +3,9 @@
 // PAL8, GRAY8, RGB48BE, YUV420P, ...); the caller resamples it with swscale.
 //
 // Internal to media/. Not thread-safe: each ImageDecoder (one per worker thread) owns one. It
-// keeps an open codec context per format (flushed after each image; TIFF's is not kept, as its
-// decoder carries tags over to the next file), a packet and a frame between calls; after any
-// decode error the context is dropped and a fresh one opened on the next call, so one file can
-// leave no state behind.
+// keeps a packet and a frame between calls, and opens a fresh codec context for every image, so
+// that one file can leave no state behind for the next (libavcodec's TIFF and WebP decoders keep
+// some that flushing does not clear).
 #pragma once
 
 extern "C" {
@@ -17,7 +16,6 @@ extern "C" {
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <vector>
 
 #include "common/status.h"
 #include "media/image_format.h"
@@ -53,21 +51,15 @@ class FfmpegImageDecoder {
   Result<const AVFrame*> Decode(ImageFormat format, std::span<const uint8_t> data,
                                 int64_t max_pixels);
 
-  // Frees the last frame, and the codec context (with its picture pool) that made it, when the
+  // Frees the last frame (and with it the picture pool of the context that made it) when the
   // picture was larger than max_bytes: one huge image must not pin memory in every worker.
   // Invalidates the frame Decode returned.
   void Trim(size_t max_bytes);
 
  private:
-  struct Codec {
-    ImageFormat format;
-    AvCodecContextPtr context;
-  };
-  // The open context for `format`, opened on first use.
-  Result<AVCodecContext*> ContextFor(ImageFormat format);
-  void DropContext(ImageFormat format);
+  // A new, opened context for `format`.
+  static Result<AvCodecContextPtr> OpenContext(ImageFormat format);
 
-  std::vector<Codec> codecs_;
   AvPacketPtr packet_;
   AvFramePtr frame_;
 };

@@ -12,9 +12,11 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "pipeline/stage_stats.h"
+#include "proto/job_stats_fields.h"
 
 namespace spdl::ops {
 namespace {
@@ -122,33 +124,12 @@ struct StageMetric {
   double (*get)(const proto::StageStats&);
 };
 
-// One line per exported JobStats / StageStats field: extend here.
+// The job series that are not JobStats fields (those come from proto::JobStatFields(), by name).
 const JobMetric kJobMetrics[] = {
-    {"spdld_job_samples_total", "counter", "Samples delivered into batches.",
-     [](const proto::JobSummary& j) { return double(j.stats().samples()); }},
-    {"spdld_job_batches_total", "counter", "Batches filled.",
-     [](const proto::JobSummary& j) { return double(j.stats().batches()); }},
-    {"spdld_job_skipped_total", "counter", "Bad samples skipped and replaced (on_error: skip).",
-     [](const proto::JobSummary& j) { return double(j.stats().skipped()); }},
-    {"spdld_job_samples_tried_total", "counter", "Samples that went through the stages, good or bad.",
-     [](const proto::JobSummary& j) { return double(j.stats().samples_tried()); }},
-    {"spdld_job_samples_failed_total", "counter", "Samples that failed in some stage (skipped or fatal).",
-     [](const proto::JobSummary& j) { return double(j.stats().samples_failed()); }},
-    {"spdld_job_cache_hits_total", "counter", "The job's sample reads served from the node's sample cache.",
-     [](const proto::JobSummary& j) { return double(j.stats().cache_hits()); }},
-    {"spdld_job_cache_misses_total", "counter", "The job's sample reads that went to the file or URL.",
-     [](const proto::JobSummary& j) { return double(j.stats().cache_misses()); }},
-    {"spdld_job_age_seconds", "gauge", "Seconds since the job was accepted.",
-     [](const proto::JobSummary& j) { return j.stats().seconds(); }},
-    {"spdld_job_first_batch_seconds", "gauge", "Seconds from acceptance to the first batch.",
-     [](const proto::JobSummary& j) { return j.stats().first_batch_seconds(); }},
-    {"spdld_job_batches_ready", "gauge", "Batches filled and waiting for the client.",
-     [](const proto::JobSummary& j) { return double(j.stats().batches_ready()); }},
-    {"spdld_job_batches_filling", "gauge", "Batches being filled by the pipeline.",
-     [](const proto::JobSummary& j) { return double(j.stats().batches_filling()); }},
     {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
      [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
 };
+// One line per exported StageStats field: extend here.
 const StageMetric kStageMetrics[] = {
     {"spdld_stage_tasks_total", "counter", "Tasks run by the stage.",
      [](const proto::StageStats& s) { return double(s.tasks()); }},
@@ -241,24 +222,33 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
         "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", {},
         double(st.gpu_leaked_device_bytes()));
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
+  // The JobStats fields, from their one description (proto/job_stats_fields.h): node-wide ones
+  // (spdld_cache_*) once, without job labels, while a job runs with the cache on; per-job ones
+  // (spdld_job_*) for every job; the client-wait histogram below.
+  auto exported = [](const proto::JobStatField& f, const char* prefix) {
+    return (f.surfaces & proto::kMetrics) && std::string_view(f.type) != "histogram" &&
+           std::string_view(f.metric).rfind(prefix, 0) == 0;
+  };
   if (st.jobs_size() > 0 && st.jobs(0).stats().cache_budget_bytes() > 0) {
     const auto& c = st.jobs(0).stats();  // node-wide figures, the same in every job's stats
-    e.Add("spdld_cache_bytes", "gauge", "Bytes held by the node's sample cache.", {}, double(c.cache_bytes()));
-    e.Add("spdld_cache_budget_bytes", "gauge", "The sample cache's budget (cache_bytes).", {},
-          double(c.cache_budget_bytes()));
-    e.Add("spdld_cache_evictions_total", "counter", "Entries evicted from the sample cache.", {},
-          double(c.cache_evictions()));
+    for (const auto& f : proto::JobStatFields()) {
+      if (exported(f, "spdld_cache_")) e.Add(f.metric, f.type, f.help, {}, proto::JobStatValue(c, f));
+    }
   }
   for (const auto& j : st.jobs()) {
     const Labels labels = {
         {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
+    for (const auto& f : proto::JobStatFields()) {
+      if (exported(f, "spdld_job_")) e.Add(f.metric, f.type, f.help, labels, proto::JobStatValue(j.stats(), f));
+    }
     for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
   }
+  const proto::JobStatField* wait = proto::FindJobStatField("client_wait_histogram");
   for (const auto& j : st.jobs()) {
     const Labels labels = {
         {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
-    e.AddHistogram("spdld_client_wait_seconds", "The client's wait for data, per batch released.", labels,
-                   j.stats().client_wait_histogram(), j.stats().client_wait_seconds());
+    e.AddHistogram(wait->metric, wait->help, labels, j.stats().client_wait_histogram(),
+                   j.stats().client_wait_seconds());
   }
   for (const auto& j : st.jobs()) {
     for (const auto& s : j.stats().stages()) {

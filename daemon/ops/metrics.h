@@ -14,13 +14,14 @@
 //   spdld_job_{samples,batches,skipped,samples_tried,samples_failed}_total,
 //   spdld_job_cache_{hits,misses}_total                                                 (counters)
 //   spdld_job_{age,first_batch}_seconds, spdld_job_batches_{ready,filling},
-//   spdld_job_memory_bytes                                                               (gauges)
+//   spdld_job_weight, spdld_job_share_members, spdld_job_memory_bytes                   (gauges)
 //   spdld_client_wait_seconds{job_id,uid,rank} (histogram: the client's wait per Release)
 //   spdld_stage_{tasks,failures}_total, spdld_stage_busy_seconds_total,
 //   spdld_stage_{queue,put}_wait_seconds_total                                          (counters)
 //   spdld_stage_queue_length, spdld_stage_queue_capacity, spdld_stage_running          (gauges)
 //   spdld_stage_task_seconds{job_id,stage} (histogram: task times)
-// A new JobStats / StageStats field is one line in the tables in metrics.cc.
+// The JobStats series come from their one description, proto/job_stats_fields.h (by field name);
+// a new StageStats field is one line in kStageMetrics in metrics.cc.
 //
 // RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one
 // io_context thread it is given; handlers never throw.

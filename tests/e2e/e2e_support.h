@@ -1,23 +1,33 @@
-// Helpers shared by the reliability and security end-to-end tests (bad_data_test, security_test,
-// limits_test, faults_test, soak_test): temporary directories, test users, a raw control-socket
-// client, and a daemon's fd count and resident memory read from /proc. Not thread-safe unless said.
+// Helpers shared by the end-to-end tests (e2e_test, plugin_ops_test, bad_data_test, security_test,
+// tenancy_test, limits_test, faults_test, soak_test): temporary directories, small image datasets,
+// test users (and the honest skip when they cannot be made), child processes run as a user, a
+// raw control-socket client, and a daemon's fd count and resident memory read from /proc.
+// Not thread-safe unless said.
 #pragma once
 
+#include <fcntl.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "e2e/daemon_process.h"
+#include "e2e/dataset.h"
 #include "proto/framing.h"
+#include "skip.h"
 
 namespace spdl::testing {
 
@@ -65,6 +75,115 @@ inline std::optional<RunAs> TestUser(const std::string& name) {
   const passwd* pw = ::getpwnam(name.c_str());
   if (pw == nullptr) return std::nullopt;
   return RunAs{static_cast<int>(pw->pw_uid), static_cast<int>(pw->pw_gid)};
+}
+
+// The test users spdl-e2e-alice and spdl-e2e-bob (TestUser); `ok` when both could be made.
+struct TestUsers {
+  TestUsers() {
+    auto a = TestUser("spdl-e2e-alice");
+    auto b = TestUser("spdl-e2e-bob");
+    if (a && b) {
+      alice = *a;
+      bob = *b;
+      ok = true;
+    }
+  }
+  RunAs alice, bob;
+  bool ok = false;
+};
+
+// In a TEST_CASE body: skips the case (SPDL_SKIP, reported as Skipped) unless `present` (a
+// TestUser result, or TestUsers::ok) holds; `names` says which users were wanted.
+#define SPDL_REQUIRE_TEST_USERS(present, names)                                             \
+  do {                                                                                      \
+    if (!(present)) SPDL_SKIP("needs root to create the test user(s) " names " (useradd)"); \
+  } while (0)
+
+// The options of a small image-folder dataset (testdata::MakeImageFolder): `classes` folders of
+// `per_class` JPEGs whose sides lie in [min_side, max_side].
+inline testdata::DatasetOptions SmallImages(int classes, int per_class, int min_side, int max_side) {
+  testdata::DatasetOptions o;
+  o.classes = classes;
+  o.images_per_class = per_class;
+  o.min_side = min_side;
+  o.max_side = max_side;
+  return o;
+}
+
+// The built programs.
+inline std::string ClientPath() { return std::string(SPDL_BIN_DIR) + "/spdl-client"; }
+inline std::string CtlPath() { return std::string(SPDL_BIN_DIR) + "/spdlctl"; }
+
+// A child process running `argv` as `as` (RunAs{}: this process's user), its stdout and stderr to
+// `log` (opened before the user is dropped); killed on destruction if still running.
+class ChildProcess {
+ public:
+  ChildProcess(const RunAs& as, const std::vector<std::string>& argv, const std::string& log = "/dev/null") {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      BecomeInChild(as);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> a;
+      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      _exit(127);
+    }
+  }
+  ~ChildProcess() { Kill(); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Waits up to `timeout` for the exit; its code (-signal), or nullopt while it still runs.
+  std::optional<int> Wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!exit_code_ && pid_ > 0) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      } else if (std::chrono::steady_clock::now() >= deadline) {
+        break;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return exit_code_;
+  }
+  // SIGKILL and reap, unless it has already been reaped.
+  void Kill() {
+    if (pid_ <= 0 || exit_code_) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+// spdl-client as `as` running the job config file `yaml` for ever (--epochs 0, --quiet), in the
+// background: what a trainer's endless job looks like to the daemon.
+inline std::unique_ptr<ChildProcess> EndlessClient(const RunAs& as, const std::string& socket,
+                                                   const std::string& yaml) {
+  return std::make_unique<ChildProcess>(
+      as, std::vector<std::string>{ClientPath(), "--socket", socket, "--config", yaml, "--epochs", "0", "--quiet"});
+}
+
+// Polls `spdlctl --json jobs` (as this process's user) every 50 ms, up to 10 s, until a job of
+// `uid` is listed; true if one was.
+inline bool WaitForJobOf(const std::string& socket, int uid) {
+  for (int i = 0; i < 200; ++i) {
+    std::string jobs;
+    RunCommand({CtlPath(), "--socket", socket, "--json", "jobs"}, &jobs);
+    if (jobs.find("\"uid\": " + std::to_string(uid)) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }
 
 // Open descriptors of process `pid` (-1 if /proc cannot be read).

@@ -7,16 +7,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "e2e/e2e_support.h"
 #include "media/image_decoder.h"
 #include "spdl/client.h"
-
-#include <nlohmann/json.hpp>
 
 namespace spdl {
 namespace {
@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::DaemonProcess;
 using testing::RunCommand;
+using testing::TempDir;
 
 // Mean absolute difference allowed between what the daemon delivers and a full-size reference
 // decode + bilinear resize of the same file. These images carry fine noise (like photographs), and
@@ -31,18 +32,6 @@ using testing::RunCommand;
 // single pixels differ by more than on smooth images; the media tests bound smooth images tightly.
 // Measured worst image here: 4.2.
 constexpr double kMeanAbsTolerance = 6.0;
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-e2e-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 std::string JobYaml(const std::string& root, int batch, int prefetch, const std::string& extra = "") {
   std::ostringstream y;
@@ -64,18 +53,9 @@ std::set<std::string> ShmEntries() {
   return out;
 }
 
-std::vector<uint8_t> ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 struct Fixture {
   Fixture(int classes = 4, int per_class = 24) {
-    testdata::DatasetOptions o;
-    o.classes = classes;
-    o.images_per_class = per_class;
-    o.min_side = 90;
-    o.max_side = 400;
+    const testdata::DatasetOptions o = testing::SmallImages(classes, per_class, 90, 400);
     auto r = testdata::MakeImageFolder(data_root(), o);
     REQUIRE(r.ok());
     images = *r;
@@ -147,7 +127,7 @@ RankRun RunRank(const Fixture& f, const client::Options& opts, bool check_pixels
         CHECK(static_cast<const int64_t*>(label->data)[r] == f.label_of.at(path));
         CHECK(b->labels()[r] == f.label_of.at(path));
         if (!check_pixels) continue;
-        auto bytes = ReadAll(f.data_root() + "/" + path);
+        auto bytes = testing::ReadBytes(f.data_root() + "/" + path);
         REQUIRE(decoder.DecodeJpegInto(bytes, ops, expect.data(), 64, 64, 64 * 3).ok());
         REQUIRE(decoder.ReferenceDecodeInto(bytes, ops, ref.data(), 64, 64, 64 * 3).ok());
         const uint8_t* row = p + static_cast<size_t>(r) * 64 * 64 * 3;
@@ -375,7 +355,7 @@ TEST_CASE("a corrupt file is skipped and counted, or fails the job naming it") {
   Fixture f(2, 6);  // 12 good images
   {
     std::ofstream(f.data_root() + "/class_001/broken.jpg") << "this is not a jpeg";
-    auto good = ReadAll(f.data_root() + "/class_000/img_00000.jpg");
+    auto good = testing::ReadBytes(f.data_root() + "/class_000/img_00000.jpg");
     std::ofstream t(f.data_root() + "/class_000/truncated.jpg", std::ios::binary);
     t.write(reinterpret_cast<const char*>(good.data()), static_cast<std::streamsize>(good.size() / 2));
   }

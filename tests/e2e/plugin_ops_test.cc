@@ -17,6 +17,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "e2e/e2e_support.h"
 #include "media/sample_random.h"
 #include "spdl/client.h"
 
@@ -26,21 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::DaemonProcess;
 using testing::RunCommand;
+using testing::TempDir;
 
 constexpr uint64_t kSeed = 7;
 constexpr int kSize = 48;
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-plugin-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 // Compiles `source` (relative to the source tree) into `out` with `compiler` -shared -fPIC and
 // the public include dir only; mode 0755. Returns the compiler's output on failure.
@@ -60,11 +50,7 @@ std::string Compile(const std::string& compiler, const std::string& source, cons
 // A dataset, plugin dirs with the test's op libraries, and a daemon config naming them.
 struct PluginFixture {
   explicit PluginFixture(int classes = 4, int per_class = 10, bool with_plugins = true) {
-    testdata::DatasetOptions o;
-    o.classes = classes;
-    o.images_per_class = per_class;
-    o.min_side = 60;
-    o.max_side = 140;
+    const testdata::DatasetOptions o = testing::SmallImages(classes, per_class, 60, 140);
     auto r = testdata::MakeImageFolder(data_root(), o);
     REQUIRE(r.ok());
     images = *r;

@@ -29,27 +29,8 @@ using testing::RunCommandAs;
 using testing::TempDir;
 using testing::WriteFile;
 
-const std::string kCtl = std::string(SPDL_BIN_DIR) + "/spdlctl";
-const std::string kClient = std::string(SPDL_BIN_DIR) + "/spdl-client";
-
-struct Users {
-  Users() {
-    auto a = testing::TestUser("spdl-e2e-alice");
-    auto b = testing::TestUser("spdl-e2e-bob");
-    if (a && b) {
-      alice = *a;
-      bob = *b;
-      ok = true;
-    }
-  }
-  RunAs alice, bob;
-  bool ok = false;
-};
-
-#define REQUIRE_TWO_USERS(users)                                                                \
-  if (!(users).ok) {                                                                            \
-    SPDL_SKIP("needs root to create the test users spdl-e2e-alice and spdl-e2e-bob (useradd)"); \
-  }
+const std::string kCtl = testing::CtlPath();
+const std::string kClient = testing::ClientPath();
 
 // A daemon config file for `socket` with `extra` lines, allowing `root`.
 std::string DaemonConfig(const TempDir& dir, const std::string& socket, const std::string& root,
@@ -63,45 +44,6 @@ std::string JobYaml(const std::string& root) {
   return "source: {type: image_folder, root: " + root +
          "}\nbatch: {size: 4}\ntransforms: [{resize: {height: 32, width: 32}}]\nprefetch: 2\n";
 }
-
-// A child process running `argv` as `as`, with stdout and stderr to `log`; killed on destruction.
-struct Child {
-  Child(const RunAs& as, const std::vector<std::string>& argv, const std::string& log) {
-    pid = ::fork();
-    if (pid == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);  // before dropping to `as`
-      testing::BecomeInChild(as);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> a;
-      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      ::execv(a[0], a.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid > 0 && !exit_code) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  // Waits up to `timeout` for the exit; its code (-signal), or nullopt.
-  std::optional<int> Wait(std::chrono::seconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!exit_code && std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    return exit_code;
-  }
-  pid_t pid = -1;
-  std::optional<int> exit_code;
-};
 
 // `spdlctl --json status` as `as`; the parsed answer (null on failure).
 nlohmann::json CtlStatus(const RunAs& as, const std::string& socket) {
@@ -128,14 +70,10 @@ bool CannotOpenFdsOf(const RunAs& as, pid_t pid) {
 }
 
 TEST_CASE("a job belongs to the uid that submitted it: another uid cannot see, read or cancel it") {
-  Users users;
-  REQUIRE_TWO_USERS(users);
+  testing::TestUsers users;
+  SPDL_REQUIRE_TEST_USERS(users.ok, "spdl-e2e-alice and spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 40;
-  o.min_side = 60;
-  o.max_side = 120;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 40, 60, 120);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   DaemonProcess d(sock, {"--config", DaemonConfig(dir, sock, dir.path + "/data", "socket_mode: \"0666\"\n")});
@@ -143,9 +81,9 @@ TEST_CASE("a job belongs to the uid that submitted it: another uid cannot see, r
   WriteFile(dir.path + "/job.yaml", JobYaml(dir.path + "/data"));
 
   // Alice runs an endless job.
-  Child alice(users.alice,
-              {kClient, "--socket", sock, "--config", dir.path + "/job.yaml", "--epochs", "0", "--no-checksum"},
-              dir.path + "/alice.log");
+  testing::ChildProcess alice(
+      users.alice, {kClient, "--socket", sock, "--config", dir.path + "/job.yaml", "--epochs", "0", "--no-checksum"},
+      dir.path + "/alice.log");
   std::string job_id;
   for (int i = 0; i < 500 && job_id.empty(); ++i) {
     auto s = CtlStatus(users.alice, sock);
@@ -170,7 +108,7 @@ TEST_CASE("a job belongs to the uid that submitted it: another uid cannot see, r
   CHECK_THAT(out, Catch::Contains("no job " + job_id));
   // Bob cannot reach the job's shared memory: it is an unnamed memfd, held only by the daemon and
   // Alice's client, and neither process's descriptors can be opened by another uid.
-  CHECK(CannotOpenFdsOf(users.bob, alice.pid));
+  CHECK(CannotOpenFdsOf(users.bob, alice.pid()));
   CHECK(CannotOpenFdsOf(users.bob, d.pid()));
   CHECK_FALSE(alice.Wait(std::chrono::seconds(0)));  // still running: Bob's cancel did nothing
 
@@ -188,8 +126,8 @@ TEST_CASE("a job belongs to the uid that submitted it: another uid cannot see, r
 }
 
 TEST_CASE("the socket's mode and group come from the daemon config") {
-  Users users;
-  REQUIRE_TWO_USERS(users);
+  testing::TestUsers users;
+  SPDL_REQUIRE_TEST_USERS(users.ok, "spdl-e2e-alice and spdl-e2e-bob");
   TempDir dir(0755);
   fs::create_directories(dir.path + "/data");
   const std::string sock = dir.path + "/spdld.sock";
@@ -233,11 +171,7 @@ client::Options Opts(const std::string& socket, const std::string& yaml) {
 
 TEST_CASE("a job may read only below the allowed roots: '..' and absolute paths outside are refused") {
   TempDir dir;
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 4;
-  o.min_side = 60;
-  o.max_side = 100;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 4, 60, 100);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/allowed/data", o).ok());
   REQUIRE(testdata::MakeImageFolder(dir.path + "/secret", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
@@ -266,11 +200,7 @@ TEST_CASE("a job may read only below the allowed roots: '..' and absolute paths 
 // stay beneath the root (io/read_file.h: openat2 RESOLVE_BENEATH, or a realpath check without it).
 TEST_CASE("a symbolic link inside an allowed root that escapes it is never read") {
   TempDir dir;
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 4;
-  o.min_side = 60;
-  o.max_side = 100;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 4, 60, 100);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/allowed/data", o).ok());
   REQUIRE(testdata::MakeImageFolder(dir.path + "/secret", o).ok());
   fs::create_symlink(dir.path + "/secret/class_000/img_00000.jpg", dir.path + "/allowed/data/class_000/escape.jpg");

@@ -32,13 +32,7 @@ using testing::RunCommandAs;
 using testing::TempDir;
 using testing::WriteFile;
 
-const std::string kClient = std::string(SPDL_BIN_DIR) + "/spdl-client";
-
-#define REQUIRE_TEST_USER(user)                                                                  \
-  if (!(user)) {                                                                                 \
-    WARN("skipped: needs root to create the test user spdl-e2e-bob (useradd) and to run spdld"); \
-    return;                                                                                      \
-  }
+const std::string kClient = testing::ClientPath();
 
 // Runs spdl-client as `as` on the job config `yaml` (written to a file all may read); its exit code
 // and everything it printed.
@@ -65,11 +59,7 @@ void Chmod(const std::string& path, mode_t mode) { REQUIRE(::chmod(path.c_str(),
 
 struct Node {
   Node() : bob(testing::TestUser("spdl-e2e-bob")) {
-    testdata::DatasetOptions o;
-    o.classes = 2;
-    o.images_per_class = 4;
-    o.min_side = 40;
-    o.max_side = 60;
+    const testdata::DatasetOptions o = testing::SmallImages(2, 4, 40, 60);
     REQUIRE(testdata::MakeImageFolder(dir.path + "/allowed/data", o).ok());
     REQUIRE(testdata::MakeImageFolder(dir.path + "/secret-target", o).ok());
     sock = dir.path + "/spdld.sock";
@@ -81,7 +71,7 @@ struct Node {
 
 TEST_CASE("a second user cannot read a root-only file below an allowed root, whatever names it") {
   Node node;
-  REQUIRE_TEST_USER(node.bob);
+  SPDL_REQUIRE_TEST_USERS(node.bob, "spdl-e2e-bob");
   const RunAs& bob = *node.bob;
   const std::string allowed = node.dir.path + "/allowed";
   const std::string data = allowed + "/data";
@@ -169,7 +159,7 @@ TEST_CASE("a second user cannot read a root-only file below an allowed root, wha
 
 TEST_CASE("a symlinked class folder leading out of the root is refused without naming what is behind it") {
   Node node;
-  REQUIRE_TEST_USER(node.bob);
+  SPDL_REQUIRE_TEST_USERS(node.bob, "spdl-e2e-bob");
   const std::string allowed = node.dir.path + "/allowed";
   fs::create_directory_symlink(node.dir.path + "/secret-target/class_000", allowed + "/data/class_zzz");
   DaemonProcess d(node.sock, {"--allow-root", allowed, "--threads", "2"});
@@ -194,7 +184,7 @@ TEST_CASE("a symlinked class folder leading out of the root is refused without n
 
 TEST_CASE("a refusal about a path outside the roots reads the same whether or not it exists") {
   Node node;
-  REQUIRE_TEST_USER(node.bob);
+  SPDL_REQUIRE_TEST_USERS(node.bob, "spdl-e2e-bob");
   const std::string allowed = node.dir.path + "/allowed";
   DaemonProcess d(node.sock, {"--allow-root", allowed, "--threads", "2"});
   REQUIRE(d.Connectable());
@@ -218,32 +208,26 @@ TEST_CASE("a refusal about a path outside the roots reads the same whether or no
 }
 
 TEST_CASE("a daemon that cannot switch identity serves only its own uid and root, and says so") {
-  auto alice = testing::TestUser("spdl-e2e-alice");
-  auto bob = testing::TestUser("spdl-e2e-bob");
-  if (!alice || !bob) {
-    WARN("skipped: needs root to create the test users spdl-e2e-alice and spdl-e2e-bob (useradd)");
-    return;
-  }
+  testing::TestUsers users;
+  SPDL_REQUIRE_TEST_USERS(users.ok, "spdl-e2e-alice and spdl-e2e-bob");
+  const RunAs& alice = users.alice;
+  const RunAs& bob = users.bob;
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 4;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 4, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   fs::create_directories(dir.path + "/run");
-  REQUIRE(::chown((dir.path + "/run").c_str(), static_cast<uid_t>(alice->uid), static_cast<gid_t>(alice->gid)) == 0);
+  REQUIRE(::chown((dir.path + "/run").c_str(), static_cast<uid_t>(alice.uid), static_cast<gid_t>(alice.gid)) == 0);
   const std::string sock = dir.path + "/run/spdld.sock";
   // spdld as Alice, without capabilities.
-  DaemonProcess d(sock, {"--allow-root", dir.path + "/data", "--threads", "2"}, *alice);
+  DaemonProcess d(sock, {"--allow-root", dir.path + "/data", "--threads", "2"}, alice);
   REQUIRE(d.Connectable());
   ::chmod(sock.c_str(), 0666);
-  auto bobs = RunJob(dir, *bob, sock, FolderJob(dir.path + "/data"));
+  auto bobs = RunJob(dir, bob, sock, FolderJob(dir.path + "/data"));
   INFO(bobs.out);
   CHECK(bobs.rc != 0);
   CHECK_THAT(bobs.out,
-             Catch::Contains("serves only uid " + std::to_string(alice->uid)) && Catch::Contains("CAP_SETUID"));
-  auto alices = RunJob(dir, *alice, sock, FolderJob(dir.path + "/data"));
+             Catch::Contains("serves only uid " + std::to_string(alice.uid)) && Catch::Contains("CAP_SETUID"));
+  auto alices = RunJob(dir, alice, sock, FolderJob(dir.path + "/data"));
   INFO(alices.out);
   CHECK(alices.rc == 0);
   auto roots = RunJob(dir, RunAs{}, sock, FolderJob(dir.path + "/data"));
@@ -266,11 +250,7 @@ std::string LimitsConfig(const TempDir& dir, const std::string& sock, const std:
 
 TEST_CASE("a Status flood that never reads its replies keeps the daemon's memory bounded and closes that session") {
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 4;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 4, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   DaemonProcess d(sock, {"--config", LimitsConfig(dir, sock, dir.path + "/data")});
@@ -358,13 +338,9 @@ TEST_CASE("a connection that never says Hello, or stops mid-message, is closed a
 
 TEST_CASE("1100 idle connections of one user leave another user's job exact and new connections served") {
   auto bob = testing::TestUser("spdl-e2e-bob");
-  REQUIRE_TEST_USER(bob);
+  SPDL_REQUIRE_TEST_USERS(bob, "spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 2;
-  o.images_per_class = 60;
-  o.min_side = 40;
-  o.max_side = 80;
+  const testdata::DatasetOptions o = testing::SmallImages(2, 60, 40, 80);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   DaemonProcess d(sock, {"--config", LimitsConfig(dir, sock, dir.path + "/data")});
@@ -438,11 +414,7 @@ TEST_CASE("1100 idle connections of one user leave another user's job exact and 
 
 TEST_CASE("two 13000x13000 16-bit PNGs are refused within the memory budget, the daemon's RSS bounded") {
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 6;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 6, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   // Two huge 16-bit RGB PNGs of zeros (~1 MiB each on disk, 2.7 GB to decode), written by zlib.
   const std::string script =
@@ -494,13 +466,9 @@ TEST_CASE("two 13000x13000 16-bit PNGs are refused within the memory budget, the
 
 TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory budget while another waits") {
   auto bob = testing::TestUser("spdl-e2e-bob");
-  REQUIRE_TEST_USER(bob);
+  SPDL_REQUIRE_TEST_USERS(bob, "spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 40;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 40, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
@@ -516,25 +484,9 @@ TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory
   const std::string bob_yaml = dir.path + "/bob.yaml";
   WriteFile(bob_yaml, job(8, 5));
   ::chmod(bob_yaml.c_str(), 0644);
-  const pid_t bobs = ::fork();
-  if (bobs == 0) {
-    testing::BecomeInChild(*bob);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execl(kClient.c_str(), kClient.c_str(), "--socket", sock.c_str(), "--config", bob_yaml.c_str(), "--epochs", "0",
-            "--quiet", nullptr);
-    _exit(127);
-  }
+  auto bobs = testing::EndlessClient(*bob, sock, bob_yaml);
   // Wait until Bob's job runs.
-  bool running = false;
-  for (int i = 0; i < 200 && !running; ++i) {
-    std::string status;
-    testing::RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "--socket", sock, "--json", "jobs"}, &status);
-    running = status.find("\"uid\": " + std::to_string(bob->uid)) != std::string::npos;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(running);
+  REQUIRE(testing::WaitForJobOf(sock, bob->uid));
   // Root asks for 36 MiB: over the budget (30 + 36 > 64), refused: root now waits.
   auto roots = RunJob(dir, RunAs{}, sock, job(8, 6));
   INFO(roots.out);
@@ -545,8 +497,7 @@ TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory
   INFO(more.out);
   CHECK(more.rc != 0);
   CHECK_THAT(more.out, Catch::Contains("max_budget_share_per_uid"));
-  ::kill(bobs, SIGKILL);
-  ::waitpid(bobs, nullptr, 0);
+  bobs->Kill();
   // Bob's job gone, root's fits.
   bool admitted = false;
   for (int i = 0; i < 100 && !admitted; ++i) {
@@ -560,13 +511,9 @@ TEST_CASE("one user cannot take more than max_budget_share_per_uid of the memory
 
 TEST_CASE("one user's slow source opens cannot take every prepare thread from another user") {
   auto bob = testing::TestUser("spdl-e2e-bob");
-  REQUIRE_TEST_USER(bob);
+  SPDL_REQUIRE_TEST_USERS(bob, "spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 8;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 8, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   const std::string gate = dir.path + "/gate-open";
@@ -619,13 +566,9 @@ double TimeJob(const TempDir& dir, const std::string& sock, const std::string& y
 
 TEST_CASE("a slow HTTP server used by one user stalls another user's local job by a bounded factor") {
   auto bob = testing::TestUser("spdl-e2e-bob");
-  REQUIRE_TEST_USER(bob);
+  SPDL_REQUIRE_TEST_USERS(bob, "spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 48;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 48, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   // A server that answers every request after 1 s (threaded: it never refuses a connection).
   WriteFile(dir.path + "/slow.py",
@@ -671,25 +614,9 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
                           "/data/urls.txt, max_in_flight: 64}\nstages: {read: {concurrency: 4}}\nbatch: {size: 8}\ntransforms: [{resize: {height: 16, "
                           "width: 16}}]\nprefetch: 8\n");
   ::chmod(bob_yaml.c_str(), 0644);
-  const pid_t bobs = ::fork();
-  if (bobs == 0) {
-    testing::BecomeInChild(*bob);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execl(kClient.c_str(), kClient.c_str(), "--socket", sock.c_str(), "--config", bob_yaml.c_str(), "--epochs", "0",
-            "--quiet", nullptr);
-    _exit(127);
-  }
+  auto bobs = testing::EndlessClient(*bob, sock, bob_yaml);
   // Its job runs, and its reads wait on the server.
-  bool running = false;
-  for (int i = 0; i < 200 && !running; ++i) {
-    std::string status;
-    testing::RunCommand({std::string(SPDL_BIN_DIR) + "/spdlctl", "--socket", sock, "--json", "jobs"}, &status);
-    running = status.find("\"uid\": " + std::to_string(bob->uid)) != std::string::npos;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(running);
+  REQUIRE(testing::WaitForJobOf(sock, bob->uid));
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const double shared = TimeJob(dir, sock, local, &rc);
   std::printf("slow HTTP: root's local job %.2f s alone, %.2f s beside Bob's HTTP job (%.1fx)\n", alone, shared,
@@ -697,8 +624,7 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   CHECK(rc == 0);
   // Bob's reads may hold at most half of the 4 I/O threads: root's 48 reads never wait ~1 s each.
   CHECK(shared < 5 * alone + 3.0);
-  ::kill(bobs, SIGKILL);
-  ::waitpid(bobs, nullptr, 0);
+  bobs->Kill();
   ::kill(server, SIGKILL);
   ::waitpid(server, nullptr, 0);
   CHECK(d.Stop() == std::optional<int>(0));
@@ -721,13 +647,9 @@ TEST_CASE("a job that delivered no sample exits non-zero in spdl-client, and no 
 
 TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   auto bob = testing::TestUser("spdl-e2e-bob");
-  REQUIRE_TEST_USER(bob);
+  SPDL_REQUIRE_TEST_USERS(bob, "spdl-e2e-bob");
   TempDir dir(0755);
-  testdata::DatasetOptions o;
-  o.classes = 1;
-  o.images_per_class = 8;
-  o.min_side = 40;
-  o.max_side = 60;
+  const testdata::DatasetOptions o = testing::SmallImages(1, 8, 40, 60);
   REQUIRE(testdata::MakeImageFolder(dir.path + "/data", o).ok());
   const std::string sock = dir.path + "/spdld.sock";
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
@@ -738,15 +660,7 @@ TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   // Root's job, endless, in the background.
   const std::string yaml = dir.path + "/root.yaml";
   WriteFile(yaml, FolderJob(dir.path + "/data"));
-  const pid_t roots = ::fork();
-  if (roots == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execl(kClient.c_str(), kClient.c_str(), "--socket", sock.c_str(), "--config", yaml.c_str(), "--epochs", "0",
-            "--quiet", nullptr);
-    _exit(127);
-  }
+  auto roots = testing::EndlessClient(RunAs{}, sock, yaml);
   const std::vector<std::string> scrape = {
       "/usr/bin/python3", "-c",
       "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:" + std::to_string(port) +
@@ -767,8 +681,7 @@ TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   INFO(as_bob);
   CHECK_THAT(as_bob, Catch::Contains("spdld_jobs "));                    // the daemon-wide figures
   CHECK_THAT(as_bob, !Catch::Contains("spdld_job_samples_total{"));     // none of root's jobs
-  ::kill(roots, SIGKILL);
-  ::waitpid(roots, nullptr, 0);
+  roots->Kill();
   CHECK(d.Stop() == std::optional<int>(0));
 }
 

@@ -21,9 +21,10 @@
 //     kInvalidArgument for valid ops and the right output size, never kInternal);
 //   - kResourceExhausted names the limit; on OK the header's size is within max_pixels, the
 //     format known, the DCT scale 1, 2, 4 or 8 (1 without DCT scaling or for non-JPEG);
-//   - decoding twice (the decoders are reused, as a worker's are) into rows prefilled with
-//     different bytes gives the same status and, on OK, the same bytes: every byte of the row is
-//     written (padding included), and nothing depends on uninitialised memory or on the last image;
+//   - decoding twice into rows prefilled with different bytes — once with a decoder kept across
+//     inputs, as a worker's is, once with a fresh one — gives the same status and, on OK, the
+//     same bytes: every byte of the row is written (padding included), and nothing depends on
+//     uninitialised memory or on the images decoded before;
 //   - nothing is written outside the row (GuardedRow: poisoned guards with a pattern checked after
 //     each call, for writes by the uninstrumented libraries).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -117,8 +118,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ImageInfo info;
   const Status s = decoder.DecodeInto(file, c.ops, a.data(), c.width, c.height, c.seed, &info);
   const StatusCode code = s.code();
-  FUZZ_TRACE("image_fuzz: %s %dx%d dct 1/%d -> %dx%d: %s\n", ImageFormatName(info.format), info.width, info.height,
-             info.dct_scale, c.width, c.height, s.ok() ? "OK" : s.message().c_str());
+  FUZZ_TRACE(
+      "image_fuzz: %s %dx%d dct 1/%d -> %dx%d (shorter %d, resize %dx%d, crop %dx%d, random crop %dx%d, dtype %d, %s, "
+      "%d ch, interp %d, exif %d, alpha %d, flip %.1f, %s path, max_pixels %lld): %s\n",
+      ImageFormatName(info.format), info.width, info.height, info.dct_scale, c.width, c.height, c.ops.resize_shorter,
+      c.ops.resize_width, c.ops.resize_height, c.ops.crop_width, c.ops.crop_height, c.ops.random_crop_width,
+      c.ops.random_crop_height, static_cast<int>(c.ops.dtype), c.ops.layout == OutputLayout::kNCHW ? "NCHW" : "NHWC",
+      c.ops.channels, static_cast<int>(c.ops.interpolation), c.ops.exif_orientation ? 1 : 0,
+      static_cast<int>(c.ops.alpha), c.ops.flip_probability, c.rgb_path ? "rgb" : "yuv",
+      static_cast<long long>(c.ops.max_pixels), s.ok() ? "OK" : s.message().c_str());
   a.CheckGuards();
   FUZZ_CHECK(code == StatusCode::kOk || code == StatusCode::kDataLoss || code == StatusCode::kResourceExhausted ||
              code == StatusCode::kFailedPrecondition);
@@ -132,8 +140,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!c.ops.allow_dct_scaling || info.format != ImageFormat::kJpeg) FUZZ_CHECK(info.dct_scale == 1);
   }
 
+  // A fresh decoder for the second decode: what the first one carries over from earlier inputs
+  // (libavcodec contexts, swscale contexts, the resampler's tables, scratch buffers) must not
+  // change the result (2026-12-01: a WebP decoded after another WebP differed).
+  ImageDecoder fresh(c.rgb_path ? JpegDecodePath::kRgb : JpegDecodePath::kYuvPlanes);
   ImageInfo again;
-  const Status s2 = decoder.DecodeInto(file, c.ops, b.data(), c.width, c.height, c.seed, &again);
+  const Status s2 = fresh.DecodeInto(file, c.ops, b.data(), c.width, c.height, c.seed, &again);
   b.CheckGuards();
   FUZZ_CHECK(s2.code() == code);
   if (s.ok()) {

@@ -259,3 +259,21 @@ def test_final_stats_carry_every_stage_figure_and_the_cache(make_loader):
     assert set(stats["cache"]) == {"hits", "misses", "evictions", "bytes", "budget_bytes"}
     assert stats["cache"]["budget_bytes"] == 0  # this daemon has no cache_bytes
     assert loader.stats()["cache"] is not None
+
+
+def test_final_stats_values_carry_every_figure_described_for_clients(make_loader):
+    # stats()["values"] is filled by name from the daemon's one description of the job statistics
+    # (proto/job_stats_fields.h; stats_fields_test checks every field reaches it).
+    loader = make_loader(batch=8, epochs=1)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    values = stats["values"]
+    for name in ("samples", "batches", "skipped", "seconds", "first_batch_seconds", "client_wait_seconds",
+                 "samples_tried", "samples_failed", "samples_per_s", "weight", "cache_hits",
+                 "share_members", "share_group_job_id"):
+        assert name in values, name
+    assert values["samples"] == stats["samples"] and isinstance(values["samples"], int)
+    assert values["samples_tried"] >= values["samples"] and values["weight"] >= 1
+    assert values["client_wait_seconds"] == stats["client_wait_seconds"]
+    assert "batches_ready" not in values  # a live figure, 0 at the end: not described for clients

@@ -646,6 +646,74 @@ TEST_CASE("Audio: a RIFF chunk stating more bytes than the file holds is refused
 
 // ============================== video ==============================
 
+TEST_CASE("Video: an MP4 sample table stating more entries than its box holds is refused before parsing") {
+  // Found by video_fuzz (corpus/video/regress_mp4_stss_134m_entries): a 24-byte 'stss' stating
+  // 134 million keyframes made libavformat allocate 539 MB for them before reading one.
+  TempDir dir;
+  Ffmpeg("-f lavfi -i \"color=c=red:s=32x24:r=5:d=2\" -c:v libx264 -g 3 -pix_fmt yuv420p " + dir / "v.mp4");
+  const std::vector<uint8_t> good = ReadBytes(dir / "v.mp4");
+  VideoDecoder d;
+  VideoOps ops = CounterOps(4, 1);
+  CHECK(DecodeVideo(d, good, ops).valid == 4);
+  // Each sample table in turn: its entry count (after the box's size, type and version/flags;
+  // stsz has a sample size first) set to 0x08080808.
+  for (const auto& [box, count_at] : {std::pair{"stss", 12}, std::pair{"stco", 12}, std::pair{"stts", 12},
+                                      std::pair{"stsc", 12}, std::pair{"stsz", 16}}) {
+    CAPTURE(box);
+    const auto it = std::search(good.begin(), good.end(), box, box + 4);
+    REQUIRE(it != good.end());
+    std::vector<uint8_t> bad = good;
+    const size_t at = static_cast<size_t>(it - good.begin()) - 4 + count_at;  // `it` is at the type
+    for (int i = 0; i < 4; ++i) bad[at + i] = 0x08;
+    std::vector<uint8_t> out(VideoOutputBytes(ops));
+    Result<int> r = d.DecodeInto(bad, ops, out.data());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(std::string("MP4/MOV box '") + box + "'") &&
+                                         Catch::Contains("states 134744072 entries"));
+  }
+  // The decoder is still fine, and the good file still decodes.
+  CHECK(DecodeVideo(d, good, ops).valid == 4);
+
+  // Wherever libavformat would read the table (it finds a box's reader by its type alone): inside
+  // 'dinf' (found by video_fuzz: corpus/video/regress_mp4_stss_in_dinf), inside a 'meta' found by
+  // its 'hdlr'; and a compressed movie header, which libavformat would inflate to a size it states.
+  auto box = [](const char* type, std::vector<uint8_t> body) {
+    const uint32_t size = static_cast<uint32_t>(body.size() + 8);
+    std::vector<uint8_t> b = {static_cast<uint8_t>(size >> 24), static_cast<uint8_t>(size >> 16),
+                              static_cast<uint8_t>(size >> 8), static_cast<uint8_t>(size)};
+    b.insert(b.end(), type, type + 4);
+    b.insert(b.end(), body.begin(), body.end());
+    return b;
+  };
+  const std::vector<uint8_t> ftyp = box("ftyp", {'i', 's', 'o', 'm', 0, 0, 2, 0, 'i', 's', 'o', 'm'});
+  const std::vector<uint8_t> stss = box("stss", {0, 0, 0, 0, 0x08, 0x08, 0x08, 0x08, 0, 0, 0, 1});
+  const std::vector<uint8_t> hdlr = box("hdlr", std::vector<uint8_t>(25, 0));
+  std::vector<uint8_t> meta_body = {0, 0, 0, 0};  // an ISO 'meta': version and flags first
+  meta_body.insert(meta_body.end(), hdlr.begin(), hdlr.end());
+  meta_body.insert(meta_body.end(), stss.begin(), stss.end());
+  struct Case {
+    std::string where;
+    std::vector<uint8_t> moov;
+  };
+  const std::vector<Case> cases = {
+      {"dinf", box("moov", box("trak", box("mdia", box("minf", box("dinf", box("stbl", stss))))))},
+      {"meta", box("moov", box("udta", box("meta", meta_body)))},
+      {"cmov", box("moov", box("cmov", box("cmvd", {0x40, 0, 0, 0, 0x78, 0x9c})))},
+  };
+  for (const auto& [where, moov] : cases) {
+    CAPTURE(where);
+    std::vector<uint8_t> file = ftyp;
+    file.insert(file.end(), moov.begin(), moov.end());
+    std::vector<uint8_t> out(VideoOutputBytes(ops));
+    Result<int> r = d.DecodeInto(file, ops, out.data());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(),
+               Catch::Contains(std::string("MP4/MOV box '") + (where == "cmov" ? "cmov" : "stss") + "'"));
+  }
+}
+
 TEST_CASE("Video: the frames chosen by start, stride and fps are the expected ones, H.264 and VP9") {
   TempDir dir;
   MakeCounterVideo(dir / "c.mp4", kH264);

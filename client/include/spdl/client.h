@@ -118,6 +118,16 @@ struct JobStats {
   uint64_t cache_evictions = 0;     // node-wide: entries evicted so far
   uint64_t cache_bytes = 0;         // node-wide: bytes held now
   uint64_t cache_budget_bytes = 0;  // node-wide: the budget
+  // Every job figure the daemon describes for clients (proto/job_stats_fields.h, kClient rows),
+  // by name, in the daemon's order: the fields above and those without a field of their own
+  // (samples_tried, samples_failed, samples_per_s, weight, share_members, ...). Python's stats()
+  // and spdl-client --json show these.
+  struct NamedValue {
+    std::string name;
+    double value = 0;
+    bool integer = false;  // a count (print without a fraction)
+  };
+  std::vector<NamedValue> values;
 };
 
 namespace detail {

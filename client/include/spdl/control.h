@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "proto/control.pb.h"
+#include "spdl/client.h"
 
 namespace spdl::client {
 
@@ -14,5 +15,13 @@ namespace spdl::client {
 // A daemon Error comes back as a non-OK Status with its message.
 Result<proto::DaemonMessage> ControlCall(const std::string& socket_path, const proto::ClientMessage& request,
                                          const std::string& client_name = "spdlctl");
+
+// `m` as spdlctl --json prints it: JSON with the proto's field names, every field present (zeros
+// too), indented.
+std::string OperatorJson(const google::protobuf::Message& m);
+
+// The client's view of a job's stats (what Loader::Next returns at the job's end): the typed
+// fields, and `values` filled from proto/job_stats_fields.h by name.
+JobStats JobStatsFromProto(const proto::JobStats& s);
 
 }  // namespace spdl::client

@@ -594,8 +594,11 @@ class Loader:
         ``kind`` ("io" or "cpu"), ``tasks``, ``failures``, ``busy_seconds``, task time ``avg_ms``,
         ``p50_ms``, ``p90_ms``, ``p99_ms``, ``put_wait_seconds``, ``get_wait_seconds``,
         ``items_per_s``), ``cache`` (the node's sample cache: ``hits`` and ``misses`` of this job,
-        node-wide ``evictions``, ``bytes``, ``budget_bytes``; all 0 without a cache) — plus
-        ``epochs`` (the per-epoch summaries) and ``finished: True``.
+        node-wide ``evictions``, ``bytes``, ``budget_bytes``; all 0 without a cache), ``values``
+        (every figure the daemon describes for clients, by name: the above and ``samples_tried``,
+        ``samples_failed``, ``samples_per_s``, ``window_samples_per_s``, ``weight``,
+        ``share_members``, ``share_group_job_id``, ...) — plus ``epochs`` (the per-epoch summaries)
+        and ``finished: True``.
 
         Before that, the daemon has sent nothing but per-epoch summaries, so ``samples`` and
         ``batches`` count what this loader has yielded so far, ``skipped`` adds up the finished

@@ -344,6 +344,16 @@ py::dict JobStatsDict(const client::JobStats& s) {
   cache["bytes"] = s.cache_bytes;
   cache["budget_bytes"] = s.cache_budget_bytes;
   d["cache"] = cache;
+  // Every figure the daemon describes for clients, by name (proto/job_stats_fields.h).
+  py::dict values;
+  for (const auto& v : s.values) {
+    if (v.integer) {
+      values[py::str(v.name)] = static_cast<uint64_t>(v.value);
+    } else {
+      values[py::str(v.name)] = v.value;
+    }
+  }
+  d["values"] = values;
   return d;
 }
 

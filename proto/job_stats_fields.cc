@@ -1,0 +1,100 @@
+#include "proto/job_stats_fields.h"
+
+#include <google/protobuf/descriptor.h>
+
+namespace spdl::proto {
+namespace {
+
+constexpr unsigned kAll = kMetrics | kSpdlctl | kClient;
+
+// In proto order. Rates (samples_per_s) are not exported to Prometheus: it derives them from the
+// counters. Live-only figures (batches_ready, batches_filling) are 0 once the job has ended, so the
+// final stats the client gets leave them out.
+constexpr JobStatField kFields[] = {
+    {"samples", "spdld_job_samples_total", "counter", "samples", "Samples delivered into batches.", kAll},
+    {"batches", "spdld_job_batches_total", "counter", "batches", "Batches filled.", kAll},
+    {"skipped", "spdld_job_skipped_total", "counter", "samples", "Bad samples skipped and replaced (on_error: skip).",
+     kAll},
+    {"seconds", "spdld_job_age_seconds", "gauge", "seconds", "Seconds since the job was accepted.", kAll},
+    {"first_batch_seconds", "spdld_job_first_batch_seconds", "gauge", "seconds",
+     "Seconds from acceptance to the first batch.", kAll},
+    // Exported as the client-wait histogram's sum.
+    {"client_wait_seconds", "spdld_client_wait_seconds_sum", "histogram", "seconds",
+     "The client's total wait for data, as it last reported it.", kAll},
+    {"batches_ready", "spdld_job_batches_ready", "gauge", "batches", "Batches filled and waiting for the client.",
+     kMetrics | kSpdlctl},
+    {"batches_filling", "spdld_job_batches_filling", "gauge", "batches", "Batches being filled by the pipeline.",
+     kMetrics | kSpdlctl},
+    {"samples_per_s", "", "gauge", "1/s", "Delivered samples per second over the job's life.", kSpdlctl | kClient},
+    {"window_samples_per_s", "", "gauge", "1/s", "Samples written per second over the recent window (about 10 s).",
+     kSpdlctl | kClient},
+    {"samples_failed", "spdld_job_samples_failed_total", "counter", "samples",
+     "Samples that failed in some stage (skipped or fatal).", kAll},
+    {"samples_tried", "spdld_job_samples_tried_total", "counter", "samples",
+     "Samples that went through the stages, good or bad.", kAll},
+    {"weight", "spdld_job_weight", "gauge", "1", "The job's share of the node's pools.", kAll},
+    {"cache_hits", "spdld_job_cache_hits_total", "counter", "reads",
+     "The job's sample reads served from the node's sample cache.", kAll},
+    {"cache_misses", "spdld_job_cache_misses_total", "counter", "reads",
+     "The job's sample reads that went to the file or URL.", kAll},
+    // Node-wide figures, the same in every job's stats: exported once, without job labels.
+    {"cache_evictions", "spdld_cache_evictions_total", "counter", "entries", "Entries evicted from the sample cache.",
+     kAll},
+    {"cache_bytes", "spdld_cache_bytes", "gauge", "bytes", "Bytes held by the node's sample cache.", kAll},
+    {"cache_budget_bytes", "spdld_cache_budget_bytes", "gauge", "bytes", "The sample cache's budget (cache_bytes).",
+     kAll},
+    {"share_members", "spdld_job_share_members", "gauge", "jobs", "Members of the job's share group (0: not shared).",
+     kAll},
+    {"share_group_job_id", "", "gauge", "1", "The job id of the share group's one pipeline.", kSpdlctl | kClient},
+    {"client_wait_histogram", "spdld_client_wait_seconds", "histogram", "seconds",
+     "The client's wait for data, per batch released.", kMetrics | kSpdlctl},
+};
+
+}  // namespace
+
+std::span<const JobStatField> JobStatFields() { return kFields; }
+
+const JobStatField* FindJobStatField(std::string_view name) {
+  for (const JobStatField& f : kFields) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+double JobStatValue(const JobStats& stats, const JobStatField& f) {
+  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
+  if (d == nullptr || d->is_repeated()) return 0;
+  const google::protobuf::Reflection* r = stats.GetReflection();
+  switch (d->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+      return static_cast<double>(r->GetUInt64(stats, d));
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
+      return r->GetUInt32(stats, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+      return static_cast<double>(r->GetInt64(stats, d));
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+      return r->GetInt32(stats, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+      return r->GetDouble(stats, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
+      return r->GetFloat(stats, d);
+    default:
+      return 0;
+  }
+}
+
+bool JobStatIsInteger(const JobStatField& f) {
+  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
+  if (d == nullptr) return false;
+  switch (d->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace spdl::proto

@@ -1,0 +1,51 @@
+// The job statistics, described once: one row per field of proto::JobStats (control.proto) with its
+// Prometheus name, type, unit and help, and the surfaces that show it. The surfaces are filled from
+// this table by field name (protobuf reflection: JobStatValue), not copied field by field:
+//   kMetrics   the daemon's /metrics endpoint (daemon/ops/metrics.cc: one series per job)
+//   kSpdlctl   `spdlctl --json status|jobs|stats` (the proto as JSON: every field, always)
+//   kClient    the job's final stats in the client library (client::JobStats::values), and from
+//              there Python's Loader.stats() (key `values`) and `spdl-client --json` (`daemon`)
+// tests/unit/stats_fields_test.cc checks that every proto field has a row, and that every surface
+// a row names shows it. A new stats field: the proto field, then its row here (CODING.md).
+//
+// Plain constant data and pure functions: safe from any thread.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "proto/control.pb.h"
+
+namespace spdl::proto {
+
+enum StatSurface : unsigned {
+  kMetrics = 1u << 0,
+  kSpdlctl = 1u << 1,
+  kClient = 1u << 2,
+};
+
+struct JobStatField {
+  const char* name;    // the proto::JobStats field
+  const char* metric;  // the Prometheus name ("" when kMetrics is not among the surfaces): spdld_job_* a
+                       // series per job, spdld_cache_* one node-wide series; a histogram's family
+  const char* type;    // "counter", "gauge" or "histogram" (the client-wait histogram and its sum)
+  const char* unit;    // "samples", "batches", "seconds", "bytes", "1/s", "entries", "jobs", ...
+  const char* help;
+  unsigned surfaces;  // StatSurface bits
+};
+
+// Every field of proto::JobStats except `stages` (per-stage rows have their own table in
+// daemon/ops/metrics.cc), in proto order.
+std::span<const JobStatField> JobStatFields();
+
+// The row for `name`; nullptr if none.
+const JobStatField* FindJobStatField(std::string_view name);
+
+// The value of a scalar field `f` of `stats` as a double (numbers of any width). 0 for a field
+// that is not a scalar number (the histogram). REQUIRES: f comes from JobStatFields().
+double JobStatValue(const JobStats& stats, const JobStatField& f);
+
+// Whether `f` is an integer field (a count, an id): printed without a fraction.
+bool JobStatIsInteger(const JobStatField& f);
+
+}  // namespace spdl::proto

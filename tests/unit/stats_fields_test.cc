@@ -1,0 +1,152 @@
+// The job statistics reach every surface from their one description (proto/job_stats_fields.h):
+// every proto::JobStats field has a row, and each surface a row names shows that figure — the
+// metrics endpoint (RenderPrometheus), spdlctl --json (OperatorJson, what spdlctl prints), and the
+// client's final stats (JobStatsFromProto: client::JobStats::values, from which Python's stats()
+// and spdl-client --json are written). A field added to the proto without a row, or a row whose
+// surface drops it, fails here.
+#include <google/protobuf/descriptor.h>
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "ops/metrics.h"
+#include "proto/job_stats_fields.h"
+#include "spdl/control.h"
+
+namespace spdl {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+
+// A job whose stats have every scalar field set to a value of its own: (index + 2), plus 0.5 for
+// floating-point fields, so that each figure can be told apart in the output.
+proto::JobSummary FilledJob() {
+  proto::JobSummary j;
+  j.set_job_id(3);
+  j.set_uid(1000);
+  j.set_rank(0);
+  j.set_region_bytes(4096);
+  proto::JobStats* s = j.mutable_stats();
+  const google::protobuf::Descriptor* d = proto::JobStats::descriptor();
+  const google::protobuf::Reflection* r = s->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(s, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(s, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(s, f, i + 2.5);
+        break;
+      default:
+        FAIL("JobStats field " << f->name() << " has a type this test does not fill");
+        break;
+    }
+  }
+  for (int b = 0; b < 128; ++b) s->add_client_wait_histogram(b == 60 ? 3 : 0);
+  return j;
+}
+
+std::string Number(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+TEST_CASE("every JobStats field is described once, and every description names a JobStats field") {
+  const google::protobuf::Descriptor* d = proto::JobStats::descriptor();
+  std::vector<std::string> proto_fields;
+  for (int i = 0; i < d->field_count(); ++i) {
+    if (d->field(i)->name() != "stages") proto_fields.push_back(d->field(i)->name());
+  }
+  std::vector<std::string> described;
+  std::set<std::string> metrics;
+  for (const auto& f : proto::JobStatFields()) {
+    CAPTURE(f.name);
+    described.push_back(f.name);
+    const std::string type = f.type;
+    CHECK((type == "counter" || type == "gauge" || type == "histogram"));
+    CHECK(std::string(f.help).size() > 10);
+    CHECK(std::string(f.unit).size() > 0);
+    CHECK(((f.surfaces & proto::kMetrics) != 0) == (std::string(f.metric).size() > 0));
+    if (f.surfaces & proto::kMetrics) {
+      CHECK(metrics.insert(f.metric).second);  // one series per figure
+      CHECK(std::string(f.metric).rfind("spdld_", 0) == 0);
+      if (type == "counter") CHECK(std::string(f.metric).size() > 6);
+    }
+    CHECK(proto::FindJobStatField(f.name) == &f);
+  }
+  // In proto order, so the surfaces list them in a stable order.
+  CHECK(described == proto_fields);
+}
+
+TEST_CASE("the metrics endpoint shows every job statistic described for it, with its value") {
+  proto::DaemonStatus status;
+  *status.add_jobs() = FilledJob();
+  const proto::JobStats& s = status.jobs(0).stats();
+  const std::string text = ops::RenderPrometheus(status);
+  const std::string labels = "{job_id=\"3\",uid=\"1000\",rank=\"0\"}";
+  for (const auto& f : proto::JobStatFields()) {
+    if (!(f.surfaces & proto::kMetrics)) continue;
+    CAPTURE(f.name, f.metric);
+    const std::string metric = f.metric;
+    if (std::string(f.type) == "histogram") {
+      // The client-wait histogram: its buckets, and its sum (client_wait_seconds).
+      if (std::string(f.name) == "client_wait_histogram") {
+        CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " histogram\n"));
+        CHECK_THAT(text, Catch::Contains(metric + "_count" + labels + " 3\n"));
+      } else {
+        CHECK_THAT(text, Catch::Contains(metric + labels + " " + Number(proto::JobStatValue(s, f)) + "\n"));
+      }
+    } else if (metric.rfind("spdld_cache_", 0) == 0) {  // node-wide: no job labels
+      CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " " + f.type + "\n"));
+      CHECK_THAT(text, Catch::Contains(metric + " " + Number(proto::JobStatValue(s, f)) + "\n"));
+    } else {
+      CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " " + f.type + "\n"));
+      CHECK_THAT(text, Catch::Contains(metric + labels + " " + Number(proto::JobStatValue(s, f)) + "\n"));
+    }
+  }
+}
+
+TEST_CASE("spdlctl --json shows every job statistic described for it") {
+  const proto::JobSummary job = FilledJob();
+  const std::string json = client::OperatorJson(job);
+  for (const auto& f : proto::JobStatFields()) {
+    if (!(f.surfaces & proto::kSpdlctl)) continue;
+    CAPTURE(f.name);
+    CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+  }
+  // Zeros too: a job that has skipped nothing still says so.
+  proto::JobSummary empty;
+  empty.mutable_stats();
+  CHECK_THAT(client::OperatorJson(empty), Catch::Contains("\"skipped\": "));
+}
+
+TEST_CASE("the client's final stats carry every job statistic described for clients, by name and value") {
+  const proto::JobSummary job = FilledJob();
+  const client::JobStats c = client::JobStatsFromProto(job.stats());
+  size_t at = 0;
+  for (const auto& f : proto::JobStatFields()) {
+    if (!(f.surfaces & proto::kClient)) continue;
+    CAPTURE(f.name);
+    REQUIRE(at < c.values.size());
+    CHECK(c.values[at].name == f.name);
+    CHECK(c.values[at].value == proto::JobStatValue(job.stats(), f));
+    CHECK(c.values[at].integer == proto::JobStatIsInteger(f));
+    ++at;
+  }
+  CHECK(at == c.values.size());
+  // The typed fields agree with the named values.
+  CHECK(c.samples == job.stats().samples());
+  CHECK(c.cache_budget_bytes == job.stats().cache_budget_bytes());
+  CHECK(c.client_wait_seconds == job.stats().client_wait_seconds());
+}
+
+}  // namespace
+}  // namespace spdl
