@@ -41,6 +41,11 @@ bench=(
 pip_test=(
   kubernetes-validate
 )
+# PyPI packages the Python tests import, installed for /usr/bin/python3 (the interpreter the tests
+# run under): moto[server] is the S3 server tests/python/test_s3.py starts on 127.0.0.1.
+pip_system_test=(
+  "moto[server]"
+)
 
 purpose=${1:-all}
 case "$purpose" in
@@ -79,6 +84,19 @@ if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
     [ -x "$venv/bin/python3" ] || $sudo /usr/bin/python3 -m venv "$venv"
     # Not fatal: without PyPI the tests that need these say "SKIPPED" (ctest: Skipped).
     $sudo "$venv/bin/python3" -m pip install -q "${need[@]}" \
+      || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
+  fi
+fi
+
+if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
+  need=()
+  for p in "${pip_system_test[@]}"; do
+    /usr/bin/python3 -m pip show -q "${p%%[*}" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "install-deps ($purpose): installing ${need[*]} for /usr/bin/python3"
+    # Not fatal: without PyPI the tests that need these say "SKIPPED".
+    $sudo /usr/bin/python3 -m pip install -q --break-system-packages "${need[@]}" \
       || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
   fi
 fi

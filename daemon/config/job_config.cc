@@ -165,7 +165,7 @@ struct SourceKey {
 };
 constexpr SourceKey kSourceKeys[] = {
     {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList)},
-    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar)},
+    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix)},
     {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
     {"shards", Bit(SourceType::kTar)},
     {"label_extension", Bit(SourceType::kTar)},
@@ -175,11 +175,14 @@ constexpr SourceKey kSourceKeys[] = {
     {"connect_timeout_ms", Bit(SourceType::kHttp)},
     {"max_attempts", Bit(SourceType::kHttp)},
     {"max_in_flight", Bit(SourceType::kHttp)},
+    {"prefix", Bit(SourceType::kS3Prefix)},
+    {"s3", Bit(SourceType::kTar) | Bit(SourceType::kFileList) | Bit(SourceType::kS3Prefix)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
-  for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp}) {
+  for (SourceType t :
+       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kS3Prefix}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -191,6 +194,44 @@ std::vector<std::string> DefaultExtensions(Media media) {
   return {".mp4", ".webm", ".mkv", ".mov", ".avi"};
 }
 
+// The source's `s3:` map (S3SourceConfig).
+void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) {
+  if (!Present(field)) return;
+  MapReader m(diag, field);
+  const Field endpoint = m.Get("endpoint_url");
+  if (auto v = internal::ReadString(diag, endpoint)) {
+    if (v->rfind("http://", 0) != 0 && v->rfind("https://", 0) != 0) {
+      diag.Error(endpoint, "must start with http:// or https:// (got '" + *v + "')");
+    } else {
+      out->endpoint_url = *v;
+    }
+  }
+  if (auto v = internal::ReadString(diag, m.Get("region"))) out->region = *v;
+  const Field addressing = m.Get("addressing");
+  if (auto v = internal::ReadString(diag, addressing)) {
+    if (*v != "auto" && *v != "path" && *v != "virtual") {
+      diag.Error(addressing, "must be auto, path or virtual (got '" + *v + "')");
+    } else {
+      out->addressing = *v;
+    }
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("timeout_ms"), 1, 3'600'000)) out->timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("connect_timeout_ms"), 1, 3'600'000)) out->connect_timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("stall_timeout_ms"), 1000, 3'600'000)) out->stall_timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("max_attempts"), 1, 100)) out->max_attempts = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("initial_backoff_ms"), 0, 60'000)) out->initial_backoff_ms = *v;
+  const Field max_backoff = m.Get("max_backoff_ms");
+  if (auto v = internal::ReadInt(diag, max_backoff, 0, 600'000)) {
+    if (*v < out->initial_backoff_ms) {
+      diag.Error(max_backoff, "must be >= initial_backoff_ms (" + std::to_string(out->initial_backoff_ms) + ")");
+    } else {
+      out->max_backoff_ms = *v;
+    }
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("max_in_flight"), 1, 1024)) out->max_in_flight = static_cast<int>(*v);
+  m.ReportUnknownKeys();
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
@@ -198,7 +239,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                     {{"image_folder", SourceType::kImageFolder},
                                                                      {"file_list", SourceType::kFileList},
                                                                      {"tar", SourceType::kTar},
-                                                                     {"http", SourceType::kHttp}});
+                                                                     {"http", SourceType::kHttp},
+                                                                     {"s3_prefix", SourceType::kS3Prefix}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -271,6 +313,21 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
       if (auto v = internal::ReadInt(diag, m.Get("max_in_flight"), 1, 1024)) out->max_in_flight = static_cast<int>(*v);
       break;
     }
+    case SourceType::kS3Prefix: {
+      const Field prefix = m.Require("prefix");
+      if (auto v = internal::ReadString(diag, prefix)) {
+        if (v->rfind("s3://", 0) != 0 || v->size() <= 5) {
+          diag.Error(prefix, "must be an s3:// URL such as s3://bucket/train/ (got '" + *v + "')");
+        } else {
+          out->prefix = *v;
+        }
+      }
+      if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
+    }
+  }
+  if (*type == SourceType::kTar || *type == SourceType::kFileList || *type == SourceType::kS3Prefix) {
+    ReadS3Settings(diag, m.Get("s3"), &out->s3);
   }
   // A key of another source type: say which type it belongs to rather than "unknown key".
   std::vector<std::string> present;
@@ -1128,8 +1185,16 @@ const char* SourceTypeName(SourceType type) {
       return "tar";
     case SourceType::kHttp:
       return "http";
+    case SourceType::kS3Prefix:
+      return "s3_prefix";
   }
   return "?";
+}
+
+bool SourceConfig::UsesS3() const {
+  if (type == SourceType::kS3Prefix) return true;
+  if (type != SourceType::kTar) return false;
+  return std::any_of(shards.begin(), shards.end(), [](const std::string& s) { return s.rfind("s3://", 0) == 0; });
 }
 
 std::string CheckJobConfigShape(std::string_view text, const std::vector<Override>& overrides) {
