@@ -1002,6 +1002,12 @@ void ReadExtraOutputs(Diagnostics& diag, const Field& field, JobConfig* out) {
                     "file_list or tar)");
     return;
   }
+  if (out->source.type == SourceType::kS3Prefix && !items->empty()) {
+    diag.ErrorAtKey(field,
+                    "extra_outputs read sidecar files, which source type s3_prefix does not have (use tar shards "
+                    "in s3://, whose members are read as sidecars)");
+    return;
+  }
   if (items->size() > kMaxExtraOutputs) {
     diag.ErrorAtKey(field, "at most " + std::to_string(kMaxExtraOutputs) + " extra outputs (got " +
                                std::to_string(items->size()) + ")");

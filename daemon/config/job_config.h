@@ -159,7 +159,7 @@ struct S3SourceConfig {
 const char* SourceTypeName(SourceType type);
 
 struct SourceConfig {
-  SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http
+  SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http | s3_prefix
   // image_folder: the data directory (required, non-empty). file_list: the directory relative paths
   // are below ("" = the list file's directory).
   std::string root;

@@ -94,7 +94,10 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
                                                            io::SourceIndexCache* index_cache,
                                                            const proto::S3Access& s3_access) {
   // Object storage. A source holds its job's credentials and is never shared.
-  if (c.UsesS3() || (c.type == config::SourceType::kFileList && ListHoldsS3(c.list, daemon))) {
+  // A file_list or http list of s3:// lines reads object storage too.
+  const bool s3_list =
+      (c.type == config::SourceType::kFileList || c.type == config::SourceType::kHttp) && ListHoldsS3(c.list, daemon);
+  if (c.UsesS3() || s3_list) {
     auto client = MakeS3Client(c.s3, s3_access, daemon);
     if (!client.ok()) return client.status().WithPrefix("source.s3");
     Result<std::shared_ptr<const io::SampleSource>> src = InvalidArgument("source.type: unknown");
@@ -103,7 +106,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       if (!s.ok()) return s.status().WithPrefix("source.prefix");
       return std::shared_ptr<const io::SampleSource>(std::move(s).value());
     }
-    if (c.type == config::SourceType::kFileList) {
+    if (s3_list) {
       auto s = io::S3ObjectSource::OpenList(c.list, daemon.allowed_roots, *client);
       if (!s.ok()) return s.status().WithPrefix("source.list");
       return std::shared_ptr<const io::SampleSource>(std::move(s).value());

@@ -310,6 +310,9 @@ def test_s3_file_list_every_sample_once_over_2_epochs_on_2_ranks(s3d, creds, dat
     lst.write_text("".join(f"s3://{BUCKET}/folder/{rel},{dataset.label_of[rel]}\n" for rel in dataset.files))
     expected = {f"s3://{BUCKET}/folder/{rel}": dataset.label_of[rel] for rel in dataset.files}
     assert_exactly_once(run_ranks(sock, job(f"{{type: file_list, list: {lst}}}")), expected)
+    # An http URL list of s3:// lines reads the same objects.
+    out = run_ranks(sock, job(f"{{type: http, list: {lst}}}"), epochs=1, world=1)
+    assert sorted(out[(0, 0)]) == sorted(expected.items())
 
 
 def test_s3_prefix_lists_the_objects_and_labels_by_first_component(s3d, creds, dataset):
