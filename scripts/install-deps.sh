@@ -20,7 +20,7 @@ build=(
 libs=(
   libboost-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
-  libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev
+  libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
   libsystemd-dev
 )
 # tests: the Python client (python3-dev, pybind11, dlpack) and its tests (torch, numpy, PIL),

@@ -12,6 +12,9 @@
 #if SPDL_HAVE_CURL
 #include <curl/curl.h>
 #endif
+#if SPDL_HAVE_OPENSSL
+#include <openssl/evp.h>
+#endif
 
 namespace spdl::io {
 
@@ -221,6 +224,7 @@ struct Transfer {
   bool ignored_range = false;
   std::string error_body;  // of a non-2xx answer (S3's XML error), bounded
   std::string status_line;
+  std::string etag;  // the last ETag header seen
 };
 
 size_t OnBody(char* data, size_t size, size_t n, void* user) {
@@ -255,6 +259,11 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
     while (!t->status_line.empty() && (t->status_line.back() == '\r' || t->status_line.back() == '\n')) {
       t->status_line.pop_back();
     }
+  } else if (bytes > 5 && Lower(std::string(data, 5)) == "etag:") {
+    std::string v(data + 5, bytes - 5);
+    const size_t a = v.find_first_not_of(" \t");
+    const size_t b = v.find_last_not_of(" \t\r\n");
+    t->etag = a == std::string::npos ? "" : v.substr(a, b - a + 1);
   }
   return bytes;
 }
@@ -380,7 +389,8 @@ Result<std::string> S3Client::ObjectUrl(const S3Location& loc) const {
 }
 
 S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what, uint64_t offset, uint64_t end,
-                                const Sink& sink, uint64_t* delivered) const {
+                                const Sink& sink, const std::string& if_match, uint64_t* delivered,
+                                std::string* etag) const {
   Pool::Handle* h = pool_->Acquire();
   if (h == nullptr) return {Internal(what + ": cannot create a curl handle"), false};
   CURL* c = h->curl;
@@ -410,6 +420,7 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
     headers = curl_slist_append(
         headers, "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   }
+  if (!if_match.empty()) headers = curl_slist_append(headers, ("If-Match: " + if_match).c_str());
   if (headers != nullptr) curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   std::string range;
   if (offset > 0 || end != kToEnd) {
@@ -439,6 +450,7 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   pool_->Release(h);
   curl_slist_free_all(headers);
   *delivered = t.got;
+  if (code >= 200 && code < 300 && etag != nullptr && etag->empty()) *etag = t.etag;
   bytes_.fetch_add(t.got, std::memory_order_relaxed);
 
   if (t.ignored_range) return {DataLoss(what + ": the store ignored a Range request (answered 200)"), false};
@@ -471,14 +483,91 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   if (code == 429 || code >= 500) return {Unavailable(std::move(m)), true};
   if (code == 404) return {NotFound(std::move(m)), false};
   if (code == 401 || code == 403) return {PermissionDenied(std::move(m)), false};
+  if (code == 412) {
+    return {FailedPrecondition(m + ": the object changed since it was first read or indexed"), false};
+  }
   if (code == 416) return {InvalidArgument(std::move(m) + " (the range is past the end of the object)"), false};
   return {InvalidArgument(std::move(m)), false};
 }
 
+namespace {
+
+// The MD5 of a whole body, fed in order; "" when OpenSSL is not built in.
+class Md5 {
+ public:
+  Md5() {
+#if SPDL_HAVE_OPENSSL
+    ctx_ = EVP_MD_CTX_new();
+    if (ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_md5(), nullptr) != 1) {
+      EVP_MD_CTX_free(ctx_);
+      ctx_ = nullptr;
+    }
+#endif
+  }
+  ~Md5() {
+#if SPDL_HAVE_OPENSSL
+    if (ctx_ != nullptr) EVP_MD_CTX_free(ctx_);
+#endif
+  }
+  Md5(const Md5&) = delete;
+  Md5& operator=(const Md5&) = delete;
+  void Update([[maybe_unused]] const uint8_t* d, [[maybe_unused]] size_t n) {
+#if SPDL_HAVE_OPENSSL
+    if (ctx_ != nullptr) EVP_DigestUpdate(ctx_, d, n);
+#endif
+  }
+  std::string HexDigest() {
+#if SPDL_HAVE_OPENSSL
+    if (ctx_ == nullptr) return "";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (EVP_DigestFinal_ex(ctx_, md, &len) != 1) return "";
+    static const char* kHex = "0123456789abcdef";
+    std::string out;
+    for (unsigned int i = 0; i < len; ++i) {
+      out += kHex[md[i] >> 4];
+      out += kHex[md[i] & 15];
+    }
+    return out;
+#else
+    return "";
+#endif
+  }
+
+ private:
+#if SPDL_HAVE_OPENSSL
+  EVP_MD_CTX* ctx_ = nullptr;
+#endif
+};
+
+// The MD5 in an ETag ("\"9e107d9d372bb6826bd81d3542a419d6\""), or "" when it is not one (a
+// multipart upload's "...-12", a store's own format).
+std::string EtagMd5(const std::string& etag) {
+  std::string e = etag;
+  if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
+  if (e.size() != 32) return "";
+  for (char& ch : e) {
+    if (ch >= 'A' && ch <= 'F') ch = static_cast<char>(ch - 'A' + 'a');
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) return "";
+  }
+  return e;
+}
+
+}  // namespace
+
 Status S3Client::WithRetries(const std::string& url, const std::string& what, uint64_t offset, uint64_t length,
-                             const Sink& sink, const std::function<void()>& restart) const {
+                             const Sink& sink, const std::function<void()>& restart, const std::string& if_match,
+                             std::string* etag_out) const {
   const uint64_t end = length == kToEnd ? kToEnd : offset + length;
   uint64_t pos = offset;
+  std::string etag;  // of the first answer: later attempts must read the same object
+  // A whole object read without restarts: its MD5 is checked against an MD5 ETag.
+  const bool whole = offset == 0 && length == kToEnd && !restart;
+  Md5 md5;
+  const Sink checked = [&](const uint8_t* d, size_t n) {
+    md5.Update(d, n);
+    return sink(d, n);
+  };
   thread_local std::minstd_rand rng(static_cast<uint32_t>(std::hash<std::thread::id>()(std::this_thread::get_id())));
   for (int attempt = 1;; ++attempt) {
     uint64_t delivered = 0;
@@ -487,13 +576,22 @@ Status S3Client::WithRetries(const std::string& url, const std::string& what, ui
       pos = offset;
     }
     if (pos > offset) resumed_.fetch_add(1, std::memory_order_relaxed);
-    Attempt a = Try(url, what, pos, end, sink, &delivered);
+    const std::string& match = !if_match.empty() ? if_match : (pos > offset ? etag : std::string());
+    Attempt a = Try(url, what, pos, end, whole ? checked : sink, match, &delivered, &etag);
     pos += delivered;
     if (a.status.ok()) {
       if (end != kToEnd && pos != end) {
         return DataLoss(what + ": got " + std::to_string(pos - offset) + " bytes of the " + std::to_string(length) +
                         " asked for (the object is shorter)");
       }
+      if (whole) {
+        const std::string want = EtagMd5(etag);
+        const std::string got = want.empty() ? "" : md5.HexDigest();
+        if (!got.empty() && got != want) {
+          return DataLoss(what + ": the body's MD5 " + got + " differs from the object's ETag " + want);
+        }
+      }
+      if (etag_out != nullptr) *etag_out = etag;
       return Status::Ok();
     }
     if (!a.retryable || attempt >= options_.max_attempts) {
@@ -509,19 +607,24 @@ Status S3Client::WithRetries(const std::string& url, const std::string& what, ui
   }
 }
 
-Status S3Client::Get(const S3Location& loc, uint64_t offset, uint64_t length, const Sink& sink) const {
+Status S3Client::Get(const S3Location& loc, uint64_t offset, uint64_t length, const Sink& sink,
+                     const std::string& if_match, std::string* etag) const {
   SPDL_ASSIGN_OR_RETURN(const std::string url, ObjectUrl(loc));
   if (length == 0) return Status::Ok();
-  return WithRetries(url, "GET " + loc.ToString(), offset, length, sink);
+  return WithRetries(url, "GET " + loc.ToString(), offset, length, sink, nullptr, if_match, etag);
 }
 
-Status S3Client::GetBytes(const S3Location& loc, uint64_t offset, uint64_t length, std::vector<uint8_t>* out) const {
+Status S3Client::GetBytes(const S3Location& loc, uint64_t offset, uint64_t length, std::vector<uint8_t>* out,
+                          const std::string& if_match) const {
   out->clear();
   if (length != kToEnd && length <= options_.max_object_bytes) out->reserve(length);
-  Status s = Get(loc, offset, length, [out](const uint8_t* d, size_t n) {
-    out->insert(out->end(), d, d + n);
-    return true;
-  });
+  Status s = Get(
+      loc, offset, length,
+      [out](const uint8_t* d, size_t n) {
+        out->insert(out->end(), d, d + n);
+        return true;
+      },
+      if_match);
   if (!s.ok()) out->clear();
   return s;
 }
@@ -576,10 +679,10 @@ Result<std::unique_ptr<S3Client>> S3Client::Create(S3Options) {
   return FailedPrecondition("s3: spdld was built without libcurl (install libcurl4-openssl-dev)");
 }
 Result<std::string> S3Client::ObjectUrl(const S3Location&) const { return FailedPrecondition("s3: no libcurl"); }
-Status S3Client::Get(const S3Location&, uint64_t, uint64_t, const Sink&) const {
+Status S3Client::Get(const S3Location&, uint64_t, uint64_t, const Sink&, const std::string&, std::string*) const {
   return FailedPrecondition("s3: no libcurl");
 }
-Status S3Client::GetBytes(const S3Location&, uint64_t, uint64_t, std::vector<uint8_t>*) const {
+Status S3Client::GetBytes(const S3Location&, uint64_t, uint64_t, std::vector<uint8_t>*, const std::string&) const {
   return FailedPrecondition("s3: no libcurl");
 }
 Result<std::vector<S3Object>> S3Client::List(const std::string&, const std::string&) const {

@@ -106,9 +106,16 @@ class S3Client {
   // Streams bytes [offset, offset + length) of the object to `sink` (length = kToEnd: to its end),
   // resuming with a Range request after a cut. Every byte is delivered exactly once, in order.
   static constexpr uint64_t kToEnd = ~uint64_t{0};
-  Status Get(const S3Location& loc, uint64_t offset, uint64_t length, const Sink& sink) const;
+  // Integrity: a resumed Range request carries If-Match with the ETag of the first answer (an
+  // object replaced mid-transfer fails with kFailedPrecondition instead of mixing two versions);
+  // a whole-object GET whose ETag is an MD5 (single-part uploads: 32 hex digits) has its body's MD5
+  // checked (mismatch: kDataLoss). `if_match` != "": every request carries If-Match with it (the
+  // ETag the caller indexed). `etag` != nullptr: receives the object's ETag (quotes kept).
+  Status Get(const S3Location& loc, uint64_t offset, uint64_t length, const Sink& sink,
+             const std::string& if_match = "", std::string* etag = nullptr) const;
   // The same into *out (cleared first).
-  Status GetBytes(const S3Location& loc, uint64_t offset, uint64_t length, std::vector<uint8_t>* out) const;
+  Status GetBytes(const S3Location& loc, uint64_t offset, uint64_t length, std::vector<uint8_t>* out,
+                  const std::string& if_match = "") const;
 
   // Every object below `prefix` in `bucket`, in key order (ListObjectsV2, all pages).
   Result<std::vector<S3Object>> List(const std::string& bucket, const std::string& prefix) const;
@@ -124,11 +131,12 @@ class S3Client {
   explicit S3Client(S3Options options);
   // One request: GET/HEAD of `url`, the body from `offset` (Range when offset > 0 or bounded).
   Attempt Try(const std::string& url, const std::string& what, uint64_t offset, uint64_t end, const Sink& sink,
-              uint64_t* delivered) const;
+              const std::string& if_match, uint64_t* delivered, std::string* etag) const;
   // Try until done or out of attempts. restart = nullptr: a cut transfer resumes at the first
   // missing byte; else each attempt starts over from `offset` after calling restart().
   Status WithRetries(const std::string& url, const std::string& what, uint64_t offset, uint64_t length,
-                     const Sink& sink, const std::function<void()>& restart = nullptr) const;
+                     const Sink& sink, const std::function<void()>& restart = nullptr, const std::string& if_match = "",
+                     std::string* etag = nullptr) const;
 
   const S3Options options_;
   std::string endpoint_;  // normalized, no trailing '/'

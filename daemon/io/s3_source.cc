@@ -142,6 +142,7 @@ std::string S3ObjectSource::Describe() const {
 
 struct S3TarShardSource::Index final : SourceIndex {
   std::vector<S3Location> shards;
+  std::vector<std::string> etags;     // per shard, as scanned: member reads carry If-Match with it
   std::vector<uint64_t> shard_sizes;  // samples per shard
   std::vector<SampleRef> samples;
   std::vector<Location> images;         // parallel to samples
@@ -206,17 +207,21 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
     mem.fd = ::memfd_create("spdld-s3-shard", MFD_CLOEXEC);
     if (mem.fd < 0) return ErrnoStatus("memfd_create", errno);
     uint64_t total = 0;
-    Status got = client.Get(loc, 0, S3Client::kToEnd, [&](const uint8_t* d, size_t n) {
-      size_t done = 0;
-      while (done < n) {
-        const ssize_t w = ::write(mem.fd, d + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        done += static_cast<size_t>(w);
-      }
-      total += n;
-      return true;
-    });
+    index->etags.emplace_back();
+    Status got = client.Get(
+        loc, 0, S3Client::kToEnd,
+        [&](const uint8_t* d, size_t n) {
+          size_t done = 0;
+          while (done < n) {
+            const ssize_t w = ::write(mem.fd, d + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) return false;
+            done += static_cast<size_t>(w);
+          }
+          total += n;
+          return true;
+        },
+        "", &index->etags.back());
     if (!got.ok()) {
       problems.push_back(got.WithPrefix("tar shard " + name));
       index->shard_sizes.push_back(0);
@@ -314,7 +319,7 @@ std::vector<uint64_t> S3TarShardSource::ShardSizes() const { return index_->shar
 Status S3TarShardSource::ReadAt(uint64_t index, const Location& at, const std::string& what,
                                 std::vector<uint8_t>* out) const {
   const S3Location& shard = index_->shards[at.shard];
-  Status s = client_->GetBytes(shard, at.offset, at.size, out);
+  Status s = client_->GetBytes(shard, at.offset, at.size, out, index_->etags[at.shard]);
   if (!s.ok()) {
     return s.WithPrefix(index_->samples[index].path + what + " (tar shard " + shard.ToString() + " at offset " +
                         std::to_string(at.offset) + ")");

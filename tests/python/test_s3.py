@@ -95,6 +95,8 @@ class CuttingProxy:
         self.cuts = 0
         self.ranged = 0
         self.full: dict = {}  # path -> GETs without a Range
+        self.corrupt = False  # flip a byte a quarter into every whole-object body
+        self.if_match = 0  # requests that carried If-Match
         self.lock = threading.Lock()
         self._stop = False
         threading.Thread(target=self._serve, daemon=True).start()
@@ -144,6 +146,10 @@ class CuttingProxy:
                 self.ranged += ranged
                 if not ranged and line.startswith("GET"):
                     self.full[path] = self.full.get(path, 0) + 1
+                self.if_match += b"\r\nif-match:" in req.lower()
+                if self.corrupt and not ranged and length > 0 and line.startswith("GET") and "list-type" not in path:
+                    at = length // 4  # before any cut
+                    body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
                 cut = length > 2048 and path not in self.cut_paths and line.startswith("GET")
                 if cut:
                     self.cut_paths.add(path)
@@ -364,6 +370,7 @@ def test_a_proxy_that_cuts_every_object_mid_transfer_the_job_completes_exactly(s
               "s3: {initial_backoff_ms: 10, max_backoff_ms: 50}}")
     assert_exactly_once(run_ranks(sock, cfg), expected)
     assert proxy.cuts >= SHARDS and proxy.ranged >= SHARDS, (proxy.cuts, proxy.ranged)
+    assert proxy.if_match >= proxy.ranged  # every ranged read names the version it continues or indexed
     # The two ranks' jobs shared one scan: each shard was streamed whole once (then resumed).
     shard_gets = {p: n for p, n in proxy.full.items() if "/shards/" in p}
     assert sorted(shard_gets.values()) == [1] * SHARDS, shard_gets
@@ -376,6 +383,42 @@ def test_a_proxy_that_cuts_every_object_mid_transfer_the_job_completes_exactly(s
                                           for r in dataset.files}.items())
     big = sum(1 for r in dataset.files if (dataset.root / r).stat().st_size > 2048)
     assert big > 0 and proxy.cuts - cuts >= big, (proxy.cuts - cuts, big)
+
+
+def test_a_body_that_differs_from_its_md5_etag_fails_clearly(s3d, store, creds, monkeypatch):
+    sock, _ = s3d
+    _, proxy, _, _ = store
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    proxy.corrupt = True
+    try:
+        with pytest.raises(spdl_client.SpdlError) as err:
+            spdl_client.Loader(job(f"{{type: tar, shards: 's3://{BUCKET}/shards/train-001.tar'}}"), socket=sock,
+                               epochs=1, timeout=30)
+    finally:
+        proxy.corrupt = False
+    msg = str(err.value)
+    SEEN.append(msg)
+    assert "differs from the object's ETag" in msg and f"s3://{BUCKET}/shards/train-001.tar" in msg, msg
+
+
+def test_a_shard_replaced_after_indexing_fails_its_reads_not_mixes_versions(s3d, store, creds):
+    sock, _ = s3d
+    moto, _, _, _ = store
+    key = "shards/train-002.tar"
+    original = moto.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    loader = spdl_client.Loader(job(f"{{type: tar, shards: 's3://{BUCKET}/{key}', shuffle_buffer: 1}}"), socket=sock,
+                                epochs=1, timeout=30)
+    try:
+        moto.s3.put_object(Bucket=BUCKET, Key=key, Body=original + b"\0" * 1024)  # new ETag, same members
+        with pytest.raises(spdl_client.SpdlError) as err:
+            for _ in loader:
+                pass
+        msg = str(err.value)
+        SEEN.append(msg)
+        assert "412" in msg and "changed since it was first read or indexed" in msg, msg
+    finally:
+        loader.close()
+        moto.s3.put_object(Bucket=BUCKET, Key=key, Body=original)
 
 
 def test_a_stalled_server_is_a_bounded_wait_then_a_clear_error(s3d, store, creds, monkeypatch):
