@@ -260,8 +260,9 @@ def creds(store, monkeypatch, tmp_path):
     return moto
 
 
-# Every error message the tests saw, for the no-secret check at the end.
+# Every error message the tests saw, for the no-secret check at the end, and temporary secrets.
 SEEN: list = []
+TEMPORARY: list = []
 
 
 def job(source: str, batch: int = 5) -> str:
@@ -340,6 +341,58 @@ def test_credentials_from_the_shared_credentials_file(s3d, creds, dataset, tmp_p
     monkeypatch.setenv("AWS_PROFILE", "train")
     out = run_ranks(sock, job(f"{{type: s3_prefix, prefix: 's3://{BUCKET}/folder'}}"), epochs=1, world=1)
     assert len(out[(0, 0)]) == len(dataset.files)
+
+
+def test_s3_tar_shards_resume_exactly_mid_epoch(s3d, creds):
+    sock, _ = s3d
+    cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/shards/train-{{000..{SHARDS - 1:03d}}}.tar', "
+              "shuffle_buffer: 8}", batch=4)
+    ref = spdl_client.Loader(cfg, socket=sock, epochs=2, timeout=60)
+    try:
+        want = [[list(b.paths) for b in ref] for _ in range(2)]
+    finally:
+        ref.close()
+    first = spdl_client.Loader(cfg, socket=sock, epochs=2, timeout=60)
+    try:
+        for epoch in range(2):
+            for i, _ in enumerate(first):
+                if epoch == 1 and i == 4:
+                    saved = json.loads(json.dumps(first.state_dict()))
+    finally:
+        first.close()
+    resumed = spdl_client.Loader(cfg, socket=sock, epochs=2, timeout=60)
+    try:
+        resumed.load_state_dict(saved)
+        assert [list(b.paths) for b in resumed] == want[1][5:]
+    finally:
+        resumed.close()
+
+
+def test_temporary_credentials_with_a_session_token(s3d, creds, monkeypatch):
+    sock, _ = s3d
+    moto = creds
+    kw = dict(endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
+              aws_secret_access_key=moto.secret)
+    iam = boto3.client("iam", **kw)
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+                                                     "Action": "sts:AssumeRole"}]}
+    arn = iam.create_role(RoleName="reader", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    iam.put_role_policy(RoleName="reader", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    tmp = boto3.client("sts", **kw).assume_role(RoleArn=arn, RoleSessionName="train")["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", tmp["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", tmp["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", tmp["SessionToken"])
+    TEMPORARY.extend([tmp["SecretAccessKey"], tmp["SessionToken"]])
+    out = run_ranks(sock, job(f"{{type: s3_prefix, prefix: 's3://{BUCKET}/folder/'}}"), epochs=1, world=1)
+    assert len(out[(0, 0)]) > 0
+    # Without the token the same temporary key is refused.
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    with pytest.raises(spdl_client.SpdlError) as err:
+        spdl_client.Loader(job(f"{{type: s3_prefix, prefix: 's3://{BUCKET}/folder/'}}"), socket=sock, epochs=1,
+                           timeout=30)
+    SEEN.append(str(err.value))
+    assert "403" in str(err.value), str(err.value)
 
 
 def test_bad_credentials_fail_the_job_once_with_the_store_code_and_key(s3d, creds, monkeypatch):
@@ -460,3 +513,5 @@ def test_no_credential_in_any_log_stats_status_or_error(s3d, store, creds):
     for t in texts:
         assert moto.secret not in t
         assert moto.key_id not in t
+        for secret in TEMPORARY:
+            assert secret not in t
