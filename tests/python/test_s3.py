@@ -343,6 +343,32 @@ def test_credentials_from_the_shared_credentials_file(s3d, creds, dataset, tmp_p
     assert len(out[(0, 0)]) == len(dataset.files)
 
 
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_s3_shards_of_different_sizes_keep_uneven_exact(s3d, store, creds, dataset, uneven):
+    sock, _ = s3d
+    moto = store[0]
+    sizes = [7, 13, 27]  # 47 samples: odd, and no shard boundary at the rank boundary
+    files = dataset.files[:sum(sizes)]
+    start = 0
+    for i, n in enumerate(sizes):
+        members = []
+        for rel in files[start:start + n]:
+            members.append((rel, (dataset.root / rel).read_bytes()))
+            members.append((rel.rsplit(".", 1)[0] + ".cls", str(dataset.label_of[rel]).encode()))
+        moto.s3.put_object(Bucket=BUCKET, Key=f"odd/part-{i}.tar", Body=make_tar(members))
+        start += n
+    cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/odd/part-{{0..2}}.tar'}}").replace(
+        "sampler: {shuffle: true, seed: 3}", f"sampler: {{shuffle: true, seed: 3, uneven: {uneven}}}")
+    out = run_ranks(sock, cfg, epochs=1, world=2)
+    per_rank = [len(out[(0, r)]) for r in range(2)]
+    every = [p for r in range(2) for p, _ in out[(0, r)]]
+    keys = {rel.rsplit(".", 1)[0] for rel in files}
+    if uneven == "pad":
+        assert per_rank == [24, 24] and set(every) == keys and len(every) == 48
+    else:
+        assert per_rank == [23, 23] and len(set(every)) == 46 and set(every) <= keys
+
+
 def test_s3_tar_shards_resume_exactly_mid_epoch(s3d, creds):
     sock, _ = s3d
     cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/shards/train-{{000..{SHARDS - 1:03d}}}.tar', "
