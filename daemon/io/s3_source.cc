@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -196,10 +199,19 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
   index->scan_start_ns = RealtimeNowNs();
   index->shards = std::move(shards);
   const size_t num_sidecars = sidecar_exts.size();
-  std::vector<Status> problems;
-  std::vector<TarMember> members;
-  std::string label_bytes;
-  for (size_t s = 0; s < index->shards.size(); ++s) {
+  // One shard's part of the index; the parts are scanned in parallel and joined in shard order.
+  struct Part {
+    std::string etag;
+    std::vector<SampleRef> samples;
+    std::vector<Location> images, sidecars;
+    std::vector<std::string> bad_labels;
+    std::vector<Status> problems;
+  };
+  std::vector<Part> parts(index->shards.size());
+  auto scan_one = [&](size_t s) -> Status {
+    Part& part = parts[s];
+    std::vector<TarMember> members;
+    std::string label_bytes;
     const S3Location& loc = index->shards[s];
     const std::string name = loc.ToString();
     // The shard streams once through a memory file, for the header scan and the labels.
@@ -207,7 +219,6 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
     mem.fd = ::memfd_create("spdld-s3-shard", MFD_CLOEXEC);
     if (mem.fd < 0) return ErrnoStatus("memfd_create", errno);
     uint64_t total = 0;
-    index->etags.emplace_back();
     Status got = client.Get(
         loc, 0, S3Client::kToEnd,
         [&](const uint8_t* d, size_t n) {
@@ -221,18 +232,16 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
           total += n;
           return true;
         },
-        "", &index->etags.back());
+        "", &part.etag);
     if (!got.ok()) {
-      problems.push_back(got.WithPrefix("tar shard " + name));
-      index->shard_sizes.push_back(0);
-      continue;
+      part.problems.push_back(got.WithPrefix("tar shard " + name));
+      return Status::Ok();
     }
     members.clear();
     Status scan = ListTarMembers(mem.fd, total, name, &members);
     if (!scan.ok()) {
-      problems.push_back(std::move(scan));
-      index->shard_sizes.push_back(0);
-      continue;
+      part.problems.push_back(std::move(scan));
+      return Status::Ok();
     }
     struct Pending {
       int image_rank = -1;
@@ -270,7 +279,6 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
         break;
       }
     }
-    uint64_t taken = 0;
     for (const std::string& key : keys) {
       Pending& g = groups[key];
       if (g.image_rank < 0) continue;
@@ -281,7 +289,7 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
         if (g.label->size > 64) {
           bad = where + ": " + std::to_string(g.label->size) + " bytes, not a label";
         } else if (Status ls = PreadAll(mem.fd, g.label->data_offset, g.label->size, &label_bytes); !ls.ok()) {
-          problems.push_back(ls.WithPrefix(where));
+          part.problems.push_back(ls.WithPrefix(where));
           continue;
         } else {
           size_t a = label_bytes.find_first_not_of(" \t\r\n");
@@ -294,13 +302,38 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
           }
         }
       }
-      index->samples.push_back(SampleRef{key, label});
-      index->images.push_back(Location{static_cast<uint32_t>(s), g.image.data_offset, g.image.size});
-      index->sidecars.insert(index->sidecars.end(), g.sidecars.begin(), g.sidecars.end());
-      index->bad_labels.push_back(std::move(bad));
-      ++taken;
+      part.samples.push_back(SampleRef{key, label});
+      part.images.push_back(Location{static_cast<uint32_t>(s), g.image.data_offset, g.image.size});
+      part.sidecars.insert(part.sidecars.end(), g.sidecars.begin(), g.sidecars.end());
+      part.bad_labels.push_back(std::move(bad));
     }
-    index->shard_sizes.push_back(taken);
+    return Status::Ok();
+  };
+  // A few shards at once (each in memory while it is scanned): the job starts sooner, memory stays
+  // bounded by kScanThreads shards.
+  constexpr size_t kScanThreads = 4;
+  std::atomic<size_t> next{0};
+  std::vector<Status> fatal(index->shards.size());
+  auto worker = [&] {
+    for (size_t s = next.fetch_add(1); s < parts.size(); s = next.fetch_add(1)) fatal[s] = scan_one(s);
+  };
+  std::vector<std::thread> threads;
+  const size_t n_threads = std::min(kScanThreads, parts.size());
+  for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+  std::vector<Status> problems;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    SPDL_RETURN_IF_ERROR(fatal[s]);
+    Part& part = parts[s];
+    index->etags.push_back(std::move(part.etag));
+    index->shard_sizes.push_back(part.samples.size());
+    for (Status& p : part.problems) problems.push_back(std::move(p));
+    std::move(part.samples.begin(), part.samples.end(), std::back_inserter(index->samples));
+    index->images.insert(index->images.end(), part.images.begin(), part.images.end());
+    index->sidecars.insert(index->sidecars.end(), part.sidecars.begin(), part.sidecars.end());
+    std::move(part.bad_labels.begin(), part.bad_labels.end(), std::back_inserter(index->bad_labels));
+    part = Part{};
   }
   if (!problems.empty()) {
     std::string m = std::to_string(problems.size()) + " of " + std::to_string(index->shards.size()) +

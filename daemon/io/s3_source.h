@@ -10,8 +10,8 @@
 //                     ("s3://b/train-{000..099}.tar"), grouped into samples exactly as
 //                     TarShardSource does (tar_shard_source.h: keys, image extensions in order of
 //                     preference, label member, sidecars). Open streams each shard once through
-//                     the tar header scan (in memory, one shard at a time: a memfd the size of the
-//                     shard) and keeps per sample its shard, offset and size; Read is one ranged
+//                     the tar header scan (in memory: a memfd the size of the shard; 4 shards at
+//                     once, joined in shard order) and keeps per sample its shard, offset and size; Read is one ranged
 //                     GET of the member. ShardSizes lets the sampler shuffle whole shards per epoch
 //                     and give ranks whole shards, and resume stays exact (the order is a pure
 //                     function of the job).
