@@ -95,6 +95,7 @@ class CuttingProxy:
         self.cuts = 0
         self.ranged = 0
         self.full: dict = {}  # path -> GETs without a Range
+        self.ranged_by_path: dict = {}  # path -> GETs with a Range
         self.corrupt = False  # flip a byte a quarter into every whole-object body
         self.if_match = 0  # requests that carried If-Match
         self.lock = threading.Lock()
@@ -144,6 +145,8 @@ class CuttingProxy:
             up.close()
             with self.lock:
                 self.ranged += ranged
+                if ranged:
+                    self.ranged_by_path[path] = self.ranged_by_path.get(path, 0) + 1
                 if not ranged and line.startswith("GET"):
                     self.full[path] = self.full.get(path, 0) + 1
                 self.if_match += b"\r\nif-match:" in req.lower()
@@ -263,6 +266,7 @@ def creds(store, monkeypatch, tmp_path):
 # Every error message the tests saw, for the no-secret check at the end, and temporary secrets.
 SEEN: list = []
 TEMPORARY: list = []
+LOGS: list = []  # daemon logs of fixtures already torn down
 
 
 def job(source: str, batch: int = 5) -> str:
@@ -525,6 +529,62 @@ def test_the_admin_allows_endpoints_and_buckets_by_url_prefix(s3d, creds):
     SEEN.append(str(err.value))
 
 
+@pytest.fixture(scope="module")
+def s3d_cached(tmp_root, store):
+    """A spdld with the node-wide sample cache on (cache_bytes), allowed the proxy."""
+    _, proxy, _, _ = store
+    sock = str(tmp_root / "s3c.sock")
+    cfg = tmp_root / "s3c-spdld.yaml"
+    cfg.write_text(
+        f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\nallowed_url_prefixes: [{proxy.url}/{BUCKET}]\n"
+        "worker_threads: 2\nio_threads: 4\nlog_level: debug\ncache_bytes: 67108864\n"
+    )
+    logpath = tmp_root / "spdld-s3c.log"
+    log = open(logpath, "wb")
+    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while not _connectable(sock):
+        assert proc.poll() is None and time.monotonic() < deadline, logpath.read_text()
+        time.sleep(0.01)
+    yield sock, logpath
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=20) == 0, logpath.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        LOGS.append(logpath)
+
+
+def test_with_the_sample_cache_4_ranks_fetch_each_shard_once_per_node(s3d_cached, store, creds, dataset,
+                                                                     monkeypatch):
+    """4 ranks x 2 epochs on one node: the ranks share one scan of each shard (one whole GET), and
+    the members are fetched about once (ranged GETs), the second epoch served by the sample cache."""
+    sock, _ = s3d_cached
+    moto, proxy, _, _ = store
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    per = len(dataset.files) // SHARDS
+    for s in range(SHARDS):
+        members = []
+        for rel in dataset.files[s * per:(s + 1) * per]:
+            members.append((rel, (dataset.root / rel).read_bytes()))
+            members.append((rel.rsplit(".", 1)[0] + ".cls", str(dataset.label_of[rel]).encode()))
+        moto.s3.put_object(Bucket=BUCKET, Key=f"cached/part-{s}.tar", Body=make_tar(members))
+    before_ranged = proxy.ranged_by_path.copy()
+    cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/cached/part-{{0..{SHARDS - 1}}}.tar'}}", batch=4)
+    expected = {rel.rsplit(".", 1)[0]: dataset.label_of[rel] for rel in dataset.files}
+    assert_exactly_once(run_ranks(sock, cfg, epochs=2, world=4), expected, epochs=2, world=4)
+    shards = [f"/{BUCKET}/cached/part-{s}.tar" for s in range(SHARDS)]
+    assert [proxy.full.get(p, 0) for p in shards] == [1] * SHARDS, proxy.full
+    ranged = {p: proxy.ranged_by_path.get(p, 0) - before_ranged.get(p, 0) for p in shards}
+    # About one ranged GET per sample over both epochs (+1 where the whole GET was cut and resumed;
+    # a rank prefetching epoch 1 while another still reads epoch 0 can miss a sample not cached
+    # yet); without the cache every sample is fetched once per epoch: 2 * per.
+    assert all(per <= n <= per + 4 for n in ranged.values()), ranged
+
+
 def test_no_credential_in_any_log_stats_status_or_error(s3d, store, creds):
     """Runs last in this file: everything the daemon said and logged holds neither the secret key nor
     the access key id."""
@@ -533,7 +593,7 @@ def test_no_credential_in_any_log_stats_status_or_error(s3d, store, creds):
     for args in (["status"], ["jobs"], ["--json", "status"], ["--json", "jobs"]):
         r = subprocess.run([str(SPDLCTL), "--socket", sock, *args], capture_output=True, text=True, timeout=10)
         SEEN.append(r.stdout + r.stderr)
-    texts = SEEN + [logpath.read_text(errors="replace")]
+    texts = SEEN + [p.read_text(errors="replace") for p in [logpath, *LOGS]]
     assert len(SEEN) > 10  # the other tests ran and recorded what they saw
     assert "s3://" in texts[-1] or any("s3://" in t for t in texts)
     for t in texts:
