@@ -215,6 +215,11 @@ bool RetryableCurl(CURLcode rc) {
 struct Transfer {
   const S3Client::Sink* sink = nullptr;
   CURL* curl = nullptr;
+  // Stall detection: the time the byte count last moved; a transfer idle for stall_ms is aborted.
+  int64_t stall_ms = 0;  // 0 = off
+  curl_off_t last_bytes = -1;
+  std::chrono::steady_clock::time_point last_progress;
+  bool stalled = false;
   long code = 0;  // known once the body starts
   uint64_t got = 0;
   uint64_t max = 0;
@@ -249,6 +254,23 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
   }
   t->got += bytes;
   return bytes;
+}
+
+// CURLOPT_XFERINFOFUNCTION: aborts a transfer whose received body byte count has not moved for
+// stall_ms, the wait for the answer included.
+int OnProgress(void* user, curl_off_t /*dltotal*/, curl_off_t dlnow, curl_off_t /*ultotal*/, curl_off_t /*ulnow*/) {
+  auto* t = static_cast<Transfer*>(user);
+  const auto now = std::chrono::steady_clock::now();
+  if (dlnow != t->last_bytes) {
+    t->last_bytes = dlnow;
+    t->last_progress = now;
+    return 0;
+  }
+  if (t->stall_ms > 0 && now - t->last_progress > std::chrono::milliseconds(t->stall_ms)) {
+    t->stalled = true;
+    return 1;  // CURLE_ABORTED_BY_CALLBACK
+  }
+  return 0;
 }
 
 size_t OnHeader(char* data, size_t size, size_t n, void* user) {
@@ -400,10 +422,6 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout_ms));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout_ms));
-  if (options_.stall_timeout_ms > 0) {
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, std::max<long>(1, static_cast<long>(options_.stall_timeout_ms / 1000)));
-  }
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(c, CURLOPT_USERAGENT, options_.user_agent.c_str());
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->error);
@@ -429,6 +447,11 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   }
   Transfer t;
   t.ranged = !range.empty();
+  t.stall_ms = options_.stall_timeout_ms;
+  t.last_progress = std::chrono::steady_clock::now();
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &OnProgress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
   t.sink = &sink;
   t.curl = c;
   t.max = options_.max_object_bytes;
@@ -454,6 +477,11 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   bytes_.fetch_add(t.got, std::memory_order_relaxed);
 
   if (t.ignored_range) return {DataLoss(what + ": the store ignored a Range request (answered 200)"), false};
+  if (t.stalled) {
+    return {Unavailable(what + ": no byte for " + std::to_string(options_.stall_timeout_ms) + " ms after " +
+                        std::to_string(t.got) + " bytes (a stalled transfer)"),
+            true};
+  }
   if (t.stopped) return {Cancelled(what + ": stopped by the reader"), false};
   if (t.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
     return {

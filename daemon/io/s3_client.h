@@ -55,7 +55,8 @@ struct S3Options {
   std::vector<std::string> allowed_url_prefixes;  // the daemon's; empty refuses every request
   int64_t connect_timeout_ms = 5'000;
   int64_t timeout_ms = 30'000;  // one whole attempt
-  // A transfer slower than 1 byte/s for this long is a stall (cut and retried/resumed); 0 = off.
+  // No body byte for this long (the wait for the answer included) is a stall: the transfer is cut
+  // and retried, resumed where it stopped; 0 = off.
   int64_t stall_timeout_ms = 10'000;
   int max_attempts = 4;
   int64_t initial_backoff_ms = 100;

@@ -96,6 +96,7 @@ class CuttingProxy:
         self.ranged = 0
         self.full: dict = {}  # path -> GETs without a Range
         self.ranged_by_path: dict = {}  # path -> GETs with a Range
+        self.stall = False  # instead of cutting, send half the body and then nothing (for 20 s)
         self.corrupt = False  # flip a byte a quarter into every whole-object body
         self.if_match = 0  # requests that carried If-Match
         self.lock = threading.Lock()
@@ -159,6 +160,10 @@ class CuttingProxy:
                     self.cuts += 1
             head += b"\r\nConnection: close"
             conn.sendall(head + b"\r\n\r\n" + (body[: length // 2] if cut else body))
+            if cut and self.stall:
+                deadline = time.monotonic() + 20
+                while not self._stop and time.monotonic() < deadline:
+                    time.sleep(0.1)
         except OSError:
             pass
         finally:
@@ -466,6 +471,26 @@ def test_a_proxy_that_cuts_every_object_mid_transfer_the_job_completes_exactly(s
                                           for r in dataset.files}.items())
     big = sum(1 for r in dataset.files if (dataset.root / r).stat().st_size > 2048)
     assert big > 0 and proxy.cuts - cuts >= big, (proxy.cuts - cuts, big)
+
+
+def test_a_transfer_that_stalls_mid_shard_is_cut_and_resumed(s3d, store, creds, dataset, monkeypatch):
+    sock, _ = s3d
+    moto, proxy, _, _ = store
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    key = "shards/train-003.tar"
+    proxy.cut_paths.discard(f"/{BUCKET}/{key}")
+    proxy.stall = True
+    try:
+        t0 = time.monotonic()
+        cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/{key}', s3: {{stall_timeout_ms: 1000, timeout_ms: 60000}}}}")
+        out = run_ranks(sock, cfg, epochs=1, world=1)
+        waited = time.monotonic() - t0
+    finally:
+        proxy.stall = False
+    per = len(dataset.files) // SHARDS
+    assert len(out[(0, 0)]) == per and len(set(out[(0, 0)])) == per
+    assert f"/{BUCKET}/{key}" in proxy.cut_paths
+    assert waited < 15, waited  # the stall was cut after about a second, not after timeout_ms
 
 
 def test_a_body_that_differs_from_its_md5_etag_fails_clearly(s3d, store, creds, monkeypatch):
