@@ -78,6 +78,7 @@ bool ListHoldsS3(const std::string& list, const config::DaemonConfig& daemon) {
   std::string real;
   auto text = io::ReadListFile(list, daemon.allowed_roots, &real);
   if (!text.ok()) return false;  // the file list source reports it
+  if (text->find("s3://") == std::string::npos) return false;  // the common case, without a parse
   const io::ParsedList parsed = io::ParseSampleList(*text, "path");
   return std::any_of(parsed.entries.begin(), parsed.entries.end(),
                      [](const io::ListEntry& e) { return io::IsS3Url(e.item); });
