@@ -3,7 +3,12 @@
 // bucket host name under 127.0.0.1 does not resolve), the allowed-prefix rule, option checks, and the
 // client's shared-credentials-file parser. The transport itself is tested against a real S3 server
 // (moto) in tests/python/test_s3.py.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "config/job_config.h"
@@ -165,4 +170,42 @@ TEST_CASE("job config: s3_prefix and the source's s3 map") {
   auto wrong_type = ParseJobConfig("source: {type: http, list: /l.txt, s3: {region: x}}\n");
   CHECK_FALSE(wrong_type.config);
   CHECK(Errors(wrong_type).find("not a key of source type http") != std::string::npos);
+}
+
+TEST_CASE("the client's S3 access: environment first, then the profile of the credentials file") {
+  const std::string home = "/tmp/spdl-s3-test-home-" + std::to_string(::getpid());
+  std::filesystem::create_directories(home + "/.aws");
+  std::ofstream(home + "/.aws/credentials")
+      << "[default]\naws_access_key_id=FILEKEY\naws_secret_access_key=FILESECRET\n"
+      << "[other]\naws_access_key_id=OTHERKEY\naws_secret_access_key=OTHERSECRET\n";
+  for (const char* v :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"}) {
+    ::unsetenv(v);
+  }
+  spdl::proto::S3Access a;
+  spdl::client::LoadS3Access(&a, home);
+  CHECK(a.access_key_id() == "FILEKEY");
+  CHECK(a.secret_access_key() == "FILESECRET");
+  ::setenv("AWS_PROFILE", "other", 1);
+  ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1", 1);
+  ::setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:2", 1);
+  ::setenv("AWS_DEFAULT_REGION", "eu-north-1", 1);
+  spdl::client::LoadS3Access(&a, home);
+  CHECK(a.access_key_id() == "OTHERKEY");
+  CHECK(a.endpoint_url() == "http://127.0.0.1:2");
+  CHECK(a.region() == "eu-north-1");
+  ::setenv("AWS_ACCESS_KEY_ID", "ENVKEY", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "ENVSECRET", 1);
+  ::setenv("AWS_SESSION_TOKEN", "ENVTOKEN", 1);
+  spdl::client::LoadS3Access(&a, home);
+  CHECK(a.access_key_id() == "ENVKEY");
+  CHECK(a.session_token() == "ENVTOKEN");
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"}) {
+    ::unsetenv(v);
+  }
+  std::filesystem::remove_all(home);
+  spdl::client::LoadS3Access(&a, home);  // no file, no environment: nothing
+  CHECK(a.ByteSizeLong() == 0);
 }
