@@ -23,6 +23,7 @@
 #include "proto/framing.h"
 #include "proto/job_stats_fields.h"
 #include "proto/shm_layout.h"
+#include "s3_access.h"
 #include "spdl/control.h"
 
 namespace spdl::client {
@@ -515,6 +516,10 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_resume_token(options.resume_token);
   s->set_start_epoch(options.start_epoch);
   if (!options.device_uuid.empty()) s->set_device_uuid(options.device_uuid);
+  // The trainer's object-storage access goes with every job (the daemon uses it only for s3://
+  // sources, keeps it for this job only and never shows it).
+  client::LoadS3Access(s->mutable_s3());
+  if (s->s3().ByteSizeLong() == 0) s->clear_s3();
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
 

@@ -20,7 +20,7 @@ build=(
 libs=(
   libboost-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libspdlog-dev libcli11-dev libyaml-cpp-dev
-  libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev
+  libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
   libsystemd-dev
 )
 # tests: the Python client (python3-dev, pybind11, dlpack) and its tests (torch, numpy, PIL),
@@ -41,12 +41,14 @@ bench=(
 pip_test=(
   kubernetes-validate
 )
-# PyPI packages the Python tests import from Debian's /usr/bin/python3 itself: JAX's CPU wheels
-# (tests/python/test_jax.py, client/python/examples/jax_example.py), installed next to Debian's
-# packages with Debian's numpy pinned, so that pip never replaces it (numpy 1.24 -> jax 0.4.38;
-# ~1.5 min, ~110 MB). TensorFlow is not installed (~600 MB): its test says SKIPPED without it.
+# PyPI packages the Python tests import from Debian's /usr/bin/python3 itself (the interpreter the
+# tests run under), installed next to Debian's packages with Debian's numpy pinned, so that pip never
+# replaces it: JAX's CPU wheels (tests/python/test_jax.py, client/python/examples/jax_example.py;
+# numpy 1.24 -> jax 0.4.38; ~1.5 min, ~110 MB) and moto[server], the S3 server tests/python/test_s3.py
+# starts on 127.0.0.1. TensorFlow is not installed (~600 MB): its test says SKIPPED without it.
 pip_system_test=(
   "jax[cpu]"
+  "moto[server]"
 )
 
 purpose=${1:-all}
@@ -91,11 +93,15 @@ if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
 fi
 
 if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
-  if ! /usr/bin/python3 -c "import jax" >/dev/null 2>&1; then
+  need=()
+  for p in "${pip_system_test[@]}"; do
+    /usr/bin/python3 -m pip show -q "${p%%[*}" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
     numpy_version=$(/usr/bin/python3 -c "import numpy; print(numpy.__version__)")
-    echo "install-deps ($purpose): installing ${pip_system_test[*]} for /usr/bin/python3 (numpy==$numpy_version kept)"
-    # Not fatal: without PyPI the JAX tests say "SKIPPED".
-    $sudo /usr/bin/python3 -m pip install -q --break-system-packages "numpy==$numpy_version" "${pip_system_test[@]}" \
-      || echo "install-deps ($purpose): WARNING: could not install ${pip_system_test[*]} from PyPI; the JAX tests will be skipped" >&2
+    echo "install-deps ($purpose): installing ${need[*]} for /usr/bin/python3 (numpy==$numpy_version kept)"
+    # Not fatal: without PyPI the tests that need these say "SKIPPED".
+    $sudo /usr/bin/python3 -m pip install -q --break-system-packages "numpy==$numpy_version" "${need[@]}" \
+      || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
   fi
 fi

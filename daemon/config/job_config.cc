@@ -169,7 +169,7 @@ struct SourceKey {
 };
 constexpr SourceKey kSourceKeys[] = {
     {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco)},
-    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar)},
+    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix)},
     {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
     {"shards", Bit(SourceType::kTar)},
     {"label_extension", Bit(SourceType::kTar)},
@@ -187,12 +187,15 @@ constexpr SourceKey kSourceKeys[] = {
     {"masks", Bit(SourceType::kCoco)},
     {"min_box_size", Bit(SourceType::kCoco)},
     {"min_visibility", Bit(SourceType::kCoco)},
+    {"prefix", Bit(SourceType::kS3Prefix)},
+    {"s3", Bit(SourceType::kTar) | Bit(SourceType::kFileList) | Bit(SourceType::kS3Prefix)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
   for (SourceType t :
-       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kCoco}) {
+       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kCoco,
+        SourceType::kS3Prefix}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -236,6 +239,44 @@ void ReadCoco(Diagnostics& diag, MapReader& m, Media media, const Field& type_fi
   }
 }
 
+// The source's `s3:` map (S3SourceConfig).
+void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) {
+  if (!Present(field)) return;
+  MapReader m(diag, field);
+  const Field endpoint = m.Get("endpoint_url");
+  if (auto v = internal::ReadString(diag, endpoint)) {
+    if (v->rfind("http://", 0) != 0 && v->rfind("https://", 0) != 0) {
+      diag.Error(endpoint, "must start with http:// or https:// (got '" + *v + "')");
+    } else {
+      out->endpoint_url = *v;
+    }
+  }
+  if (auto v = internal::ReadString(diag, m.Get("region"))) out->region = *v;
+  const Field addressing = m.Get("addressing");
+  if (auto v = internal::ReadString(diag, addressing)) {
+    if (*v != "auto" && *v != "path" && *v != "virtual") {
+      diag.Error(addressing, "must be auto, path or virtual (got '" + *v + "')");
+    } else {
+      out->addressing = *v;
+    }
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("timeout_ms"), 1, 3'600'000)) out->timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("connect_timeout_ms"), 1, 3'600'000)) out->connect_timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("stall_timeout_ms"), 1000, 3'600'000)) out->stall_timeout_ms = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("max_attempts"), 1, 100)) out->max_attempts = static_cast<int>(*v);
+  if (auto v = internal::ReadInt(diag, m.Get("initial_backoff_ms"), 0, 60'000)) out->initial_backoff_ms = *v;
+  const Field max_backoff = m.Get("max_backoff_ms");
+  if (auto v = internal::ReadInt(diag, max_backoff, 0, 600'000)) {
+    if (*v < out->initial_backoff_ms) {
+      diag.Error(max_backoff, "must be >= initial_backoff_ms (" + std::to_string(out->initial_backoff_ms) + ")");
+    } else {
+      out->max_backoff_ms = *v;
+    }
+  }
+  if (auto v = internal::ReadInt(diag, m.Get("max_in_flight"), 1, 1024)) out->max_in_flight = static_cast<int>(*v);
+  m.ReportUnknownKeys();
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
@@ -244,7 +285,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                      {"file_list", SourceType::kFileList},
                                                                      {"tar", SourceType::kTar},
                                                                      {"http", SourceType::kHttp},
-                                                                     {"coco", SourceType::kCoco}});
+                                                                     {"coco", SourceType::kCoco},
+                                                                     {"s3_prefix", SourceType::kS3Prefix}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -321,6 +363,21 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
       ReadCoco(diag, m, media, type_field, out);
       break;
     }
+    case SourceType::kS3Prefix: {
+      const Field prefix = m.Require("prefix");
+      if (auto v = internal::ReadString(diag, prefix)) {
+        if (v->rfind("s3://", 0) != 0 || v->size() <= 5) {
+          diag.Error(prefix, "must be an s3:// URL such as s3://bucket/train/ (got '" + *v + "')");
+        } else {
+          out->prefix = *v;
+        }
+      }
+      if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
+    }
+  }
+  if (*type == SourceType::kTar || *type == SourceType::kFileList || *type == SourceType::kS3Prefix) {
+    ReadS3Settings(diag, m.Get("s3"), &out->s3);
   }
   // A key of another source type: say which type it belongs to rather than "unknown key".
   std::vector<std::string> present;
@@ -1422,6 +1479,12 @@ void ReadExtraOutputs(Diagnostics& diag, const Field& field, JobConfig* out) {
                     "file_list or tar)");
     return;
   }
+  if (out->source.type == SourceType::kS3Prefix && !items->empty()) {
+    diag.ErrorAtKey(field,
+                    "extra_outputs read sidecar files, which source type s3_prefix does not have (use tar shards "
+                    "in s3://, whose members are read as sidecars)");
+    return;
+  }
   if (items->size() > kMaxExtraOutputs) {
     diag.ErrorAtKey(field, "at most " + std::to_string(kMaxExtraOutputs) + " extra outputs (got " +
                                std::to_string(items->size()) + ")");
@@ -1697,8 +1760,16 @@ const char* SourceTypeName(SourceType type) {
       return "http";
     case SourceType::kCoco:
       return "coco";
+    case SourceType::kS3Prefix:
+      return "s3_prefix";
   }
   return "?";
+}
+
+bool SourceConfig::UsesS3() const {
+  if (type == SourceType::kS3Prefix) return true;
+  if (type != SourceType::kTar) return false;
+  return std::any_of(shards.begin(), shards.end(), [](const std::string& s) { return s.rfind("s3://", 0) == 0; });
 }
 
 std::string CheckJobConfigShape(std::string_view text, const std::vector<Override>& overrides) {

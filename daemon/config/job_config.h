@@ -179,6 +179,26 @@ enum class SourceType {
   kTar,          // WebDataset tar shards, read in place; samples grouped by key (x.jpg + x.cls)
   kHttp,         // a file of "url[,label]" lines, or of "path[,label]" lines below `base_url`
   kCoco,         // a COCO instances JSON (`annotations`) and its image folder (`root`): boxes per sample
+  kS3Prefix,     // every object below an s3:// prefix; class = first path component after it
+};
+
+// Object storage settings of a source that names s3:// URLs (tar shards, a file list of s3://
+// lines, s3_prefix); YAML: the `s3:` map of the source. The endpoint and region default to the
+// ones the client sends with the job (its AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION /
+// AWS_DEFAULT_REGION), then to AWS (https://s3.<region>.amazonaws.com, us-east-1).
+struct S3SourceConfig {
+  std::string endpoint_url;            // "" = the client's, else AWS; http:// or https://
+  std::string region;                  // "" = the client's, else us-east-1
+  std::string addressing = "auto";     // auto | path | virtual (auto: virtual for AWS, path for an endpoint)
+  int64_t timeout_ms = 60'000;         // one whole request attempt, 1..3600000
+  int64_t connect_timeout_ms = 5'000;  // 1..3600000
+  int64_t stall_timeout_ms = 10'000;   // no byte for this long cuts the transfer (then retried); 1000..3600000
+  int max_attempts = 5;                // per request, retries with backoff, 1..100
+  int64_t initial_backoff_ms = 100;    // 0..60000
+  int64_t max_backoff_ms = 5'000;      // initial_backoff_ms..600000
+  int max_in_flight = 16;              // requests at once for the job, 1..1024
+
+  bool operator==(const S3SourceConfig&) const = default;
 };
 
 // The YAML name of a source type ("image_folder", "file_list", "tar", "http").
@@ -207,7 +227,7 @@ struct CocoConfig {
 };
 
 struct SourceConfig {
-  SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http
+  SourceType type = SourceType::kImageFolder;  // YAML: image_folder | file_list | tar | http | coco | s3_prefix
   // image_folder: the data directory (required, non-empty). file_list: the directory relative paths
   // are below ("" = the list file's directory).
   std::string root;
@@ -232,6 +252,13 @@ struct SourceConfig {
   int max_attempts = 4;                  // http: attempts per sample (retries with backoff), 1..100
   int max_in_flight = 16;                // http: requests at once for the job, 1..1024
   CocoConfig coco;                       // coco: the annotations and how boxes are delivered
+  // ---- object storage ----
+  std::string prefix;  // s3_prefix: "s3://bucket/some/prefix/" (required)
+  S3SourceConfig s3;   // tar, file_list, s3_prefix: the `s3:` map
+
+  // True when the source reads object storage: s3_prefix, or tar shards named s3://.
+  // (A file_list's s3:// lines are seen only when the list is read.)
+  bool UsesS3() const;
 
   bool operator==(const SourceConfig&) const = default;
 };

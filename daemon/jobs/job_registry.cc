@@ -10,6 +10,8 @@
 #include "io/file_list_source.h"
 #include "io/fs_identity.h"
 #include "io/http_source.h"
+#include "io/s3_source.h"
+#include "io/sample_list.h"
 #include "io/sample_source.h"
 #include "io/sampler.h"
 #include "io/source_index_cache.h"
@@ -49,6 +51,40 @@ proto::Error::Code CodeFor(const Status& s) {
 
 std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
+// The job's S3 transport: the config's `s3:` settings, the endpoint and region from the config or
+// else the client's, the job's credentials (from its client; never logged).
+Result<std::shared_ptr<const io::S3Client>> MakeS3Client(const config::S3SourceConfig& c, const proto::S3Access& access,
+                                                         const config::DaemonConfig& daemon) {
+  io::S3Options o;
+  o.endpoint_url = !c.endpoint_url.empty() ? c.endpoint_url : access.endpoint_url();
+  o.region = !c.region.empty() ? c.region : access.region();
+  o.addressing = c.addressing == "path"      ? io::S3Addressing::kPath
+                 : c.addressing == "virtual" ? io::S3Addressing::kVirtual
+                                             : io::S3Addressing::kAuto;
+  o.credentials = io::S3Credentials{access.access_key_id(), access.secret_access_key(), access.session_token()};
+  o.allowed_url_prefixes = daemon.allowed_url_prefixes;
+  o.timeout_ms = c.timeout_ms;
+  o.connect_timeout_ms = c.connect_timeout_ms;
+  o.stall_timeout_ms = c.stall_timeout_ms;
+  o.max_attempts = c.max_attempts;
+  o.initial_backoff_ms = c.initial_backoff_ms;
+  o.max_backoff_ms = c.max_backoff_ms;
+  o.max_in_flight = c.max_in_flight;
+  SPDL_ASSIGN_OR_RETURN(std::unique_ptr<io::S3Client> client, io::S3Client::Create(std::move(o)));
+  return std::shared_ptr<const io::S3Client>(std::move(client));
+}
+
+// True when the list file holds s3:// lines (read as the job's user, like the list itself).
+bool ListHoldsS3(const std::string& list, const config::DaemonConfig& daemon) {
+  std::string real;
+  auto text = io::ReadListFile(list, daemon.allowed_roots, &real);
+  if (!text.ok()) return false;  // the file list source reports it
+  if (text->find("s3://") == std::string::npos) return false;  // the common case, without a parse
+  const io::ParsedList parsed = io::ParseSampleList(*text, "path");
+  return std::any_of(parsed.entries.begin(), parsed.entries.end(),
+                     [](const io::ListEntry& e) { return io::IsS3Url(e.item); });
+}
+
 // Opens the job's sample source: scans the folder, reads the list, or indexes the tar shards, with
 // every local path checked against the daemon's allowed roots and every URL against its allowed
 // URL prefixes. Errors say which source key is at fault.
@@ -58,7 +94,39 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
                                                            const std::vector<config::ExtraOutputConfig>& extras,
                                                            const std::string& mask_from,
                                                            const config::DaemonConfig& daemon,
-                                                           io::SourceIndexCache* index_cache) {
+                                                           io::SourceIndexCache* index_cache,
+                                                           const proto::S3Access& s3_access) {
+  // Object storage. A source holds its job's credentials and is never shared.
+  // A file_list or http list of s3:// lines reads object storage too.
+  const bool s3_list =
+      (c.type == config::SourceType::kFileList || c.type == config::SourceType::kHttp) && ListHoldsS3(c.list, daemon);
+  if (c.UsesS3() || s3_list) {
+    auto client = MakeS3Client(c.s3, s3_access, daemon);
+    if (!client.ok()) return client.status().WithPrefix("source.s3");
+    Result<std::shared_ptr<const io::SampleSource>> src = InvalidArgument("source.type: unknown");
+    if (c.type == config::SourceType::kS3Prefix) {
+      auto s = io::S3ObjectSource::OpenPrefix(c.prefix, c.extensions, *client);
+      if (!s.ok()) return s.status().WithPrefix("source.prefix");
+      return std::shared_ptr<const io::SampleSource>(std::move(s).value());
+    }
+    if (s3_list) {
+      auto s = io::S3ObjectSource::OpenList(c.list, daemon.allowed_roots, *client);
+      if (!s.ok()) return s.status().WithPrefix("source.list");
+      return std::shared_ptr<const io::SampleSource>(std::move(s).value());
+    }
+    for (const std::string& shard : c.shards) {
+      if (!io::IsS3Url(shard)) {
+        return InvalidArgument("source.shards: " + shard + " is not s3:// while others are (a job reads one store)");
+      }
+    }
+    std::vector<std::string> sidecars;
+    for (const config::ExtraOutputConfig& e : extras) sidecars.push_back(e.from);
+    // The index (not the source, which holds the credentials) is shared by the same user's jobs.
+    auto s = io::S3TarShardSource::Open(c.shards, c.extensions, c.label_extension, sidecars, *client, index_cache,
+                                        io::CurrentFsIdentityKey());
+    if (!s.ok()) return s.status().WithPrefix("source.shards");
+    return std::shared_ptr<const io::SampleSource>(std::move(s).value());
+  }
   switch (c.type) {
     case config::SourceType::kImageFolder: {
       auto src = io::ImageFolderSource::Open(c.root, c.extensions, daemon.allowed_roots, io::kDefaultMaxSampleBytes,
@@ -120,6 +188,8 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       if (!src.ok()) return src.status().WithPrefix("source.annotations");
       return std::shared_ptr<const io::SampleSource>(std::move(src).value());
     }
+    case config::SourceType::kS3Prefix:
+      break;  // opened above
   }
   return InvalidArgument("source.type: unknown");
 }
@@ -328,8 +398,11 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     if (!as_user.ok())
       return fail(proto::Error::INTERNAL,
                   "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
-    source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache);
+    source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
+                        req.s3());
   }
+  // The credentials now live only in the job's S3 transport (if it has one), not in the request.
+  p->request.clear_s3();
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
   spec.source = std::make_shared<const io::UserSource>(std::move(source).value(), identity);
   if (cache) {

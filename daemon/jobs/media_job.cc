@@ -130,10 +130,10 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
     return pipeline::StageOptions{static_cast<uint32_t>(c.concurrency), static_cast<uint32_t>(c.queue)};
   };
   popts.stages = {stage(s.config.stages.read), stage(s.config.stages.decode)};
-  // An HTTP read holds its I/O thread while the server answers: one job's HTTP reads take at most
+  // An HTTP (or S3) read holds its I/O thread while the server answers: one job's HTTP reads take at most
   // half the I/O pool (whatever stages.read.concurrency asks), so a slow server never stalls the
   // reads of every other job.
-  if (s.config.source.type == config::SourceType::kHttp) {
+  if (s.config.source.type == config::SourceType::kHttp || s.config.source.UsesS3()) {
     const int io_threads = (io_executor ? io_executor : executor)->Parallelism();
     const auto cap = static_cast<uint32_t>(std::max(1, io_threads / 2));
     uint32_t& c = popts.stages[0].concurrency;

@@ -256,7 +256,7 @@ TEST_CASE("job config: missing or empty root") {
     REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
     CHECK(ErrorAt(errors, "source.type").message ==
-          "must be one of image_folder | file_list | tar | http | coco (got 'lmdb')");
+          "must be one of image_folder | file_list | tar | http | coco | s3_prefix (got 'lmdb')");
   }
 }
 
