@@ -986,7 +986,8 @@ TEST_CASE("an exception outside a sample's stage fails the job, not the process"
       &pool, &ring, &proc, [](uint64_t) { return Iota(8); }, o, [&] { notified++; }, owner);
   pipe.Pump();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (pipe.failure().ok() && std::chrono::steady_clock::now() < deadline) {
+  // The failure is recorded first, then the owner is notified (from the pool's thread): wait for both.
+  while ((pipe.failure().ok() || notified == 0) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(pipe.failure().code() == StatusCode::kInternal);
