@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "media/augment.h"
+
 namespace spdl::media {
 
 Affine2D OrientationMap(Orientation o, int sw, int sh) {
@@ -53,6 +55,8 @@ GeometryChain ImageGeometry(const ImageOps& ops, const ImageInfo& info) {
   }
   // 3. horizontal flip
   if (info.flipped) chain.Then(Affine2D::FlipX(chain.width()), chain.width(), chain.height());
+  // 4. what ran after the decoder (random_crop, the flip as a pixel step, augmentations)
+  for (const GeometryStep& s : info.after) chain.Then(s.map, s.width, s.height);
   return chain;
 }
 
@@ -133,6 +137,14 @@ void PilNearestTable(int in, int out, std::vector<int>* idx) {
   }
 }
 
+// A map whose linear part only swaps and mirrors axes (entries -1, 0, 1): it sends pixel centres
+// to pixel centres (for whole-pixel offsets), so floor sampling is exact.
+bool IsUnitPermutation(const Affine2D& a) {
+  const auto& m = a.m;
+  auto unit = [](double v) { return v == 0 || v == 1 || v == -1; };
+  return unit(m[0]) && unit(m[1]) && unit(m[3]) && unit(m[4]);
+}
+
 }  // namespace
 
 void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst) {
@@ -160,8 +172,12 @@ void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst)
         uint8_t* o = out + static_cast<size_t>(y) * s.width;
         for (int x = 0; x < s.width; ++x) o[x] = row[xs[x]];
       }
-    } else {
+    } else if (IsUnitPermutation(s.map)) {  // flips, crops, padding, 90-degree turns: exact
       WarpMaskNearest(in, w, h, s.map, out, s.width, s.height);
+    } else {  // rotate, affine, shears: PIL's Image.transform(AFFINE, NEAREST), fill 0
+      WarpAffine(ImageView{const_cast<uint8_t*>(in), w, h, 1, static_cast<size_t>(w)},
+                 ImageView{out, s.width, s.height, 1, static_cast<size_t>(s.width)}, s.map, WarpFilter::kNearest,
+                 {0, 0, 0});
     }
     in = out;
     w = s.width;

@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "config/job_config.h"
 #include "io/coco_source.h"
 #include "jobs/sample_decoder.h"
+#include "media/augment.h"
 #include "media/geometry.h"
 #include "media/image_encoder.h"
 #include "media/jpeg_encoder.h"
@@ -231,6 +234,128 @@ TEST_CASE("Masks: nearest sampling is pixel-exact for flips and crops, padding i
     spdl::media::FillPolygon(rect, 9, m.data(), 10, 8);
     for (int y = 0; y < 8; ++y)
       for (int x = 0; x < 10; ++x) CHECK(m[y * 10 + x] == ((x >= 2 && x < 6 && y >= 1 && y < 4) ? 9 : 0));
+  }
+}
+
+TEST_CASE("Boxes follow the augmentations' maps: vertical_flip, random_crop with padding, rotate, affine") {
+  namespace m = spdl::media;
+  const Box b{10, 5, 30, 25};
+  SECTION("vertical_flip of a 40 high image: y -> 40 - y") {
+    CheckBox(Moved(b, m::VerticalFlipMap(40), 40, 40), 10, 15, 30, 35);
+  }
+  SECTION("random_crop 24 x 20 at (0, 10) of the image padded by 4: x + 4, y - 6, clipped") {
+    m::CropDraw d;
+    d.pad_left = 4;
+    d.pad_top = 4;
+    d.x = 0;
+    d.y = 10;
+    d.width = 24;
+    d.height = 20;
+    // x: [10, 30] + 4 = [14, 34] -> [14, 24]; y: [5, 25] - 6 = [-1, 19] -> [0, 19]
+    CheckBox(Moved(b, m::RandomCropMap(d), 24, 20), 14, 0, 24, 19);
+  }
+  SECTION("rotate 90 (counter-clockwise) of a 40 x 40 image: (x, y) -> (y, 40 - x)") {
+    int w = 0, h = 0;
+    const Affine2D r = m::RotateMap(90, false, 40, 40, &w, &h);
+    CHECK(w == 40);
+    CHECK(h == 40);
+    CheckBox(Moved(b, r, w, h), 5, 10, 25, 30);
+  }
+  SECTION("rotate 30 without expand of a 60 x 40 image: the enclosing box of the turned corners, clipped") {
+    int w = 0, h = 0;
+    const Affine2D r = m::RotateMap(30, false, 60, 40, &w, &h);
+    CHECK(w == 60);
+    CHECK(h == 40);
+    const Box near_edge{40, 2, 58, 20};
+    // By hand: about the centre (30, 20), counter-clockwise on screen (y down):
+    // x' = 30 + c (x - 30) + s (y - 20), y' = 20 - s (x - 30) + c (y - 20).
+    const double c = std::cos(30 * M_PI / 180), s = std::sin(30 * M_PI / 180);
+    double x1 = 1e9, y1 = 1e9, x2 = -1e9, y2 = -1e9;
+    for (double x : {40.0, 58.0})
+      for (double y : {2.0, 20.0}) {
+        const double px = 30 + c * (x - 30) + s * (y - 20), py = 20 - s * (x - 30) + c * (y - 20);
+        x1 = std::min(x1, px), x2 = std::max(x2, px), y1 = std::min(y1, py), y2 = std::max(y2, py);
+      }
+    CHECK(y1 < 0);  // the box leaves the image at the top: clipped
+    CheckBox(Moved(near_edge, r, w, h), std::clamp(x1, 0.0, 60.0), 0, std::clamp(x2, 0.0, 60.0),
+             std::clamp(y2, 0.0, 40.0));
+  }
+  SECTION("affine translate (5, -3) and scale 2 of a 40 x 40 image, about its centre") {
+    m::AffineParams p;
+    p.translate_x = 5;
+    p.translate_y = -3;
+    p.scale = 2;
+    // x' = 2 (x - 20) + 20 + 5: [10, 30] -> [5, 45] -> [5, 40]; y' = 2 (y - 20) + 20 - 3: [5, 25] -> [-13, 27]
+    CheckBox(Moved(b, m::AffineMap(p, 40, 40), 40, 40), 5, 0, 40, 27);
+  }
+  SECTION("ImageGeometry appends the steps reported after the decoder's own, in order") {
+    spdl::media::ImageOps ops;
+    ops.crop_width = ops.crop_height = 40;
+    m::ImageInfo info;
+    info.width = 40;
+    info.height = 40;
+    info.after.push_back({m::VerticalFlipMap(40), 40, 40});
+    info.after.push_back({Affine2D::Translate(4, -6), 24, 20});
+    const m::GeometryChain chain = m::ImageGeometry(ops, info);
+    CHECK(chain.width() == 24);
+    CHECK(chain.height() == 20);
+    // y: 40 - [5, 25] = [15, 35], - 6 = [9, 29] -> [9, 20]; x: [14, 34] -> [14, 24]
+    CheckBox(Moved(b, chain.map(), chain.width(), chain.height()), 14, 9, 24, 20);
+  }
+}
+
+TEST_CASE("Masks follow the augmentations: pixel-exact vertical_flip, random_crop with padding, rotate 90") {
+  namespace m = spdl::media;
+  const int w = 7, h = 5;
+  std::vector<uint8_t> src(w * h);
+  for (int i = 0; i < w * h; ++i) src[i] = static_cast<uint8_t>(i + 1);
+  SECTION("vertical_flip, through the chain") {
+    m::GeometryChain chain(w, h);
+    chain.Then(m::VerticalFlipMap(h), w, h);
+    std::vector<uint8_t> dst(w * h);
+    m::WarpMaskSteps(src.data(), chain, dst.data());
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) CHECK(dst[y * w + x] == src[(h - 1 - y) * w + x]);
+  }
+  SECTION("random_crop 6 x 6 at (1, 0) of the image padded by 2: shifted, padding 0") {
+    m::CropDraw d;
+    d.pad_left = d.pad_top = 2;
+    d.x = 1;
+    d.y = 0;
+    d.width = d.height = 6;
+    m::GeometryChain chain(w, h);
+    chain.Then(m::RandomCropMap(d), 6, 6);
+    std::vector<uint8_t> dst(36);
+    m::WarpMaskSteps(src.data(), chain, dst.data());
+    for (int y = 0; y < 6; ++y)
+      for (int x = 0; x < 6; ++x) {
+        const int sx = x + 1 - 2, sy = y - 2;  // padded (x + d.x, y + d.y) minus the padding
+        const bool inside = sx >= 0 && sx < w && sy >= 0 && sy < h;
+        CHECK(dst[y * 6 + x] == (inside ? src[sy * w + sx] : 0));
+      }
+  }
+  SECTION("rotate 90 of a square mask turns it exactly; rotate 30 keeps the centre and fills 0 in the corners") {
+    const int n = 6;
+    std::vector<uint8_t> sq(n * n);
+    for (int i = 0; i < n * n; ++i) sq[i] = static_cast<uint8_t>(i + 1);
+    int ow = 0, oh = 0;
+    m::GeometryChain chain(n, n);
+    const Affine2D r90 = m::RotateMap(90, false, n, n, &ow, &oh);
+    chain.Then(r90, ow, oh);
+    std::vector<uint8_t> dst(n * n);
+    m::WarpMaskSteps(sq.data(), chain, dst.data());
+    // output (x, y) comes from input (n - 1 - y, x)
+    for (int y = 0; y < n; ++y)
+      for (int x = 0; x < n; ++x) CHECK(dst[y * n + x] == sq[x * n + (n - 1 - y)]);
+    m::GeometryChain turned(n, n);
+    const Affine2D r30 = m::RotateMap(30, false, n, n, &ow, &oh);
+    turned.Then(r30, ow, oh);
+    m::WarpMaskSteps(sq.data(), turned, dst.data());
+    CHECK(dst[0] == 0);  // the corners come from outside the source
+    CHECK(dst[n * n - 1] == 0);
+    // the centre pixels come from the centre: (2.5, 2.5) -> (2.5 + ...) sampled within the middle 2 x 2
+    const std::vector<uint8_t> middle = {sq[2 * n + 2], sq[2 * n + 3], sq[3 * n + 2], sq[3 * n + 3]};
+    CHECK(std::find(middle.begin(), middle.end(), dst[2 * n + 2]) != middle.end());
   }
 }
 
