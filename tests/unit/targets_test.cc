@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
