@@ -281,9 +281,9 @@ def test_mask_sidecar_is_pixel_exact_for_crops_and_flips(make_loader, mask_folde
 
 
 def test_mask_sidecar_follows_vertical_flip_exactly_and_rotate_as_torchvision(make_loader, mask_folder):
-    """vertical_flip: pixel-exact. rotate 30 (nearest, expand false): torchvision's F.rotate on the PIL
-    mask with NEAREST and fill 0 (PIL's affine nearest), compared pixel for pixel; the count of
-    differing pixels is printed and must be 0."""
+    """vertical_flip: pixel-exact. rotate 30 and affine (rotation, scale, shear): torchvision's
+    F.rotate / F.affine on the PIL mask with NEAREST and fill 0 (PIL's affine nearest), compared pixel
+    for pixel; the count of differing pixels is printed and must be 0."""
     import torchvision.transforms.functional as F
 
     root, masks = mask_folder
@@ -295,18 +295,22 @@ def test_mask_sidecar_follows_vertical_flip_exactly_and_rotate_as_torchvision(ma
         h, w = m.shape
         oy, ox = round((h - 40) / 2), round((w - 40) / 2)
         np.testing.assert_array_equal(got[r], m[oy:oy + 40, ox:ox + 40][::-1, :], err_msg=path)
-    (batch,) = list(make_loader(_mask_job(root, "  - center_crop: {size: 40}\n  - rotate: {degrees: [30, 30]}\n"),
-                                epochs=1))
-    got = np.from_dlpack(batch["mask"])
-    for r, path in enumerate(batch.paths):
-        m = masks[path]
-        h, w = m.shape
-        oy, ox = round((h - 40) / 2), round((w - 40) / 2)
-        crop = Image.fromarray(np.ascontiguousarray(m[oy:oy + 40, ox:ox + 40]), mode="L")
-        want = np.asarray(F.rotate(crop, 30, interpolation=F.InterpolationMode.NEAREST, fill=0))
-        diff = int((got[r] != want).sum())
-        print(f"mask rotate 30 vs torchvision, {path}: {diff} of {want.size} pixels differ")
-        assert diff == 0, path
+    nearest = F.InterpolationMode.NEAREST
+    cases = [("rotate 30", "  - rotate: {degrees: [30, 30]}\n",
+              lambda im: F.rotate(im, 30, interpolation=nearest, fill=0)),
+             ("affine 10 deg, scale 1.3, shear 7", "  - affine: {degrees: [10, 10], scale: [1.3, 1.3], shear: [7, 7]}\n",
+              lambda im: F.affine(im, 10, [0, 0], 1.3, [7.0, 0.0], interpolation=nearest, fill=0))]
+    for what, aug, fn in cases:
+        (batch,) = list(make_loader(_mask_job(root, "  - center_crop: {size: 40}\n" + aug), epochs=1))
+        got = np.from_dlpack(batch["mask"])
+        for r, path in enumerate(batch.paths):
+            m = masks[path]
+            h, w = m.shape
+            oy, ox = round((h - 40) / 2), round((w - 40) / 2)
+            want = np.asarray(fn(Image.fromarray(np.ascontiguousarray(m[oy:oy + 40, ox:ox + 40]), mode="L")))
+            diff = int((got[r] != want).sum())
+            print(f"mask {what} vs torchvision, {path}: {diff} of {want.size} pixels differ")
+            assert diff == 0, (what, path)
 
 
 def test_mask_sidecar_resize_equals_pil_nearest(make_loader, mask_folder):

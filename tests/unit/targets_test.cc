@@ -511,6 +511,65 @@ TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks fo
   }
 }
 
+TEST_CASE("TargetWriter: boxes and masks follow the augmentations a real decode ran (vertical_flip, color_jitter)") {
+  TempDir dir;
+  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
+  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+    "categories": [{"id": 9, "name": "b"}],
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
+  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
+                           ", root: " + (dir.path / "img").string() +
+                           ", max_boxes: 2, masks: true}\n"
+                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                           "  - color_jitter: {brightness: 0.4}\n  - vertical_flip: {p: 1}\n"
+                           "  - horizontal_flip: {p: 1.0}\n";
+  auto parsed = spdl::config::ParseJobConfig(yaml);
+  REQUIRE(parsed.errors.empty());
+  const auto& config = *parsed.config;
+  auto decoder = spdl::jobs::MakeSampleDecoder(config);
+  REQUIRE(decoder.ok());
+  REQUIRE((*decoder)->image_ops() != nullptr);
+  spdl::io::CocoOptions o;
+  o.annotations = config.source.coco.annotations;
+  o.root = config.source.root;
+  o.allowed_roots = {dir.path.string()};
+  o.masks = true;
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  std::vector<uint8_t> bytes;
+  REQUIRE((*src)->Read(0, &bytes).ok());
+  std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+  uint8_t* image_row = image.data();
+  spdl::media::ImageInfo info;
+  REQUIRE((*decoder)->DecodeImage(bytes, 1, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+  REQUIRE(info.after.size() == 2);  // vertical_flip, then the flip (a pixel step here); color_jitter moves nothing
+
+  spdl::jobs::TargetWriter writer(config);
+  std::vector<float> boxes(2 * 4);
+  std::vector<int64_t> labels(2);
+  int32_t count = -1;
+  std::vector<uint8_t> mask(16 * 16);
+  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+                                reinterpret_cast<uint8_t*>(&count), mask.data()};
+  REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+  // 64 x 32 -> 32 x 16 (scale 0.5), crop at x 8: x [8, 24] -> [-4, 4], y [4, 20] -> [2, 10];
+  // vertical flip y -> 16 - y: [6, 14]; horizontal flip x -> 16 - x: [12, 20] -> clipped [12, 16].
+  REQUIRE(count == 1);
+  CHECK(boxes[0] == 12);
+  CHECK(boxes[1] == 6);
+  CHECK(boxes[2] == 16);
+  CHECK(boxes[3] == 14);
+  for (int y = 0; y < 16; ++y) {
+    for (int x = 0; x < 16; ++x) {
+      const int sx = static_cast<int>(std::floor((16 - x - 0.5 + 8) * 2));
+      const int sy = static_cast<int>(std::floor((16 - y - 0.5) * 2));
+      const uint8_t want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 9 : 0;
+      INFO("x " << x << " y " << y);
+      CHECK(mask[y * 16 + x] == want);
+    }
+  }
+}
+
 TEST_CASE("Mix: Beta draws, cutmix's lambda is the kept area, labels sum to 1, images blend as the label says") {
   using namespace spdl::media;
   SampleRng rng(12345, RandomStream::kResizedCrop);
