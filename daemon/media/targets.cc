@@ -80,6 +80,45 @@ bool MoveBox(const Box& in, const Affine2D& map, int out_width, int out_height, 
   return true;
 }
 
+bool MoveBoxSteps(const Box& in, const GeometryChain& chain, const BoxFilter& filter, Box* out) {
+  double x1 = in.x1, y1 = in.y1, x2 = in.x2, y2 = in.y2;
+  for (const GeometryStep& s : chain.steps()) {
+    const std::array<std::array<double, 2>, 4> c = {s.map.Apply(x1, y1), s.map.Apply(x2, y1), s.map.Apply(x1, y2),
+                                                    s.map.Apply(x2, y2)};
+    x1 = x2 = c[0][0];
+    y1 = y2 = c[0][1];
+    for (const auto& p : c) {
+      x1 = std::min(x1, p[0]);
+      x2 = std::max(x2, p[0]);
+      y1 = std::min(y1, p[1]);
+      y2 = std::max(y2, p[1]);
+    }
+    x1 = std::clamp(x1, 0.0, double(s.width));
+    x2 = std::clamp(x2, 0.0, double(s.width));
+    y1 = std::clamp(y1, 0.0, double(s.height));
+    y2 = std::clamp(y2, 0.0, double(s.height));
+    if (x2 - x1 <= 0 || y2 - y1 <= 0) return false;
+  }
+  const double w = x2 - x1, h = y2 - y1;
+  if (w < filter.min_size || h < filter.min_size) return false;
+  if (filter.min_visibility > 0) {  // against the box moved by the whole map, unclipped
+    const auto& m = chain.map();
+    const std::array<std::array<double, 2>, 4> c = {m.Apply(in.x1, in.y1), m.Apply(in.x2, in.y1), m.Apply(in.x1, in.y2),
+                                                    m.Apply(in.x2, in.y2)};
+    double a1 = c[0][0], a2 = a1, b1 = c[0][1], b2 = b1;
+    for (const auto& p : c) {
+      a1 = std::min(a1, p[0]);
+      a2 = std::max(a2, p[0]);
+      b1 = std::min(b1, p[1]);
+      b2 = std::max(b2, p[1]);
+    }
+    const double moved_area = (a2 - a1) * (b2 - b1);
+    if (moved_area > 0 && (w * h) / moved_area < filter.min_visibility) return false;
+  }
+  *out = {static_cast<float>(x1), static_cast<float>(y1), static_cast<float>(x2), static_cast<float>(y2)};
+  return true;
+}
+
 void WarpMaskNearest(const uint8_t* src, int src_width, int src_height, const Affine2D& map, uint8_t* dst,
                      int dst_width, int dst_height) {
   const Affine2D inv = map.Inverse();

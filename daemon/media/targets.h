@@ -8,13 +8,12 @@
 // A new geometric op of the decoder adds one line to ImageGeometry: chain.Then(ItsMap(params, ...),
 // out_w, out_h); an augmentation's map arrives through ImageInfo::after.
 //
-// Boxes (torchvision v2's handling): the four corners are moved, the box becomes their enclosing
-// box, is clipped to the output, and is dropped when narrower or lower than min_size, empty, or
-// less than min_visibility of its moved area is left after clipping.
-// Masks: nearest-neighbour sampling, each output pixel's centre mapped back by the inverse map and
-// floored to the source pixel; outside the source: 0. Exact for flips, crops and padding; a resize
-// step samples as PIL's NEAREST and a rotate / affine / shear step as PIL's affine NEAREST
-// (WarpMaskSteps), so masks equal torchvision's on PIL masks.
+// Boxes (torchvision v2's handling): step by step, the four corners are moved, the box becomes
+// their enclosing box and is clipped to the step's output; at the end it is dropped when narrower or lower than
+// min_size, empty, or less than min_visibility of its moved area is left after clipping. Masks: nearest-neighbour
+// sampling, each output pixel's centre mapped back by the inverse map and floored to the source pixel; outside the
+// source: 0. Exact for flips, crops and padding; a resize step samples as PIL's NEAREST and a rotate / affine / shear
+// step as PIL's affine NEAREST (WarpMaskSteps), so masks equal torchvision's on PIL masks.
 //
 // Plain values and pure functions: safe from any thread.
 #pragma once
@@ -93,6 +92,13 @@ struct BoxFilter {
 // `in` moved by `map` into an out_width x out_height output (corners, enclosing box, clip);
 // false when it is dropped (see the header), *out then unspecified.
 bool MoveBox(const Box& in, const Affine2D& map, int out_width, int out_height, const BoxFilter& filter, Box* out);
+
+// `in` moved through every step of `chain` as torchvision v2 moves boxes op by op: at each step the
+// corners are moved, the box becomes their enclosing box and is clipped to that step's output (so a
+// part cut off by a crop does not come back with a later padding, and a rotation turns the clipped
+// box). Dropped (false) when it empties at any step, or at the end as MoveBox drops it (min_size;
+// min_visibility against the area of `in` moved by chain.map() unclipped).
+bool MoveBoxSteps(const Box& in, const GeometryChain& chain, const BoxFilter& filter, Box* out);
 
 // ---- masks ----
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -302,6 +303,112 @@ TEST_CASE("Boxes follow the augmentations' maps: vertical_flip, random_crop with
     // y: 40 - [5, 25] = [15, 35], - 6 = [9, 29] -> [9, 20]; x: [14, 34] -> [14, 24]
     CheckBox(Moved(b, chain.map(), chain.width(), chain.height()), 14, 9, 24, 20);
   }
+}
+
+TEST_CASE("Boxes move step by step: a part cut off by a crop does not come back with padding or a rotation") {
+  namespace m = spdl::media;
+  m::GeometryChain chain(64, 32);
+  chain.Then(Affine2D::Translate(-8, 0), 16, 32);  // a crop of x [8, 24)
+  m::CropDraw d;                                   // random_crop 16 x 32 of the crop padded by 4, at x 0
+  d.pad_left = 4;
+  d.width = 16;
+  d.height = 32;
+  chain.Then(m::RandomCropMap(d), 16, 32);
+  // x [2, 12] -> [-6, 4] -> clipped by the crop [0, 4] -> padded + 4: [4, 8] (composed and clipped once: [0, 8])
+  Box out;
+  REQUIRE(m::MoveBoxSteps({2, 5, 12, 25}, chain, {}, &out));
+  CheckBox(out, 4, 5, 8, 25);
+  CheckBox(Moved({2, 5, 12, 25}, chain.map(), 16, 32), 0, 5, 8, 25);
+  // a box wholly cut off by the crop is dropped even where the padding would hold it
+  CHECK_FALSE(m::MoveBoxSteps({2, 5, 7, 25}, chain, {}, &out));
+  // min_visibility: against the box moved by the whole map unclipped ([−6, 4] x [5, 25]: 4 of 10 wide)
+  CHECK_FALSE(m::MoveBoxSteps({2, 5, 12, 25}, chain, {1.0, 0.5}, &out));
+  CHECK(m::MoveBoxSteps({2, 5, 12, 25}, chain, {1.0, 0.4}, &out));
+  // a rotation turns the clipped box: 90 degrees of the 16 x 16 crop [0, 16) of a 32 x 16 image
+  m::GeometryChain turned(32, 16);
+  turned.Then(Affine2D::Translate(-8, 0), 16, 16);
+  int w = 0, h = 0;
+  const Affine2D r = m::RotateMap(90, false, 16, 16, &w, &h);
+  turned.Then(r, w, h);
+  // x [4, 12] -> [-4, 4] -> [0, 4]; y [2, 6]; rotate (x, y) -> (y, 16 - x): x [2, 6], y [12, 16]
+  REQUIRE(m::MoveBoxSteps({4, 2, 12, 6}, turned, {}, &out));
+  CheckBox(out, 2, 12, 6, 16);
+}
+
+TEST_CASE("TargetWriter: boxes and masks follow random_crop with padding through a real decode") {
+  TempDir dir;
+  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
+  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+    "categories": [{"id": 9, "name": "b"}],
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
+  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
+                           ", root: " + (dir.path / "img").string() +
+                           ", max_boxes: 2, masks: true}\n"
+                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                           "  - random_crop: {size: 12, padding: 3}\n";
+  auto parsed = spdl::config::ParseJobConfig(yaml);
+  REQUIRE(parsed.errors.empty());
+  const auto& config = *parsed.config;
+  auto decoder = spdl::jobs::MakeSampleDecoder(config);
+  REQUIRE(decoder.ok());
+  spdl::io::CocoOptions o;
+  o.annotations = config.source.coco.annotations;
+  o.root = config.source.root;
+  o.allowed_roots = {dir.path.string()};
+  o.masks = true;
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  std::vector<uint8_t> bytes;
+  REQUIRE((*src)->Read(0, &bytes).ok());
+  spdl::jobs::TargetWriter writer(config);
+  std::set<std::pair<int, int>> seen;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+    uint8_t* image_row = image.data();
+    spdl::media::ImageInfo info;
+    REQUIRE((*decoder)->DecodeImage(bytes, seed, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+    // The crop drawn, drawn again from the same stream of the same seed.
+    spdl::media::SampleRng rng(seed, spdl::media::RandomStream::kRandomCrop);
+    std::string error;
+    const spdl::media::CropDraw d =
+        spdl::media::DrawRandomCrop(spdl::media::RandomCropSpec{12, 12, {3, 3, 3, 3}}, 16, 16, rng, &error);
+    REQUIRE(error.empty());
+    seen.insert({d.x, d.y});
+    const int dx = d.pad_left - d.x, dy = d.pad_top - d.y;  // the crop's shift
+    std::vector<float> boxes(2 * 4);
+    std::vector<int64_t> labels(2);
+    int32_t count = -1;
+    std::vector<uint8_t> mask(12 * 12);
+    std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+                                  reinterpret_cast<uint8_t*>(&count), mask.data()};
+    REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+    // 64 x 32 -> 32 x 16, center crop at x 8: x [8, 24] -> [-4, 4] -> [0, 4], y [4, 20] -> [2, 10];
+    // then shifted by (dx, dy) and clipped to 12 x 12.
+    INFO("seed " << seed << " dx " << dx << " dy " << dy);
+    const double x1 = std::clamp(0.0 + dx, 0.0, 12.0), x2 = std::clamp(4.0 + dx, 0.0, 12.0);
+    const double y1 = std::clamp(2.0 + dy, 0.0, 12.0), y2 = std::clamp(10.0 + dy, 0.0, 12.0);
+    if (x2 - x1 >= 1 && y2 - y1 >= 1) {
+      REQUIRE(count == 1);
+      CheckBox(Box{boxes[0], boxes[1], boxes[2], boxes[3]}, x1, y1, x2, y2);
+    } else {
+      CHECK(count == 0);
+    }
+    // The mask, pixel-exact: output (x, y) is crop pixel (x - dx, y - dy) (0 outside the crop), crop
+    // pixel (u, v) is stored pixel ((u + 8) * 2 + 1, v * 2 + 1) (resize by 2: PIL NEAREST takes the odd one).
+    for (int y = 0; y < 12; ++y) {
+      for (int x = 0; x < 12; ++x) {
+        const int u = x - dx, v = y - dy;
+        uint8_t want = 0;
+        if (u >= 0 && u < 16 && v >= 0 && v < 16) {
+          const int sx = (u + 8) * 2 + 1, sy = v * 2 + 1;
+          want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 9 : 0;
+        }
+        INFO("x " << x << " y " << y);
+        CHECK(mask[y * 12 + x] == want);
+      }
+    }
+  }
+  CHECK(seen.size() > 3);  // the seeds drew several crops
 }
 
 TEST_CASE("Masks follow the augmentations: pixel-exact vertical_flip, random_crop with padding, rotate 90") {
