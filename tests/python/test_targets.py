@@ -313,6 +313,20 @@ def test_mask_sidecar_follows_vertical_flip_exactly_and_rotate_as_torchvision(ma
             assert diff == 0, (what, path)
 
 
+def test_segmentation_example_runs_with_its_augmentations(make_loader, mask_folder):
+    """config/examples/segmentation.yaml (resize, crop, flip, rotate, color_jitter, normalize) on the
+    mask folder: float32 NCHW images, uint8 masks holding only the masks' classes (nearest sampling
+    invents no value; 0 where the rotation brings in the outside)."""
+    root, masks = mask_folder
+    cfg = (REPO / "config/examples/segmentation.yaml").read_text()
+    cfg = cfg.replace("root: /var/lib/spdld/seg/train", f"root: {root}").replace("batch: {size: 16}", "batch: {size: 3}")
+    (batch,) = list(make_loader(cfg, epochs=1))
+    image, mask = np.from_dlpack(batch["image"]), np.from_dlpack(batch["mask"])
+    assert image.dtype == np.float32 and image.shape == (3, 3, 384, 384)
+    assert mask.dtype == np.uint8 and mask.shape == (3, 384, 384)
+    assert set(np.unique(mask)) <= {0, 1, 2, 3, 4} and len(np.unique(mask)) == 5
+
+
 def test_mask_sidecar_resize_equals_pil_nearest(make_loader, mask_folder):
     """torchvision's Resize + CenterCrop + flip on the PIL mask, pixel for pixel: the
     resize step samples as PIL's NEAREST (including its rounding where a centre falls on an edge)."""
