@@ -1,7 +1,9 @@
 // Targets that follow the image (media/targets.h, io/coco_source.h, jobs/targets.h): the Affine2D
 // maps of the geometric steps, boxes moved by them (checked against transforms computed by hand),
 // masks moved by nearest sampling (pixel-exact for flips and crops), polygon rasterisation, the
-// COCO source on real files, and the whole chain on real JPEGs through the real image decoder.
+// COCO source on real files, and the whole chain on real JPEGs through the real image decoder;
+// the augmentations' maps (vertical_flip, random_crop with padding, rotate, affine) reaching boxes
+// and masks, step-wise box clipping.
 #include "jobs/targets.h"
 
 #include <unistd.h>
