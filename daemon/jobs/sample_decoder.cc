@@ -294,7 +294,15 @@ class OpImageSampleDecoder final : public SampleDecoder {
     return out;
   }
 
+  // Targets follow the geometry only without user ops (an op may move pixels in ways spdld does not know).
+  const media::ImageOps* image_ops() const override { return user_ops_.empty() ? &pixel_ops_ : nullptr; }
   Status Decode(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows) const override {
+    return DecodeImage(bytes, seed, rows, nullptr);
+  }
+  // *info (if given): the decoder's geometry, then in info->after each step run here that moves
+  // pixels (random_crop, the flip when drawn, a geometric augmentation's drawn map).
+  Status DecodeImage(std::span<const uint8_t> bytes, uint64_t seed, std::span<uint8_t* const> rows,
+                     media::ImageInfo* info) const override {
     thread_local media::ImageDecoder decoder;
     thread_local std::vector<uint8_t> scratch;  // the uint8 image when the output is not uint8 NHWC
     SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease lease, ReserveDecodeScratch(budget_.get(), bytes, ops_.max_pixels));
@@ -315,7 +323,8 @@ class OpImageSampleDecoder final : public SampleDecoder {
       geo = geometry.data();
     }
     if (pre_steps_.empty()) {
-      SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed));
+      SPDL_RETURN_IF_ERROR(
+          decoder.DecodeRgbInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed, info));
     } else {
       // Ops before the geometry: the full-size path, the ops on the whole upright RGB image.
       const media::ImageDecoder::PixelHook hook = [this, seed](uint8_t* px, int w, int h, size_t pitch) {
@@ -323,17 +332,21 @@ class OpImageSampleDecoder final : public SampleDecoder {
         return Status::Ok();
       };
       SPDL_RETURN_IF_ERROR(
-          decoder.DecodeWithHookInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed, hook));
+          decoder.DecodeWithHookInto(bytes, pixel_ops_, geo, geo_width_, geo_height_, geo_stride, seed, hook, info));
     }
-    if (augments_.crop) SPDL_RETURN_IF_ERROR(RandomCrop(geo, geo_stride, pixels, stride, seed));
+    std::vector<media::GeometryStep>* after = info != nullptr ? &info->after : nullptr;
+    if (augments_.crop) SPDL_RETURN_IF_ERROR(RandomCrop(geo, geo_stride, pixels, stride, seed, after));
     for (const PixelStep& step : steps_) {
       if (step.augment >= 0) {
-        RunAugmentStep(step.augment, pixels, stride, seed);
+        RunAugmentStep(step.augment, pixels, stride, seed, after);
         continue;
       }
       if (step.op < 0) {
         media::SampleRng rng(seed, media::RandomStream::kFlip);  // the draw the decoder's own flip makes
-        if (rng.Bernoulli(step.flip_p)) Mirror(pixels, stride, c);
+        if (rng.Bernoulli(step.flip_p)) {
+          Mirror(pixels, stride, c);
+          if (after != nullptr) after->push_back({media::Affine2D::FlipX(width_), width_, height_});
+        }
         continue;
       }
       SPDL_RETURN_IF_ERROR(RunOp(step.op, pixels, height_, width_, c, stride, seed));
@@ -366,7 +379,9 @@ class OpImageSampleDecoder final : public SampleDecoder {
   }
 
   // random_crop from the geometry's image into the output-size one, from its own stream.
-  Status RandomCrop(const uint8_t* geo, size_t geo_stride, uint8_t* pixels, size_t stride, uint64_t seed) const {
+  // *after (if given) gets its map.
+  Status RandomCrop(const uint8_t* geo, size_t geo_stride, uint8_t* pixels, size_t stride, uint64_t seed,
+                    std::vector<media::GeometryStep>* after) const {
     const auto t0 = std::chrono::steady_clock::now();
     media::SampleRng rng(seed, media::RandomStream::kRandomCrop);
     std::string error;
@@ -375,6 +390,7 @@ class OpImageSampleDecoder final : public SampleDecoder {
       const media::ImageView src{const_cast<uint8_t*>(geo), geo_width_, geo_height_, ops_.channels, geo_stride};
       media::PadCrop(src, media::ImageView{pixels, width_, height_, ops_.channels, stride}, d, augments_.crop->mode,
                      augments_.crop->fill);
+      if (after != nullptr) after->push_back({media::RandomCropMap(d), width_, height_});
     }
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     crop_stats_->Record(static_cast<uint64_t>(nanos.count()), error.empty());
@@ -382,13 +398,17 @@ class OpImageSampleDecoder final : public SampleDecoder {
     return Status::Ok();
   }
 
-  // Runs built-in augmentation `i` on the uint8 image, from its own stream of the sample's seed.
-  void RunAugmentStep(int i, uint8_t* pixels, size_t stride, uint64_t seed) const {
+  // Runs built-in augmentation `i` on the uint8 image, from its own stream of the sample's seed;
+  // *after (if given) gets the map it drew unless that is the identity (photometric ops).
+  void RunAugmentStep(int i, uint8_t* pixels, size_t stride, uint64_t seed,
+                      std::vector<media::GeometryStep>* after) const {
     const auto t0 = std::chrono::steady_clock::now();
     media::SampleRng rng(seed, static_cast<media::RandomStream>(static_cast<uint64_t>(media::RandomStream::kAugment) +
                                                                 static_cast<uint64_t>(i)));
+    media::Affine2D map;
     media::RunAugment(augments_.specs[i], media::ImageView{pixels, width_, height_, ops_.channels, stride}, rng,
-                      nullptr);
+                      after != nullptr ? &map : nullptr);
+    if (after != nullptr && !(map == media::Affine2D::Identity())) after->push_back({map, width_, height_});
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     aug_stats_[i]->Record(static_cast<uint64_t>(nanos.count()), true);
   }
@@ -561,13 +581,12 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
       SPDL_RETURN_IF_ERROR(MakeUserOps(c, loader, &user_ops, &steps, &augments));
       if (!user_ops.empty() || !augments.empty()) {
         // ---- targets (boxes, masks) ----
-        // Not yet followed through op: transforms (an op may move pixels in ways spdld does not know) nor
-        // through the augmentations (their decoder does not report the geometry they drew): refused, not
-        // delivered wrong.
-        if (c.source.type == config::SourceType::kCoco || !c.mask.from.empty()) {
+        // They follow the augmentations (the decoder reports each drawn map: DecodeImage's info->after), not
+        // op: transforms (an op may move pixels in ways spdld does not know): refused, not delivered wrong.
+        if (!user_ops.empty() && (c.source.type == config::SourceType::kCoco || !c.mask.from.empty())) {
           return InvalidArgument(
-              "transforms: boxes and masks cannot yet follow op: transforms or augmentations (color_jitter, rotate, "
-              "rand_augment, ...); remove them, or the coco source / mask");
+              "transforms: boxes and masks cannot follow op: transforms (their geometry is unknown to spdld); "
+              "remove the op: entries, or the coco source / mask");
         }
         return std::shared_ptr<const SampleDecoder>(std::make_shared<OpImageSampleDecoder>(
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),

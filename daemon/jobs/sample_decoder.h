@@ -72,7 +72,9 @@ class SampleDecoder {
   // Image decoders without user ops: the ops that place the image; nullptr for every other decoder.
   virtual const media::ImageOps* image_ops() const { return nullptr; }
   // As Decode; *info (when given) gets what the image decoder did (stored size, EXIF orientation,
-  // random crop, flip) for targets to follow. REQUIRES: image_ops() != nullptr.
+  // random crop, flip) and, in info->after, the geometric steps run after it (random_crop, the
+  // flip as a pixel step, the augmentations' drawn maps) for targets to follow.
+  // REQUIRES: image_ops() != nullptr.
   virtual Status DecodeImage(std::span<const uint8_t> bytes, uint64_t sample_seed, std::span<uint8_t* const> rows,
                              media::ImageInfo* /*info*/) const {
     return Decode(bytes, sample_seed, rows);

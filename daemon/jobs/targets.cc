@@ -52,7 +52,7 @@ Status TargetWriter::Write(const io::SampleSource& source, uint64_t index, const
     int64_t kept = 0, moved = 0;
     for (const io::ObjectAnnotation& o : *objects) {
       media::Box out;
-      if (!media::MoveBox({o.x1, o.y1, o.x2, o.y2}, chain.map(), chain.width(), chain.height(), filter, &out)) {
+      if (!media::MoveBoxSteps({o.x1, o.y1, o.x2, o.y2}, chain, filter, &out)) {
         continue;
       }
       ++moved;

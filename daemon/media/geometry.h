@@ -46,4 +46,12 @@ struct Affine2D {
   bool operator==(const Affine2D&) const = default;
 };
 
+// One geometric step a sample went through: its map (input pixels -> output pixels) and its
+// output size.
+struct GeometryStep {
+  Affine2D map;
+  int width = 0;
+  int height = 0;
+};
+
 }  // namespace spdl::media

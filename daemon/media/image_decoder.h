@@ -58,8 +58,10 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "common/status.h"
+#include "media/geometry.h"
 #include "media/image_format.h"
 #include "media/image_ops.h"
 
@@ -81,6 +83,10 @@ struct ImageInfo {
   // Bits per sample of the resampled image the output pass read: 16 when a 16-bit source kept
   // its precision (floating-point outputs), else 8.
   int sample_bits = 8;
+  // Geometric steps applied after the decoder's own, in order (set by the caller that ran them,
+  // e.g. the augmentations of jobs/sample_decoder.cc; the decoder leaves it empty): targets
+  // (media/targets.h ImageGeometry) follow them too.
+  std::vector<GeometryStep> after;
 };
 
 // Resample::kFast only: how JPEG data becomes RGB before resampling. Both give the same pixels

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "media/augment.h"
+
 namespace spdl::media {
 
 Affine2D OrientationMap(Orientation o, int sw, int sh) {
@@ -53,6 +55,8 @@ GeometryChain ImageGeometry(const ImageOps& ops, const ImageInfo& info) {
   }
   // 3. horizontal flip
   if (info.flipped) chain.Then(Affine2D::FlipX(chain.width()), chain.width(), chain.height());
+  // 4. what ran after the decoder (random_crop, the flip as a pixel step, augmentations)
+  for (const GeometryStep& s : info.after) chain.Then(s.map, s.width, s.height);
   return chain;
 }
 
@@ -73,6 +77,45 @@ bool MoveBox(const Box& in, const Affine2D& map, int out_width, int out_height, 
   if (w <= 0 || h <= 0 || w < filter.min_size || h < filter.min_size) return false;
   if (filter.min_visibility > 0 && moved_area > 0 && (w * h) / moved_area < filter.min_visibility) return false;
   *out = {static_cast<float>(cx1), static_cast<float>(cy1), static_cast<float>(cx2), static_cast<float>(cy2)};
+  return true;
+}
+
+bool MoveBoxSteps(const Box& in, const GeometryChain& chain, const BoxFilter& filter, Box* out) {
+  double x1 = in.x1, y1 = in.y1, x2 = in.x2, y2 = in.y2;
+  for (const GeometryStep& s : chain.steps()) {
+    const std::array<std::array<double, 2>, 4> c = {s.map.Apply(x1, y1), s.map.Apply(x2, y1), s.map.Apply(x1, y2),
+                                                    s.map.Apply(x2, y2)};
+    x1 = x2 = c[0][0];
+    y1 = y2 = c[0][1];
+    for (const auto& p : c) {
+      x1 = std::min(x1, p[0]);
+      x2 = std::max(x2, p[0]);
+      y1 = std::min(y1, p[1]);
+      y2 = std::max(y2, p[1]);
+    }
+    x1 = std::clamp(x1, 0.0, double(s.width));
+    x2 = std::clamp(x2, 0.0, double(s.width));
+    y1 = std::clamp(y1, 0.0, double(s.height));
+    y2 = std::clamp(y2, 0.0, double(s.height));
+    if (x2 - x1 <= 0 || y2 - y1 <= 0) return false;
+  }
+  const double w = x2 - x1, h = y2 - y1;
+  if (w < filter.min_size || h < filter.min_size) return false;
+  if (filter.min_visibility > 0) {  // against the box moved by the whole map, unclipped
+    const auto& m = chain.map();
+    const std::array<std::array<double, 2>, 4> c = {m.Apply(in.x1, in.y1), m.Apply(in.x2, in.y1), m.Apply(in.x1, in.y2),
+                                                    m.Apply(in.x2, in.y2)};
+    double a1 = c[0][0], a2 = a1, b1 = c[0][1], b2 = b1;
+    for (const auto& p : c) {
+      a1 = std::min(a1, p[0]);
+      a2 = std::max(a2, p[0]);
+      b1 = std::min(b1, p[1]);
+      b2 = std::max(b2, p[1]);
+    }
+    const double moved_area = (a2 - a1) * (b2 - b1);
+    if (moved_area > 0 && (w * h) / moved_area < filter.min_visibility) return false;
+  }
+  *out = {static_cast<float>(x1), static_cast<float>(y1), static_cast<float>(x2), static_cast<float>(y2)};
   return true;
 }
 
@@ -133,6 +176,14 @@ void PilNearestTable(int in, int out, std::vector<int>* idx) {
   }
 }
 
+// A map whose linear part only swaps and mirrors axes (entries -1, 0, 1): it sends pixel centres
+// to pixel centres (for whole-pixel offsets), so floor sampling is exact.
+bool IsUnitPermutation(const Affine2D& a) {
+  const auto& m = a.m;
+  auto unit = [](double v) { return v == 0 || v == 1 || v == -1; };
+  return unit(m[0]) && unit(m[1]) && unit(m[3]) && unit(m[4]);
+}
+
 }  // namespace
 
 void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst) {
@@ -160,8 +211,12 @@ void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst)
         uint8_t* o = out + static_cast<size_t>(y) * s.width;
         for (int x = 0; x < s.width; ++x) o[x] = row[xs[x]];
       }
-    } else {
+    } else if (IsUnitPermutation(s.map)) {  // flips, crops, padding, 90-degree turns: exact
       WarpMaskNearest(in, w, h, s.map, out, s.width, s.height);
+    } else {  // rotate, affine, shears: PIL's Image.transform(AFFINE, NEAREST), fill 0
+      WarpAffine(ImageView{const_cast<uint8_t*>(in), w, h, 1, static_cast<size_t>(w)},
+                 ImageView{out, s.width, s.height, 1, static_cast<size_t>(s.width)}, s.map, WarpFilter::kNearest,
+                 {0, 0, 0});
     }
     in = out;
     w = s.width;

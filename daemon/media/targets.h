@@ -2,15 +2,18 @@
 // (GeometryChain), and the boxes and masks moved by it.
 //
 // The chain composes, per sample, one map per geometric step, in order: EXIF orientation (stored
-// -> upright), resize + center crop (padding included) or random resized crop, horizontal flip.
-// A new geometric op adds one line to ImageGeometry: chain.Then(ItsMap(params, ...), out_w, out_h).
+// -> upright), resize + center crop (padding included) or random resized crop, horizontal flip,
+// then the steps run after the decoder that its caller reported (ImageInfo::after: random_crop,
+// the flip as a pixel step, the augmentations' drawn maps).
+// A new geometric op of the decoder adds one line to ImageGeometry: chain.Then(ItsMap(params, ...),
+// out_w, out_h); an augmentation's map arrives through ImageInfo::after.
 //
-// Boxes (torchvision v2's handling): the four corners are moved, the box becomes their enclosing
-// box, is clipped to the output, and is dropped when narrower or lower than min_size, empty, or
-// less than min_visibility of its moved area is left after clipping.
-// Masks: nearest-neighbour sampling, each output pixel's centre mapped back by the inverse map and
-// floored to the source pixel; outside the source: 0. Exact for flips, crops and padding; a resize
-// step samples as PIL's NEAREST (WarpMaskSteps), so masks equal torchvision's on PIL masks.
+// Boxes (torchvision v2's handling): step by step, the four corners are moved, the box becomes
+// their enclosing box and is clipped to the step's output; at the end it is dropped when narrower or lower than
+// min_size, empty, or less than min_visibility of its moved area is left after clipping. Masks: nearest-neighbour
+// sampling, each output pixel's centre mapped back by the inverse map and floored to the source pixel; outside the
+// source: 0. Exact for flips, crops and padding; a resize step samples as PIL's NEAREST and a rotate / affine / shear
+// step as PIL's affine NEAREST (WarpMaskSteps), so masks equal torchvision's on PIL masks.
 //
 // Plain values and pure functions: safe from any thread.
 #pragma once
@@ -25,13 +28,6 @@
 #include "media/pixel_convert.h"
 
 namespace spdl::media {
-
-// One geometric step: its map (input pixels -> output pixels) and its output size.
-struct GeometryStep {
-  Affine2D map;
-  int width = 0;
-  int height = 0;
-};
 
 // The map from a source image's pixels to the output's, the sizes at both ends, and the steps.
 class GeometryChain {
@@ -97,13 +93,22 @@ struct BoxFilter {
 // false when it is dropped (see the header), *out then unspecified.
 bool MoveBox(const Box& in, const Affine2D& map, int out_width, int out_height, const BoxFilter& filter, Box* out);
 
+// `in` moved through every step of `chain` as torchvision v2 moves boxes op by op: at each step the
+// corners are moved, the box becomes their enclosing box and is clipped to that step's output (so a
+// part cut off by a crop does not come back with a later padding, and a rotation turns the clipped
+// box). Dropped (false) when it empties at any step, or at the end as MoveBox drops it (min_size;
+// min_visibility against the area of `in` moved by chain.map() unclipped).
+bool MoveBoxSteps(const Box& in, const GeometryChain& chain, const BoxFilter& filter, Box* out);
+
 // ---- masks ----
 
 // Moves a mask (src_width x src_height = chain.source_width() x source_height(), packed) through
 // every step of `chain` into dst (chain.width() x chain.height()): a step that is a pure scale
 // (a resize) samples as PIL's Image.resize(NEAREST) does (its accumulated source steps, so the
-// result equals torchvision's Resize on a PIL mask exactly); any other step by WarpMaskNearest
-// (exact for flips, crops, padding and 90-degree turns). Safe from any thread (thread_local scratch).
+// result equals torchvision's Resize on a PIL mask exactly); a step whose linear part only swaps and
+// mirrors axes by WarpMaskNearest (exact for flips, crops, padding and 90-degree turns); any other
+// (rotate, affine, shear) as PIL's Image.transform(AFFINE, NEAREST) with fill 0 (augment.h
+// WarpAffine), as torchvision's rotate / affine on a PIL mask. Safe from any thread (thread_local scratch).
 void WarpMaskSteps(const uint8_t* src, const GeometryChain& chain, uint8_t* dst);
 
 // Fills dst (dst_width x dst_height, one byte per pixel, packed) by nearest sampling of src

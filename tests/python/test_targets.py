@@ -2,8 +2,11 @@
 - source.type: coco: boxes, box_labels, box_count per sample, against boxes computed here by hand
   from torchvision's geometry (Resize(shorter) + CenterCrop, a center crop's padding, a certain flip,
   EXIF orientation 6); crowd boxes left out; contiguous ids; max_boxes overflow by policy;
-- masks: a .png sidecar beside each image, delivered pixel-exact for crops and flips and equal to
-  PIL's NEAREST resize; COCO polygons rasterised (source.masks);
+- augmentations: boxes follow vertical_flip (with color_jitter, which moves nothing), rotate 90 and
+  affine's scale exactly, random_crop and rand_augment's drawn maps keep boxes in the image;
+- masks: a .png sidecar beside each image, delivered pixel-exact for crops and flips (vertical_flip
+  too) and equal to PIL's NEAREST resize and to torchvision's NEAREST rotate; COCO polygons
+  rasterised (source.masks);
 - mix: mixup / cutmix soft labels (each row sums to 1; mixup images are the blend the label says;
   the same draws on a rerun);
 - client/python/examples/draw_boxes.py on a COCO job writes its PNG.
@@ -127,6 +130,51 @@ def test_coco_boxes_follow_resize_center_crop_and_flip(make_loader, coco):
     _check_batch(batch, expected, 4)
 
 
+def _resize_crop_chain(w, h, then):
+    """Resize(40) + CenterCrop(32) of a w x h image (as the test above), then `then` in the 32 x 32 output."""
+    rw, rh = (40, int(40 * h / w)) if w <= h else (int(40 * w / h), 40)
+    ox, oy = round((rw - 32) / 2), round((rh - 32) / 2)
+    return lambda x, y: then(x * rw / w - ox, y * rh / h - oy)
+
+
+@pytest.mark.parametrize("aug,then", [
+    # vertical_flip: y -> 32 - y; color_jitter moves no box
+    ("  - vertical_flip: {p: 1}\n  - color_jitter: {brightness: 0.4, contrast: 0.4, saturation: 0.4, hue: 0.1}\n",
+     lambda x, y: (x, 32 - y)),
+    # rotate 90 (counter-clockwise) of the 32 x 32 image: (x, y) -> (y, 32 - x)
+    ("  - rotate: {degrees: [90, 90]}\n", lambda x, y: (y, 32 - x)),
+    # affine scale 1.5 about the centre (16, 16), no translation
+    ("  - affine: {degrees: 0, scale: [1.5, 1.5]}\n", lambda x, y: (1.5 * (x - 16) + 16, 1.5 * (y - 16) + 16)),
+], ids=["vertical_flip+color_jitter", "rotate90", "affine_scale"])
+def test_coco_boxes_follow_the_augmentations(make_loader, coco, aug, then):
+    loader = make_loader(_coco_job(coco, transforms="  - resize: {shorter: 40}\n  - center_crop: {size: 32}\n" + aug,
+                                   extra_source=", max_boxes: 4"), epochs=1)
+    (batch,) = list(loader)
+    expected = [_expected_boxes(w, h, OBJECTS[image_id], _resize_crop_chain(w, h, then), 32, 32)
+                for name, w, h, orientation, image_id in _by_id()]
+    assert any(len(e) for e in expected)
+    _check_batch(batch, expected, 4)
+
+
+def test_coco_boxes_stay_in_the_image_through_rand_augment_and_random_crop(make_loader, coco):
+    """The policies' drawn maps and random_crop's reach the boxes: every kept box lies in the 28 x 28
+    output and is not empty; the same boxes on a rerun (deterministic from the seed)."""
+    cfg = _coco_job(coco, transforms="  - resize: {shorter: 40}\n  - center_crop: {size: 32}\n"
+                    "  - random_crop: {size: 28, padding: 4}\n  - rand_augment: {num_ops: 2, magnitude: 9}\n",
+                    extra_source=", max_boxes: 4")
+    runs = []
+    for _ in range(2):
+        (batch,) = list(make_loader(cfg, epochs=1))
+        boxes, count = np.from_dlpack(batch["boxes"]).copy(), np.from_dlpack(batch["box_count"]).copy()
+        for r in range(3):
+            b = boxes[r, :count[r]]
+            assert (b[:, 0] >= 0).all() and (b[:, 2] <= 28).all() and (b[:, 1] >= 0).all() and (b[:, 3] <= 28).all()
+            assert (b[:, 2] - b[:, 0] >= 1).all() and (b[:, 3] - b[:, 1] >= 1).all()
+        runs.append((boxes, count))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    assert count.sum() > 0
+
+
 def test_coco_boxes_follow_exif_rotation_and_padding(make_loader, coco):
     # Center crop larger than the image: the image is padded, the boxes move by the padding.
     # EXIF 6 (c.jpg): stored 100 x 50 turns upright to 50 x 100: (x, y) -> (50 - y, x).
@@ -230,6 +278,53 @@ def test_mask_sidecar_is_pixel_exact_for_crops_and_flips(make_loader, mask_folde
         h, w = m.shape
         oy, ox = round((h - 40) / 2), round((w - 40) / 2)
         np.testing.assert_array_equal(got[r], m[oy:oy + 40, ox:ox + 40][:, ::-1], err_msg=path)
+
+
+def test_mask_sidecar_follows_vertical_flip_exactly_and_rotate_as_torchvision(make_loader, mask_folder):
+    """vertical_flip: pixel-exact. rotate 30 and affine (rotation, scale, shear): torchvision's
+    F.rotate / F.affine on the PIL mask with NEAREST and fill 0 (PIL's affine nearest), compared pixel
+    for pixel; the count of differing pixels is printed and must be 0."""
+    import torchvision.transforms.functional as F
+
+    root, masks = mask_folder
+    (batch,) = list(make_loader(_mask_job(root, "  - center_crop: {size: 40}\n  - vertical_flip: {p: 1}\n"
+                                                "  - color_jitter: {brightness: 0.5}\n"), epochs=1))
+    got = np.from_dlpack(batch["mask"])
+    for r, path in enumerate(batch.paths):
+        m = masks[path]
+        h, w = m.shape
+        oy, ox = round((h - 40) / 2), round((w - 40) / 2)
+        np.testing.assert_array_equal(got[r], m[oy:oy + 40, ox:ox + 40][::-1, :], err_msg=path)
+    nearest = F.InterpolationMode.NEAREST
+    cases = [("rotate 30", "  - rotate: {degrees: [30, 30]}\n",
+              lambda im: F.rotate(im, 30, interpolation=nearest, fill=0)),
+             ("affine 10 deg, scale 1.3, shear 7", "  - affine: {degrees: [10, 10], scale: [1.3, 1.3], shear: [7, 7]}\n",
+              lambda im: F.affine(im, 10, [0, 0], 1.3, [7.0, 0.0], interpolation=nearest, fill=0))]
+    for what, aug, fn in cases:
+        (batch,) = list(make_loader(_mask_job(root, "  - center_crop: {size: 40}\n" + aug), epochs=1))
+        got = np.from_dlpack(batch["mask"])
+        for r, path in enumerate(batch.paths):
+            m = masks[path]
+            h, w = m.shape
+            oy, ox = round((h - 40) / 2), round((w - 40) / 2)
+            want = np.asarray(fn(Image.fromarray(np.ascontiguousarray(m[oy:oy + 40, ox:ox + 40]), mode="L")))
+            diff = int((got[r] != want).sum())
+            print(f"mask {what} vs torchvision, {path}: {diff} of {want.size} pixels differ")
+            assert diff == 0, (what, path)
+
+
+def test_segmentation_example_runs_with_its_augmentations(make_loader, mask_folder):
+    """config/examples/segmentation.yaml (resize, crop, flip, rotate, color_jitter, normalize) on the
+    mask folder: float32 NCHW images, uint8 masks holding only the masks' classes (nearest sampling
+    invents no value; 0 where the rotation brings in the outside)."""
+    root, masks = mask_folder
+    cfg = (REPO / "config/examples/segmentation.yaml").read_text()
+    cfg = cfg.replace("root: /var/lib/spdld/seg/train", f"root: {root}").replace("batch: {size: 16}", "batch: {size: 3}")
+    (batch,) = list(make_loader(cfg, epochs=1))
+    image, mask = np.from_dlpack(batch["image"]), np.from_dlpack(batch["mask"])
+    assert image.dtype == np.float32 and image.shape == (3, 3, 384, 384)
+    assert mask.dtype == np.uint8 and mask.shape == (3, 384, 384)
+    assert set(np.unique(mask)) <= {0, 1, 2, 3, 4} and len(np.unique(mask)) == 5
 
 
 def test_mask_sidecar_resize_equals_pil_nearest(make_loader, mask_folder):

@@ -249,6 +249,19 @@ TEST_CASE(
   auto refused = jobs::MakeSampleDecoder(*with_op.config, nullptr);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::Contains("transforms.2.op (line 6): ops are disabled"));
+
+  // Targets cannot follow an op (its geometry is unknown): a mask job with one is refused; with a
+  // built-in augmentation instead it is accepted and reports its geometry (image_ops()).
+  auto masked_op = ParseJob(geo + op, "mask: {from: .png}\n");
+  auto masked_aug = ParseJob(geo + "  - vertical_flip: {p: 1}\n", "mask: {from: .png}\n");
+  REQUIRE((masked_op.config && masked_aug.config));
+  auto no_targets = jobs::MakeSampleDecoder(*masked_op.config, &loader);
+  REQUIRE_FALSE(no_targets.ok());
+  CHECK_THAT(no_targets.status().message(), Catch::Contains("boxes and masks cannot follow op: transforms"));
+  auto with_aug = jobs::MakeSampleDecoder(*masked_aug.config, &loader);
+  REQUIRE(with_aug.ok());
+  CHECK((*with_aug)->image_ops() != nullptr);
+  CHECK((*d1)->image_ops() == nullptr);  // with an op: no geometry to follow
 }
 
 TEST_CASE("media: DecodeWithHookInto runs its hook on the whole upright image, before the geometry") {

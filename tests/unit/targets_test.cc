@@ -1,21 +1,27 @@
 // Targets that follow the image (media/targets.h, io/coco_source.h, jobs/targets.h): the Affine2D
 // maps of the geometric steps, boxes moved by them (checked against transforms computed by hand),
 // masks moved by nearest sampling (pixel-exact for flips and crops), polygon rasterisation, the
-// COCO source on real files, and the whole chain on real JPEGs through the real image decoder.
+// COCO source on real files, and the whole chain on real JPEGs through the real image decoder;
+// the augmentations' maps (vertical_flip, random_crop with padding, rotate, affine) reaching boxes
+// and masks, step-wise box clipping.
 #include "jobs/targets.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "config/job_config.h"
 #include "io/coco_source.h"
 #include "jobs/sample_decoder.h"
+#include "media/augment.h"
 #include "media/geometry.h"
 #include "media/image_encoder.h"
 #include "media/jpeg_encoder.h"
@@ -234,6 +240,234 @@ TEST_CASE("Masks: nearest sampling is pixel-exact for flips and crops, padding i
   }
 }
 
+TEST_CASE("Boxes follow the augmentations' maps: vertical_flip, random_crop with padding, rotate, affine") {
+  namespace m = spdl::media;
+  const Box b{10, 5, 30, 25};
+  SECTION("vertical_flip of a 40 high image: y -> 40 - y") {
+    CheckBox(Moved(b, m::VerticalFlipMap(40), 40, 40), 10, 15, 30, 35);
+  }
+  SECTION("random_crop 24 x 20 at (0, 10) of the image padded by 4: x + 4, y - 6, clipped") {
+    m::CropDraw d;
+    d.pad_left = 4;
+    d.pad_top = 4;
+    d.x = 0;
+    d.y = 10;
+    d.width = 24;
+    d.height = 20;
+    // x: [10, 30] + 4 = [14, 34] -> [14, 24]; y: [5, 25] - 6 = [-1, 19] -> [0, 19]
+    CheckBox(Moved(b, m::RandomCropMap(d), 24, 20), 14, 0, 24, 19);
+  }
+  SECTION("rotate 90 (counter-clockwise) of a 40 x 40 image: (x, y) -> (y, 40 - x)") {
+    int w = 0, h = 0;
+    const Affine2D r = m::RotateMap(90, false, 40, 40, &w, &h);
+    CHECK(w == 40);
+    CHECK(h == 40);
+    CheckBox(Moved(b, r, w, h), 5, 10, 25, 30);
+  }
+  SECTION("rotate 30 without expand of a 60 x 40 image: the enclosing box of the turned corners, clipped") {
+    int w = 0, h = 0;
+    const Affine2D r = m::RotateMap(30, false, 60, 40, &w, &h);
+    CHECK(w == 60);
+    CHECK(h == 40);
+    const Box near_edge{40, 2, 58, 20};
+    // By hand: about the centre (30, 20), counter-clockwise on screen (y down):
+    // x' = 30 + c (x - 30) + s (y - 20), y' = 20 - s (x - 30) + c (y - 20).
+    const double c = std::cos(30 * M_PI / 180), s = std::sin(30 * M_PI / 180);
+    double x1 = 1e9, y1 = 1e9, x2 = -1e9, y2 = -1e9;
+    for (double x : {40.0, 58.0})
+      for (double y : {2.0, 20.0}) {
+        const double px = 30 + c * (x - 30) + s * (y - 20), py = 20 - s * (x - 30) + c * (y - 20);
+        x1 = std::min(x1, px), x2 = std::max(x2, px), y1 = std::min(y1, py), y2 = std::max(y2, py);
+      }
+    CHECK(y1 < 0);  // the box leaves the image at the top: clipped
+    CheckBox(Moved(near_edge, r, w, h), std::clamp(x1, 0.0, 60.0), 0, std::clamp(x2, 0.0, 60.0),
+             std::clamp(y2, 0.0, 40.0));
+  }
+  SECTION("affine translate (5, -3) and scale 2 of a 40 x 40 image, about its centre") {
+    m::AffineParams p;
+    p.translate_x = 5;
+    p.translate_y = -3;
+    p.scale = 2;
+    // x' = 2 (x - 20) + 20 + 5: [10, 30] -> [5, 45] -> [5, 40]; y' = 2 (y - 20) + 20 - 3: [5, 25] -> [-13, 27]
+    CheckBox(Moved(b, m::AffineMap(p, 40, 40), 40, 40), 5, 0, 40, 27);
+  }
+  SECTION("ImageGeometry appends the steps reported after the decoder's own, in order") {
+    spdl::media::ImageOps ops;
+    ops.crop_width = ops.crop_height = 40;
+    m::ImageInfo info;
+    info.width = 40;
+    info.height = 40;
+    info.after.push_back({m::VerticalFlipMap(40), 40, 40});
+    info.after.push_back({Affine2D::Translate(4, -6), 24, 20});
+    const m::GeometryChain chain = m::ImageGeometry(ops, info);
+    CHECK(chain.width() == 24);
+    CHECK(chain.height() == 20);
+    // y: 40 - [5, 25] = [15, 35], - 6 = [9, 29] -> [9, 20]; x: [14, 34] -> [14, 24]
+    CheckBox(Moved(b, chain.map(), chain.width(), chain.height()), 14, 9, 24, 20);
+  }
+}
+
+TEST_CASE("Boxes move step by step: a part cut off by a crop does not come back with padding or a rotation") {
+  namespace m = spdl::media;
+  m::GeometryChain chain(64, 32);
+  chain.Then(Affine2D::Translate(-8, 0), 16, 32);  // a crop of x [8, 24)
+  m::CropDraw d;                                   // random_crop 16 x 32 of the crop padded by 4, at x 0
+  d.pad_left = 4;
+  d.width = 16;
+  d.height = 32;
+  chain.Then(m::RandomCropMap(d), 16, 32);
+  // x [2, 12] -> [-6, 4] -> clipped by the crop [0, 4] -> padded + 4: [4, 8] (composed and clipped once: [0, 8])
+  Box out;
+  REQUIRE(m::MoveBoxSteps({2, 5, 12, 25}, chain, {}, &out));
+  CheckBox(out, 4, 5, 8, 25);
+  CheckBox(Moved({2, 5, 12, 25}, chain.map(), 16, 32), 0, 5, 8, 25);
+  // a box wholly cut off by the crop is dropped even where the padding would hold it
+  CHECK_FALSE(m::MoveBoxSteps({2, 5, 7, 25}, chain, {}, &out));
+  // min_visibility: against the box moved by the whole map unclipped ([−6, 4] x [5, 25]: 4 of 10 wide)
+  CHECK_FALSE(m::MoveBoxSteps({2, 5, 12, 25}, chain, {1.0, 0.5}, &out));
+  CHECK(m::MoveBoxSteps({2, 5, 12, 25}, chain, {1.0, 0.4}, &out));
+  // a rotation turns the clipped box: 90 degrees of the 16 x 16 crop [0, 16) of a 32 x 16 image
+  m::GeometryChain turned(32, 16);
+  turned.Then(Affine2D::Translate(-8, 0), 16, 16);
+  int w = 0, h = 0;
+  const Affine2D r = m::RotateMap(90, false, 16, 16, &w, &h);
+  turned.Then(r, w, h);
+  // x [4, 12] -> [-4, 4] -> [0, 4]; y [2, 6]; rotate (x, y) -> (y, 16 - x): x [2, 6], y [12, 16]
+  REQUIRE(m::MoveBoxSteps({4, 2, 12, 6}, turned, {}, &out));
+  CheckBox(out, 2, 12, 6, 16);
+}
+
+TEST_CASE("TargetWriter: boxes and masks follow random_crop with padding through a real decode") {
+  TempDir dir;
+  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
+  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+    "categories": [{"id": 9, "name": "b"}],
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
+  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
+                           ", root: " + (dir.path / "img").string() +
+                           ", max_boxes: 2, masks: true}\n"
+                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                           "  - random_crop: {size: 12, padding: 3}\n";
+  auto parsed = spdl::config::ParseJobConfig(yaml);
+  REQUIRE(parsed.errors.empty());
+  const auto& config = *parsed.config;
+  auto decoder = spdl::jobs::MakeSampleDecoder(config);
+  REQUIRE(decoder.ok());
+  spdl::io::CocoOptions o;
+  o.annotations = config.source.coco.annotations;
+  o.root = config.source.root;
+  o.allowed_roots = {dir.path.string()};
+  o.masks = true;
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  std::vector<uint8_t> bytes;
+  REQUIRE((*src)->Read(0, &bytes).ok());
+  spdl::jobs::TargetWriter writer(config);
+  std::set<std::pair<int, int>> seen;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+    uint8_t* image_row = image.data();
+    spdl::media::ImageInfo info;
+    REQUIRE((*decoder)->DecodeImage(bytes, seed, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+    // The crop drawn, drawn again from the same stream of the same seed.
+    spdl::media::SampleRng rng(seed, spdl::media::RandomStream::kRandomCrop);
+    std::string error;
+    const spdl::media::CropDraw d =
+        spdl::media::DrawRandomCrop(spdl::media::RandomCropSpec{12, 12, {3, 3, 3, 3}}, 16, 16, rng, &error);
+    REQUIRE(error.empty());
+    seen.insert({d.x, d.y});
+    const int dx = d.pad_left - d.x, dy = d.pad_top - d.y;  // the crop's shift
+    std::vector<float> boxes(2 * 4);
+    std::vector<int64_t> labels(2);
+    int32_t count = -1;
+    std::vector<uint8_t> mask(12 * 12);
+    std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+                                  reinterpret_cast<uint8_t*>(&count), mask.data()};
+    REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+    // 64 x 32 -> 32 x 16, center crop at x 8: x [8, 24] -> [-4, 4] -> [0, 4], y [4, 20] -> [2, 10];
+    // then shifted by (dx, dy) and clipped to 12 x 12.
+    INFO("seed " << seed << " dx " << dx << " dy " << dy);
+    const double x1 = std::clamp(0.0 + dx, 0.0, 12.0), x2 = std::clamp(4.0 + dx, 0.0, 12.0);
+    const double y1 = std::clamp(2.0 + dy, 0.0, 12.0), y2 = std::clamp(10.0 + dy, 0.0, 12.0);
+    if (x2 - x1 >= 1 && y2 - y1 >= 1) {
+      REQUIRE(count == 1);
+      CheckBox(Box{boxes[0], boxes[1], boxes[2], boxes[3]}, x1, y1, x2, y2);
+    } else {
+      CHECK(count == 0);
+    }
+    // The mask, pixel-exact: output (x, y) is crop pixel (x - dx, y - dy) (0 outside the crop), crop
+    // pixel (u, v) is stored pixel ((u + 8) * 2 + 1, v * 2 + 1) (resize by 2: PIL NEAREST takes the odd one).
+    for (int y = 0; y < 12; ++y) {
+      for (int x = 0; x < 12; ++x) {
+        const int u = x - dx, v = y - dy;
+        uint8_t want = 0;
+        if (u >= 0 && u < 16 && v >= 0 && v < 16) {
+          const int sx = (u + 8) * 2 + 1, sy = v * 2 + 1;
+          want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 9 : 0;
+        }
+        INFO("x " << x << " y " << y);
+        CHECK(mask[y * 12 + x] == want);
+      }
+    }
+  }
+  CHECK(seen.size() > 3);  // the seeds drew several crops
+}
+
+TEST_CASE("Masks follow the augmentations: pixel-exact vertical_flip, random_crop with padding, rotate 90") {
+  namespace m = spdl::media;
+  const int w = 7, h = 5;
+  std::vector<uint8_t> src(w * h);
+  for (int i = 0; i < w * h; ++i) src[i] = static_cast<uint8_t>(i + 1);
+  SECTION("vertical_flip, through the chain") {
+    m::GeometryChain chain(w, h);
+    chain.Then(m::VerticalFlipMap(h), w, h);
+    std::vector<uint8_t> dst(w * h);
+    m::WarpMaskSteps(src.data(), chain, dst.data());
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) CHECK(dst[y * w + x] == src[(h - 1 - y) * w + x]);
+  }
+  SECTION("random_crop 6 x 6 at (1, 0) of the image padded by 2: shifted, padding 0") {
+    m::CropDraw d;
+    d.pad_left = d.pad_top = 2;
+    d.x = 1;
+    d.y = 0;
+    d.width = d.height = 6;
+    m::GeometryChain chain(w, h);
+    chain.Then(m::RandomCropMap(d), 6, 6);
+    std::vector<uint8_t> dst(36);
+    m::WarpMaskSteps(src.data(), chain, dst.data());
+    for (int y = 0; y < 6; ++y)
+      for (int x = 0; x < 6; ++x) {
+        const int sx = x + 1 - 2, sy = y - 2;  // padded (x + d.x, y + d.y) minus the padding
+        const bool inside = sx >= 0 && sx < w && sy >= 0 && sy < h;
+        CHECK(dst[y * 6 + x] == (inside ? src[sy * w + sx] : 0));
+      }
+  }
+  SECTION("rotate 90 of a square mask turns it exactly; rotate 30 keeps the centre and fills 0 in the corners") {
+    const int n = 6;
+    std::vector<uint8_t> sq(n * n);
+    for (int i = 0; i < n * n; ++i) sq[i] = static_cast<uint8_t>(i + 1);
+    int ow = 0, oh = 0;
+    m::GeometryChain chain(n, n);
+    const Affine2D r90 = m::RotateMap(90, false, n, n, &ow, &oh);
+    chain.Then(r90, ow, oh);
+    std::vector<uint8_t> dst(n * n);
+    m::WarpMaskSteps(sq.data(), chain, dst.data());
+    // output (x, y) comes from input (n - 1 - y, x)
+    for (int y = 0; y < n; ++y)
+      for (int x = 0; x < n; ++x) CHECK(dst[y * n + x] == sq[x * n + (n - 1 - y)]);
+    m::GeometryChain turned(n, n);
+    const Affine2D r30 = m::RotateMap(30, false, n, n, &ow, &oh);
+    turned.Then(r30, ow, oh);
+    m::WarpMaskSteps(sq.data(), turned, dst.data());
+    CHECK(dst[0] == 0);  // the corners come from outside the source
+    CHECK(dst[n * n - 1] == 0);
+    // the centre pixels come from the centre: (2.5, 2.5) -> (2.5 + ...) sampled within the middle 2 x 2
+    const std::vector<uint8_t> middle = {sq[2 * n + 2], sq[2 * n + 3], sq[3 * n + 2], sq[3 * n + 3]};
+    CHECK(std::find(middle.begin(), middle.end(), dst[2 * n + 2]) != middle.end());
+  }
+}
+
 TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded, contiguous ids, errors") {
   TempDir dir;
   WriteFile(dir.path / "img" / "b.jpg", Jpeg(16, 8));
@@ -380,6 +614,65 @@ TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks fo
       const int sx = static_cast<int>(std::floor((16 - x - 0.5 + 8) * 2));
       const int sy = static_cast<int>(std::floor((y + 0.5) * 2));
       const uint8_t want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 2 : (sx >= 60 ? 1 : 0);
+      INFO("x " << x << " y " << y);
+      CHECK(mask[y * 16 + x] == want);
+    }
+  }
+}
+
+TEST_CASE("TargetWriter: boxes and masks follow the augmentations a real decode ran (vertical_flip, color_jitter)") {
+  TempDir dir;
+  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
+  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+    "categories": [{"id": 9, "name": "b"}],
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
+  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
+                           ", root: " + (dir.path / "img").string() +
+                           ", max_boxes: 2, masks: true}\n"
+                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                           "  - color_jitter: {brightness: 0.4}\n  - vertical_flip: {p: 1}\n"
+                           "  - horizontal_flip: {p: 1.0}\n";
+  auto parsed = spdl::config::ParseJobConfig(yaml);
+  REQUIRE(parsed.errors.empty());
+  const auto& config = *parsed.config;
+  auto decoder = spdl::jobs::MakeSampleDecoder(config);
+  REQUIRE(decoder.ok());
+  REQUIRE((*decoder)->image_ops() != nullptr);
+  spdl::io::CocoOptions o;
+  o.annotations = config.source.coco.annotations;
+  o.root = config.source.root;
+  o.allowed_roots = {dir.path.string()};
+  o.masks = true;
+  auto src = spdl::io::CocoSource::Open(o);
+  REQUIRE(src.ok());
+  std::vector<uint8_t> bytes;
+  REQUIRE((*src)->Read(0, &bytes).ok());
+  std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+  uint8_t* image_row = image.data();
+  spdl::media::ImageInfo info;
+  REQUIRE((*decoder)->DecodeImage(bytes, 1, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+  REQUIRE(info.after.size() == 2);  // vertical_flip, then the flip (a pixel step here); color_jitter moves nothing
+
+  spdl::jobs::TargetWriter writer(config);
+  std::vector<float> boxes(2 * 4);
+  std::vector<int64_t> labels(2);
+  int32_t count = -1;
+  std::vector<uint8_t> mask(16 * 16);
+  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+                                reinterpret_cast<uint8_t*>(&count), mask.data()};
+  REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+  // 64 x 32 -> 32 x 16 (scale 0.5), crop at x 8: x [8, 24] -> [-4, 4], y [4, 20] -> [2, 10];
+  // vertical flip y -> 16 - y: [6, 14]; horizontal flip x -> 16 - x: [12, 20] -> clipped [12, 16].
+  REQUIRE(count == 1);
+  CHECK(boxes[0] == 12);
+  CHECK(boxes[1] == 6);
+  CHECK(boxes[2] == 16);
+  CHECK(boxes[3] == 14);
+  for (int y = 0; y < 16; ++y) {
+    for (int x = 0; x < 16; ++x) {
+      const int sx = static_cast<int>(std::floor((16 - x - 0.5 + 8) * 2));
+      const int sy = static_cast<int>(std::floor((16 - y - 0.5) * 2));
+      const uint8_t want = (sx >= 8 && sx < 24 && sy >= 4 && sy < 20) ? 9 : 0;
       INFO("x " << x << " y " << y);
       CHECK(mask[y * 16 + x] == want);
     }
