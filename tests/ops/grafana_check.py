@@ -2,10 +2,11 @@
 """Checks deploy/grafana/spdld.json the way Grafana would load it: a dashboard object with title,
 uid, schemaVersion, templating and panels; every panel with a unique id, a known type, a gridPos
 inside the 24-column grid, a Prometheus data source and targets with refId and expr; every metric an
-expression names is one spdld exports (read from daemon/ops/metrics.cc); with promtool installed,
-every expression parses as PromQL (promtool check rules on recording rules made of them).
+expression names is one spdld exports (read from daemon/ops/metrics.cc and the job statistics table
+proto/job_stats_fields.cc it is generated from); with promtool installed, every expression parses as
+PromQL (promtool check rules on recording rules made of them).
 
-Usage: grafana_check.py DASHBOARD_JSON METRICS_CC. Exit 0 when all hold, 1 otherwise.
+Usage: grafana_check.py DASHBOARD_JSON METRICS_SOURCE... Exit 0 when all hold, 1 otherwise.
 """
 import json
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-dash_path, metrics_cc = sys.argv[1], sys.argv[2]
+dash_path, metric_sources = sys.argv[1], sys.argv[2:]
 problems = []
 
 
@@ -31,13 +32,17 @@ for key, typ in (("title", str), ("uid", str), ("schemaVersion", int), ("panels"
     if not isinstance(dash.get(key), typ):
         problem(f"dashboard.{key} missing or not a {typ.__name__}")
 
-# The exported families: the names in metrics.cc's tables and Add calls.
-with open(metrics_cc) as f:
-    src = f.read()
+# The exported families: the names in metrics.cc's tables and Add calls, and the rows of the job
+# statistics table (name, metric, type, ...).
+src = ""
+for path in metric_sources:
+    with open(path) as f:
+        src += f.read()
 exported = set(re.findall(r'"(spdld_[a-z0-9_]+)"', src))
 histograms = set(re.findall(r'AddHistogram\("(spdld_[a-z0-9_]+)"', src))
+histograms |= set(re.findall(r'"(spdld_[a-z0-9_]+)",\s*"histogram"', src))
 if not exported or not histograms:
-    problem(f"no metric names found in {metrics_cc}")
+    problem(f"no metric names found in {' '.join(metric_sources)}")
 
 
 def known(name):
