@@ -10,6 +10,7 @@
 #include <sstream>
 #include <utility>
 
+#include "common/ascii.h"
 #include "config/yaml_reader.h"
 
 namespace spdl::config {
@@ -37,11 +38,6 @@ bool IsCudaDevice(const std::string& device) {
   if (device == "cuda") return true;
   if (device.rfind("cuda:", 0) != 0 || device.size() == 5) return false;
   return std::all_of(device.begin() + 5, device.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // A number written as an integer or a decimal; nullopt (with an error) when it is anything else,
@@ -145,7 +141,7 @@ std::optional<std::vector<std::string>> ReadExtensions(Diagnostics& diag, const 
       diag.Error(item, "an extension starts with '.' and is not empty, e.g. .jpg (got '" + *e + "')");
       continue;
     }
-    lowered.push_back(Lower(*e));
+    lowered.push_back(AsciiLower(*e));
   }
   return lowered;
 }
@@ -337,7 +333,7 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
         if (!v->empty() && (v->size() < 2 || v->front() != '.')) {
           diag.Error(label, "a label extension starts with '.', e.g. .cls, or is '' for no labels (got '" + *v + "')");
         } else {
-          out->label_extension = Lower(*v);
+          out->label_extension = AsciiLower(*v);
         }
       }
       if (auto v = internal::ReadInt(diag, m.Get("shuffle_buffer"), 1, int64_t{1} << 24)) out->shuffle_buffer = *v;

@@ -8,6 +8,8 @@
 
 #include <yaml-cpp/eventhandler.h>
 
+#include "common/ascii.h"
+
 namespace spdl::config::internal {
 namespace {
 
@@ -35,12 +37,6 @@ std::string JoinPath(const std::string& parent, std::string_view key) {
 YAML::Mark MarkOf(const YAML::Node& node) {
   if (!node.IsDefined()) return YAML::Mark::null_mark();
   return node.Mark();
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 // Edit distance counting an adjacent swap as one edit (optimal string alignment).
@@ -320,13 +316,13 @@ std::string Describe(const YAML::Node& node) {
 }
 
 std::string Suggest(std::string_view word, const std::vector<std::string>& candidates) {
-  const std::string w = Lower(word);
+  const std::string w = AsciiLower(word);
   const size_t limit = w.size() <= 3 ? 1 : 2;
   std::string best;
   size_t best_distance = limit + 1;
   bool tie = false;
   for (const std::string& c : candidates) {
-    const size_t d = EditDistance(w, Lower(c));
+    const size_t d = EditDistance(w, AsciiLower(c));
     if (d < best_distance) {
       best = c;
       best_distance = d;
@@ -340,7 +336,7 @@ std::string Suggest(std::string_view word, const std::vector<std::string>& candi
   // starts with the word, or that the word starts with.
   std::string prefix_match;
   for (const std::string& c : candidates) {
-    const std::string lc = Lower(c);
+    const std::string lc = AsciiLower(c);
     const bool related = (w.size() >= 4 && lc.rfind(w, 0) == 0) ||
                          (lc.size() >= 4 && w.rfind(lc, 0) == 0);
     if (!related || c == prefix_match) continue;

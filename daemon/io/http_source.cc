@@ -11,10 +11,13 @@
 #include <thread>
 #include <utility>
 
+#include "common/ascii.h"
 #include "io/allowed_roots.h"
 
 #if SPDL_HAVE_CURL
 #include <curl/curl.h>
+
+#include "io/curl_pool.h"
 #endif
 
 namespace spdl::io {
@@ -27,13 +30,6 @@ struct HttpSource::Attempt {
 
 #if SPDL_HAVE_CURL
 namespace {
-
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
-}
 
 void GlobalInit() {
   static std::once_flag once;
@@ -91,14 +87,14 @@ bool HasEncodedTraversal(const std::string& path) {
 
 // Parses and normalizes an absolute http(s) URL; returns an error message, or "".
 std::string ParseUrl(UniqueUrl u, Url* out) {
-  out->scheme = Lower(Part(u.get(), CURLUPART_SCHEME));
+  out->scheme = AsciiLower(Part(u.get(), CURLUPART_SCHEME));
   if (out->scheme != "http" && out->scheme != "https") {
     return "scheme '" + out->scheme + "' is not http or https";
   }
   if (!Part(u.get(), CURLUPART_USER).empty() || !Part(u.get(), CURLUPART_PASSWORD).empty()) {
     return "credentials in URLs are not accepted (they would be logged with the key)";
   }
-  out->host = Lower(Part(u.get(), CURLUPART_HOST));
+  out->host = AsciiLower(Part(u.get(), CURLUPART_HOST));
   if (out->host.empty()) return "no host";
   out->port = Part(u.get(), CURLUPART_PORT, CURLU_DEFAULT_PORT);
   out->path = Part(u.get(), CURLUPART_PATH);
@@ -272,75 +268,22 @@ int64_t JitteredBackoff(const HttpSourceOptions& o, int attempt_done) {
 
 // The pool of curl easy handles: at most options.max_in_flight exist; Acquire blocks while all are
 // in use. Each handle keeps its own connection cache, so a handle reused is a connection reused.
-struct HttpSource::Pool {
-  struct Handle {
-    Handle() : curl(curl_easy_init()) {}
-    ~Handle() {
-      if (curl != nullptr) curl_easy_cleanup(curl);
-    }
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-
-    CURL* const curl;
-    char error[CURL_ERROR_SIZE] = {};
-  };
-
-  explicit Pool(const HttpSourceOptions& o) : options(o) {}
-
-  // A free handle, or a new one while fewer than max_in_flight exist; nullptr when curl cannot
-  // make one. Release it when done.
-  Handle* Acquire() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return !free.empty() || created < options.max_in_flight; });
-    if (!free.empty()) {
-      Handle* h = free.back();  // the most recently used: its connection is the warmest
-      free.pop_back();
-      return h;
-    }
-    ++created;
-    lock.unlock();
-    auto h = std::make_unique<Handle>();
-    if (h->curl == nullptr) {
-      {
-        std::lock_guard<std::mutex> l(mu);
-        --created;
-      }
-      cv.notify_one();
-      return nullptr;
-    }
-    CURL* c = h->curl;
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // required with threads
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout_ms));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options.timeout_ms));
-    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(options.max_sample_bytes));
-    curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, options.user_agent.c_str());
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnBody);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &OnHeader);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->error);
-    Handle* raw = h.get();
-    std::lock_guard<std::mutex> l(mu);
-    handles.push_back(std::move(h));
-    return raw;
-  }
-
-  void Release(Handle* h) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      free.push_back(h);
-    }
-    cv.notify_one();
-  }
-
-  const HttpSourceOptions& options;  // the owning source's; outlives the pool
-  std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  std::vector<std::unique_ptr<Handle>> handles;  // every handle made
-  std::vector<Handle*> free;                     // those not in use
-  int created = 0;                               // handles made or being made
+struct HttpSource::Pool : CurlPool {
+  explicit Pool(const HttpSourceOptions& options)
+      : CurlPool(options.max_in_flight, [&options](Handle& h) {
+          CURL* c = h.curl;
+          curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // required with threads
+          curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+          curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+          curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout_ms));
+          curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options.timeout_ms));
+          curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(options.max_sample_bytes));
+          curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+          curl_easy_setopt(c, CURLOPT_USERAGENT, options.user_agent.c_str());
+          curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnBody);
+          curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &OnHeader);
+          curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h.error);
+        }) {}
 };
 
 namespace {

@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "common/ascii.h"
 #include "io/read_file.h"
 
 namespace spdl::io {
@@ -20,15 +21,8 @@ namespace {
 
 using DirId = std::pair<dev_t, ino_t>;
 
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
-}
-
 bool HasExtension(const std::string& name, const std::vector<std::string>& lower_exts) {
-  const std::string lower = Lower(name);
+  const std::string lower = AsciiLower(name);
   for (const std::string& ext : lower_exts) {
     if (lower.size() > ext.size() && lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0) {
       return true;
@@ -69,7 +63,7 @@ Status ListVisible(const RootDir& root, const std::string& rel, std::vector<Entr
 std::string EndingOf(const std::string& name) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) return "(none)";
-  return Lower(name.substr(dot));
+  return AsciiLower(name.substr(dot));
 }
 
 // What `rel` beneath the root is, following links that stay below it: kOk with *st filled;
@@ -171,7 +165,7 @@ Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std:
   std::vector<std::string> lower_exts;
   for (const std::string& e : extensions) {
     if (e.empty() || e == ".") return InvalidArgument(what + ": empty file extension");
-    lower_exts.push_back(Lower(e[0] == '.' ? e : "." + e));
+    lower_exts.push_back(AsciiLower(e[0] == '.' ? e : "." + e));
   }
 
   struct stat st {};

@@ -11,6 +11,9 @@
 
 #if SPDL_HAVE_CURL
 #include <curl/curl.h>
+
+#include "common/ascii.h"
+#include "io/curl_pool.h"
 #endif
 #if SPDL_HAVE_OPENSSL
 #include <openssl/evp.h>
@@ -19,13 +22,6 @@
 namespace spdl::io {
 
 namespace {
-
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
-}
 
 // Percent-encodes everything but unreserved characters (and '/' when keep_slash), as SigV4 wants.
 std::string UriEncode(const std::string& s, bool keep_slash) {
@@ -175,8 +171,8 @@ std::string Parse(const std::string& text, ParsedUrl* out) {
       curl_free(s);
       return v;
     };
-    out->scheme = Lower(part(CURLUPART_SCHEME));
-    out->host = Lower(part(CURLUPART_HOST));
+    out->scheme = AsciiLower(part(CURLUPART_SCHEME));
+    out->host = AsciiLower(part(CURLUPART_HOST));
     out->port = part(CURLUPART_PORT, CURLU_DEFAULT_PORT);
     out->path = part(CURLUPART_PATH);
     if (out->path.empty()) out->path = "/";
@@ -281,7 +277,7 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
     while (!t->status_line.empty() && (t->status_line.back() == '\r' || t->status_line.back() == '\n')) {
       t->status_line.pop_back();
     }
-  } else if (bytes > 5 && Lower(std::string(data, 5)) == "etag:") {
+  } else if (bytes > 5 && AsciiLower(std::string(data, 5)) == "etag:") {
     std::string v(data + 5, bytes - 5);
     const size_t a = v.find_first_not_of(" \t");
     const size_t b = v.find_last_not_of(" \t\r\n");
@@ -292,53 +288,9 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
 
 }  // namespace
 
-struct S3Client::Pool {
-  struct Handle {
-    Handle() : curl(curl_easy_init()) {}
-    ~Handle() {
-      if (curl != nullptr) curl_easy_cleanup(curl);
-    }
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-    CURL* const curl;
-    char error[CURL_ERROR_SIZE] = {};
-  };
-
-  explicit Pool(int max) : max_handles(max) {}
-
-  Handle* Acquire() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return !free.empty() || created < max_handles; });
-    if (!free.empty()) {
-      Handle* h = free.back();
-      free.pop_back();
-      return h;
-    }
-    ++created;
-    auto h = std::make_unique<Handle>();
-    if (h->curl == nullptr) {
-      --created;
-      cv.notify_one();
-      return nullptr;
-    }
-    Handle* raw = h.get();
-    handles.push_back(std::move(h));
-    return raw;
-  }
-  void Release(Handle* h) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      free.push_back(h);
-    }
-    cv.notify_one();
-  }
-
-  const int max_handles;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<Handle>> handles;  // guarded by mu
-  std::vector<Handle*> free;                     // guarded by mu
-  int created = 0;                               // guarded by mu
+// The curl handles of one client: at most max_in_flight (S3Client::Create); options are set per request.
+struct S3Client::Pool : CurlPool {
+  using CurlPool::CurlPool;
 };
 
 S3Client::S3Client(S3Options options) : options_(std::move(options)) {}

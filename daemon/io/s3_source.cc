@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/ascii.h"
 #include "io/brace_expand.h"
 #include "io/sample_list.h"
 #include "io/tar_reader.h"
@@ -21,17 +22,12 @@ namespace spdl::io {
 
 namespace {
 
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
+std::string Normalize(const std::string& ext) {
+  return AsciiLower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext);
 }
 
-std::string Normalize(const std::string& ext) { return Lower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext); }
-
 bool EndsWithAny(const std::string& name, const std::vector<std::string>& exts) {
-  const std::string lower = Lower(name);
+  const std::string lower = AsciiLower(name);
   for (const std::string& e : exts) {
     const std::string dotted = "." + Normalize(e);
     if (lower.size() >= dotted.size() && lower.compare(lower.size() - dotted.size(), dotted.size(), dotted) == 0) {
@@ -257,7 +253,7 @@ Result<std::shared_ptr<const S3TarShardSource::Index>> S3TarShardSource::Scan(
       if (base >= m.name.size() || m.name[base] == '.') continue;
       const size_t dot = m.name.find('.', base);
       if (dot == std::string::npos) continue;
-      const std::string ext = Lower(m.name.substr(dot + 1));
+      const std::string ext = AsciiLower(m.name.substr(dot + 1));
       const std::string key = m.name.substr(0, dot);
       auto [it, inserted] = groups.try_emplace(key);
       if (inserted) keys.push_back(key);

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/ascii.h"
 #include "common/unique_fd.h"
 #include "io/allowed_roots.h"
 #include "io/brace_expand.h"
@@ -25,14 +26,9 @@ namespace {
 
 constexpr uint64_t kMaxLabelBytes = 4096;
 
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
+std::string Normalize(const std::string& ext) {
+  return AsciiLower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext);
 }
-
-std::string Normalize(const std::string& ext) { return Lower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext); }
 
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
@@ -200,7 +196,7 @@ Result<std::shared_ptr<const TarShardSource::Index>> TarShardSource::Scan(
       if (base >= m.name.size() || m.name[base] == '.') continue;
       const size_t dot = m.name.find('.', base);
       if (dot == std::string::npos) continue;
-      const std::string ext = Lower(m.name.substr(dot + 1));
+      const std::string ext = AsciiLower(m.name.substr(dot + 1));
       std::string key = m.name.substr(0, dot);
       int rank = -1;
       for (size_t i = 0; i < image_exts.size(); ++i) {
