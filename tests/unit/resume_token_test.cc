@@ -167,4 +167,44 @@ TEST_CASE("resume: a version 1 token is still accepted when its dataset and orde
 }
 
 }  // namespace
+TEST_CASE("resume: a token is tied to the augmentations' parameters") {
+  // A job whose transforms are the geometry below, then `transforms` (YAML list items).
+  auto ParseAug = [](const std::string& transforms) {
+    return Parse(
+        "source: {type: image_folder, root: /data}\nbatch: {size: 4}\noutput: {dtype: float32}\ntransforms:\n"
+        "  - resize: {shorter: 64}\n  - center_crop: {size: 56}\n" +
+        transforms);
+  };
+  ListSource src(40);
+  const std::string base =
+      "  - random_crop: {size: 48, padding: 4}\n"
+      "  - rand_augment: {num_ops: 2, magnitude: 9}\n"
+      "  - color_jitter: {brightness: 0.4, hue: 0.1, p: 0.8}\n"
+      "  - normalize: {mean: [0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}\n"
+      "  - random_erasing: {p: 0.25}\n";
+  pipeline::ResumePoint p;
+  p.epoch = 0;
+  p.prefix = 8;
+  p.next_batch = 2;
+  const std::string token = EncodeResumeToken(p, JobFingerprint(src, ParseAug(base), 0, 1));
+  REQUIRE(DecodeResumeToken(token, JobFingerprint(src, ParseAug(base), 0, 1)).ok());
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"magnitude: 9", "magnitude: 10"},
+      {"num_ops: 2", "num_ops: 3"},
+      {"hue: 0.1", "hue: 0.2"},
+      {"p: 0.8", "p: 0.7"},
+      {"{p: 0.25}", "{p: 0.5}"},
+      {"padding: 4", "padding: 3"},
+      {"rand_augment: {num_ops: 2, magnitude: 9}", "trivial_augment_wide: {}"},
+  };
+  for (const auto& [from, to] : changes) {
+    std::string other = base;
+    other.replace(other.find(from), from.size(), to);
+    INFO(other);
+    auto r = DecodeResumeToken(token, JobFingerprint(src, ParseAug(other), 0, 1));
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("its transforms differ"));
+  }
+}
+
 }  // namespace spdl::jobs
