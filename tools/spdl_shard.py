@@ -1,0 +1,612 @@
+#!/usr/bin/env python3
+"""spdl-shard: writes a dataset as WebDataset-layout tar shards that spdld's `tar` source reads.
+
+Inputs: an image folder (root/<class>/<file>, labels = index of the sorted class folder, as
+spdld's `image_folder`), a file list ("path[,label]" lines, spdld's list format) or a COCO
+instances set (annotations JSON + image folder; each sample's annotations as a `.json` member).
+Output: a local directory or an s3:// prefix, holding NAME-000000.tar, NAME-000001.tar, ... and
+NAME.manifest.json (per shard: file name, sample count, bytes, sha256; the classes; the options).
+
+Each sample is a group of members sharing a key (WebDataset): KEY.jpg (or .jpeg/.png/.webp),
+KEY.cls (the decimal label, when there is one), KEY.json (COCO), KEY.<ext> for each --sidecar.
+KEY is the sample's path relative to its root without its extension, with any '.' in the base
+name replaced by '_' (a tar reader takes the key up to the first dot); two samples with the same
+key are an error.
+
+Deterministic: the same input and options give byte-identical shards and manifest (sample order
+fixed by the input, or by --shuffle SEED; tar headers with mtime 0, uid/gid 0, no user names,
+mode 0644; pax headers only for names that need them; re-encoding by the same Pillow is
+deterministic).
+
+Re-encoding (--max-side N [--quality Q]): images whose longer side exceeds N are scaled down
+(Lanczos) so that it is N, and written as JPEG at quality Q (default 90); smaller images are kept
+byte for byte unless --quality is given, which re-encodes every image. EXIF is carried. COCO boxes,
+polygons and areas are scaled with their image.
+
+s3:// output: each shard is written to a temporary local file, then PUT with AWS Signature V4
+(x-amz-content-sha256 = the shard's sha256, checked by the store; the ETag checked against the
+MD5), retried with backoff on 5xx/429/connection errors. Credentials, endpoint and region are read
+as spdld's client reads them: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
+the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials; profile
+AWS_PROFILE or "default"); endpoint AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (path-style), else
+AWS (virtual-hosted); region AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1. Secrets are never
+printed.
+
+Needs Python 3.9+; Pillow (python3-pil) only for re-encoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import csv
+import datetime
+import hashlib
+import hmac
+import http.client
+import io
+import json
+import os
+import random
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # those the tar source reads by default
+MANIFEST_VERSION = 1
+
+
+class ShardError(Exception):
+    """A clear, user-facing error: printed as "spdl-shard: MESSAGE", exit status 1."""
+
+
+@dataclass
+class Sample:
+    key: str
+    image: Path  # the image file
+    label: Optional[int] = None
+    annotation: Optional[dict] = None  # COCO: {"image": ..., "annotations": [...]}
+    source: str = ""  # for error messages: the path as the input named it
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def make_key(rel: str) -> str:
+    """The WebDataset key of a path relative to its root: no extension, no '.' in the base name."""
+    rel = rel.replace(os.sep, "/").lstrip("/")
+    while rel.startswith("./"):
+        rel = rel[2:]
+    head, _, base = rel.rpartition("/")
+    stem = base[: base.rfind(".")] if base.rfind(".") > 0 else base
+    stem = stem.replace(".", "_")
+    if not stem:
+        raise ShardError(f"{rel}: no usable file name for a key")
+    return f"{head}/{stem}" if head else stem
+
+
+def image_ext(path: Path) -> str:
+    return path.suffix.lower().lstrip(".")
+
+
+def folder_samples(root: Path, extensions: tuple) -> tuple[list, list]:
+    """(samples, classes) of root/<class>/<file>, as spdld's image_folder scans it: classes sorted
+    bytewise, files of a class (nested folders included) sorted by relative path; hidden names and
+    files directly in root ignored."""
+    if not root.is_dir():
+        raise ShardError(f"{root}: not a directory")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    samples = []
+    for label, cls in enumerate(classes):
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for f in filenames:
+                if not f.startswith(".") and f.rsplit(".", 1)[-1].lower() in extensions and "." in f:
+                    files.append(os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/"))
+        for rel in sorted(files, key=lambda s: s.encode()):
+            samples.append(Sample(key=make_key(rel), image=root / rel, label=label, source=rel))
+    if not samples:
+        raise ShardError(f"{root}: no image ({', '.join(extensions)}) in any class folder")
+    return samples, classes
+
+
+def list_samples(list_path: Path, root: Optional[Path]) -> list:
+    """The samples of a "path[,label]" list (spdld's format: '#' comments, blank lines, an optional
+    "path[,label]" header, CSV quoting); relative paths below `root` (default: the list's folder)."""
+    try:
+        text = list_path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ShardError(f"{list_path}: {e.strerror}") from e
+    base = root if root is not None else list_path.parent
+    samples, problems, first = [], [], True
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [f.strip() for f in next(csv.reader([line], skipinitialspace=True))]
+        if first and fields and fields[0].lower() == "path" and fields[1:] in ([], ["label"]):
+            first = False
+            continue
+        first = False
+        if len(fields) > 2 or not fields[0]:
+            problems.append(f"{list_path}:{lineno}: expected path[,label]")
+            continue
+        label = None
+        if len(fields) == 2:
+            if not fields[1].isdigit():
+                problems.append(f"{list_path}:{lineno}: label '{fields[1]}' is not an integer >= 0")
+                continue
+            label = int(fields[1])
+        p = Path(fields[0])
+        full = p if p.is_absolute() else base / p
+        rel = os.path.relpath(full, base) if not p.is_absolute() or str(full).startswith(str(base) + os.sep) else str(p)
+        if rel.startswith(".."):
+            rel = str(p)
+        samples.append(Sample(key=make_key(rel), image=full, label=label, source=fields[0]))
+    if problems:
+        raise ShardError(f"{list_path}: {len(problems)} bad lines:\n  " + "\n  ".join(problems[:20]))
+    if not samples:
+        raise ShardError(f"{list_path}: no sample")
+    return samples
+
+
+def coco_samples(annotations: Path, root: Path) -> tuple[list, list]:
+    """(samples, categories) of a COCO instances set: one sample per image in image id order, its
+    annotation member {"image": the image record, "annotations": its objects in id order}."""
+    try:
+        data = json.loads(annotations.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ShardError(f"{annotations}: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise ShardError(f"{annotations}: not a COCO instances file (no \"images\" list)")
+    per_image: dict = {}
+    for a in sorted(data.get("annotations") or [], key=lambda a: a.get("id", 0)):
+        per_image.setdefault(a.get("image_id"), []).append(a)
+    samples = []
+    for img in sorted(data["images"], key=lambda i: i["id"]):
+        rel = img["file_name"]
+        samples.append(Sample(key=make_key(rel), image=root / rel, source=rel,
+                              annotation={"image": img, "annotations": per_image.get(img["id"], [])}))
+    if not samples:
+        raise ShardError(f"{annotations}: no image")
+    return samples, data.get("categories") or []
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-encoding
+
+
+def scale_annotation(ann: dict, sx: float, sy: float, width: int, height: int) -> dict:
+    out = json.loads(json.dumps(ann))
+    out["image"]["width"], out["image"]["height"] = width, height
+    for a in out["annotations"]:
+        if "bbox" in a:
+            x, y, w, h = a["bbox"]
+            a["bbox"] = [x * sx, y * sy, w * sx, h * sy]
+        if "area" in a:
+            a["area"] = a["area"] * sx * sy
+        seg = a.get("segmentation")
+        if isinstance(seg, list):
+            a["segmentation"] = [[v * (sx if i % 2 == 0 else sy) for i, v in enumerate(poly)] for poly in seg]
+        elif seg is not None:
+            raise ShardError(f"image {ann['image'].get('file_name')}: an RLE segmentation cannot be rescaled "
+                             "(write this set without --max-side)")
+    return out
+
+
+def reencode(data: bytes, sample: Sample, max_side: Optional[int], quality: Optional[int]) -> tuple:
+    """(bytes, extension, annotation) of the image as it goes into the shard."""
+    from PIL import Image  # only needed here
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except Exception as e:  # Pillow raises many types for bad data
+        raise ShardError(f"{sample.source}: cannot decode the image ({e})") from e
+    w, h = img.size
+    too_big = max_side is not None and max(w, h) > max_side
+    if not too_big and quality is None:
+        return data, image_ext(sample.image), sample.annotation
+    exif = img.info.get("exif")
+    if img.mode not in ("RGB", "L"):
+        img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "RGBA") else img.convert("RGB")
+    ann = sample.annotation
+    if too_big:
+        s = max_side / max(w, h)
+        nw, nh = max(1, round(w * s)), max(1, round(h * s))
+        img = img.resize((nw, nh), Image.LANCZOS)
+        if ann is not None:
+            ann = scale_annotation(ann, nw / w, nh / h, nw, nh)
+    out = io.BytesIO()
+    kw = {"exif": exif} if exif else {}
+    img.save(out, format="JPEG", quality=quality if quality is not None else 90, optimize=False, **kw)
+    return out.getvalue(), "jpg", ann
+
+
+# ---------------------------------------------------------------------------------------------
+# S3
+
+
+def s3_access(environ=os.environ) -> dict:
+    """{key_id, secret, token, endpoint, region} as spdld's client reads them (see the module doc)."""
+    key_id, secret, token = (environ.get(k, "") for k in
+                             ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"))
+    if not (key_id and secret):
+        path = environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(
+            environ.get("HOME") or os.path.expanduser("~"), ".aws", "credentials")
+        cp = configparser.ConfigParser(interpolation=None)
+        try:
+            cp.read(path)
+        except configparser.Error:
+            pass
+        profile = environ.get("AWS_PROFILE") or "default"
+        if cp.has_section(profile):
+            sec = cp[profile]
+            key_id, secret = sec.get("aws_access_key_id", ""), sec.get("aws_secret_access_key", "")
+            token = sec.get("aws_session_token", "")
+        else:
+            key_id = secret = token = ""
+    return {"key_id": key_id, "secret": secret, "token": token,
+            "endpoint": environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL") or "",
+            "region": environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+
+
+def _quote(s: str, safe: str = "-_.~") -> str:
+    return urllib.parse.quote(s, safe=safe)
+
+
+def sigv4_headers(method: str, host: str, path: str, query: dict, headers: dict, payload_sha256: str,
+                  key_id: str, secret: str, region: str, now: datetime.datetime, token: str = "",
+                  service: str = "s3") -> dict:
+    """The headers to send (given ones + x-amz-date, x-amz-content-sha256, [x-amz-security-token],
+    Authorization) for an AWS Signature V4 request. `path` is already URI-encoded."""
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    h = {k.lower(): str(v).strip() for k, v in headers.items()}
+    h["host"] = host
+    h["x-amz-date"] = amz_date
+    h["x-amz-content-sha256"] = payload_sha256
+    if token:
+        h["x-amz-security-token"] = token
+    names = sorted(h)
+    canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+    canonical = "\n".join([method, path, canonical_query, "".join(f"{n}:{h[n]}\n" for n in names),
+                           ";".join(names), payload_sha256])
+    scope = f"{day}/{region}/{service}/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + secret).encode()
+    for part in (day, region, service, "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    h["authorization"] = (f"AWS4-HMAC-SHA256 Credential={key_id}/{scope}, SignedHeaders={';'.join(names)}, "
+                          f"Signature={signature}")
+    return h
+
+
+class S3Writer:
+    """PUTs files below s3://bucket/prefix/ (prefix may be empty)."""
+
+    def __init__(self, url: str, max_attempts: int = 5, timeout_s: float = 300) -> None:
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ShardError(f"{url}: expected s3://bucket/prefix")
+        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.access = s3_access()
+        self.max_attempts, self.timeout_s = max_attempts, timeout_s
+        endpoint = self.access["endpoint"]
+        if endpoint:  # path-style on an explicit endpoint
+            e = urllib.parse.urlparse(endpoint)
+            if e.scheme not in ("http", "https") or not e.netloc:
+                raise ShardError(f"endpoint {endpoint}: expected http:// or https://")
+            self.scheme, self.host = e.scheme, e.netloc
+            self.base_path = e.path.rstrip("/") + "/" + _quote(self.bucket, safe="-_.~")
+        else:  # virtual-hosted on AWS
+            self.scheme, self.host = "https", f"{self.bucket}.s3.{self.access['region']}.amazonaws.com"
+            self.base_path = ""
+
+    def url_of(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{name}"
+
+    def put(self, name: str, path: Path, sha256: str, md5: str, content_type: str) -> None:
+        key = (self.prefix + "/" if self.prefix else "") + name
+        upath = self.base_path + "/" + _quote(key, safe="-_.~/")
+        size = path.stat().st_size
+        what = f"PUT {self.url_of(name)}"
+        delay = 0.2
+        for attempt in range(1, self.max_attempts + 1):
+            headers = {"content-length": str(size), "content-type": content_type}
+            if self.access["key_id"] and self.access["secret"]:
+                headers = sigv4_headers("PUT", self.host, upath, {}, headers, sha256, self.access["key_id"],
+                                        self.access["secret"], self.access["region"],
+                                        datetime.datetime.now(datetime.timezone.utc), self.access["token"])
+            else:
+                headers["x-amz-content-sha256"] = sha256
+            conn_cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            retry, problem = False, ""
+            try:
+                conn = conn_cls(self.host, timeout=self.timeout_s)
+                with open(path, "rb") as body:
+                    conn.request("PUT", upath, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    text = resp.read()
+                conn.close()
+                if resp.status == 200:
+                    etag = (resp.getheader("ETag") or "").strip('"')
+                    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower()) and etag.lower() != md5:
+                        retry, problem = True, f"ETag {etag} is not the MD5 sent ({md5})"
+                    else:
+                        return
+                else:
+                    code = ""
+                    if b"<Code>" in text:
+                        code = text.split(b"<Code>", 1)[1].split(b"</Code>", 1)[0].decode(errors="replace")
+                    problem = f"HTTP {resp.status} {resp.reason}" + (f" ({code})" if code else "")
+                    retry = resp.status >= 500 or resp.status == 429
+            except (OSError, http.client.HTTPException) as e:
+                retry, problem = True, f"{type(e).__name__}: {e}"
+            if not retry or attempt == self.max_attempts:
+                raise ShardError(f"{what}: {problem}" + (f" (after {attempt} attempts)" if attempt > 1 else ""))
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def parse_bytes(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    num, unit = (t[:-1], t[-1]) if t and t[-1].isalpha() else (t, "")
+    try:
+        value = int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 1000000, 512M, 1G)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': must be > 0")
+    return value
+
+
+def tar_entry_bytes(name: str, size: int) -> int:
+    """Bytes a member takes in a pax tar: its header(s) and its data padded to 512."""
+    extra = 0
+    try:
+        name.encode("ascii")
+        ascii_ok = True
+    except UnicodeEncodeError:
+        ascii_ok = False
+    if not ascii_ok or len(name) > 100 and (len(name) > 255 or "/" not in name[-101:]):
+        extra = 512 + 512 * ((len(name.encode()) + 40 + 511) // 512)
+    return extra + 512 + (size + 511) // 512 * 512
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    tar.addfile(info, io.BytesIO(data))
+
+
+class Progress:
+    """One line on stderr: samples done / total, a bar, shards written, rate. Silent if disabled."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.start, self.last = total, enabled, time.monotonic(), 0.0
+
+    def update(self, done: int, shards: int, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self.last < 0.2:
+            return
+        self.last = now
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(frac * 30)
+        rate = done / max(now - self.start, 1e-6)
+        sys.stderr.write(f"\r[{bar:<30}] {done}/{self.total} samples, {shards} shards, {rate:.0f}/s")
+        if final:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], shard_bytes: Optional[int],
+                 max_side: Optional[int], quality: Optional[int], sidecars: list, classes: Optional[list],
+                 categories: Optional[list], progress: bool, input_desc: str) -> dict:
+    """Writes the shards and the manifest; returns the manifest."""
+    seen: dict = {}
+    for s in samples:
+        if s.key in seen:
+            raise ShardError(f"two samples have the key '{s.key}': {seen[s.key]} and {s.source} "
+                             "(keys are paths without extension)")
+        seen[s.key] = s.source
+    remote = out.startswith("s3://")
+    s3 = S3Writer(out) if remote else None
+    out_dir = None
+    if not remote:
+        out_dir = Path(out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    tmpdir = tempfile.TemporaryDirectory(prefix="spdl-shard-") if remote else None
+    shards: list = []
+    bar = Progress(len(samples), progress)
+
+    state: dict = {"tar": None, "file": None, "path": None, "count": 0, "bytes": 1024}
+
+    def open_shard() -> None:
+        fname = f"{name}-{len(shards):06d}.tar"
+        path = (Path(tmpdir.name) if remote else out_dir) / (fname + ".partial")
+        f = open(path, "wb")
+        state.update(tar=tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT), file=f, path=path,
+                     count=0, bytes=1024, fname=fname)
+
+    def close_shard() -> None:
+        state["tar"].close()
+        state["file"].close()
+        path: Path = state["path"]
+        sha, md5 = hashlib.sha256(), hashlib.md5()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                sha.update(chunk)
+                md5.update(chunk)
+        fname = state["fname"]
+        size = path.stat().st_size
+        if remote:
+            s3.put(fname, path, sha.hexdigest(), md5.hexdigest(), "application/x-tar")
+            path.unlink()
+        else:
+            path.replace(out_dir / fname)
+        shards.append({"file": fname, "samples": state["count"], "bytes": size, "sha256": sha.hexdigest()})
+        state["tar"] = None
+
+    try:
+        for i, s in enumerate(samples):
+            try:
+                data = s.image.read_bytes()
+            except OSError as e:
+                raise ShardError(f"{s.source}: {e.strerror or e}") from e
+            ext, ann = image_ext(s.image), s.annotation
+            if max_side is not None or quality is not None:
+                data, ext, ann = reencode(data, s, max_side, quality)
+            members = [(f"{s.key}.{ext}", data)]
+            if s.label is not None:
+                members.append((f"{s.key}.cls", str(s.label).encode()))
+            if ann is not None:
+                members.append((f"{s.key}.json", json.dumps(ann, sort_keys=True, separators=(",", ":")).encode()))
+            for side in sidecars:
+                p = s.image.with_suffix("." + side) if s.image.suffix else Path(str(s.image) + "." + side)
+                if p.is_file():
+                    members.append((f"{s.key}.{side}", p.read_bytes()))
+            size = sum(tar_entry_bytes(n, len(d)) for n, d in members)
+            if state["tar"] is not None and (
+                    (shard_size is not None and state["count"] >= shard_size) or
+                    (shard_bytes is not None and state["bytes"] + size > shard_bytes)):
+                close_shard()
+            if state["tar"] is None:
+                open_shard()
+            for n, d in members:
+                add_member(state["tar"], n, d)
+            state["count"] += 1
+            state["bytes"] += size
+            bar.update(i + 1, len(shards))
+        close_shard()
+    finally:
+        if state["tar"] is not None:  # an error mid-shard: leave no partial file behind
+            state["tar"].close()
+            state["file"].close()
+            state["path"].unlink(missing_ok=True)
+    manifest = {
+        "format": "spdl-shard", "version": MANIFEST_VERSION, "input": input_desc,
+        "samples": sum(s["samples"] for s in shards), "shards": shards,
+        "pattern": f"{name}-{{000000..{len(shards) - 1:06d}}}.tar",
+        "options": {"shard_size": shard_size, "shard_bytes": shard_bytes, "max_side": max_side,
+                    "quality": quality, "sidecars": sidecars},
+    }
+    if classes is not None:
+        manifest["classes"] = classes
+    if categories is not None:
+        manifest["categories"] = categories
+    text = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    mname = f"{name}.manifest.json"
+    if remote:
+        mpath = Path(tmpdir.name) / mname
+        mpath.write_bytes(text)
+        s3.put(mname, mpath, hashlib.sha256(text).hexdigest(), hashlib.md5(text).hexdigest(), "application/json")
+        tmpdir.cleanup()
+    else:
+        tmp = out_dir / (mname + ".partial")
+        tmp.write_bytes(text)
+        tmp.replace(out_dir / mname)
+    bar.update(len(samples), len(shards), final=True)
+    return manifest
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="spdl-shard",
+        description="Write an image folder, a file list or a COCO set as WebDataset tar shards "
+                    "(NAME-000000.tar ... and NAME.manifest.json) in a folder or below an s3:// prefix.")
+    p.add_argument("output", help="output folder, or s3://bucket/prefix")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--folder", type=Path, help="an image folder: root/<class>/<file>")
+    src.add_argument("--list", type=Path, help="a file list: path[,label] lines")
+    src.add_argument("--coco", type=Path, metavar="ANNOTATIONS", help="a COCO instances JSON (with --root)")
+    p.add_argument("--root", type=Path, help="the folder list paths / COCO file_names are relative to")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=int, help="samples per shard (default 1000)")
+    size.add_argument("--shard-bytes", type=parse_bytes, help="bytes per shard at most (e.g. 512M); a larger "
+                      "sample gets a shard of its own")
+    p.add_argument("--name", default="shard", help="shard file prefix (default: shard)")
+    p.add_argument("--max-side", type=int, help="scale images down so that the longer side is at most N")
+    p.add_argument("--quality", type=int, help="JPEG quality of re-encoded images, 1..95 (default 90; given, "
+                   "every image is re-encoded)")
+    p.add_argument("--extensions", default=",".join(IMAGE_EXTENSIONS),
+                   help="image extensions taken from a folder (default: jpg,jpeg,png,webp)")
+    p.add_argument("--sidecar", action="append", default=[], metavar="EXT",
+                   help="carry the file next to each image with this extension (a/1.jpg -> a/1.EXT) as a "
+                        "member; repeatable")
+    p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle the samples across shards with this seed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown on a terminal)")
+    a = p.parse_args(argv)
+    try:
+        if a.shard_size is not None and a.shard_size < 1:
+            raise ShardError("--shard-size must be >= 1")
+        if a.max_side is not None and a.max_side < 1:
+            raise ShardError("--max-side must be >= 1")
+        if a.quality is not None and not 1 <= a.quality <= 95:
+            raise ShardError("--quality must be in 1..95")
+        if "/" in a.name or not a.name:
+            raise ShardError("--name must be a plain file name prefix")
+        sidecars = [s.lstrip(".").lower() for s in a.sidecar]
+        for s in sidecars:
+            if not s or s in IMAGE_EXTENSIONS or s in ("cls", "json"):
+                raise ShardError(f"--sidecar {s!r}: not a usable sidecar extension")
+        if a.max_side is not None or a.quality is not None:
+            try:
+                import PIL  # noqa: F401 -- only checking that it is there
+            except ImportError:
+                raise ShardError("--max-side / --quality need Pillow (Debian: python3-pil)") from None
+        classes = categories = None
+        if a.folder is not None:
+            exts = tuple(e.strip().lstrip(".").lower() for e in a.extensions.split(",") if e.strip())
+            samples, classes = folder_samples(a.folder, exts)
+            desc = f"folder {a.folder}"
+        elif a.list is not None:
+            samples = list_samples(a.list, a.root)
+            desc = f"list {a.list}"
+        else:
+            if a.root is None:
+                raise ShardError("--coco needs --root (the image folder)")
+            samples, categories = coco_samples(a.coco, a.root)
+            desc = f"coco {a.coco}"
+        for s in samples:
+            if a.max_side is None and a.quality is None and image_ext(s.image) not in IMAGE_EXTENSIONS:
+                raise ShardError(f"{s.source}: extension '.{image_ext(s.image)}' is not one the tar source "
+                                 f"reads ({', '.join(IMAGE_EXTENSIONS)}); re-encode with --quality")
+        if a.shuffle is not None:
+            random.Random(a.shuffle).shuffle(samples)
+        shard_size = a.shard_size if a.shard_size is not None or a.shard_bytes is not None else 1000
+        m = write_shards(samples, a.output, a.name, shard_size, a.shard_bytes, a.max_side, a.quality, sidecars,
+                         classes, categories, progress=not a.no_progress and sys.stderr.isatty(), input_desc=desc)
+    except ShardError as e:
+        print(f"spdl-shard: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("spdl-shard: interrupted", file=sys.stderr)
+        return 130
+    where = a.output.rstrip("/")
+    print(f"wrote {m['samples']} samples in {len(m['shards'])} shards: {where}/{m['pattern']} "
+          f"(manifest {where}/{a.name}.manifest.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
