@@ -449,7 +449,9 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
                      count=0, bytes=1024, fname=fname)
 
     def close_shard() -> None:
+        end = state["tar"].offset  # after the last member
         state["tar"].close()
+        state["file"].truncate(end + 1024)  # the end-of-archive blocks, without tarfile's record padding
         state["file"].close()
         path: Path = state["path"]
         sha, md5 = hashlib.sha256(), hashlib.md5()

@@ -85,10 +85,11 @@ def test_two_runs_are_byte_identical_and_the_manifest_verifies(dataset, tmp_path
     for s in manifest["shards"]:
         data = (a / s["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == s["sha256"] and len(data) == s["bytes"]
-        # --shard-bytes: a shard holds at most 40 KiB of members (+ the tar's end and record padding).
+        # --shard-bytes: no shard is larger than 40 KiB, and the next sample would not have fitted.
+        assert len(data) <= 40 * 1024
         with tarfile.open(a / s["file"]) as t:
             members = t.getmembers()
-            assert sum(512 + (m.size + 511) // 512 * 512 for m in members) <= 40 * 1024
+            assert len(data) == sum(512 + (m.size + 511) // 512 * 512 for m in members) + 1024
             assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
             assert len(members) == 2 * s["samples"]  # .jpg + .cls
     # --shuffle mixed the classes across shards.
