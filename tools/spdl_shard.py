@@ -59,6 +59,7 @@ from typing import Optional
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # those the tar source reads by default
 MANIFEST_VERSION = 1
+S3_MAX_PUT_BYTES = 5 << 30  # a single PUT's limit (no multipart upload here)
 
 
 class ShardError(Exception):
@@ -318,6 +319,9 @@ class S3Writer:
         upath = self.base_path + "/" + _quote(key, safe="-_.~/")
         size = path.stat().st_size
         what = f"PUT {self.url_of(name)}"
+        if size > S3_MAX_PUT_BYTES:
+            raise ShardError(f"{what}: {size} bytes is more than one PUT may carry (5 GiB); use a smaller "
+                             "--shard-bytes or --shard-size")
         delay = 0.2
         for attempt in range(1, self.max_attempts + 1):
             headers = {"content-length": str(size), "content-type": content_type}

@@ -11,9 +11,11 @@ import hashlib
 import io
 import json
 import signal
+import socket as socketlib
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 import numpy as np
@@ -272,7 +274,7 @@ def s3_daemon(tmp_root, moto_store):
 
 
 def moto_env(moto, tmp_path, **extra) -> dict:
-    env = subprocess_env(AWS_ENDPOINT_URL=moto.url, AWS_REGION="us-east-1", HOME=tmp_path, **extra)
+    env = subprocess_env(**dict({"AWS_ENDPOINT_URL": moto.url, "AWS_REGION": "us-east-1", "HOME": tmp_path}, **extra))
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
               "AWS_ENDPOINT_URL_S3", "AWS_SHARED_CREDENTIALS_FILE"):
         if k not in extra:
@@ -324,3 +326,95 @@ def test_write_to_s3_with_bad_credentials_fails_clearly(moto_store, dataset, tmp
     assert r.returncode == 1
     assert f"PUT s3://{BUCKET}/bad/shard-000000.tar: HTTP 403" in r.stderr, r.stderr
     assert "not-the-secret" not in r.stderr + r.stdout
+
+
+class SlowDownProxy:
+    """An HTTP proxy to moto (127.0.0.1) that answers the first PUT of each path with 503 SlowDown
+    (after reading its body) and forwards everything else; one request per connection."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.sock = socketlib.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.refused: dict = {}  # path -> 503s sent
+        self.forwarded: dict = {}  # path -> PUTs forwarded
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_message(s) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head = data.split(b"\r\n\r\n", 1)[0]
+        length = 0
+        for h in head.split(b"\r\n")[1:]:
+            k, _, v = h.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v.strip())
+        while len(data) < len(head) + 4 + length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def _handle(self, conn) -> None:
+        try:
+            req = self._read_message(conn)
+            if not req:
+                return
+            method, path = req.split(b" ", 2)[:2]
+            path = path.decode()
+            if method == b"PUT" and path not in self.refused:
+                self.refused[path] = 1
+                body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                conn.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Length: " + str(len(body)).encode() +
+                             b"\r\nConnection: close\r\n\r\n" + body)
+                return
+            if method == b"PUT":
+                self.forwarded[path] = self.forwarded.get(path, 0) + 1
+            up = socketlib.create_connection(("127.0.0.1", self.upstream_port))
+            up.sendall(req)
+            resp = self._read_message(up)
+            up.close()
+            conn.sendall(resp)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_write_to_s3_retries_a_503_and_lands_every_object_once(moto_store, dataset, tmp_path):
+    from s3_server import BUCKET
+
+    moto = moto_store
+    proxy = SlowDownProxy(moto.port)
+    try:
+        env = moto_env(moto, tmp_path, AWS_ACCESS_KEY_ID=moto.key_id, AWS_SECRET_ACCESS_KEY=moto.secret,
+                       AWS_ENDPOINT_URL=proxy.url)
+        run_tool(f"s3://{BUCKET}/retried", "--folder", dataset.root, "--shard-size", 20, env=env)
+    finally:
+        proxy.close()
+    want = [f"/{BUCKET}/retried/shard-00000{i}.tar" for i in range(3)] + [f"/{BUCKET}/retried/shard.manifest.json"]
+    assert sorted(proxy.refused) == want and sorted(proxy.forwarded) == want
+    assert set(proxy.forwarded.values()) == {1}
+    manifest = json.loads(moto.s3.get_object(Bucket=BUCKET, Key="retried/shard.manifest.json")["Body"].read())
+    for s in manifest["shards"]:
+        body = moto.s3.get_object(Bucket=BUCKET, Key=f"retried/{s['file']}")["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == s["sha256"]
