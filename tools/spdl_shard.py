@@ -23,7 +23,8 @@ Re-encoding (--max-side N [--quality Q]): images whose longer side exceeds N are
 byte for byte unless --quality is given, which re-encodes every image. EXIF is carried. COCO boxes,
 polygons and areas are scaled with their image.
 
-s3:// output: each shard is written to a temporary local file, then PUT with AWS Signature V4
+s3:// output: each shard is written to a temporary local file, then PUT (on 2 threads, while the
+next shards are written; the manifest last) with AWS Signature V4
 (x-amz-content-sha256 = the shard's sha256, checked by the store; the ETag checked against the
 MD5), retried with backoff on 5xx/429/connection errors. Credentials, endpoint and region are read
 as spdld's client reads them: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
@@ -38,6 +39,8 @@ Needs Python 3.9+; Pillow (python3-pil) only for re-encoding.
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import configparser
 import csv
 import datetime
@@ -60,6 +63,7 @@ from typing import Optional
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # those the tar source reads by default
 MANIFEST_VERSION = 1
 S3_MAX_PUT_BYTES = 5 << 30  # a single PUT's limit (no multipart upload here)
+UPLOAD_THREADS = 2  # s3://: shards uploaded while the next ones are written (at most this many waiting)
 
 
 class ShardError(Exception):
@@ -440,6 +444,8 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         out_dir = Path(out)
         out_dir.mkdir(parents=True, exist_ok=True)
     tmpdir = tempfile.TemporaryDirectory(prefix="spdl-shard-") if remote else None
+    uploads = concurrent.futures.ThreadPoolExecutor(max_workers=UPLOAD_THREADS) if remote else None
+    pending: collections.deque = collections.deque()  # uploads under way, oldest first
     shards: list = []
     bar = Progress(len(samples), progress)
 
@@ -451,6 +457,10 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         f = open(path, "wb")
         state.update(tar=tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT), file=f, path=path,
                      count=0, bytes=1024, fname=fname)
+
+    def upload(fname: str, path: Path, sha256: str, md5: str) -> None:
+        s3.put(fname, path, sha256, md5, "application/x-tar")
+        path.unlink()
 
     def close_shard() -> None:
         end = state["tar"].offset  # after the last member
@@ -466,8 +476,9 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         fname = state["fname"]
         size = path.stat().st_size
         if remote:
-            s3.put(fname, path, sha.hexdigest(), md5.hexdigest(), "application/x-tar")
-            path.unlink()
+            while len(pending) >= UPLOAD_THREADS:  # bounds the temporary files
+                pending.popleft().result()
+            pending.append(uploads.submit(upload, fname, path, sha.hexdigest(), md5.hexdigest()))
         else:
             path.replace(out_dir / fname)
         shards.append({"file": fname, "samples": state["count"], "bytes": size, "sha256": sha.hexdigest()})
@@ -504,11 +515,17 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
             state["bytes"] += size
             bar.update(i + 1, len(shards))
         close_shard()
-    finally:
+        while pending:
+            pending.popleft().result()
+    except BaseException:
         if state["tar"] is not None:  # an error mid-shard: leave no partial file behind
             state["tar"].close()
             state["file"].close()
             state["path"].unlink(missing_ok=True)
+        if remote:
+            uploads.shutdown(wait=True, cancel_futures=True)
+            tmpdir.cleanup()
+        raise
     manifest = {
         "format": "spdl-shard", "version": MANIFEST_VERSION, "input": input_desc,
         "samples": sum(s["samples"] for s in shards), "shards": shards,
@@ -525,8 +542,11 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
     if remote:
         mpath = Path(tmpdir.name) / mname
         mpath.write_bytes(text)
-        s3.put(mname, mpath, hashlib.sha256(text).hexdigest(), hashlib.md5(text).hexdigest(), "application/json")
-        tmpdir.cleanup()
+        try:
+            s3.put(mname, mpath, hashlib.sha256(text).hexdigest(), hashlib.md5(text).hexdigest(), "application/json")
+        finally:
+            uploads.shutdown()
+            tmpdir.cleanup()
     else:
         tmp = out_dir / (mname + ".partial")
         tmp.write_bytes(text)
