@@ -58,11 +58,12 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # those the tar source reads by default
 MANIFEST_VERSION = 1
 S3_MAX_PUT_BYTES = 5 << 30  # a single PUT's limit (no multipart upload here)
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UPLOAD_THREADS = 2  # s3://: shards uploaded while the next ones are written (at most this many waiting)
 
 
@@ -319,43 +320,81 @@ class S3Writer:
         return f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{name}"
 
     def put(self, name: str, path: Path, sha256: str, md5: str, content_type: str) -> None:
+        """PUTs the file `path` as NAME below the prefix; checks the ETag against `md5`."""
+        size = path.stat().st_size
+        if size > S3_MAX_PUT_BYTES:
+            raise ShardError(f"PUT {self.url_of(name)}: {size} bytes is more than one PUT may carry (5 GiB); use "
+                             "a smaller --shard-bytes or --shard-size")
+
+        def check(resp) -> str:
+            resp.read()
+            etag = (resp.getheader("ETag") or "").strip('"').lower()
+            if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag) and etag != md5:
+                return f"ETag {etag} is not the MD5 sent ({md5})"
+            return ""
+
+        self._request("PUT", name, check, path, sha256, {"content-length": str(size), "content-type": content_type})
+
+    def get_digest(self, name: str) -> tuple:
+        """(bytes, sha256 hex) of the object NAME below the prefix, streamed."""
+        out: list = []
+
+        def digest(resp) -> str:
+            sha, n = hashlib.sha256(), 0
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                sha.update(chunk)
+                n += len(chunk)
+            length = resp.getheader("Content-Length")
+            if length is not None and int(length) != n:
+                return f"got {n} of {length} bytes"
+            out[:] = [n, sha.hexdigest()]
+            return ""
+
+        self._request("GET", name, digest)
+        return out[0], out[1]
+
+    def _request(self, method: str, name: str, on_200: Callable, body_path: Optional[Path] = None,
+                 sha256: str = EMPTY_SHA256, headers: Optional[dict] = None) -> None:
+        """One request, retried with backoff on 5xx / 429 / connection errors / on_200's complaint
+        (on_200(response) -> "" when the answer is good, else what is wrong with it)."""
         key = (self.prefix + "/" if self.prefix else "") + name
         upath = self.base_path + "/" + _quote(key, safe="-_.~/")
-        size = path.stat().st_size
-        what = f"PUT {self.url_of(name)}"
-        if size > S3_MAX_PUT_BYTES:
-            raise ShardError(f"{what}: {size} bytes is more than one PUT may carry (5 GiB); use a smaller "
-                             "--shard-bytes or --shard-size")
+        what = f"{method} {self.url_of(name)}"
         delay = 0.2
         for attempt in range(1, self.max_attempts + 1):
-            headers = {"content-length": str(size), "content-type": content_type}
+            h = dict(headers or {})
             if self.access["key_id"] and self.access["secret"]:
-                headers = sigv4_headers("PUT", self.host, upath, {}, headers, sha256, self.access["key_id"],
-                                        self.access["secret"], self.access["region"],
-                                        datetime.datetime.now(datetime.timezone.utc), self.access["token"])
+                h = sigv4_headers(method, self.host, upath, {}, h, sha256, self.access["key_id"],
+                                  self.access["secret"], self.access["region"],
+                                  datetime.datetime.now(datetime.timezone.utc), self.access["token"])
             else:
-                headers["x-amz-content-sha256"] = sha256
+                h["x-amz-content-sha256"] = sha256
             conn_cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
             retry, problem = False, ""
             try:
                 conn = conn_cls(self.host, timeout=self.timeout_s)
-                with open(path, "rb") as body:
-                    conn.request("PUT", upath, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    text = resp.read()
-                conn.close()
-                if resp.status == 200:
-                    etag = (resp.getheader("ETag") or "").strip('"')
-                    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower()) and etag.lower() != md5:
-                        retry, problem = True, f"ETag {etag} is not the MD5 sent ({md5})"
+                try:
+                    if body_path is not None:
+                        with open(body_path, "rb") as body:
+                            conn.request(method, upath, body=body, headers=h)
+                            resp = conn.getresponse()
                     else:
-                        return
-                else:
-                    code = ""
-                    if b"<Code>" in text:
-                        code = text.split(b"<Code>", 1)[1].split(b"</Code>", 1)[0].decode(errors="replace")
-                    problem = f"HTTP {resp.status} {resp.reason}" + (f" ({code})" if code else "")
-                    retry = resp.status >= 500 or resp.status == 429
+                        conn.request(method, upath, headers=h)
+                        resp = conn.getresponse()
+                    if resp.status == 200:
+                        problem = on_200(resp)
+                        if not problem:
+                            return
+                        retry = True
+                    else:
+                        text = resp.read()
+                        code = ""
+                        if b"<Code>" in text:
+                            code = text.split(b"<Code>", 1)[1].split(b"</Code>", 1)[0].decode(errors="replace")
+                        problem = f"HTTP {resp.status} {resp.reason}" + (f" ({code})" if code else "")
+                        retry = resp.status >= 500 or resp.status == 429
+                finally:
+                    conn.close()
             except (OSError, http.client.HTTPException) as e:
                 retry, problem = True, f"{type(e).__name__}: {e}"
             if not retry or attempt == self.max_attempts:
@@ -555,11 +594,78 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
     return manifest
 
 
+def verify(location: str) -> int:
+    """`spdl-shard verify MANIFEST`: every shard the manifest lists (local files next to it, or
+    objects next to it below an s3:// prefix) has its bytes and sha256. 0 when all do, else 1."""
+    remote = location.startswith("s3://")
+    try:
+        if remote:
+            prefix, _, mname = location.rpartition("/")
+            store = S3Writer(prefix)
+            got: list = []
+
+            def keep(resp) -> str:
+                got[:] = [resp.read()]
+                return ""
+
+            store._request("GET", mname, keep)
+            text = got[0]
+
+            def digest(fname: str) -> tuple:
+                return store.get_digest(fname)
+        else:
+            path = Path(location)
+            try:
+                text = path.read_bytes()
+            except OSError as e:
+                raise ShardError(f"{location}: {e.strerror}") from e
+
+            def digest(fname: str) -> tuple:
+                sha, n = hashlib.sha256(), 0
+                with open(path.parent / fname, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        sha.update(chunk)
+                        n += len(chunk)
+                return n, sha.hexdigest()
+        try:
+            manifest = json.loads(text)
+            shards = manifest["shards"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ShardError(f"{location}: not a spdl-shard manifest ({e})") from e
+        bad = 0
+        for sh in shards:
+            try:
+                n, sha = digest(sh["file"])
+            except (OSError, ShardError) as e:
+                print(f"spdl-shard: {sh['file']}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+                bad += 1
+                continue
+            if (n, sha) != (sh["bytes"], sh["sha256"]):
+                print(f"spdl-shard: {sh['file']}: {n} bytes, sha256 {sha}; the manifest says {sh['bytes']} bytes, "
+                      f"sha256 {sh['sha256']}", file=sys.stderr)
+                bad += 1
+    except ShardError as e:
+        print(f"spdl-shard: {e}", file=sys.stderr)
+        return 1
+    if bad:
+        print(f"spdl-shard: {bad} of {len(shards)} shards do not match {location}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(shards)} shards, {sum(sh['samples'] for sh in shards)} samples match {location}")
+    return 0
+
+
 def main(argv: Optional[list] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "verify":
+        if len(argv) != 2 or argv[1].startswith("-"):
+            print("usage: spdl-shard verify MANIFEST (a NAME.manifest.json path or s3:// URL)", file=sys.stderr)
+            return 0 if argv[1:] in (["-h"], ["--help"]) else 2
+        return verify(argv[1])
     p = argparse.ArgumentParser(
         prog="spdl-shard",
         description="Write an image folder, a file list or a COCO set as WebDataset tar shards "
-                    "(NAME-000000.tar ... and NAME.manifest.json) in a folder or below an s3:// prefix.")
+                    "(NAME-000000.tar ... and NAME.manifest.json) in a folder or below an s3:// prefix. "
+                    "`spdl-shard verify MANIFEST` checks written shards against their manifest.")
     p.add_argument("output", help="output folder, or s3://bucket/prefix")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--folder", type=Path, help="an image folder: root/<class>/<file>")

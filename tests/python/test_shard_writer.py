@@ -97,11 +97,18 @@ def test_two_runs_are_byte_identical_and_the_manifest_verifies(dataset, tmp_path
     # --shuffle mixed the classes across shards.
     with tarfile.open(a / manifest["shards"][0]["file"]) as t:
         assert len({m.name.split("/")[0] for m in t.getmembers()}) > 1
-    # A corrupted shard no longer matches its checksum.
-    first = a / manifest["shards"][0]["file"]
+    # `spdl-shard verify` agrees, and finds a corrupted shard.
+    r = subprocess.run([sys.executable, str(TOOL), "verify", str(a / "shard.manifest.json")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.startswith(f"ok: {len(names) - 1} shards, 48 samples"), r.stderr
+    first = a / manifest["shards"][1]["file"]
     raw = bytearray(first.read_bytes())
     raw[1000] ^= 0xFF
-    assert hashlib.sha256(bytes(raw)).hexdigest() != manifest["shards"][0]["sha256"]
+    first.write_bytes(bytes(raw))
+    r = subprocess.run([sys.executable, str(TOOL), "verify", str(a / "shard.manifest.json")], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and f"{first.name}: {len(raw)} bytes, sha256 " in r.stderr
+    assert "1 of " in r.stderr
 
 
 def test_max_side_reencodes_to_the_right_sizes(daemon, dataset, tmp_path):
@@ -304,6 +311,9 @@ def test_write_to_s3_then_a_job_reads_the_shards(moto_store, s3_daemon, dataset,
     for s in manifest["shards"]:
         body = moto.s3.get_object(Bucket=BUCKET, Key=f"written/train/{s['file']}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == s["sha256"] and body == (local / s["file"]).read_bytes()
+    r = subprocess.run([sys.executable, str(TOOL), "verify", f"s3://{BUCKET}/written/train/train.manifest.json"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("ok: 4 shards, 48 samples"), r.stderr
     # A job reads them from the store with the trainer's credentials.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto.key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
