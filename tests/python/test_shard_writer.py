@@ -17,6 +17,7 @@ import sys
 import tarfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,13 +44,18 @@ def job(source: str) -> str:
 
 
 def records(sock: str, config: str) -> list:
-    """[(path, label, pixels bytes), ...] of one epoch of `config`, in delivery order."""
+    """[(path, label, pixels bytes), ...] of one epoch of `config`, in delivery order; with an extra
+    output "cap" (a sidecar), (path, label, pixels, sidecar bytes)."""
     out = []
     loader = spdl_client.Loader(config, socket=sock, timeout=60)
     try:
         for b in loader:
             images = np.from_dlpack(b["image"])
-            out += [(p, int(label), images[i].tobytes()) for i, (p, label) in enumerate(zip(b.paths, b.labels))]
+            rows = [(p, int(label), images[i].tobytes()) for i, (p, label) in enumerate(zip(b.paths, b.labels))]
+            if "cap" in b:
+                cap, n = np.from_dlpack(b["cap"]), np.from_dlpack(b["cap_length"])
+                rows = [r + (bytes(cap[i, : int(n[i])]),) for i, r in enumerate(rows)]
+            out += rows
     finally:
         loader.close()
     return out
@@ -137,13 +143,13 @@ def test_max_side_reencodes_to_the_right_sizes(daemon, dataset, tmp_path):
 
 def test_file_list_and_sidecars(daemon, dataset, tmp_path):
     picked = dataset.files[::3]
-    root = tmp_path / "copy"  # the images with captions next to some of them
+    root = daemon.tmp / "list-copy"  # the images with captions next to some of them (below the allowed root)
     for rel in picked:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes((dataset.root / rel).read_bytes())
     for rel in picked[:4]:
         (root / rel).with_suffix(".txt").write_text(f"caption of {rel}")
-    lst = tmp_path / "list.csv"
+    lst = root / "list.csv"
     lst.write_text("path,label\n# a comment\n" + "".join(
         f"{rel},{dataset.label_of[rel] + 10}\n" for rel in picked))
     out = daemon.tmp / "shards-list"
@@ -154,9 +160,16 @@ def test_file_list_and_sidecars(daemon, dataset, tmp_path):
         names = [m.name for m in t.getmembers()]
         txt = t.extractfile(picked[0].rsplit(".", 1)[0] + ".txt").read().decode()
     assert sum(n.endswith(".txt") for n in names) == 4 and txt == f"caption of {picked[0]}"
-    recs = records(daemon.socket, job(f"{{type: tar, shards: '{out}/lst-000000.tar'}}"))
-    assert [(p, label) for p, label, _ in recs] == [(rel.rsplit(".", 1)[0], dataset.label_of[rel] + 10)
-                                                   for rel in picked]
+    # The shard job delivers what the list job does: keys (paths without extension), labels,
+    # pixels and the captions (extra_outputs), empty where a sample has none.
+    extra = "extra_outputs:\n  - {name: cap, from: .txt, max_bytes: 64, on_missing: empty}\n"
+    from_list = records(daemon.socket, job(f"{{type: file_list, list: {lst}, root: {root}}}") + extra)
+    from_shards = records(daemon.socket, job(f"{{type: tar, shards: '{out}/lst-000000.tar'}}") + extra)
+    assert [(p, label) for p, label, _, _ in from_shards] == [
+        (rel.rsplit(".", 1)[0], dataset.label_of[rel] + 10) for rel in picked]
+    assert [(str(Path(p).relative_to(root)).rsplit(".", 1)[0] if p.startswith("/") else p.rsplit(".", 1)[0],
+             label, px, cap) for p, label, px, cap in from_list] == from_shards
+    assert sum(bool(cap) for *_, cap in from_shards) == 4
 
 
 def test_coco_annotations_travel_as_json_and_scale_with_the_image(dataset, tmp_path):
