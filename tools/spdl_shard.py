@@ -58,7 +58,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # those the tar source reads by default
 MANIFEST_VERSION = 1
@@ -110,9 +110,14 @@ def folder_samples(root: Path, extensions: tuple) -> tuple[list, list]:
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     samples = []
     for label, cls in enumerate(classes):
-        files = []
+        files, seen = [], set()
         for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            st = os.stat(dirpath)
+            if (st.st_dev, st.st_ino) in seen:  # a link loop or two links to one folder: scanned once
+                dirnames[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for f in filenames:
                 if not f.startswith(".") and f.rsplit(".", 1)[-1].lower() in extensions and "." in f:
                     files.append(os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/"))
@@ -466,9 +471,57 @@ class Progress:
         sys.stderr.flush()
 
 
+def prepare(s: Sample, max_side: Optional[int], quality: Optional[int], sidecars: list) -> list:
+    """The members [(name, bytes), ...] of one sample: the image (re-encoded if asked), .cls, .json,
+    sidecars. Runs in a worker process with --workers > 1."""
+    try:
+        data = s.image.read_bytes()
+    except OSError as e:
+        raise ShardError(f"{s.source}: {e.strerror or e}") from e
+    ext, ann = image_ext(s.image), s.annotation
+    if max_side is not None or quality is not None:
+        data, ext, ann = reencode(data, s, max_side, quality)
+    members = [(f"{s.key}.{ext}", data)]
+    if s.label is not None:
+        members.append((f"{s.key}.cls", str(s.label).encode()))
+    if ann is not None:
+        members.append((f"{s.key}.json", json.dumps(ann, sort_keys=True, separators=(",", ":")).encode()))
+    for side in sidecars:
+        p = s.image.with_suffix("." + side) if s.image.suffix else Path(str(s.image) + "." + side)
+        if p.is_file():
+            try:
+                members.append((f"{s.key}.{side}", p.read_bytes()))
+            except OSError as e:
+                raise ShardError(f"{p}: {e.strerror or e}") from e
+    return members
+
+
+def prepare_all(samples: list, max_side: Optional[int], quality: Optional[int], sidecars: list,
+                workers: int) -> Iterator:
+    """prepare() of each sample, in order; on `workers` processes (at most workers * 16 samples in
+    flight) when workers > 1. The output does not depend on `workers`."""
+    if workers <= 1:
+        for s in samples:
+            yield prepare(s, max_side, quality, sidecars)
+        return
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        window: collections.deque = collections.deque()
+        it = iter(samples)
+        try:
+            for s in it:
+                window.append(pool.submit(prepare, s, max_side, quality, sidecars))
+                if len(window) >= workers * 16:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for f in window:
+                f.cancel()
+
+
 def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], shard_bytes: Optional[int],
                  max_side: Optional[int], quality: Optional[int], sidecars: list, classes: Optional[list],
-                 categories: Optional[list], progress: bool, input_desc: str) -> dict:
+                 categories: Optional[list], progress: bool, input_desc: str, workers: int = 1) -> dict:
     """Writes the shards and the manifest; returns the manifest."""
     seen: dict = {}
     for s in samples:
@@ -523,24 +576,11 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         shards.append({"file": fname, "samples": state["count"], "bytes": size, "sha256": sha.hexdigest()})
         state["tar"] = None
 
+    prepared = None
     try:
-        for i, s in enumerate(samples):
-            try:
-                data = s.image.read_bytes()
-            except OSError as e:
-                raise ShardError(f"{s.source}: {e.strerror or e}") from e
-            ext, ann = image_ext(s.image), s.annotation
-            if max_side is not None or quality is not None:
-                data, ext, ann = reencode(data, s, max_side, quality)
-            members = [(f"{s.key}.{ext}", data)]
-            if s.label is not None:
-                members.append((f"{s.key}.cls", str(s.label).encode()))
-            if ann is not None:
-                members.append((f"{s.key}.json", json.dumps(ann, sort_keys=True, separators=(",", ":")).encode()))
-            for side in sidecars:
-                p = s.image.with_suffix("." + side) if s.image.suffix else Path(str(s.image) + "." + side)
-                if p.is_file():
-                    members.append((f"{s.key}.{side}", p.read_bytes()))
+        prepared = prepare_all(samples, max_side, quality, sidecars, workers)
+        for i in range(len(samples)):
+            members = next(prepared)
             size = sum(tar_entry_bytes(n, len(d)) for n, d in members)
             if state["tar"] is not None and (
                     (shard_size is not None and state["count"] >= shard_size) or
@@ -557,6 +597,8 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         while pending:
             pending.popleft().result()
     except BaseException:
+        if prepared is not None:
+            prepared.close()  # stops the workers
         if state["tar"] is not None:  # an error mid-shard: leave no partial file behind
             state["tar"].close()
             state["file"].close()
@@ -685,6 +727,8 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--sidecar", action="append", default=[], metavar="EXT",
                    help="carry the file next to each image with this extension (a/1.jpg -> a/1.EXT) as a "
                         "member; repeatable")
+    p.add_argument("--workers", type=int, help="processes reading and re-encoding images (default: the CPUs, "
+                   "at most 8, when re-encoding; else 1); the output is the same for any number")
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle the samples across shards with this seed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown on a terminal)")
     a = p.parse_args(argv)
@@ -725,9 +769,14 @@ def main(argv: Optional[list] = None) -> int:
                                  f"reads ({', '.join(IMAGE_EXTENSIONS)}); re-encode with --quality")
         if a.shuffle is not None:
             random.Random(a.shuffle).shuffle(samples)
+        if a.workers is not None and a.workers < 1:
+            raise ShardError("--workers must be >= 1")
+        reencoding = a.max_side is not None or a.quality is not None
+        workers = a.workers if a.workers is not None else (min(os.cpu_count() or 1, 8) if reencoding else 1)
         shard_size = a.shard_size if a.shard_size is not None or a.shard_bytes is not None else 1000
         m = write_shards(samples, a.output, a.name, shard_size, a.shard_bytes, a.max_side, a.quality, sidecars,
-                         classes, categories, progress=not a.no_progress and sys.stderr.isatty(), input_desc=desc)
+                         classes, categories, progress=not a.no_progress and sys.stderr.isatty(), input_desc=desc,
+                         workers=workers)
     except ShardError as e:
         print(f"spdl-shard: {e}", file=sys.stderr)
         return 1

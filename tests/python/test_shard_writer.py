@@ -121,8 +121,12 @@ def test_max_side_reencodes_to_the_right_sizes(daemon, dataset, tmp_path):
     from PIL import Image
 
     out = daemon.tmp / "shards-small"
-    run_tool(out, "--folder", dataset.root, "--shard-size", 100, "--max-side", 72, "--quality", 80)
+    run_tool(out, "--folder", dataset.root, "--shard-size", 100, "--max-side", 72, "--quality", 80, "--workers", 3)
     manifest = json.loads((out / "shard.manifest.json").read_text())
+    # One process or three: the same bytes.
+    run_tool(tmp_path / "one", "--folder", dataset.root, "--shard-size", 100, "--max-side", 72, "--quality", 80,
+             "--workers", 1)
+    assert (tmp_path / "one" / "shard-000000.tar").read_bytes() == (out / "shard-000000.tar").read_bytes()
     assert manifest["options"]["max_side"] == 72
     with tarfile.open(out / manifest["shards"][0]["file"]) as t:
         got = {m.name: t.extractfile(m).read() for m in t.getmembers()}
