@@ -47,10 +47,12 @@ import datetime
 import hashlib
 import hmac
 import http.client
+import importlib.util
 import io
 import json
 import os
 import random
+import re
 import sys
 import tarfile
 import tempfile
@@ -632,6 +634,12 @@ def write_shards(samples: list, out: str, name: str, shard_size: Optional[int], 
         tmp = out_dir / (mname + ".partial")
         tmp.write_bytes(text)
         tmp.replace(out_dir / mname)
+        written = {sh["file"] for sh in shards}
+        stale = sorted(f.name for f in out_dir.iterdir()
+                       if re.fullmatch(re.escape(name) + r"-[0-9]{6}\.tar", f.name) and f.name not in written)
+        if stale:
+            print(f"spdl-shard: warning: {out_dir} also holds {len(stale)} older shards not in this manifest "
+                  f"({stale[0]}{' ...' if len(stale) > 1 else ''}); a glob would read them", file=sys.stderr)
     bar.update(len(samples), len(shards), final=True)
     return manifest
 
@@ -746,10 +754,8 @@ def main(argv: Optional[list] = None) -> int:
             if not s or s in IMAGE_EXTENSIONS or s in ("cls", "json"):
                 raise ShardError(f"--sidecar {s!r}: not a usable sidecar extension")
         if a.max_side is not None or a.quality is not None:
-            try:
-                import PIL  # noqa: F401 -- only checking that it is there
-            except ImportError:
-                raise ShardError("--max-side / --quality need Pillow (Debian: python3-pil)") from None
+            if importlib.util.find_spec("PIL") is None:
+                raise ShardError("--max-side / --quality need Pillow (Debian: python3-pil)")
         classes = categories = None
         if a.folder is not None:
             exts = tuple(e.strip().lstrip(".").lower() for e in a.extensions.split(",") if e.strip())

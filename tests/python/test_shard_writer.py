@@ -115,6 +115,10 @@ def test_two_runs_are_byte_identical_and_the_manifest_verifies(dataset, tmp_path
                        text=True)
     assert r.returncode == 1 and f"{first.name}: {len(raw)} bytes, sha256 " in r.stderr
     assert "1 of " in r.stderr
+    # A smaller rewrite into the same folder says that older shards are still there.
+    r = run_tool(a, "--folder", dataset.root, "--shard-size", 100)
+    assert f"also holds {len(names) - 2} older shards not in this manifest" in r.stderr
+    assert json.loads((a / "shard.manifest.json").read_text())["pattern"] == "shard-{000000..000000}.tar"
 
 
 def test_max_side_reencodes_to_the_right_sizes(daemon, dataset, tmp_path):
