@@ -1,8 +1,12 @@
 """spdl-shard (tools/spdl_shard.py), the shard writer: a folder written as tar shards and read back
-by the real spdld gives the folder job's records (keys, labels, pixels); two runs are
-byte-identical; --max-side re-encodes to the right sizes; the manifest's checksums verify; file
-lists and COCO sets carry labels and annotations; writing to s3:// (moto on 127.0.0.1) and a job
-reading those shards; the SigV4 signer against AWS's published example."""
+by the real spdld gives the folder job's records (keys, labels, pixels); a list with captions gives
+the list job's records and extra outputs; two runs (and any --workers) are byte-identical;
+--shard-bytes bounds each file; --max-side re-encodes to the right sizes; the manifest's checksums
+verify (`spdl-shard verify`, which finds a corrupted shard); COCO annotations travel as .json and
+scale with the image; bad input fails clearly leaving no partial shard; the progress bar on a
+terminal; writing to s3:// (moto on 127.0.0.1: shared credentials file, temporary credentials, a
+503 retried, bad credentials refused) and a job reading those shards; the SigV4 signer against
+AWS's published example."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import datetime
 import hashlib
 import io
 import json
+import os
 import signal
 import socket as socketlib
 import subprocess
@@ -234,6 +239,31 @@ def test_bad_input_is_a_clear_error_and_leaves_no_partial_shard(dataset, tmp_pat
     assert r.returncode == 1 and "two samples have the key 'a/ok'" in r.stderr
 
 
+def test_progress_bar_on_a_terminal(dataset, tmp_path):
+    master, slave = os.openpty()
+    try:
+        r = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "o"), "--folder", str(dataset.root),
+                            "--shard-size", "16"], stderr=slave, stdout=subprocess.PIPE, timeout=120)
+        os.close(slave)
+        slave = -1
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert r.returncode == 0
+    last = shown.decode().replace("\r\n", "\n").split("\r")[-1]
+    assert last.startswith("[" + "#" * 30 + "] 48/48 samples, 3 shards"), shown
+
+
 def test_sigv4_matches_the_aws_example():
     # AWS S3 documentation, "Signature Calculations for the Authorization Header", GET Object example.
     h = spdl_shard.sigv4_headers(
@@ -449,3 +479,28 @@ def test_write_to_s3_retries_a_503_and_lands_every_object_once(moto_store, datas
     for s in manifest["shards"]:
         body = moto.s3.get_object(Bucket=BUCKET, Key=f"retried/{s['file']}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == s["sha256"]
+
+
+def test_write_to_s3_with_temporary_credentials(moto_store, dataset, tmp_path):
+    import boto3
+    from s3_server import BUCKET
+
+    moto = moto_store
+    kw = dict(endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
+              aws_secret_access_key=moto.secret)
+    iam = boto3.client("iam", **kw)
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+                                                     "Action": "sts:AssumeRole"}]}
+    arn = iam.create_role(RoleName="shard-writer", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    iam.put_role_policy(RoleName="shard-writer", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    tmp = boto3.client("sts", **kw).assume_role(RoleArn=arn, RoleSessionName="write")["Credentials"]
+    env = moto_env(moto, tmp_path, AWS_ACCESS_KEY_ID=tmp["AccessKeyId"], AWS_SECRET_ACCESS_KEY=tmp["SecretAccessKey"],
+                   AWS_SESSION_TOKEN=tmp["SessionToken"])
+    run_tool(f"s3://{BUCKET}/temporary", "--folder", dataset.root, "--shard-size", 48, env=env)
+    # Without the token the same key is refused.
+    env.pop("AWS_SESSION_TOKEN")
+    r = run_tool(f"s3://{BUCKET}/temporary2", "--folder", dataset.root, env=env, check=False)
+    assert r.returncode == 1 and "HTTP 403" in r.stderr, r.stderr
+    keys = [o["Key"] for o in moto.s3.list_objects_v2(Bucket=BUCKET, Prefix="temporary")["Contents"]]
+    assert sorted(keys) == ["temporary/shard-000000.tar", "temporary/shard.manifest.json"]
