@@ -109,7 +109,7 @@ def folder_samples(root: Path, extensions: tuple) -> tuple[list, list]:
     files directly in root ignored."""
     if not root.is_dir():
         raise ShardError(f"{root}: not a directory")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")), key=os.fsencode)
     samples = []
     for label, cls in enumerate(classes):
         files, seen = [], set()
@@ -123,7 +123,7 @@ def folder_samples(root: Path, extensions: tuple) -> tuple[list, list]:
             for f in filenames:
                 if not f.startswith(".") and f.rsplit(".", 1)[-1].lower() in extensions and "." in f:
                     files.append(os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/"))
-        for rel in sorted(files, key=lambda s: s.encode()):
+        for rel in sorted(files, key=os.fsencode):  # bytewise, as the daemon sorts
             samples.append(Sample(key=make_key(rel), image=root / rel, label=label, source=rel))
     if not samples:
         raise ShardError(f"{root}: no image ({', '.join(extensions)}) in any class folder")
@@ -152,15 +152,16 @@ def list_samples(list_path: Path, root: Optional[Path]) -> list:
             continue
         label = None
         if len(fields) == 2:
-            if not fields[1].isdigit():
+            if not re.fullmatch(r"[0-9]+", fields[1]):
                 problems.append(f"{list_path}:{lineno}: label '{fields[1]}' is not an integer >= 0")
                 continue
             label = int(fields[1])
         p = Path(fields[0])
         full = p if p.is_absolute() else base / p
-        rel = os.path.relpath(full, base) if not p.is_absolute() or str(full).startswith(str(base) + os.sep) else str(p)
-        if rel.startswith(".."):
-            rel = str(p)
+        # The key: the path below the root; outside it (absolute, or "../"), the absolute path.
+        rel = os.path.relpath(full, base)
+        if rel == ".." or rel.startswith(".." + os.sep):
+            rel = os.path.abspath(full).lstrip(os.sep)
         samples.append(Sample(key=make_key(rel), image=full, label=label, source=fields[0]))
     if problems:
         raise ShardError(f"{list_path}: {len(problems)} bad lines:\n  " + "\n  ".join(problems[:20]))
@@ -178,6 +179,14 @@ def coco_samples(annotations: Path, root: Path) -> tuple[list, list]:
         raise ShardError(f"{annotations}: {e}") from e
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ShardError(f"{annotations}: not a COCO instances file (no \"images\" list)")
+    for n, img in enumerate(data["images"]):
+        if not isinstance(img, dict) or not isinstance(img.get("id"), int) or not isinstance(img.get("file_name"), str):
+            raise ShardError(f"{annotations}: images[{n}] needs an integer \"id\" and a \"file_name\"")
+    for n, a in enumerate(data.get("annotations") or []):
+        bbox = a.get("bbox") if isinstance(a, dict) else None
+        if not isinstance(a, dict) or bbox is not None and (
+                not isinstance(bbox, list) or len(bbox) != 4 or not all(isinstance(v, (int, float)) for v in bbox)):
+            raise ShardError(f"{annotations}: annotations[{n}] is not an object with a 4-number \"bbox\"")
     per_image: dict = {}
     for a in sorted(data.get("annotations") or [], key=lambda a: a.get("id", 0)):
         per_image.setdefault(a.get("image_id"), []).append(a)

@@ -224,6 +224,10 @@ def test_bad_input_is_a_clear_error_and_leaves_no_partial_shard(dataset, tmp_pat
     lst.write_text(f"{dataset.root / dataset.files[0]},x\n")
     r = run_tool(tmp_path / "o", "--list", lst, check=False)
     assert r.returncode == 1 and "bad.txt:1: label 'x' is not an integer >= 0" in r.stderr
+    coco = tmp_path / "coco.json"
+    coco.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}, {"file_name": "b.jpg"}]}))
+    r = run_tool(tmp_path / "o", "--coco", coco, "--root", tmp_path, check=False)
+    assert r.returncode == 1 and 'images[1] needs an integer "id" and a "file_name"' in r.stderr
     # A file that cannot be decoded while re-encoding: an error naming it, no .partial left behind.
     bad = tmp_path / "folder" / "a"
     bad.mkdir(parents=True)
