@@ -233,7 +233,7 @@ def reencode(data: bytes, sample: Sample, max_side: Optional[int], quality: Opti
         raise ShardError(f"{sample.source}: cannot decode the image ({e})") from e
     w, h = img.size
     too_big = max_side is not None and max(w, h) > max_side
-    if not too_big and quality is None:
+    if not too_big and quality is None and image_ext(sample.image) in IMAGE_EXTENSIONS:
         return data, image_ext(sample.image), sample.annotation
     exif = img.info.get("exif")
     if img.mode not in ("RGB", "L"):
