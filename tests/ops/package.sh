@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 echo "== cmake --install (DESTDIR, prefix /usr)"
 DESTDIR=$tmp/stage cmake --install "$build_dir" --prefix /usr >"$tmp/install.log"
-for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/bin/spdl-make-dataset usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
+for f in usr/bin/spdld usr/bin/spdlctl usr/bin/spdl-client usr/bin/spdl-make-dataset usr/bin/spdl-shard usr/lib/systemd/system/spdld.service usr/lib/systemd/system/spdld.socket \
          usr/lib/sysusers.d/spdld.conf etc/spdld/spdld.yaml usr/share/spdld/examples/imagenet.yaml \
          usr/include/spdl/client.h usr/include/spdl/control.h usr/include/spdl/common/status.h \
          usr/include/spdl/proto/control.pb.h usr/include/spdl/op.h usr/share/doc/spdld/README.md; do
@@ -26,6 +26,8 @@ libdir=$(cd "$tmp/stage/usr" && dirname "$(find . -name libspdl_client.a | head 
 grep -q '^ExecStart=/usr/bin/spdld --config /etc/spdld/spdld.yaml' "$tmp/stage/usr/lib/systemd/system/spdld.service" \
   || fail "the installed unit does not start /usr/bin/spdld"
 grep -q '^prefix=/usr$' "$tmp/stage/usr/$libdir/pkgconfig/spdl-client.pc" || fail "spdl-client.pc has the wrong prefix"
+[ -x "$tmp/stage/usr/bin/spdl-shard" ] && "$tmp/stage/usr/bin/spdl-shard" --help | grep -q -- --shard-bytes \
+  || fail "the installed spdl-shard does not run"
 
 echo "== the README's service steps in the staging root: systemd-sysusers, systemd-tmpfiles, systemctl enable"
 for f in usr/lib/tmpfiles.d/spdld.conf usr/share/doc/spdld/LICENSE usr/share/doc/spdld/spdld-network.conf; do
@@ -95,11 +97,12 @@ deb=$(ls "$tmp"/pkg/*.deb | head -1)
 [ -f "$deb" ] || fail "no .deb"
 echo "$(basename "$deb") $(du -h "$deb" | cut -f1)"
 dpkg-deb -c "$deb" > "$tmp/contents"
-for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/bin/spdl-make-dataset ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
+for f in ./usr/bin/spdld ./usr/bin/spdlctl ./usr/bin/spdl-client ./usr/bin/spdl-make-dataset ./usr/bin/spdl-shard ./usr/lib/systemd/system/spdld.service ./usr/lib/systemd/system/spdld.socket \
          ./usr/lib/sysusers.d/spdld.conf ./etc/spdld/spdld.yaml ./usr/share/spdld/examples/imagenet.yaml \
          ./usr/include/spdl/client.h ./usr/$libdir/libspdl_client.a ./usr/$libdir/pkgconfig/spdl-client.pc; do
   grep -q " $f\$" "$tmp/contents" || fail "the .deb lacks $f"
 done
+dpkg-deb -f "$deb" Recommends | grep -q python3-pil || fail "Recommends lacks python3-pil (spdl-shard)"
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "Depends: $depends"
 for lib in libc6 libprotobuf libyaml-cpp libturbojpeg libavcodec; do
