@@ -190,6 +190,15 @@ Status Daemon::Start() {
         spdlog::warn("TEST ONLY: cuda:{} is a fake device in {} (--test-only-fake-gpu)", device, fake_gpu_dir_);
         return (device_backends_[device] = std::move(backend)).get();
       });
+      registry_->SetDeviceFinder([this](const cuda::DeviceUuid& uuid) -> Result<int> {
+        const int n = cuda::ShmFakeBackend::VisibleCount();
+        for (int i = 0; i < n; ++i) {
+          SPDL_ASSIGN_OR_RETURN(auto backend, cuda::ShmFakeBackend::Create(fake_gpu_dir_, i));
+          SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid u, backend->Uuid());
+          if (u == uuid) return i;
+        }
+        return NotFound("spdld sees " + std::to_string(n) + " fake device(s), none with UUID " + cuda::FormatUuid(uuid));
+      });
       return Status::Ok();
     }
 #endif  // SPDL_TEST_HOOKS
@@ -211,6 +220,7 @@ Status Daemon::Start() {
       spdlog::info("GPU delivery on cuda:{} ready", device);
       return (device_backends_[device] = std::move(backend)).get();
     });
+    registry_->SetDeviceFinder([](const cuda::DeviceUuid& uuid) { return cuda::FindCudaDevice(uuid); });
 #endif
     return Status::Ok();
   }));

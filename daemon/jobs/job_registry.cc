@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <optional>
 
 #include "cuda/device_slot_pool.h"
@@ -504,8 +505,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   }
 
   // GPU delivery (copy: daemon): the device's backend (made lazily by the daemon) and its budget.
+  // cuda:N is the trainer's ordinal; the daemon's own ordinal for that GPU is found by the UUID the
+  // client sends (CUDA_VISIBLE_DEVICES may number the GPUs differently in the two processes). A
+  // client that sends none gets the daemon's cuda:N, and refuses it itself if its UUID differs.
   const int cuda_device = spec.config.output.cuda_device;
   const bool daemon_copy = cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon;
+  int daemon_device = cuda_device;
   cuda::DeviceBackend* backend = nullptr;
   uint64_t device_bytes = 0;
   if (daemon_copy) {
@@ -516,7 +521,28 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                 "output.copy: client (the client copies) or output.device: cpu");
       return out;
     }
-    auto b = device_backends_(cuda_device);
+    if (!req.device_uuid().empty()) {
+      cuda::DeviceUuid uuid{};
+      if (req.device_uuid().size() != uuid.size()) {
+        out.error = MakeError(proto::Error::BAD_REQUEST, "SubmitJob.device_uuid is " +
+                                                             std::to_string(req.device_uuid().size()) +
+                                                             " bytes; a CUDA device UUID is " +
+                                                             std::to_string(uuid.size()));
+        return out;
+      }
+      std::memcpy(uuid.data(), req.device_uuid().data(), uuid.size());
+      auto found = device_finder_ ? device_finder_(uuid) : Result<int>(NotFound("no device lookup"));
+      if (!found.ok()) {
+        out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                              "output.device " + spec.config.output.device + ": the trainer's GPU " +
+                                  cuda::FormatUuid(uuid) + " is not one spdld sees (" + found.status().message() +
+                                  "): give spdld that GPU (its CUDA_VISIBLE_DEVICES must include it), or use "
+                                  "output.copy: client or output.device: cpu");
+        return out;
+      }
+      daemon_device = *found;
+    }
+    auto b = device_backends_(daemon_device);
     if (!b.ok()) {
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "output.device " + spec.config.output.device + ": " + b.status().message() +
@@ -529,16 +555,6 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                             "output.device " + spec.config.output.device + ": " + sticky.message() +
                                 " (restart spdld); use output.copy: client or output.device: cpu meanwhile");
       return out;
-    }
-    if (!req.device_uuid().empty()) {
-      auto uuid = backend->Uuid();
-      if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {
-        out.error = MakeError(proto::Error::BAD_REQUEST,
-                              "output.device " + spec.config.output.device +
-                                  " is not the client's GPU (their UUIDs differ: CUDA_VISIBLE_DEVICES may number "
-                                  "the GPUs differently in the daemon and the trainer); name the daemon's number");
-        return out;
-      }
     }
     const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
     device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
@@ -613,7 +629,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       return out;
     }
     if (daemon_copy) {
-      const uint64_t used = device_bytes_in_use_[cuda_device];
+      const uint64_t used = device_bytes_in_use_[daemon_device];
       if (used + device_bytes > config_.device_memory_budget_bytes) {
         if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
         out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -625,7 +641,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                   MiB(config_.device_memory_budget_bytes) + " is free");
         return out;
       }
-      device_bytes_in_use_[cuda_device] += device_bytes;
+      device_bytes_in_use_[daemon_device] += device_bytes;
     }
     bytes_in_use_ += bytes;
     budget_->SetSlotBytes(bytes_in_use_);
@@ -638,11 +654,11 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
   // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
-  auto return_device = [this, cuda_device, device_bytes](uint64_t leaked) {
+  auto return_device = [this, daemon_device, device_bytes](uint64_t leaked) {
     if (device_bytes == 0) return;
     std::lock_guard lock(mu_);
-    device_bytes_in_use_[cuda_device] -= device_bytes - std::min(leaked, device_bytes);
-    leaked_device_bytes_[cuda_device] += std::min(leaked, device_bytes);
+    device_bytes_in_use_[daemon_device] -= device_bytes - std::min(leaked, device_bytes);
+    leaked_device_bytes_[daemon_device] += std::min(leaked, device_bytes);
   };
   const config::OutputConfig output = spec.config.output;
   std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;

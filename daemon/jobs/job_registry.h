@@ -65,6 +65,10 @@ class JobRegistry final : public JobService {
   // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
   using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
   void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  // GPU delivery: the daemon's ordinal of the device with a UUID (the trainer's GPU, from
+  // SubmitJob.device_uuid); an error when the daemon does not see it. Before the first Submit.
+  using DeviceFinderFn = std::function<Result<int>(const cuda::DeviceUuid& uuid)>;
+  void SetDeviceFinder(DeviceFinderFn fn) { device_finder_ = std::move(fn); }
   // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how
   // long a batch waits for the trainer's consumer-done event before its job fails, and how long a
   // teardown waits for queued copies before it leaks the device memory. Before the first Submit.
@@ -130,6 +134,7 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
+  DeviceFinderFn device_finder_;     // set before the first Submit
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
   std::chrono::milliseconds gpu_drain_timeout_{10000};
   PrepareHook prepare_hook_;         // set before the first Submit

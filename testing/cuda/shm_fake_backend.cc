@@ -7,8 +7,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace spdl::cuda {
 namespace {
@@ -56,15 +59,47 @@ uint64_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
-ShmFakeBackend::ShmFakeBackend(std::string dir, int ordinal) : dir_(std::move(dir)), ordinal_(ordinal) {}
+namespace {
+// kFakeGpuVisibleEnv's list, or empty when unset.
+std::vector<int> VisibleList() {
+  std::vector<int> out;
+  const char* env = std::getenv(kFakeGpuVisibleEnv);
+  if (env == nullptr) return out;
+  std::string s(env);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, comma - pos);
+    if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+    pos = comma + 1;
+  }
+  return out;
+}
+}  // namespace
 
-Result<std::unique_ptr<ShmFakeBackend>> ShmFakeBackend::Create(std::string dir, int ordinal) {
+ShmFakeBackend::ShmFakeBackend(std::string dir, int ordinal, int physical)
+    : dir_(std::move(dir)), ordinal_(ordinal), physical_(physical) {}
+
+int ShmFakeBackend::VisibleCount() {
+  const std::vector<int> list = VisibleList();
+  return std::getenv(kFakeGpuVisibleEnv) != nullptr ? static_cast<int>(list.size()) : kFakeDevices;
+}
+
+Result<std::unique_ptr<ShmFakeBackend>> ShmFakeBackend::Create(std::string dir, int ordinal, int physical) {
   struct stat st {};
   if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return InvalidArgument("shmfake (test-only fake GPU): '" + dir + "' is not a directory");
   }
   if (ordinal < 0) return InvalidArgument("shmfake: negative device ordinal");
-  return std::unique_ptr<ShmFakeBackend>(new ShmFakeBackend(std::move(dir), ordinal));
+  if (physical < 0) {
+    if (ordinal >= VisibleCount()) {
+      return InvalidArgument("shmfake: this process sees " + std::to_string(VisibleCount()) +
+                             " fake device(s), so it has no cuda:" + std::to_string(ordinal));
+    }
+    const std::vector<int> list = VisibleList();
+    physical = list.empty() ? ordinal : list[static_cast<size_t>(ordinal)];
+  }
+  return std::unique_ptr<ShmFakeBackend>(new ShmFakeBackend(std::move(dir), ordinal, physical));
 }
 
 ShmFakeBackend::~ShmFakeBackend() {
@@ -93,7 +128,7 @@ ShmFakeBackend::Live ShmFakeBackend::live() const {
 Result<DeviceUuid> ShmFakeBackend::Uuid() {
   DeviceUuid u{};
   std::memcpy(u.data(), "SHMFAKE", 7);
-  u[7] = static_cast<uint8_t>(ordinal_);
+  u[7] = static_cast<uint8_t>(physical_);
   const uint64_t h = Fnv1a(dir_);
   std::memcpy(u.data() + 8, &h, sizeof(h));
   return u;

@@ -313,12 +313,36 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
   REQUIRE_FALSE(gl.ok());
   CHECK_THAT(gl.status().message(), Catch::Contains("delivers only cuda jobs"));
 #if !SPDL_REAL_GPU
-  // The trainer names its GPU: its UUID goes with the job, and the daemon refuses another GPU's.
-  client::GpuOptions other = ClientGpu(f);
-  other.device = 1;  // the fake device's cuda:1: another UUID than the daemon's cuda:0
-  auto wrong = client::GpuLoader::Open(f.Job("{device: cuda:0}"), other);
-  REQUIRE_FALSE(wrong.ok());
-  CHECK_THAT(wrong.status().message(), Catch::Contains("is not the client's GPU"));
+  // cuda:N is the trainer's ordinal: its GPU's UUID goes with the job and the daemon finds its own
+  // ordinal for it. Here the trainer numbers the fake devices otherwise (its cuda:0 is the daemon's
+  // cuda:1, as with CUDA_VISIBLE_DEVICES=1,0 in the trainer): the batches come on the trainer's cuda:0.
+  {
+    auto swapped = cuda::ShmFakeBackend::Create(f.fake_gpu(), 0, /*physical=*/1);
+    REQUIRE(swapped.ok());
+    client::GpuOptions other = ClientGpu(f);
+    other.backend = swapped->get();
+    auto moved = client::GpuLoader::Open(f.Job("{device: cuda:0}"), other);
+    REQUIRE(moved.ok());
+    CHECK((*moved)->device() == 0);
+    REQUIRE((*moved)->loader().cuda_handles() != nullptr);
+    CHECK((*moved)->loader().cuda_handles()->device_index() == 1);  // the daemon's ordinal
+    {
+      auto ev = (*moved)->Next();
+      REQUIRE(ev.ok());
+      CHECK(std::holds_alternative<client::GpuBatch>(*ev));
+    }
+    moved->reset();
+    // A GPU the daemon does not see (its CUDA_VISIBLE_DEVICES leaves it out): refused, naming it.
+    auto unseen = cuda::ShmFakeBackend::Create(f.fake_gpu(), 0, /*physical=*/cuda::kFakeDevices + 3);
+    REQUIRE(unseen.ok());
+    client::GpuOptions third = ClientGpu(f);
+    third.backend = unseen->get();
+    auto refused = client::GpuLoader::Open(f.Job("{device: cuda:0}"), third);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(refused.status().message(), Catch::Contains(cuda::FormatUuid(*(*unseen)->Uuid())));
+    CHECK_THAT(refused.status().message(), Catch::Contains("is not one spdld sees"));
+    CHECK_THAT(refused.status().message(), Catch::Contains("CUDA_VISIBLE_DEVICES"));
+  }
   client::GpuOptions same = ClientGpu(f);
   same.device = 0;
   auto right = client::GpuLoader::Open(f.Job("{device: cuda:0}"), same);
