@@ -80,7 +80,8 @@ Daemon::Daemon(config::DaemonConfig config, ConfigLoader loader, std::string con
       signals_(io_),
       stats_timer_(io_),
       notify_timer_(io_),
-      drain_timer_(io_) {}
+      drain_timer_(io_),
+      poison_timer_(io_) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
@@ -318,6 +319,7 @@ Status Daemon::Start() {
   notifier_.Ready();
   last_tick_ = Clock::now();
   ScheduleNotifyTick();
+  ScheduleGpuPoisonCheck();
   spdlog::info("spdld ready on {} with {} worker threads, memory budget {} MiB", config_.socket_path, pool_->size(),
                config_.memory_budget_bytes >> 20);
   return Status::Ok();
@@ -500,6 +502,32 @@ void Daemon::ScheduleNotifyTick() {
   });
 }
 
+void Daemon::ScheduleGpuPoisonCheck() {
+  poison_timer_.expires_after(std::chrono::milliseconds(500));
+  poison_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // operation_aborted: shutting down
+    for (const jobs::JobRegistry::GpuDeviceState& d : registry_->GpuDevices()) {
+      if (d.poisoned.empty()) continue;
+      if (poisoned_logged_.insert(d.device).second) {
+        spdlog::error("cuda:{} is poisoned ({}): its jobs fail and new ones are refused until spdld restarts; {}",
+                      d.device, d.poisoned,
+                      config_.exit_on_gpu_poison ? "spdld exits once no job holds it (exit_on_gpu_poison)"
+                                                 : "exit_on_gpu_poison is off: restart spdld to use it again");
+      }
+      if (config_.exit_on_gpu_poison && d.jobs == 0) {
+        spdlog::critical("cuda:{} is poisoned and no job holds it: exiting with status {} for the service manager to "
+                         "restart spdld (exit_on_gpu_poison)",
+                         d.device, kExitGpuPoisoned);
+        exit_code_ = kExitGpuPoisoned;
+        notifier_.Stopping();
+        Stop();
+        return;
+      }
+    }
+    ScheduleGpuPoisonCheck();
+  });
+}
+
 void Daemon::Run() { io_.run(); }
 
 void Daemon::Stop() {
@@ -511,6 +539,7 @@ void Daemon::Stop() {
     stats_timer_.cancel();
     notify_timer_.cancel();
     drain_timer_.cancel();
+    poison_timer_.cancel();
     io_.stop();
   });
 }

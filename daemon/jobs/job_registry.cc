@@ -291,6 +291,7 @@ void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_th
   budget_->SetLimit(config.memory_budget_bytes);
   config_.max_pixels = config.max_pixels;
   config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
+  config_.gpu_context_bytes = config.gpu_context_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.max_budget_share_per_uid = config.max_budget_share_per_uid;
@@ -629,7 +630,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       return out;
     }
     if (daemon_copy) {
-      const uint64_t used = device_bytes_in_use_[daemon_device];
+      // spdld's own CUDA context on the device (gpu_context_bytes, an estimate) counts too.
+      const uint64_t used = device_bytes_in_use_[daemon_device] + config_.gpu_context_bytes;
       if (used + device_bytes > config_.device_memory_budget_bytes) {
         if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
         out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -638,10 +640,13 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                                          ? config_.device_memory_budget_bytes - used
                                                          : 0) +
                                   " of the daemon's device_memory_budget_bytes of " +
-                                  MiB(config_.device_memory_budget_bytes) + " is free");
+                                  MiB(config_.device_memory_budget_bytes) + " is free (spdld's CUDA context counts " +
+                                  MiB(config_.gpu_context_bytes) + ", gpu_context_bytes)");
         return out;
       }
       device_bytes_in_use_[daemon_device] += device_bytes;
+      ++gpu_jobs_[daemon_device];
+      gpu_backends_[daemon_device] = backend;
     }
     bytes_in_use_ += bytes;
     budget_->SetSlotBytes(bytes_in_use_);
@@ -659,6 +664,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     std::lock_guard lock(mu_);
     device_bytes_in_use_[daemon_device] -= device_bytes - std::min(leaked, device_bytes);
     leaked_device_bytes_[daemon_device] += std::min(leaked, device_bytes);
+    if (gpu_jobs_[daemon_device] > 0) --gpu_jobs_[daemon_device];
   };
   const config::OutputConfig output = spec.config.output;
   std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
@@ -727,6 +733,22 @@ SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& pe
   return out;
 }
 
+std::vector<JobRegistry::GpuDeviceState> JobRegistry::GpuDevices() const {
+  std::vector<GpuDeviceState> out;
+  std::lock_guard lock(mu_);
+  for (const auto& [device, backend] : gpu_backends_) {
+    GpuDeviceState d;
+    d.device = device;
+    if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
+      d.poisoned = sticky.message().empty() ? std::string("a sticky CUDA error") : sticky.message();
+    }
+    auto it = gpu_jobs_.find(device);
+    d.jobs = it == gpu_jobs_.end() ? 0 : it->second;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   proto::DaemonStatus st;
   st.set_daemon_version(SPDLD_VERSION);
@@ -743,6 +765,13 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
     uint64_t leaked = 0;
     for (const auto& [device, bytes] : leaked_device_bytes_) leaked += bytes;
     st.set_gpu_leaked_device_bytes(leaked);
+  }
+  for (const GpuDeviceState& d : GpuDevices()) {
+    auto* g = st.add_gpu_devices();
+    g->set_device("cuda:" + std::to_string(d.device));
+    g->set_poisoned(!d.poisoned.empty());
+    g->set_error(d.poisoned);
+    g->set_jobs(d.jobs);
   }
   for (auto it = records_.begin(); it != records_.end();) {
     auto job = it->second->job.lock();

@@ -90,6 +90,15 @@ class JobRegistry final : public JobService {
     return it == leaked_device_bytes_.end() ? 0 : it->second;
   }
 
+  // The CUDA devices copy: daemon jobs have used (the daemon's ordinals), each with its sticky error
+  // (empty: healthy) and the jobs whose device side is still held on it. Any thread.
+  struct GpuDeviceState {
+    int device = 0;
+    std::string poisoned;  // the sticky error that poisoned this process's context; empty if none
+    uint32_t jobs = 0;     // copy: daemon jobs whose device memory is not yet released
+  };
+  std::vector<GpuDeviceState> GpuDevices() const;
+
   // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread that
   // runs it), e.g. to hold a source being opened so a test can watch the daemon meanwhile. Before
   // the first Submit.
@@ -173,6 +182,8 @@ class JobRegistry final : public JobService {
   static constexpr std::chrono::seconds kBudgetWaitMemory{60};
   std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   std::map<int, uint64_t> leaked_device_bytes_;  // per CUDA device, part of device_bytes_in_use_
+  std::map<int, uint32_t> gpu_jobs_;             // per CUDA device: jobs holding device memory
+  std::map<int, cuda::DeviceBackend*> gpu_backends_;  // per CUDA device used (owned by the daemon)
   int live_jobs_ = 0;
 
   // GPU jobs are torn down here (frees synchronize with the GPU), off the control thread. Declared

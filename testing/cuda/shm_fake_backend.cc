@@ -48,6 +48,12 @@ Result<std::string> DecodeName(const char* prefix, const H& h, const char* what)
   return name;
 }
 
+// File names unique in the process, over all its backends (one per device share the directory).
+uint64_t NextName() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) {
@@ -134,6 +140,16 @@ Result<DeviceUuid> ShmFakeBackend::Uuid() {
   return u;
 }
 
+Status ShmFakeBackend::sticky_error() const {
+  const std::string path = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Ok();
+  char buf[256];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  return Status(StatusCode::kInternal, n > 0 ? std::string(buf, static_cast<size_t>(n)) : "a sticky CUDA error");
+}
+
 Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
   if (ptr == nullptr || bytes == 0) return InvalidArgument("shmfake HostRegister: empty range");
   std::lock_guard lock(mu_);
@@ -177,7 +193,7 @@ Result<void*> ShmFakeBackend::MapFile(const std::string& name, size_t bytes, boo
 Result<void*> ShmFakeBackend::DeviceAlloc(size_t bytes) {
   if (bytes == 0) return InvalidArgument("shmfake DeviceAlloc: 0 bytes");
   std::lock_guard lock(mu_);
-  const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
   SPDL_ASSIGN_OR_RETURN(void* p, MapFile(name, bytes, /*create=*/true));
   regions_[reinterpret_cast<uintptr_t>(p)] = Region{name, bytes, true};
   return p;
@@ -209,7 +225,7 @@ Status ShmFakeBackend::DestroyStream(Stream stream) {
 Result<Event> ShmFakeBackend::CreateEvent(bool interprocess) {
   std::lock_guard lock(mu_);
   auto e = std::make_unique<LocalEvent>();
-  e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
   SPDL_ASSIGN_OR_RETURN(e->page, MapFile(e->name, kEventPage, /*create=*/true));
   e->owned = true;
   e->interprocess = interprocess;

@@ -43,6 +43,8 @@ namespace spdl::cuda {
 inline constexpr const char* kFakeGpuDirEnv = "SPDL_TEST_FAKE_GPU_DIR";
 // The test-only CUDA_VISIBLE_DEVICES of the fake: a comma-separated list of physical fake devices.
 inline constexpr const char* kFakeGpuVisibleEnv = "SPDL_TEST_FAKE_GPU_VISIBLE";
+// The file (+ the physical device's number) that poisons a fake device: see sticky_error().
+inline constexpr const char* kStickyErrorFile = "sticky-error-";
 // Physical fake devices there are (without kFakeGpuVisibleEnv, this process sees them all).
 inline constexpr int kFakeDevices = 4;
 
@@ -66,6 +68,10 @@ class ShmFakeBackend final : public DeviceBackend {
   const char* name() const override { return "shmfake"; }
   int device() const override { return ordinal_; }
   Result<DeviceUuid> Uuid() override;
+  // A test poisons the fake device for every process by writing the error's text to
+  // DIR/sticky-error-<physical device> (kStickyErrorFile + the number): then this is that error.
+  // (Only this reports it: calls keep working, unlike FakeBackend's InjectStickyError.)
+  Status sticky_error() const override;
   Status HostRegister(void* ptr, size_t bytes) override;
   Status HostUnregister(void* ptr) override;
   Result<void*> DeviceAlloc(size_t bytes) override;

@@ -20,6 +20,7 @@
 #include "cuda/ipc_messages.h"
 #include "e2e/dataset.h"
 #include "jobs/job_registry.h"
+#include "ops/metrics.h"
 #include "pipeline/thread_pool.h"
 
 namespace spdl::jobs {
@@ -105,6 +106,14 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     CHECK(reg.device_bytes_in_use(0) == bytes);
     CHECK(dev.live().device_bytes == bytes);
     CHECK(dev.live().registrations == 1);
+    {
+      const proto::DaemonStatus st = reg.Status(PeerInfo{0, 0, 0});
+      REQUIRE(st.gpu_devices_size() == 1);
+      CHECK_FALSE(st.gpu_devices(0).poisoned());
+      CHECK(st.gpu_devices(0).jobs() == 1);
+      CHECK_THAT(ops::RenderPrometheus(st, ops::DaemonFacts{}),
+                 Catch::Contains("spdld_gpu_device_poisoned{device=\"cuda:0\"} 0"));
+    }
 
 
     SubmitResult other = reg.Submit(Job(root, "{device: cuda:1}"), peer, [] {});
@@ -113,13 +122,16 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
 
     reg.UpdateLimits([&] {
       config::DaemonConfig c = cfg;
-      c.device_memory_budget_bytes = bytes + bytes / 2;
+      // Room for a second job's slots, but not for them and spdld's CUDA context together.
+      c.device_memory_budget_bytes = 2 * bytes + bytes / 2;
+      c.gpu_context_bytes = bytes;
       return c;
     }(), 2);
     SubmitResult refused = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.error.code() == proto::Error::RESOURCE_EXHAUSTED);
-    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0"));
+    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0") &&
+                                            Catch::Contains("gpu_context_bytes"));
     CHECK(reg.device_bytes_in_use(0) == bytes);
 
     r.job->Cancel();
@@ -394,7 +406,7 @@ TEST_CASE("gpu delivery: device memory that cannot be freed is not returned to t
 // A sticky CUDA error (an illegal address, a launch failure, ECC) leaves the daemon's context on the
 // device unusable: the device's running job fails with it, a new job for the device is refused
 // naming it, and its device memory (which can no longer be freed) stays out of the budget.
-TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new jobs are refused naming it") {
+TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, new jobs are refused naming it, status and metrics show it") {
   Dir dir;
   const config::DaemonConfig cfg = SmallDataset(dir);
   auto pool = std::make_unique<pipeline::ThreadPool>(2);
@@ -427,11 +439,25 @@ TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new job
     REQUIRE_FALSE(again.ok());
     CHECK_THAT(again.error.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
                                           Catch::Contains("output.copy: client"));
+    // Status and metrics show the poisoned GPU, and the job that still holds it (the daemon exits
+    // only once none does).
+    const PeerInfo root{0, 0, 0};
+    proto::DaemonStatus st = reg.Status(root);
+    REQUIRE(st.gpu_devices_size() == 1);
+    CHECK(st.gpu_devices(0).device() == "cuda:0");
+    CHECK(st.gpu_devices(0).poisoned());
+    CHECK_THAT(st.gpu_devices(0).error(), Catch::Contains("cudaErrorIllegalAddress"));
+    CHECK(st.gpu_devices(0).jobs() == 1);
+    CHECK_THAT(ops::RenderPrometheus(st, ops::DaemonFacts{}),
+               Catch::Contains("spdld_gpu_device_poisoned{device=\"cuda:0\"} 1"));
     r.job->Cancel();
     r.job.reset();
     r.record.reset();
     CHECK(WaitFor([&] { return reg.leaked_device_bytes(0) == bytes; }));
     CHECK(reg.device_bytes_in_use(0) == bytes);
+    REQUIRE(reg.GpuDevices().size() == 1);
+    CHECK(reg.GpuDevices()[0].jobs == 0);
+    CHECK_FALSE(reg.GpuDevices()[0].poisoned.empty());
     done.clear();
     pool.reset();
   }
