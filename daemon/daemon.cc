@@ -186,6 +186,7 @@ Status Daemon::Start() {
                    "directory; no GPU is used. Never run a production spdld like this.",
                    fake_gpu_dir_);
       registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+        std::lock_guard lock(device_backends_mu_);  // Prepare tasks (several threads) and Start
         if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
         SPDL_ASSIGN_OR_RETURN(auto backend, cuda::ShmFakeBackend::Create(fake_gpu_dir_, device));
         spdlog::warn("TEST ONLY: cuda:{} is a fake device in {} (--test-only-fake-gpu)", device, fake_gpu_dir_);
@@ -205,6 +206,9 @@ Status Daemon::Start() {
 #endif  // SPDL_TEST_HOOKS
 #if SPDL_HAVE_CUDA
     registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+      // Called by Prepare tasks (the prepare pool's threads: a context is made off the control
+      // thread) and by Start.
+      std::lock_guard lock(device_backends_mu_);
       if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
       std::string why;
       const int count = cuda::CudaDeviceCount(&why);

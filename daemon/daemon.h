@@ -21,6 +21,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <memory>
 #include <string>
@@ -103,6 +104,7 @@ class Daemon {
   // GPU delivery: one backend per CUDA device, made on the first job that asks for it (control
   // thread); declared first so it outlives every job (its device slot pools borrow it).
   std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;
+  std::mutex device_backends_mu_;  // guards device_backends_ (made on the prepare pool's threads)
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   // Opens submitted jobs' sources (folder scans, lists, tar indexes) off the control thread;

@@ -320,7 +320,46 @@ struct RegistryPrepared final : PreparedJob {
   std::optional<proto::Error> error;
   MediaJobSpec spec;
   std::shared_ptr<const io::CachedSource> cached;
+  // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
+  // control thread: creating a CUDA context takes long).
+  int daemon_device = -1;
+  cuda::DeviceBackend* backend = nullptr;
 };
+
+// copy: daemon jobs: finds the daemon's ordinal of the trainer's GPU (by SubmitJob.device_uuid; the
+// job's cuda:N when none is sent) and makes its backend (a CUDA context at the first job on the
+// device). Runs in the Prepare task; sets p->error on failure.
+void ResolveGpuBackend(RegistryPrepared* p, const JobRegistry::DeviceBackendFn& device_backends,
+                       const JobRegistry::DeviceFinderFn& device_finder) {
+  const MediaJobSpec& spec = p->spec;
+  const proto::SubmitJob& req = p->request;
+  const int cuda_device = spec.config.output.cuda_device;
+  if (cuda_device < 0 || spec.config.output.copy != config::OutputConfig::Copy::kDaemon || !device_backends) return;
+  int daemon_device = cuda_device;
+  if (!req.device_uuid().empty()) {
+    cuda::DeviceUuid uuid{};
+    if (req.device_uuid().size() != uuid.size()) {
+      p->error = MakeError(proto::Error::BAD_REQUEST, "SubmitJob.device_uuid is " +
+                                                          std::to_string(req.device_uuid().size()) +
+                                                          " bytes; a CUDA device UUID is " + std::to_string(uuid.size()));
+      return;
+    }
+    std::memcpy(uuid.data(), req.device_uuid().data(), uuid.size());
+    auto found = device_finder ? device_finder(uuid) : Result<int>(NotFound("no device lookup"));
+    if (!found.ok()) {
+      p->error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                           "output.device " + spec.config.output.device + ": the trainer's GPU " +
+                               cuda::FormatUuid(uuid) + " is not one spdld sees (" + found.status().message() +
+                               "): give spdld that GPU (its CUDA_VISIBLE_DEVICES must include it), or use "
+                               "output.copy: client or output.device: cpu");
+      return;
+    }
+    daemon_device = *found;
+  }
+  p->daemon_device = daemon_device;
+  auto b = device_backends(daemon_device);
+  if (b.ok()) p->backend = *b;  // else Start asks again and reports why
+}
 
 // A client's config name as it may appear in messages and logs: printable characters only (others
 // become '?'), at most 200 bytes.
@@ -475,9 +514,10 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+          hook = prepare_hook_, backends = device_backends_, finder = device_finder_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
     PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get());
+    if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
     return p;
   };
 }
@@ -522,28 +562,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                 "output.copy: client (the client copies) or output.device: cpu");
       return out;
     }
-    if (!req.device_uuid().empty()) {
-      cuda::DeviceUuid uuid{};
-      if (req.device_uuid().size() != uuid.size()) {
-        out.error = MakeError(proto::Error::BAD_REQUEST, "SubmitJob.device_uuid is " +
-                                                             std::to_string(req.device_uuid().size()) +
-                                                             " bytes; a CUDA device UUID is " +
-                                                             std::to_string(uuid.size()));
-        return out;
-      }
-      std::memcpy(uuid.data(), req.device_uuid().data(), uuid.size());
-      auto found = device_finder_ ? device_finder_(uuid) : Result<int>(NotFound("no device lookup"));
-      if (!found.ok()) {
-        out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                              "output.device " + spec.config.output.device + ": the trainer's GPU " +
-                                  cuda::FormatUuid(uuid) + " is not one spdld sees (" + found.status().message() +
-                                  "): give spdld that GPU (its CUDA_VISIBLE_DEVICES must include it), or use "
-                                  "output.copy: client or output.device: cpu");
-        return out;
-      }
-      daemon_device = *found;
-    }
-    auto b = device_backends_(daemon_device);
+    daemon_device = p->daemon_device;  // found and made by the Prepare task (ResolveGpuBackend)
+    auto b = p->backend ? Result<cuda::DeviceBackend*>(p->backend) : device_backends_(daemon_device);
     if (!b.ok()) {
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "output.device " + spec.config.output.device + ": " + b.status().message() +

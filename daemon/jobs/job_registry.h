@@ -61,12 +61,14 @@ class JobRegistry final : public JobService {
   void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
   // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
-  // the registry); an error says why there is none. Unset (a daemon built without CUDA): output.device
+  // the registry); an error says why there is none. Called from Prepare tasks (any thread: making
+  // a CUDA context is slow, so it happens there, off the control thread), so it must be thread-safe. Unset (a daemon built without CUDA): output.device
   // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
   using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
   void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
   // GPU delivery: the daemon's ordinal of the device with a UUID (the trainer's GPU, from
-  // SubmitJob.device_uuid); an error when the daemon does not see it. Before the first Submit.
+  // SubmitJob.device_uuid); an error when the daemon does not see it. Before the first Submit;
+  // called from Prepare tasks (any thread).
   using DeviceFinderFn = std::function<Result<int>(const cuda::DeviceUuid& uuid)>;
   void SetDeviceFinder(DeviceFinderFn fn) { device_finder_ = std::move(fn); }
   // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how

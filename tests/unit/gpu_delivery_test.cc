@@ -11,9 +11,11 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda/device_slot_pool.h"
 #include "cuda/fake_backend.h"
@@ -459,6 +461,44 @@ TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, new jobs ar
     CHECK(reg.GpuDevices()[0].jobs == 0);
     CHECK_FALSE(reg.GpuDevices()[0].poisoned.empty());
     done.clear();
+    pool.reset();
+  }
+}
+
+// Making a device's backend creates a CUDA context (hundreds of ms): it happens in the Prepare task
+// (the daemon's prepare pool), never on the thread that starts the job (the control thread).
+TEST_CASE("gpu delivery: the device backend is made in the Prepare task, off the control thread") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    std::mutex mu;
+    std::vector<std::thread::id> made_on;
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> {
+      std::lock_guard lock(mu);
+      made_on.push_back(std::this_thread::get_id());
+      return &backend;
+    });
+    PrepareTask task = reg.Prepare(Job(dir.path + "/data", "{device: cuda:0}"), peer);
+    std::shared_ptr<PreparedJob> prepared;
+    std::thread preparer([&] { prepared = task(); });
+    const std::thread::id preparer_id = preparer.get_id();
+    preparer.join();
+    SubmitResult r = reg.Start(prepared, [] {});
+    REQUIRE(r.ok());
+    {
+      std::lock_guard lock(mu);
+      REQUIRE(made_on.size() == 1);
+      CHECK(made_on[0] == preparer_id);
+    }
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.device_bytes_in_use(0) == 0; }));
     pool.reset();
   }
 }
