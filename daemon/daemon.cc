@@ -374,6 +374,8 @@ void Daemon::Reload() {
   };
   note("log_level", config_.log_level, next.log_level);
   note("memory_budget_bytes", config_.memory_budget_bytes, next.memory_budget_bytes);
+  note("gpu_context_bytes", config_.gpu_context_bytes, next.gpu_context_bytes);
+  note("exit_on_gpu_poison", config_.exit_on_gpu_poison, next.exit_on_gpu_poison);
   note("max_jobs_per_client", config_.max_jobs_per_client, next.max_jobs_per_client);
   note("max_slots_per_job", config_.max_slots_per_job, next.max_slots_per_job);
   note("allowed_roots", Join(config_.allowed_roots), Join(next.allowed_roots));
