@@ -949,6 +949,11 @@ def _trainer_device_uuid(overrides: list, yaml_text: str, parsed: Optional[Mappi
         if key == "output.device":
             device = str(value)
     if device is None:
+        if parsed is None:
+            try:
+                import yaml
+            except ImportError:
+                return b""  # YAML text without PyYAML: the client checks the daemon's GPU instead
         device = _config_device(yaml_text, parsed)
     if device is None or not device.startswith("cuda"):
         return b""
