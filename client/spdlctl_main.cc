@@ -43,6 +43,12 @@ void PrintStatus(const DaemonStatus& s) {
         "spdld restarts)\n",
         MiB(s.gpu_leaked_device_bytes()).c_str());
   }
+  for (const auto& g : s.gpu_devices()) {
+    if (!g.poisoned()) continue;
+    std::printf("GPU %s POISONED: %s; %u job(s) still hold it; new GPU jobs on it are refused until spdld "
+                "restarts\n",
+                g.device().c_str(), g.error().c_str(), g.jobs());
+  }
 }
 
 // The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of

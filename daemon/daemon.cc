@@ -80,7 +80,8 @@ Daemon::Daemon(config::DaemonConfig config, ConfigLoader loader, std::string con
       signals_(io_),
       stats_timer_(io_),
       notify_timer_(io_),
-      drain_timer_(io_) {}
+      drain_timer_(io_),
+      poison_timer_(io_) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
@@ -185,16 +186,29 @@ Status Daemon::Start() {
                    "directory; no GPU is used. Never run a production spdld like this.",
                    fake_gpu_dir_);
       registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+        std::lock_guard lock(device_backends_mu_);  // Prepare tasks (several threads) and Start
         if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
         SPDL_ASSIGN_OR_RETURN(auto backend, cuda::ShmFakeBackend::Create(fake_gpu_dir_, device));
         spdlog::warn("TEST ONLY: cuda:{} is a fake device in {} (--test-only-fake-gpu)", device, fake_gpu_dir_);
         return (device_backends_[device] = std::move(backend)).get();
+      });
+      registry_->SetDeviceFinder([this](const cuda::DeviceUuid& uuid) -> Result<int> {
+        const int n = cuda::ShmFakeBackend::VisibleCount();
+        for (int i = 0; i < n; ++i) {
+          SPDL_ASSIGN_OR_RETURN(auto backend, cuda::ShmFakeBackend::Create(fake_gpu_dir_, i));
+          SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid u, backend->Uuid());
+          if (u == uuid) return i;
+        }
+        return NotFound("spdld sees " + std::to_string(n) + " fake device(s), none with UUID " + cuda::FormatUuid(uuid));
       });
       return Status::Ok();
     }
 #endif  // SPDL_TEST_HOOKS
 #if SPDL_HAVE_CUDA
     registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
+      // Called by Prepare tasks (the prepare pool's threads: a context is made off the control
+      // thread) and by Start.
+      std::lock_guard lock(device_backends_mu_);
       if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
       std::string why;
       const int count = cuda::CudaDeviceCount(&why);
@@ -211,6 +225,7 @@ Status Daemon::Start() {
       spdlog::info("GPU delivery on cuda:{} ready", device);
       return (device_backends_[device] = std::move(backend)).get();
     });
+    registry_->SetDeviceFinder([](const cuda::DeviceUuid& uuid) { return cuda::FindCudaDevice(uuid); });
 #endif
     return Status::Ok();
   }));
@@ -308,6 +323,7 @@ Status Daemon::Start() {
   notifier_.Ready();
   last_tick_ = Clock::now();
   ScheduleNotifyTick();
+  ScheduleGpuPoisonCheck();
   spdlog::info("spdld ready on {} with {} worker threads, memory budget {} MiB", config_.socket_path, pool_->size(),
                config_.memory_budget_bytes >> 20);
   return Status::Ok();
@@ -358,6 +374,8 @@ void Daemon::Reload() {
   };
   note("log_level", config_.log_level, next.log_level);
   note("memory_budget_bytes", config_.memory_budget_bytes, next.memory_budget_bytes);
+  note("gpu_context_bytes", config_.gpu_context_bytes, next.gpu_context_bytes);
+  note("exit_on_gpu_poison", config_.exit_on_gpu_poison, next.exit_on_gpu_poison);
   note("max_jobs_per_client", config_.max_jobs_per_client, next.max_jobs_per_client);
   note("max_slots_per_job", config_.max_slots_per_job, next.max_slots_per_job);
   note("allowed_roots", Join(config_.allowed_roots), Join(next.allowed_roots));
@@ -490,6 +508,32 @@ void Daemon::ScheduleNotifyTick() {
   });
 }
 
+void Daemon::ScheduleGpuPoisonCheck() {
+  poison_timer_.expires_after(std::chrono::milliseconds(500));
+  poison_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // operation_aborted: shutting down
+    for (const jobs::JobRegistry::GpuDeviceState& d : registry_->GpuDevices()) {
+      if (d.poisoned.empty()) continue;
+      if (poisoned_logged_.insert(d.device).second) {
+        spdlog::error("cuda:{} is poisoned ({}): its jobs fail and new ones are refused until spdld restarts; {}",
+                      d.device, d.poisoned,
+                      config_.exit_on_gpu_poison ? "spdld exits once no job holds it (exit_on_gpu_poison)"
+                                                 : "exit_on_gpu_poison is off: restart spdld to use it again");
+      }
+      if (config_.exit_on_gpu_poison && d.jobs == 0) {
+        spdlog::critical("cuda:{} is poisoned and no job holds it: exiting with status {} for the service manager to "
+                         "restart spdld (exit_on_gpu_poison)",
+                         d.device, kExitGpuPoisoned);
+        exit_code_ = kExitGpuPoisoned;
+        notifier_.Stopping();
+        Stop();
+        return;
+      }
+    }
+    ScheduleGpuPoisonCheck();
+  });
+}
+
 void Daemon::Run() { io_.run(); }
 
 void Daemon::Stop() {
@@ -501,6 +545,7 @@ void Daemon::Stop() {
     stats_timer_.cancel();
     notify_timer_.cancel();
     drain_timer_.cancel();
+    poison_timer_.cancel();
     io_.stop();
   });
 }

@@ -21,6 +21,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -69,6 +71,10 @@ class Daemon {
   // removes the socket file.
   void Run();
   void Stop();
+  // After Run(): the process's exit status: 0, or kExitGpuPoisoned when it stopped because a sticky
+  // CUDA error poisoned a GPU and no job held it any more (exit_on_gpu_poison).
+  int exit_code() const { return exit_code_; }
+  static constexpr int kExitGpuPoisoned = 3;
 
  private:
   void Shutdown();
@@ -82,6 +88,9 @@ class Daemon {
   void ScheduleStatsLog();
   // Every tick: STATUS= (jobs, samples/s) to the service manager, and WATCHDOG=1 when it asked.
   void ScheduleNotifyTick();
+  // Every 500 ms: logs a GPU a sticky error poisoned, and stops the daemon (exit_on_gpu_poison) once
+  // no job holds it.
+  void ScheduleGpuPoisonCheck();
 
   // Declared in teardown order (destroyed bottom-up): the server (sessions, and so their jobs)
   // goes first, then the io_context; the worker pool is joined explicitly in Shutdown() before the
@@ -95,6 +104,7 @@ class Daemon {
   // GPU delivery: one backend per CUDA device, made on the first job that asks for it (control
   // thread); declared first so it outlives every job (its device slot pools borrow it).
   std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;
+  std::mutex device_backends_mu_;  // guards device_backends_ (made on the prepare pool's threads)
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   // Opens submitted jobs' sources (folder scans, lists, tar indexes) off the control thread;
@@ -110,12 +120,15 @@ class Daemon {
   ops::Notifier notifier_;
   boost::asio::steady_timer notify_timer_;
   boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer poison_timer_;
   std::unique_ptr<server::ControlServer> server_;
   std::unique_ptr<ops::MetricsServer> metrics_;  // null when metrics_port is 0
   // io thread only.
   uint64_t last_samples_ = 0;  // samples total and time of the previous notify tick (samples/s)
   std::chrono::steady_clock::time_point last_tick_{};
   bool draining_ = false;
+  std::set<int> poisoned_logged_;  // GPUs whose poisoning was logged
+  int exit_code_ = 0;
   std::string drain_reason_;
   std::chrono::steady_clock::time_point drain_deadline_{};
   bool shut_down_ = false;

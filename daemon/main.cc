@@ -72,5 +72,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   daemon.Run();
-  return 0;
+  return daemon.exit_code();
 }

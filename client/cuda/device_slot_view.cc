@@ -21,9 +21,10 @@ Result<std::unique_ptr<DeviceSlotView>> DeviceSlotView::Open(cuda::DeviceBackend
                             " device " + std::to_string(backend.device());
   SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid uuid, backend.Uuid());
   if (uuid != h.device_uuid) {
-    return FailedPrecondition(where + ": it is not the daemon's device (device " +
-                              std::to_string(h.device_index) +
-                              " there; find this process's ordinal with FindCudaDevice)");
+    return FailedPrecondition(where + ": it is " + cuda::FormatUuid(uuid) + ", but the daemon delivers on " +
+                              cuda::FormatUuid(h.device_uuid) + " (its cuda:" + std::to_string(h.device_index) +
+                              "); send this GPU's UUID with the job (GpuLoader::Open does when it knows the "
+                              "device) or name the device whose UUID that is");
   }
   if (h.slots.size() != h.ready_events.size() || h.slots.empty()) {
     return InvalidArgument(where + ": " + std::to_string(h.slots.size()) + " slots but " +

@@ -234,6 +234,21 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::Open(Options options, GpuOptions g
   return AttachWith(std::move(loader), std::move(gpu), std::move(early));
 }
 
+Result<cuda::DeviceUuid> GpuLoader::DeviceUuid(const GpuOptions& gpu, int ordinal) {
+  if (gpu.backend != nullptr) return gpu.backend->Uuid();
+  if (ordinal < 0) return InvalidArgument("a CUDA ordinal is >= 0, not " + std::to_string(ordinal));
+  std::unique_ptr<cuda::DeviceBackend> b;
+  const std::string fake_dir = FakeGpuDir(gpu);
+  if (!fake_dir.empty()) {
+    SPDL_ASSIGN_OR_RETURN(b, MakeFake(fake_dir, ordinal));
+  } else if (gpu.open_backend) {
+    SPDL_ASSIGN_OR_RETURN(b, gpu.open_backend(nullptr, ordinal));
+  } else {
+    return Unavailable("no CUDA device backend (built without CUDA, or no GpuOptions::open_backend given)");
+  }
+  return b->Uuid();
+}
+
 Result<std::unique_ptr<GpuLoader>> GpuLoader::Attach(std::unique_ptr<Loader> loader, GpuOptions gpu) {
   return AttachWith(std::move(loader), std::move(gpu), nullptr);
 }
@@ -258,14 +273,15 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
 
   auto core = std::make_shared<detail::GpuCore>();
   // The backend: given, the test-only fake, or the factory.
-  int ordinal = gpu.device >= 0 ? gpu.device : (client_copy ? job_ordinal : -1);
+  // cuda:N is the trainer's ordinal in both modes (the daemon found its own by the UUID sent).
+  int ordinal = gpu.device >= 0 ? gpu.device : job_ordinal;
   const std::string fake_dir = FakeGpuDir(gpu);
   if (gpu.backend != nullptr) {
     core->backend = gpu.backend;
   } else if (early) {
     core->owned_backend = std::move(early);
   } else if (!fake_dir.empty()) {
-    SPDL_ASSIGN_OR_RETURN(core->owned_backend, MakeFake(fake_dir, ordinal >= 0 ? ordinal : handles->device_index));
+    SPDL_ASSIGN_OR_RETURN(core->owned_backend, MakeFake(fake_dir, ordinal));
   } else if (gpu.open_backend) {
     SPDL_ASSIGN_OR_RETURN(core->owned_backend, gpu.open_backend(handles ? &*handles : nullptr, ordinal));
   } else {

@@ -136,6 +136,10 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
                             std::numeric_limits<uint64_t>::max())) {
     out->device_memory_budget_bytes = *v;
   }
+  if (auto v = ReadByteSize(diag, m.Get("gpu_context_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
+    out->gpu_context_bytes = *v;
+  }
+  if (auto v = internal::ReadBool(diag, m.Get("exit_on_gpu_poison"))) out->exit_on_gpu_poison = *v;
   const Field roots = m.Get("allowed_roots");
   if (auto items = internal::ReadList(diag, roots)) {
     std::vector<std::string> list;

@@ -31,6 +31,11 @@ struct DaemonConfig {
                                              // 4GiB, 512MiB, 1G or plain bytes)
   uint64_t device_memory_budget_bytes = 8ull << 30;  // per GPU: the device slots of its cuda jobs
                                              // (output.device: cuda:N, copy: daemon); a byte size
+  uint64_t gpu_context_bytes = 500ull << 20; // per GPU spdld uses: its CUDA context's memory (an
+                                             // estimate), counted in device_memory_budget_bytes
+  bool exit_on_gpu_poison = true;            // a sticky CUDA error poisoned a GPU: exit (code 3, for
+                                             // the service manager to restart spdld) once no job
+                                             // holds it; false: stay up, refusing that GPU's jobs
   std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
                                              // (empty = refuse every job)
   // URLs http sources may fetch: at or below one of these ("http://host:port/path"; same scheme,

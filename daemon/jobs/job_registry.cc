@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <optional>
 
 #include "cuda/device_slot_pool.h"
@@ -290,6 +291,7 @@ void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_th
   budget_->SetLimit(config.memory_budget_bytes);
   config_.max_pixels = config.max_pixels;
   config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
+  config_.gpu_context_bytes = config.gpu_context_bytes;
   config_.max_jobs_per_client = config.max_jobs_per_client;
   config_.max_slots_per_job = config.max_slots_per_job;
   config_.max_budget_share_per_uid = config.max_budget_share_per_uid;
@@ -318,7 +320,46 @@ struct RegistryPrepared final : PreparedJob {
   std::optional<proto::Error> error;
   MediaJobSpec spec;
   std::shared_ptr<const io::CachedSource> cached;
+  // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
+  // control thread: creating a CUDA context takes long).
+  int daemon_device = -1;
+  cuda::DeviceBackend* backend = nullptr;
 };
+
+// copy: daemon jobs: finds the daemon's ordinal of the trainer's GPU (by SubmitJob.device_uuid; the
+// job's cuda:N when none is sent) and makes its backend (a CUDA context at the first job on the
+// device). Runs in the Prepare task; sets p->error on failure.
+void ResolveGpuBackend(RegistryPrepared* p, const JobRegistry::DeviceBackendFn& device_backends,
+                       const JobRegistry::DeviceFinderFn& device_finder) {
+  const MediaJobSpec& spec = p->spec;
+  const proto::SubmitJob& req = p->request;
+  const int cuda_device = spec.config.output.cuda_device;
+  if (cuda_device < 0 || spec.config.output.copy != config::OutputConfig::Copy::kDaemon || !device_backends) return;
+  int daemon_device = cuda_device;
+  if (!req.device_uuid().empty()) {
+    cuda::DeviceUuid uuid{};
+    if (req.device_uuid().size() != uuid.size()) {
+      p->error = MakeError(proto::Error::BAD_REQUEST, "SubmitJob.device_uuid is " +
+                                                          std::to_string(req.device_uuid().size()) +
+                                                          " bytes; a CUDA device UUID is " + std::to_string(uuid.size()));
+      return;
+    }
+    std::memcpy(uuid.data(), req.device_uuid().data(), uuid.size());
+    auto found = device_finder ? device_finder(uuid) : Result<int>(NotFound("no device lookup"));
+    if (!found.ok()) {
+      p->error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
+                           "output.device " + spec.config.output.device + ": the trainer's GPU " +
+                               cuda::FormatUuid(uuid) + " is not one spdld sees (" + found.status().message() +
+                               "): give spdld that GPU (its CUDA_VISIBLE_DEVICES must include it), or use "
+                               "output.copy: client or output.device: cpu");
+      return;
+    }
+    daemon_device = *found;
+  }
+  p->daemon_device = daemon_device;
+  auto b = device_backends(daemon_device);
+  if (b.ok()) p->backend = *b;  // else Start asks again and reports why
+}
 
 // A client's config name as it may appear in messages and logs: printable characters only (others
 // become '?'), at most 200 bytes.
@@ -473,9 +514,10 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          hook = prepare_hook_]() -> std::shared_ptr<PreparedJob> {
+          hook = prepare_hook_, backends = device_backends_, finder = device_finder_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
     PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get());
+    if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
     return p;
   };
 }
@@ -504,8 +546,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   }
 
   // GPU delivery (copy: daemon): the device's backend (made lazily by the daemon) and its budget.
+  // cuda:N is the trainer's ordinal; the daemon's own ordinal for that GPU is found by the UUID the
+  // client sends (CUDA_VISIBLE_DEVICES may number the GPUs differently in the two processes). A
+  // client that sends none gets the daemon's cuda:N, and refuses it itself if its UUID differs.
   const int cuda_device = spec.config.output.cuda_device;
   const bool daemon_copy = cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon;
+  int daemon_device = cuda_device;
   cuda::DeviceBackend* backend = nullptr;
   uint64_t device_bytes = 0;
   if (daemon_copy) {
@@ -516,7 +562,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                 "output.copy: client (the client copies) or output.device: cpu");
       return out;
     }
-    auto b = device_backends_(cuda_device);
+    daemon_device = p->daemon_device;  // found and made by the Prepare task (ResolveGpuBackend)
+    auto b = p->backend ? Result<cuda::DeviceBackend*>(p->backend) : device_backends_(daemon_device);
     if (!b.ok()) {
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
                             "output.device " + spec.config.output.device + ": " + b.status().message() +
@@ -529,16 +576,6 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                             "output.device " + spec.config.output.device + ": " + sticky.message() +
                                 " (restart spdld); use output.copy: client or output.device: cpu meanwhile");
       return out;
-    }
-    if (!req.device_uuid().empty()) {
-      auto uuid = backend->Uuid();
-      if (!uuid.ok() || req.device_uuid() != std::string(uuid->begin(), uuid->end())) {
-        out.error = MakeError(proto::Error::BAD_REQUEST,
-                              "output.device " + spec.config.output.device +
-                                  " is not the client's GPU (their UUIDs differ: CUDA_VISIBLE_DEVICES may number "
-                                  "the GPUs differently in the daemon and the trainer); name the daemon's number");
-        return out;
-      }
     }
     const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
     device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
@@ -613,7 +650,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       return out;
     }
     if (daemon_copy) {
-      const uint64_t used = device_bytes_in_use_[cuda_device];
+      // spdld's own CUDA context on the device (gpu_context_bytes, an estimate) counts too.
+      const uint64_t used = device_bytes_in_use_[daemon_device] + config_.gpu_context_bytes;
       if (used + device_bytes > config_.device_memory_budget_bytes) {
         if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
         out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -622,10 +660,13 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                                                          ? config_.device_memory_budget_bytes - used
                                                          : 0) +
                                   " of the daemon's device_memory_budget_bytes of " +
-                                  MiB(config_.device_memory_budget_bytes) + " is free");
+                                  MiB(config_.device_memory_budget_bytes) + " is free (spdld's CUDA context counts " +
+                                  MiB(config_.gpu_context_bytes) + ", gpu_context_bytes)");
         return out;
       }
-      device_bytes_in_use_[cuda_device] += device_bytes;
+      device_bytes_in_use_[daemon_device] += device_bytes;
+      ++gpu_jobs_[daemon_device];
+      gpu_backends_[daemon_device] = backend;
     }
     bytes_in_use_ += bytes;
     budget_->SetSlotBytes(bytes_in_use_);
@@ -638,11 +679,12 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   const std::string description = spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
   // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
-  auto return_device = [this, cuda_device, device_bytes](uint64_t leaked) {
+  auto return_device = [this, daemon_device, device_bytes](uint64_t leaked) {
     if (device_bytes == 0) return;
     std::lock_guard lock(mu_);
-    device_bytes_in_use_[cuda_device] -= device_bytes - std::min(leaked, device_bytes);
-    leaked_device_bytes_[cuda_device] += std::min(leaked, device_bytes);
+    device_bytes_in_use_[daemon_device] -= device_bytes - std::min(leaked, device_bytes);
+    leaked_device_bytes_[daemon_device] += std::min(leaked, device_bytes);
+    if (gpu_jobs_[daemon_device] > 0) --gpu_jobs_[daemon_device];
   };
   const config::OutputConfig output = spec.config.output;
   std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
@@ -711,6 +753,22 @@ SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& pe
   return out;
 }
 
+std::vector<JobRegistry::GpuDeviceState> JobRegistry::GpuDevices() const {
+  std::vector<GpuDeviceState> out;
+  std::lock_guard lock(mu_);
+  for (const auto& [device, backend] : gpu_backends_) {
+    GpuDeviceState d;
+    d.device = device;
+    if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
+      d.poisoned = sticky.message().empty() ? std::string("a sticky CUDA error") : sticky.message();
+    }
+    auto it = gpu_jobs_.find(device);
+    d.jobs = it == gpu_jobs_.end() ? 0 : it->second;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   proto::DaemonStatus st;
   st.set_daemon_version(SPDLD_VERSION);
@@ -727,6 +785,13 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
     uint64_t leaked = 0;
     for (const auto& [device, bytes] : leaked_device_bytes_) leaked += bytes;
     st.set_gpu_leaked_device_bytes(leaked);
+  }
+  for (const GpuDeviceState& d : GpuDevices()) {
+    auto* g = st.add_gpu_devices();
+    g->set_device("cuda:" + std::to_string(d.device));
+    g->set_poisoned(!d.poisoned.empty());
+    g->set_error(d.poisoned);
+    g->set_jobs(d.jobs);
   }
   for (auto it = records_.begin(); it != records_.end();) {
     auto job = it->second->job.lock();

@@ -61,10 +61,16 @@ class JobRegistry final : public JobService {
   void UpdateLimits(const config::DaemonConfig& config, int worker_threads);
 
   // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
-  // the registry); an error says why there is none. Unset (a daemon built without CUDA): output.device
+  // the registry); an error says why there is none. Called from Prepare tasks (any thread: making
+  // a CUDA context is slow, so it happens there, off the control thread), so it must be thread-safe. Unset (a daemon built without CUDA): output.device
   // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
   using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
   void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  // GPU delivery: the daemon's ordinal of the device with a UUID (the trainer's GPU, from
+  // SubmitJob.device_uuid); an error when the daemon does not see it. Before the first Submit;
+  // called from Prepare tasks (any thread).
+  using DeviceFinderFn = std::function<Result<int>(const cuda::DeviceUuid& uuid)>;
+  void SetDeviceFinder(DeviceFinderFn fn) { device_finder_ = std::move(fn); }
   // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how
   // long a batch waits for the trainer's consumer-done event before its job fails, and how long a
   // teardown waits for queued copies before it leaks the device memory. Before the first Submit.
@@ -85,6 +91,15 @@ class JobRegistry final : public JobService {
     auto it = leaked_device_bytes_.find(device);
     return it == leaked_device_bytes_.end() ? 0 : it->second;
   }
+
+  // The CUDA devices copy: daemon jobs have used (the daemon's ordinals), each with its sticky error
+  // (empty: healthy) and the jobs whose device side is still held on it. Any thread.
+  struct GpuDeviceState {
+    int device = 0;
+    std::string poisoned;  // the sticky error that poisoned this process's context; empty if none
+    uint32_t jobs = 0;     // copy: daemon jobs whose device memory is not yet released
+  };
+  std::vector<GpuDeviceState> GpuDevices() const;
 
   // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread that
   // runs it), e.g. to hold a source being opened so a test can watch the daemon meanwhile. Before
@@ -130,6 +145,7 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   DeviceBackendFn device_backends_;  // set before the first Submit
+  DeviceFinderFn device_finder_;     // set before the first Submit
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
   std::chrono::milliseconds gpu_drain_timeout_{10000};
   PrepareHook prepare_hook_;         // set before the first Submit
@@ -168,6 +184,8 @@ class JobRegistry final : public JobService {
   static constexpr std::chrono::seconds kBudgetWaitMemory{60};
   std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
   std::map<int, uint64_t> leaked_device_bytes_;  // per CUDA device, part of device_bytes_in_use_
+  std::map<int, uint32_t> gpu_jobs_;             // per CUDA device: jobs holding device memory
+  std::map<int, cuda::DeviceBackend*> gpu_backends_;  // per CUDA device used (owned by the daemon)
   int live_jobs_ = 0;
 
   // GPU jobs are torn down here (frees synchronize with the GPU), off the control thread. Declared

@@ -221,6 +221,11 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   e.Add("spdld_gpu_leaked_device_bytes", "gauge",
         "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", {},
         double(st.gpu_leaked_device_bytes()));
+  for (const auto& g : st.gpu_devices()) {
+    e.Add("spdld_gpu_device_poisoned", "gauge",
+          "1 when a sticky CUDA error poisoned spdld's context on the GPU (jobs there fail; spdld restarts).",
+          {{"device", g.device()}}, g.poisoned() ? 1 : 0);
+  }
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
   // The JobStats fields, from their one description (proto/job_stats_fields.h): node-wide ones
   // (spdld_cache_*) once, without job labels, while a job runs with the cache on; per-job ones

@@ -9,6 +9,7 @@
 //   spdld_build_info{version} (gauge, 1), spdld_uptime_seconds, spdld_worker_threads,
 //   spdld_memory_budget_bytes, spdld_memory_in_use_bytes, spdld_jobs, spdld_draining,
 //   spdld_gpu_leaked_device_bytes (device memory a hung GPU kept; not returned to the budget)   (gauges)
+//   spdld_gpu_device_poisoned{device} (1: a sticky CUDA error poisoned that GPU for spdld)     (gauge)
 //   spdld_cache_bytes, spdld_cache_budget_bytes (gauges), spdld_cache_evictions_total   (node-wide
 //     sample cache; present while a job runs, the figures are node-wide)
 //   spdld_job_{samples,batches,skipped,samples_tried,samples_failed}_total,

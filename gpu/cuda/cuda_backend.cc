@@ -156,9 +156,8 @@ Result<int> FindCudaDevice(const DeviceUuid& uuid) {
     SPDL_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
     if (std::memcmp(prop.uuid.bytes, uuid.data(), uuid.size()) == 0) return i;
   }
-  return NotFound("no visible CUDA device has the daemon's device UUID (" + std::to_string(n) +
-                  " visible" + (n == 0 ? ": " + why : std::string()) +
-                  "); check CUDA_VISIBLE_DEVICES of the trainer");
+  return NotFound("no CUDA device this process sees has UUID " + FormatUuid(uuid) + " (" + std::to_string(n) +
+                  " visible" + (n == 0 ? ": " + why : std::string()) + "); check CUDA_VISIBLE_DEVICES");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(Options options) {

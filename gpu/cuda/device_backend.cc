@@ -7,6 +7,17 @@
 
 namespace spdl::cuda {
 
+std::string FormatUuid(const DeviceUuid& uuid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (size_t i = 0; i < uuid.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[uuid[i] >> 4];
+    out += kHex[uuid[i] & 0xf];
+  }
+  return out;
+}
+
 void DeviceBackend::ReportTeardownError(const Status& status) {
   std::fprintf(stderr, "spdl %s backend (device %d): %s\n", name(), device(),
                status.ToString().c_str());

@@ -56,6 +56,9 @@ struct IpcEventHandle {
 };
 using DeviceUuid = std::array<uint8_t, kDeviceUuidBytes>;
 
+// `uuid` as nvidia-smi -L writes it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+std::string FormatUuid(const DeviceUuid& uuid);
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;

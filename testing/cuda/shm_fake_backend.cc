@@ -7,8 +7,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace spdl::cuda {
 namespace {
@@ -45,6 +48,12 @@ Result<std::string> DecodeName(const char* prefix, const H& h, const char* what)
   return name;
 }
 
+// File names unique in the process, over all its backends (one per device share the directory).
+uint64_t NextName() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) {
@@ -56,15 +65,47 @@ uint64_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
-ShmFakeBackend::ShmFakeBackend(std::string dir, int ordinal) : dir_(std::move(dir)), ordinal_(ordinal) {}
+namespace {
+// kFakeGpuVisibleEnv's list, or empty when unset.
+std::vector<int> VisibleList() {
+  std::vector<int> out;
+  const char* env = std::getenv(kFakeGpuVisibleEnv);
+  if (env == nullptr) return out;
+  std::string s(env);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, comma - pos);
+    if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+    pos = comma + 1;
+  }
+  return out;
+}
+}  // namespace
 
-Result<std::unique_ptr<ShmFakeBackend>> ShmFakeBackend::Create(std::string dir, int ordinal) {
+ShmFakeBackend::ShmFakeBackend(std::string dir, int ordinal, int physical)
+    : dir_(std::move(dir)), ordinal_(ordinal), physical_(physical) {}
+
+int ShmFakeBackend::VisibleCount() {
+  const std::vector<int> list = VisibleList();
+  return std::getenv(kFakeGpuVisibleEnv) != nullptr ? static_cast<int>(list.size()) : kFakeDevices;
+}
+
+Result<std::unique_ptr<ShmFakeBackend>> ShmFakeBackend::Create(std::string dir, int ordinal, int physical) {
   struct stat st {};
   if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return InvalidArgument("shmfake (test-only fake GPU): '" + dir + "' is not a directory");
   }
   if (ordinal < 0) return InvalidArgument("shmfake: negative device ordinal");
-  return std::unique_ptr<ShmFakeBackend>(new ShmFakeBackend(std::move(dir), ordinal));
+  if (physical < 0) {
+    if (ordinal >= VisibleCount()) {
+      return InvalidArgument("shmfake: this process sees " + std::to_string(VisibleCount()) +
+                             " fake device(s), so it has no cuda:" + std::to_string(ordinal));
+    }
+    const std::vector<int> list = VisibleList();
+    physical = list.empty() ? ordinal : list[static_cast<size_t>(ordinal)];
+  }
+  return std::unique_ptr<ShmFakeBackend>(new ShmFakeBackend(std::move(dir), ordinal, physical));
 }
 
 ShmFakeBackend::~ShmFakeBackend() {
@@ -93,10 +134,20 @@ ShmFakeBackend::Live ShmFakeBackend::live() const {
 Result<DeviceUuid> ShmFakeBackend::Uuid() {
   DeviceUuid u{};
   std::memcpy(u.data(), "SHMFAKE", 7);
-  u[7] = static_cast<uint8_t>(ordinal_);
+  u[7] = static_cast<uint8_t>(physical_);
   const uint64_t h = Fnv1a(dir_);
   std::memcpy(u.data() + 8, &h, sizeof(h));
   return u;
+}
+
+Status ShmFakeBackend::sticky_error() const {
+  const std::string path = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Ok();
+  char buf[256];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  return Status(StatusCode::kInternal, n > 0 ? std::string(buf, static_cast<size_t>(n)) : "a sticky CUDA error");
 }
 
 Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
@@ -142,7 +193,7 @@ Result<void*> ShmFakeBackend::MapFile(const std::string& name, size_t bytes, boo
 Result<void*> ShmFakeBackend::DeviceAlloc(size_t bytes) {
   if (bytes == 0) return InvalidArgument("shmfake DeviceAlloc: 0 bytes");
   std::lock_guard lock(mu_);
-  const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
   SPDL_ASSIGN_OR_RETURN(void* p, MapFile(name, bytes, /*create=*/true));
   regions_[reinterpret_cast<uintptr_t>(p)] = Region{name, bytes, true};
   return p;
@@ -174,7 +225,7 @@ Status ShmFakeBackend::DestroyStream(Stream stream) {
 Result<Event> ShmFakeBackend::CreateEvent(bool interprocess) {
   std::lock_guard lock(mu_);
   auto e = std::make_unique<LocalEvent>();
-  e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(next_id_++);
+  e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
   SPDL_ASSIGN_OR_RETURN(e->page, MapFile(e->name, kEventPage, /*create=*/true));
   e->owned = true;
   e->interprocess = interprocess;

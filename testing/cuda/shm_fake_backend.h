@@ -22,7 +22,10 @@
 // Like CUDA: OpenMemory / OpenEvent of a handle exported by the same process fails, handles of
 // another directory fail, a non-interprocess event cannot be exported.
 //
-// The device UUID is derived from (DIR, ordinal), so every process of one test agrees on it.
+// The device UUID is derived from (DIR, physical device), so every process of one test agrees on it.
+// Like CUDA_VISIBLE_DEVICES, kFakeGpuVisibleEnv ("1,0") numbers the fake devices differently in one
+// process: its ordinal i is the physical fake device of the list's i-th entry (default: i, with
+// kFakeDevices devices).
 // Thread safety: safe to share between threads (one mutex).
 #pragma once
 
@@ -38,11 +41,21 @@ namespace spdl::cuda {
 
 // The environment variable a client reads to use this backend (test-only).
 inline constexpr const char* kFakeGpuDirEnv = "SPDL_TEST_FAKE_GPU_DIR";
+// The test-only CUDA_VISIBLE_DEVICES of the fake: a comma-separated list of physical fake devices.
+inline constexpr const char* kFakeGpuVisibleEnv = "SPDL_TEST_FAKE_GPU_VISIBLE";
+// The file (+ the physical device's number) that poisons a fake device: see sticky_error().
+inline constexpr const char* kStickyErrorFile = "sticky-error-";
+// Physical fake devices there are (without kFakeGpuVisibleEnv, this process sees them all).
+inline constexpr int kFakeDevices = 4;
 
 class ShmFakeBackend final : public DeviceBackend {
  public:
   // `dir` must be an existing, writable directory shared by the processes of the test.
-  static Result<std::unique_ptr<ShmFakeBackend>> Create(std::string dir, int ordinal = 0);
+  // `physical` >= 0: the physical fake device behind `ordinal` (ignoring kFakeGpuVisibleEnv); -1: as
+  // that variable says. Fails for an ordinal this process does not see.
+  static Result<std::unique_ptr<ShmFakeBackend>> Create(std::string dir, int ordinal = 0, int physical = -1);
+  // How many fake devices this process sees (kFakeGpuVisibleEnv, else kFakeDevices).
+  static int VisibleCount();
   ~ShmFakeBackend() override;
 
   // Objects made by this process and not yet undone (for leak checks in tests).
@@ -55,6 +68,10 @@ class ShmFakeBackend final : public DeviceBackend {
   const char* name() const override { return "shmfake"; }
   int device() const override { return ordinal_; }
   Result<DeviceUuid> Uuid() override;
+  // A test poisons the fake device for every process by writing the error's text to
+  // DIR/sticky-error-<physical device> (kStickyErrorFile + the number): then this is that error.
+  // (Only this reports it: calls keep working, unlike FakeBackend's InjectStickyError.)
+  Status sticky_error() const override;
   Status HostRegister(void* ptr, size_t bytes) override;
   Status HostUnregister(void* ptr) override;
   Result<void*> DeviceAlloc(size_t bytes) override;
@@ -89,7 +106,7 @@ class ShmFakeBackend final : public DeviceBackend {
     bool interprocess = false;
   };
 
-  ShmFakeBackend(std::string dir, int ordinal);
+  ShmFakeBackend(std::string dir, int ordinal, int physical);
   // REQUIRES: mu_ held. Whether [p, p + n) lies inside an allocation or mapping.
   bool DeviceRangeLocked(const void* p, size_t n) const;
   Result<LocalEvent*> EventLocked(Event event, const char* op);
@@ -97,6 +114,7 @@ class ShmFakeBackend final : public DeviceBackend {
 
   const std::string dir_;
   const int ordinal_;
+  const int physical_;  // the physical fake device (its UUID)
 
   mutable std::mutex mu_;
   // Guarded by mu_.

@@ -61,7 +61,8 @@ using testing::TempDir;
 using Batches = std::map<std::pair<uint32_t, uint64_t>, std::string>;
 
 struct Fixture {
-  Fixture() {
+  // `daemon_yaml`: a daemon config (--config) to start spdld with, if not empty.
+  explicit Fixture(const std::string& daemon_yaml = "") {
     testdata::DatasetOptions o;
     o.classes = 2;
     o.images_per_class = 5;  // 10 images, batches of 4: the last one of each epoch is partial
@@ -73,6 +74,14 @@ struct Fixture {
 #if !SPDL_REAL_GPU
     args.insert(args.end(), {"--test-only-fake-gpu", fake_gpu()});
 #endif
+    if (!daemon_yaml.empty()) {
+      const std::string path = dir.path + "/spdld.yaml";
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fputs(daemon_yaml.c_str(), f);
+      std::fclose(f);
+      args.insert(args.end(), {"--config", path});
+    }
     daemon.emplace(socket(), args);
     REQUIRE(daemon->Connectable());
   }
@@ -89,6 +98,13 @@ struct Fixture {
     o.config_name = "job.yaml";
     o.epochs = epochs;
     return o;
+  }
+  proto::DaemonStatus Status() const {
+    proto::ClientMessage req;
+    req.mutable_status();
+    auto r = client::ControlCall(socket(), req);
+    REQUIRE(r.ok());
+    return r->status();
   }
   uint32_t LiveJobs() const {
     proto::ClientMessage req;
@@ -313,12 +329,37 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
   REQUIRE_FALSE(gl.ok());
   CHECK_THAT(gl.status().message(), Catch::Contains("delivers only cuda jobs"));
 #if !SPDL_REAL_GPU
-  // The trainer names its GPU: its UUID goes with the job, and the daemon refuses another GPU's.
-  client::GpuOptions other = ClientGpu(f);
-  other.device = 1;  // the fake device's cuda:1: another UUID than the daemon's cuda:0
-  auto wrong = client::GpuLoader::Open(f.Job("{device: cuda:0}"), other);
-  REQUIRE_FALSE(wrong.ok());
-  CHECK_THAT(wrong.status().message(), Catch::Contains("is not the client's GPU"));
+  // cuda:N is the trainer's ordinal: its GPU's UUID goes with the job and the daemon finds its own
+  // ordinal for it. Here the trainer numbers the fake devices otherwise (its cuda:0 is the daemon's
+  // cuda:1, as with CUDA_VISIBLE_DEVICES=1,0 in the trainer): the batches come on the trainer's cuda:0.
+  {
+    auto swapped = cuda::ShmFakeBackend::Create(f.fake_gpu(), 0, /*physical=*/1);
+    REQUIRE(swapped.ok());
+    client::GpuOptions other = ClientGpu(f);
+    other.backend = swapped->get();
+    auto moved = client::GpuLoader::Open(f.Job("{device: cuda:0}"), other);
+    INFO((moved.ok() ? std::string("ok") : moved.status().ToString()));
+    REQUIRE(moved.ok());
+    CHECK((*moved)->device() == 0);
+    REQUIRE((*moved)->loader().cuda_handles() != nullptr);
+    CHECK((*moved)->loader().cuda_handles()->device_index() == 1);  // the daemon's ordinal
+    {
+      auto ev = (*moved)->Next();
+      REQUIRE(ev.ok());
+      CHECK(std::holds_alternative<client::GpuBatch>(*ev));
+    }
+    moved->reset();
+    // A GPU the daemon does not see (its CUDA_VISIBLE_DEVICES leaves it out): refused, naming it.
+    auto unseen = cuda::ShmFakeBackend::Create(f.fake_gpu(), 0, /*physical=*/cuda::kFakeDevices + 3);
+    REQUIRE(unseen.ok());
+    client::GpuOptions third = ClientGpu(f);
+    third.backend = unseen->get();
+    auto refused = client::GpuLoader::Open(f.Job("{device: cuda:0}"), third);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(refused.status().message(), Catch::Contains(cuda::FormatUuid(*(*unseen)->Uuid())));
+    CHECK_THAT(refused.status().message(), Catch::Contains("is not one spdld sees"));
+    CHECK_THAT(refused.status().message(), Catch::Contains("CUDA_VISIBLE_DEVICES"));
+  }
   client::GpuOptions same = ClientGpu(f);
   same.device = 0;
   auto right = client::GpuLoader::Open(f.Job("{device: cuda:0}"), same);
@@ -362,6 +403,58 @@ TEST_CASE(NAME("a batch that outlives its GpuLoader keeps its device memory unti
   CHECK(SettlesTo([&] { return f.DeviceAllocations() == 0; }));
   CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
   CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+// A sticky CUDA error poisons spdld's context on a GPU (here: the fake device's poison file, which
+// the daemon's backend reports as its sticky error): spdlctl status shows it, new GPU jobs are
+// refused, and once no job holds the GPU spdld exits with status 3 for systemd to restart it
+// (exit_on_gpu_poison, on by default); with the option off it stays up.
+TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart once no job holds it"), GPU_TAGS) {
+  for (const bool exit_on_poison : {true, false}) {
+    INFO("exit_on_gpu_poison: " << exit_on_poison);
+    Fixture f(exit_on_poison ? "" : "exit_on_gpu_poison: false\n");
+    client::GpuOptions g = ClientGpu(f);
+    g.device = 0;
+    auto l = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
+    REQUIRE(l.ok());
+    {
+      auto ev = (*l)->Next();
+      REQUIRE(ev.ok());
+    }
+    {
+      std::FILE* poison = std::fopen((f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0").c_str(), "w");
+      REQUIRE(poison != nullptr);
+      std::fputs("cudaErrorIllegalAddress: an illegal memory access was encountered (test)", poison);
+      std::fclose(poison);
+    }
+    proto::DaemonStatus st;
+    CHECK(SettlesTo([&] {
+      st = f.Status();
+      return st.gpu_devices_size() == 1 && st.gpu_devices(0).poisoned();
+    }));
+    REQUIRE(st.gpu_devices_size() == 1);
+    CHECK(st.gpu_devices(0).device() == "cuda:0");
+    CHECK_THAT(st.gpu_devices(0).error(), Catch::Contains("cudaErrorIllegalAddress"));
+    CHECK(st.gpu_devices(0).jobs() == 1);
+    // While the job holds the GPU the daemon stays up (well past its 500 ms check), and refuses new
+    // jobs there.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    CHECK(f.daemon->Running());
+    auto again = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
+    REQUIRE_FALSE(again.ok());
+    CHECK_THAT(again.status().message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld"));
+    l->reset();  // the last job on the GPU ends
+    if (exit_on_poison) {
+      CHECK(SettlesTo([&] { return !f.daemon->Running(); }));
+      CHECK(f.daemon->exit_code() == std::optional<int>(3));
+    } else {
+      CHECK(SettlesTo([&] { return f.Status().gpu_devices(0).jobs() == 0; }));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      CHECK(f.daemon->Running());
+      CHECK(f.Status().gpu_devices(0).poisoned());
+      CHECK(f.daemon->Stop() == std::optional<int>(0));
+    }
+  }
 }
 
 // The GpuLoader's own logic against the in-process FakeBackend (its call log shows the order of

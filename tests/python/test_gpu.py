@@ -135,6 +135,46 @@ def test_cuda_job_exports_kdlcuda_tensors_equal_to_the_cpu_path(fake_gpu_daemon,
     assert loader.held_batches == 0
 
 
+@pytest.mark.parametrize("copy", ["daemon", "client"])
+def test_cuda_n_is_the_trainers_ordinal_found_by_uuid(fake_gpu_daemon, dataset, copy, monkeypatch):
+    """The trainer numbers the GPUs otherwise than spdld (CUDA_VISIBLE_DEVICES=1,0 in the trainer,
+    modelled by the fake's SPDL_TEST_FAKE_GPU_VISIBLE): cuda:0 is the trainer's cuda:0 in both copy
+    modes, because the loader sends that GPU's UUID and spdld finds its own ordinal for it."""
+    sock, fake = fake_gpu_daemon
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_DIR", fake)
+    plain = {i: spdl_client._spdl_client.cuda_device_uuid(i) for i in (0, 1)}
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_VISIBLE", "1,0")
+    swapped = spdl_client._spdl_client.cuda_device_uuid(0)
+    assert len(swapped) == 16 and swapped == plain[1] and swapped != plain[0]
+    ref = cpu_reference(sock, dataset.root)
+    got = {}
+    extra = f"output: {{device: cuda:0, copy: {copy}}}\n"
+    with spdl_client.Loader(job_yaml(dataset.root, batch=8, extra=extra), socket=sock, epochs=2,
+                            rank=0, world_size=1) as loader:
+        assert loader.device == "cuda:0"
+        for b in every_epoch(loader):
+            got[(b.epoch, b.batch_in_epoch)] = {}
+            for name in b:
+                dev, _, data = capsule_bytes(b[name].__dlpack__(stream=1))
+                assert (dev.device_type, dev.device_id) == (KDLCUDA, 0)
+                got[(b.epoch, b.batch_in_epoch)][name] = data
+            b.release()
+    assert got == ref
+
+
+def test_a_gpu_spdld_does_not_see_is_refused_naming_its_uuid(fake_gpu_daemon, dataset, monkeypatch):
+    sock, fake = fake_gpu_daemon
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_DIR", fake)
+    monkeypatch.setenv("SPDL_TEST_FAKE_GPU_VISIBLE", "7")  # a GPU outside spdld's CUDA_VISIBLE_DEVICES
+    uuid = spdl_client._spdl_client.cuda_device_uuid(0)
+    text = "GPU-" + "-".join(uuid[a:b].hex() for a, b in ((0, 4), (4, 6), (6, 8), (8, 10), (10, 16)))
+    extra = "output: {device: cuda:0, copy: daemon}\n"
+    with pytest.raises(spdl_client.SpdlError) as e:
+        spdl_client.Loader(job_yaml(dataset.root, batch=8, extra=extra), socket=sock, rank=0, world_size=1)
+    assert text in str(e.value)
+    assert "CUDA_VISIBLE_DEVICES" in str(e.value)
+
+
 def test_gpu_tensors_outlive_the_loader(fake_gpu_daemon, dataset, monkeypatch):
     """Views kept after loader.close() still read their batch: the IPC mapping and the daemon's device
     memory live as long as the last view (before, close() unmapped it under them)."""

@@ -936,6 +936,8 @@ worker_threads: 12
 io_threads: 4
 memory_budget_bytes: 512MiB
 device_memory_budget_bytes: 2GiB
+gpu_context_bytes: 300MiB
+exit_on_gpu_poison: false
 allowed_roots: [/data, /mnt/x/]
 log_level: debug
 max_frame_bytes: 65536
@@ -952,6 +954,10 @@ allowed_url_prefixes: [http://127.0.0.1:8000/data, https://cdn.example.com]
   CHECK(c.io_threads == 4);
   CHECK(c.memory_budget_bytes == (512ull << 20));
   CHECK(c.device_memory_budget_bytes == (2ull << 30));
+  CHECK(c.gpu_context_bytes == (300ull << 20));
+  CHECK_FALSE(c.exit_on_gpu_poison);
+  CHECK(DaemonConfig{}.gpu_context_bytes == (500ull << 20));
+  CHECK(DaemonConfig{}.exit_on_gpu_poison);
   CHECK(c.allowed_roots == std::vector<std::string>{"/data", "/mnt/x/"});
   CHECK(c.log_level == "debug");
   CHECK(c.max_frame_bytes == 65536);

@@ -11,15 +11,18 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda/device_slot_pool.h"
 #include "cuda/fake_backend.h"
 #include "cuda/ipc_messages.h"
 #include "e2e/dataset.h"
 #include "jobs/job_registry.h"
+#include "ops/metrics.h"
 #include "pipeline/thread_pool.h"
 
 namespace spdl::jobs {
@@ -105,6 +108,14 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     CHECK(reg.device_bytes_in_use(0) == bytes);
     CHECK(dev.live().device_bytes == bytes);
     CHECK(dev.live().registrations == 1);
+    {
+      const proto::DaemonStatus st = reg.Status(PeerInfo{0, 0, 0});
+      REQUIRE(st.gpu_devices_size() == 1);
+      CHECK_FALSE(st.gpu_devices(0).poisoned());
+      CHECK(st.gpu_devices(0).jobs() == 1);
+      CHECK_THAT(ops::RenderPrometheus(st, ops::DaemonFacts{}),
+                 Catch::Contains("spdld_gpu_device_poisoned{device=\"cuda:0\"} 0"));
+    }
 
 
     SubmitResult other = reg.Submit(Job(root, "{device: cuda:1}"), peer, [] {});
@@ -113,13 +124,16 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
 
     reg.UpdateLimits([&] {
       config::DaemonConfig c = cfg;
-      c.device_memory_budget_bytes = bytes + bytes / 2;
+      // Room for a second job's slots, but not for them and spdld's CUDA context together.
+      c.device_memory_budget_bytes = 2 * bytes + bytes / 2;
+      c.gpu_context_bytes = bytes;
       return c;
     }(), 2);
     SubmitResult refused = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.error.code() == proto::Error::RESOURCE_EXHAUSTED);
-    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0"));
+    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0") &&
+                                            Catch::Contains("gpu_context_bytes"));
     CHECK(reg.device_bytes_in_use(0) == bytes);
 
     r.job->Cancel();
@@ -394,7 +408,7 @@ TEST_CASE("gpu delivery: device memory that cannot be freed is not returned to t
 // A sticky CUDA error (an illegal address, a launch failure, ECC) leaves the daemon's context on the
 // device unusable: the device's running job fails with it, a new job for the device is refused
 // naming it, and its device memory (which can no longer be freed) stays out of the budget.
-TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new jobs are refused naming it") {
+TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, new jobs are refused naming it, status and metrics show it") {
   Dir dir;
   const config::DaemonConfig cfg = SmallDataset(dir);
   auto pool = std::make_unique<pipeline::ThreadPool>(2);
@@ -427,12 +441,64 @@ TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, and new job
     REQUIRE_FALSE(again.ok());
     CHECK_THAT(again.error.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
                                           Catch::Contains("output.copy: client"));
+    // Status and metrics show the poisoned GPU, and the job that still holds it (the daemon exits
+    // only once none does).
+    const PeerInfo root{0, 0, 0};
+    proto::DaemonStatus st = reg.Status(root);
+    REQUIRE(st.gpu_devices_size() == 1);
+    CHECK(st.gpu_devices(0).device() == "cuda:0");
+    CHECK(st.gpu_devices(0).poisoned());
+    CHECK_THAT(st.gpu_devices(0).error(), Catch::Contains("cudaErrorIllegalAddress"));
+    CHECK(st.gpu_devices(0).jobs() == 1);
+    CHECK_THAT(ops::RenderPrometheus(st, ops::DaemonFacts{}),
+               Catch::Contains("spdld_gpu_device_poisoned{device=\"cuda:0\"} 1"));
     r.job->Cancel();
     r.job.reset();
     r.record.reset();
     CHECK(WaitFor([&] { return reg.leaked_device_bytes(0) == bytes; }));
     CHECK(reg.device_bytes_in_use(0) == bytes);
+    REQUIRE(reg.GpuDevices().size() == 1);
+    CHECK(reg.GpuDevices()[0].jobs == 0);
+    CHECK_FALSE(reg.GpuDevices()[0].poisoned.empty());
     done.clear();
+    pool.reset();
+  }
+}
+
+// Making a device's backend creates a CUDA context (hundreds of ms): it happens in the Prepare task
+// (the daemon's prepare pool), never on the thread that starts the job (the control thread).
+TEST_CASE("gpu delivery: the device backend is made in the Prepare task, off the control thread") {
+  Dir dir;
+  const config::DaemonConfig cfg = SmallDataset(dir);
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  cuda::FakeDevice dev;
+  cuda::FakeBackend backend(dev, "daemon");
+  const PeerInfo peer{1, 1000, 1000};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    std::mutex mu;
+    std::vector<std::thread::id> made_on;
+    reg.SetDeviceBackends([&](int) -> Result<cuda::DeviceBackend*> {
+      std::lock_guard lock(mu);
+      made_on.push_back(std::this_thread::get_id());
+      return &backend;
+    });
+    PrepareTask task = reg.Prepare(Job(dir.path + "/data", "{device: cuda:0}"), peer);
+    std::shared_ptr<PreparedJob> prepared;
+    std::thread preparer([&] { prepared = task(); });
+    const std::thread::id preparer_id = preparer.get_id();
+    preparer.join();
+    SubmitResult r = reg.Start(prepared, [] {});
+    REQUIRE(r.ok());
+    {
+      std::lock_guard lock(mu);
+      REQUIRE(made_on.size() == 1);
+      CHECK(made_on[0] == preparer_id);
+    }
+    r.job->Cancel();
+    r.job.reset();
+    r.record.reset();
+    CHECK(WaitFor([&] { return reg.device_bytes_in_use(0) == 0; }));
     pool.reset();
   }
 }

@@ -220,8 +220,9 @@ struct Options {
   // which only a GPU layer on top of it does (spdl::client::GpuLoader in client/cuda, the Python
   // binding): that layer then opens the device side through the seam below.
   bool accept_device_job = false;
-  // SubmitJob.device_uuid: the 16-byte UUID of the trainer's GPU (copy: daemon; the daemon refuses
-  // the job when its cuda:N is another GPU). Empty: not checked by the daemon.
+  // SubmitJob.device_uuid: the 16-byte UUID of the trainer's GPU, its cuda:N (copy: daemon: the
+  // daemon delivers on its device with that UUID, or refuses a GPU it does not see). Empty: the
+  // daemon's cuda:N.
   std::string device_uuid;
 };
 

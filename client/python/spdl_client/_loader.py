@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
@@ -315,6 +316,7 @@ class Loader:
         dev = _resolve_device(device, self.overrides, yaml_text, parsed)
         if dev is not None:
             self.overrides.append(("output.device", dev))
+        self._device_uuid: bytes = _trainer_device_uuid(self.overrides, yaml_text, parsed)
         self.config_name: str = config_name
         if client_name is None:
             client_name = f"spdl_client (python) pid={os.getpid()} rank={self.rank}/{self.world_size}"
@@ -351,7 +353,7 @@ class Loader:
         try:
             self._core = _native.Core.open(
                 self.socket, self._yaml_text, self.config_name, self.overrides, self.rank, self.world_size,
-                self.epochs or 0, self._client_name, token, 0 if token else at[0], timeout,
+                self.epochs or 0, self._client_name, token, 0 if token else at[0], timeout, self._device_uuid,
             )
         except SpdlTimeoutError:
             raise SpdlTimeoutError(
@@ -935,6 +937,52 @@ def _resolve_device(device: Any, overrides: list, yaml_text: str, parsed: Option
     if configured is None or not configured.startswith("cuda"):
         return None
     return f"cuda:{local_rank}"
+
+
+def _trainer_device_uuid(overrides: list, yaml_text: str, parsed: Optional[Mapping]) -> bytes:
+    """The UUID (16 bytes) of this process's GPU the job delivers to, sent with the job so that spdld
+    finds that GPU whatever CUDA_VISIBLE_DEVICES numbers it there; b"" for a CPU job or when it cannot
+    be read (then spdld takes cuda:N as its own ordinal and the client checks the GPU is this one).
+    For a bare "cuda", the current torch device (the override is made cuda:N to match)."""
+    device = None
+    for key, value in overrides:
+        if key == "output.device":
+            device = str(value)
+    if device is None:
+        if parsed is None:
+            try:
+                import yaml
+            except ImportError:
+                return b""  # YAML text without PyYAML: the client checks the daemon's GPU instead
+        device = _config_device(yaml_text, parsed)
+    if device is None or not device.startswith("cuda"):
+        return b""
+    torch = sys.modules.get("torch")
+    torch_cuda = torch is not None and not os.environ.get("SPDL_TEST_FAKE_GPU_DIR")
+    try:
+        torch_cuda = torch_cuda and torch.cuda.is_available()
+    except Exception:
+        torch_cuda = False
+    if device == "cuda":
+        ordinal = torch.cuda.current_device() if torch_cuda else 0
+        overrides.append(("output.device", f"cuda:{ordinal}"))
+    else:
+        try:
+            ordinal = int(device[5:])
+        except ValueError:
+            return b""  # the daemon reports the bad device
+    if torch_cuda:
+        try:
+            uuid = torch.cuda.get_device_properties(ordinal).uuid
+            raw = getattr(uuid, "bytes", None)
+            if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
+                return bytes(raw)
+        except Exception:
+            pass  # the CUDA runtime below says why, if it fails too
+    try:
+        return bytes(_native.cuda_device_uuid(ordinal))
+    except (SpdlError, AttributeError):
+        return b""
 
 
 def _sampler_seed(yaml_text: str, parsed: Optional[Mapping], overrides: list) -> Optional[int]:

@@ -438,13 +438,15 @@ class Core {
   static std::unique_ptr<Core> Open(std::string socket, std::string config_yaml, std::string config_name,
                                     std::vector<std::pair<std::string, std::string>> overrides, uint32_t rank,
                                     uint32_t world_size, uint32_t epochs, std::string client_name,
-                                    py::bytes resume_token, uint32_t start_epoch, const py::object& timeout) {
+                                    py::bytes resume_token, uint32_t start_epoch, const py::object& timeout,
+                                    py::bytes device_uuid) {
     auto wait = std::make_shared<WaitState>();
     wait->Start(WaitState::Seconds(timeout));
     client::Options o;
     o.on_wait = [wait] { return wait->Check(); };
     o.start_epoch = start_epoch;
     o.resume_token = std::string(resume_token);
+    o.device_uuid = std::string(device_uuid);  // the trainer's GPU (copy: daemon), or empty
     o.socket_path = std::move(socket);
     o.config_yaml = std::move(config_yaml);
     o.config_name = std::move(config_name);
@@ -717,7 +719,7 @@ PYBIND11_MODULE(_spdl_client, m) {
       .def_static("open", &Core::Open, py::arg("socket"), py::arg("config_yaml"), py::arg("config_name"),
                   py::arg("overrides"), py::arg("rank"), py::arg("world_size"), py::arg("epochs"),
                   py::arg("client_name"), py::arg("resume_token") = py::bytes(), py::arg("start_epoch") = 0,
-                  py::arg("timeout") = py::none())
+                  py::arg("timeout") = py::none(), py::arg("device_uuid") = py::bytes())
       .def("next", &Core::Next, py::arg("timeout") = py::none())
       .def_property_readonly("state", &Core::state)
       .def("end", &Core::End)
@@ -729,4 +731,28 @@ PYBIND11_MODULE(_spdl_client, m) {
       .def_property_readonly("region_fd", &Core::region_fd, "the region's descriptor, valid until close(): dup it")
       .def_property_readonly("held", &Core::held)
       .def_property_readonly("device", &Core::device, "the job's output.device: 'cpu' or 'cuda:N'");
+
+  m.def(
+      "cuda_device_uuid",
+      [](int ordinal) -> py::bytes {
+#if SPDL_PY_GPU
+        spdl::client::GpuOptions g;
+#if SPDL_HAVE_CUDA
+        g.open_backend = spdl::client::CudaBackendFactory();
+#endif
+        spdl::Result<spdl::cuda::DeviceUuid> u = [&] {
+          py::gil_scoped_release nogil;
+          return spdl::client::GpuLoader::DeviceUuid(g, ordinal);
+        }();
+        if (!u.ok()) spdl::python::ThrowStatus(u.status());
+        return py::bytes(reinterpret_cast<const char*>(u->data()), u->size());
+#else
+        (void)ordinal;
+        spdl::python::ThrowError("this spdl_client was built without GPU delivery", "UNAVAILABLE");
+        return py::bytes();
+#endif
+      },
+      py::arg("ordinal"),
+      "the 16-byte UUID of this process's CUDA device `ordinal` (through the CUDA runtime), sent with a "
+      "GPU job so that spdld finds the trainer's GPU whatever CUDA_VISIBLE_DEVICES says");
 }

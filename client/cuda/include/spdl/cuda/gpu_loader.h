@@ -72,8 +72,8 @@ using BackendFactory =
     std::function<Result<std::unique_ptr<cuda::DeviceBackend>>(const cuda::CudaJobHandles* handles, int ordinal)>;
 
 struct GpuOptions {
-  // The trainer's CUDA ordinal in this process. -1 (default): copy: daemon: the daemon's GPU, found
-  // by UUID; copy: client: the N of the job's cuda:N.
+  // The trainer's CUDA ordinal in this process. -1 (default): the N of the job's cuda:N, which is
+  // the trainer's ordinal in both copy modes (the daemon finds its own by the UUID sent with the job).
   int device = -1;
   // The stream the trainer uses the tensors on (borrowed; e.g. PyTorch's current stream).
   // Stream{} is the legacy default stream.
@@ -132,10 +132,12 @@ using GpuEvent = std::variant<GpuBatch, EpochEnd, JobStats>;
 class GpuLoader {
  public:
   // Opens the job (Loader::Open with accept_device_job, and the trainer GPU's UUID when known) and
-  // then Attach. Errors: Loader::Open's (a daemon whose cuda:N is another GPU: kInvalidArgument, "is not the
-  // client's GPU");
+  // then Attach. Errors: Loader::Open's (a GPU the daemon does not see: kResourceExhausted, naming its UUID);
   // a cpu job -> kFailedPrecondition; the device side's (no backend, no such GPU, bad handles).
   static Result<std::unique_ptr<GpuLoader>> Open(Options options, GpuOptions gpu);
+  // The UUID of this process's CUDA device `ordinal` as GpuOptions `gpu` would open it (its backend,
+  // the factory), for SubmitJob.device_uuid (Options::device_uuid) before Attach.
+  static Result<cuda::DeviceUuid> DeviceUuid(const GpuOptions& gpu, int ordinal);
   // Takes over a Loader just opened with accept_device_job whose job is a cuda job (no Next yet).
   static Result<std::unique_ptr<GpuLoader>> Attach(std::unique_ptr<Loader> loader, GpuOptions gpu);
 
