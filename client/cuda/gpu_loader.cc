@@ -132,8 +132,8 @@ int CudaOrdinal(const std::string& device) {
 }
 
 #if SPDL_TEST_HOOKS
-// TEST ONLY (builds with SPDL_TEST_HOOKS, never shipped): the environment variable
-// SPDL_TEST_FAKE_GPU_DIR runs GPU jobs on the cross-process fake device in that directory
+// TEST ONLY (builds with SPDL_TEST_HOOKS, never shipped): the environment variable named by
+// cuda::kFakeGpuDirEnv runs GPU jobs on the cross-process fake device in that directory
 // (testing/cuda/shm_fake_backend.h), as the daemon started with --test-only-fake-gpu DIR. It is not
 // part of the public API (GpuOptions), so the shipped header's layout never depends on test hooks.
 std::string FakeGpuDir(const GpuOptions&) {
