@@ -69,8 +69,7 @@ sanitize:
 # tests under TSan (build-tsan); see scripts/sanitize.sh for the subsets and .ci/README.md for
 # the time each step takes.
 CI_FUZZ_SECONDS ?= 20
-# video_fuzz is out of CI until its open finding is fixed (tests/fuzz/README.md, "Findings and their state").
-CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz http_fuzz:15
+CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz video_fuzz:15 http_fuzz:15
 ci-extra: ci-fuzz ci-sanitize ci-release
 
 # A fixed seed: CI replays the corpus and the same mutations each run (a gate, not a search: a

@@ -232,13 +232,11 @@ Status CheckIsoBoxes(std::span<const uint8_t> d, uint64_t begin, uint64_t end, i
 // entries take no bytes (a constant sample size, a 'trun' without per-sample fields) there may be
 // no more samples than the file has bytes. Box sizes themselves need no check: libavformat clamps
 // a box to its parent and the top level to the file.
+// Run whenever libavformat's probe picks its mov demuxer, whatever the first box is: the probe
+// scores a file by any known box it finds at the top level, so a file whose first box is garbage
+// is still read as MP4 (tests/fuzz/crashes/video: a 4-byte junk type before 'moov').
 Status CheckIsoBmff(std::span<const uint8_t> d) {
   if (d.size() < 8) return Status::Ok();
-  const uint8_t* type = d.data() + 4;
-  static constexpr const char* kFirst[] = {"ftyp", "moov", "mdat", "free", "skip", "wide", "styp", "moof"};
-  bool iso = false;
-  for (const char* t : kFirst) iso = iso || IsBox(type, t);
-  if (!iso) return Status::Ok();
   return CheckIsoBoxes(d, 0, d.size(), /*depth=*/16);
 }
 
@@ -254,9 +252,6 @@ Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed,
   }
   if (Status riff = CheckRiff(data); !riff.ok()) {
     return DataLoss(not_a + " file FFmpeg reads: " + riff.message());
-  }
-  if (Status iso = CheckIsoBmff(data); !iso.ok()) {
-    return DataLoss(not_a + " file FFmpeg reads: " + iso.message());
   }
   AvInput in;
   in.reader_ = std::make_unique<Reader>();
@@ -277,7 +272,21 @@ Result<AvInput> AvInput::Open(std::span<const uint8_t> data, AVMediaType needed,
   // Never follow references to other files (HLS playlists, concat lists, image sequences): the
   // sample is these bytes and nothing else.
   fmt->protocol_whitelist = av_strdup("");
-  int rc = avformat_open_input(&fmt, nullptr, nullptr, nullptr);  // frees fmt on failure
+  // Probe first (as avformat_open_input would), so that the checks below run for the demuxer that
+  // will read the data, then open with that demuxer (no second probe).
+  const AVInputFormat* iformat = nullptr;
+  int rc = av_probe_input_buffer2(in.io_, &iformat, "", nullptr, 0, 0);
+  if (rc < 0 || iformat == nullptr) {
+    avformat_free_context(fmt);
+    return DataLoss(not_a + " file FFmpeg reads: " + (rc < 0 ? AvErrorString(rc) : std::string("unknown format")));
+  }
+  if (std::strstr(iformat->name, "mov") != nullptr) {
+    if (Status iso = CheckIsoBmff(data); !iso.ok()) {
+      avformat_free_context(fmt);
+      return DataLoss(not_a + " file FFmpeg reads: " + iso.message());
+    }
+  }
+  rc = avformat_open_input(&fmt, nullptr, iformat, nullptr);  // frees fmt on failure
   if (rc < 0) return DataLoss(not_a + " file FFmpeg reads: " + AvErrorString(rc));
   in.format_ = fmt;
   bool complete = false;

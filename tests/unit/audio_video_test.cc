@@ -713,6 +713,18 @@ TEST_CASE("Video: an MP4 sample table stating more entries than its box holds is
     CHECK_THAT(r.status().message(),
                Catch::Contains(std::string("MP4/MOV box '") + (where == "cmov" ? "cmov" : "stss") + "'"));
   }
+
+  // Whatever the first box is (found by video_fuzz: corpus/video/regress_mp4_junk_first_box): the
+  // demuxer's probe reads a file as MP4 by any known top-level box, so a junk box before 'moov'
+  // must not turn the checks off.
+  std::vector<uint8_t> junk_first = box(std::string("\0\0a\xd0", 4).c_str(), std::vector<uint8_t>(20, 0));
+  const std::vector<uint8_t> moov = box("moov", box("trak", box("mdia", box("minf", box("stbl", stss)))));
+  junk_first.insert(junk_first.end(), moov.begin(), moov.end());
+  std::vector<uint8_t> out(VideoOutputBytes(ops));
+  Result<int> r = d.DecodeInto(junk_first, ops, out.data());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(r.status().message(), Catch::Contains("MP4/MOV box 'stss'"));
 }
 
 TEST_CASE("Video: the frames chosen by start, stride and fps are the expected ones, H.264 and VP9") {
