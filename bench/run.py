@@ -255,6 +255,11 @@ def main():
     spdl_path, spdl_status = (None, "skipped (--spdl off)")
     if a.spdl == "auto":
         spdl_path, spdl_status = find_spdl(python, os.path.join(cache, "pydeps"), True)
+    if a.recipe == "train" and spdl_path:
+        spdl_status = spdl_status.replace(
+            "(scale the shorter side to 256, bilinear, crop 224, rgb24;",
+            "(crop a window drawn by torchvision's RandomResizedCrop rule, scale it to 224x224, bilinear, hflip "
+            "with p 0.5, rgb24;")
     log(f"SPDL: {spdl_status}")
 
     a.shards_pattern, shards_status = None, None

@@ -196,7 +196,7 @@ def many_ranks_table(R, opt):
     (every scenario reads the whole dataset once per epoch, split over its ranks)."""
     ring = ring_mib(R, opt)
     rows = ["| loader | ranks | samples/s (all ranks) | × of 1 rank | goal ≥ 0.95× | PSS added over idle (MiB) "
-            "| daemon peak PSS (MiB) | PSS added per extra rank (MiB) | one rank's ring (MiB) |",
+            "| daemon peak PSS (MiB) | PSS added per extra rank (MiB) | one rank's ring: 2 slots / prefetch (MiB) |",
             "|---|---|---|---|---|---|---|---|---|"]
     any_row = False
     for loader in ("spdld-py", "spdld-cli"):
@@ -215,7 +215,8 @@ def many_ranks_table(R, opt):
                         f"| {fx(x) if ranks > 1 else '1'} | {ok} | {cell(R.runs[k], 'added_pss_mib', '{:.0f}')} "
                         f"| {cell(R.runs[k], 'daemon_peak_pss_mib', '{:.0f}')} "
                         f"| {fx(per, '{:.1f}') if per is not None else ''} "
-                        f"| {fx(ring, '{:.1f}') if ring else 'n/a'} |")
+                        + (f"| {2 * ring / opt['prefetch']:.1f} / {ring:.1f} |" if ring and opt.get("prefetch")
+                           else "| n/a |"))
             any_row = True
     return "\n".join(rows) if any_row else None
 
@@ -601,7 +602,8 @@ def write_markdown(data, plot_name):
         L.append("N ranks of one run (each its own shard, `DistributedSampler`-style) against 1 rank, the same "
                  "total work (the whole dataset per epoch). 'PSS added per extra rank' is (PSS added with N ranks − "
                  "PSS added with 1) ÷ (N − 1): what each further rank costs the node, to compare with its slot ring "
-                 "(prefetch × batch bytes, shared between the daemon and the rank and counted once by PSS) plus a "
+                 "(2 slots of one batch while the trainer keeps up, growing up to prefetch while it waits; shared "
+                 "between the daemon and the rank and counted once by PSS) plus a "
                  "client's own working memory.\n")
         L.append(many + "\n")
     same = [k for k, c in R.cfg.items() if c.get("role") == "identical" and R.runs[k]]

@@ -147,7 +147,9 @@ def measure(env, cfg, rep):
     errlog = os.path.join(env.workdir, f"{tag}.log")
     daemon = None
     if cfg.loader.startswith("spdld"):
-        daemon = procs.Daemon(env.bin("spdld"), os.path.join(env.workdir), env.data_root, cfg.threads,
+        roots = [env.data_root] + [os.path.dirname(kv.partition("=")[2]) for kv in cfg.sets
+                                   if kv.startswith("source.shards=")]
+        daemon = procs.Daemon(env.bin("spdld"), os.path.join(env.workdir), roots, cfg.threads,
                               os.path.join(env.workdir, f"{tag}.spdld.log"))
     procs_started = []
     try:
