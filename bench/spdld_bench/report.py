@@ -657,14 +657,21 @@ def write_markdown(data, plot_name):
                      f"**{lim['rate_full']:.0f} samples/s** on one thread [{min(rf):.0f}–{max(rf):.0f}], × {ncpu} = "
                      f"**{lim['limit_full']:.0f} samples/s**. The train transform's own single-thread rate above is "
                      f"{lim['rate1'] / lim['rate_full']:.2f}× that.\n")
-            L.append("| run | samples/s | × the full-decode limit |")
-            L.append("|---|---|---|")
+            L.append("| run | samples/s | × the full-decode limit | other load (cores) "
+                     "| × the limit scaled to the cores others left | daemon CPU ms/sample (full decode: "
+                     f"{1e3 / lim['rate_full']:.2f}) |")
+            L.append("|---|---|---|---|---|---|")
             for ranks in (1, 4):
                 for k in R.keys(ranks):
                     if R.cfg[k]["loader"].startswith("spdld") and R.runs[k]:
-                        v = R.m(k, "samples_per_s")
+                        v, f = R.m(k, "samples_per_s"), R.m(k, "foreign_cores") or 0.0
+                        left = max(ncpu - f, 1e-9)
+                        dms = med([{"v": 1e3 * r["cpu_daemon_s"] / r["samples"]} for r in R.runs[k]
+                                   if r.get("samples")], "v")
                         L.append(f"| {R.cfg[k]['label']}, {ranks} rank{'s' if ranks > 1 else ''} | {v:.0f} "
-                                 f"| {100 * v / lim['limit_full']:.0f}% |")
+                                 f"| {100 * v / lim['limit_full']:.0f}% | {f:.2f} "
+                                 f"| {100 * v / (lim['limit_full'] * left / ncpu):.0f}% "
+                                 f"| {fx(dms, '{:.2f}')} |")
             L.append("")
     else:
         L.append("The single-thread run did not complete.\n")
