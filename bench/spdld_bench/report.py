@@ -513,9 +513,10 @@ def targets_table(R, lim, notes):
             None if ff is None else ff >= TARGETS["full_limit"], "full_limit")
         ks = R.find("spdld-py", 1, "shards")
         pc = R.m(ks, "samples_per_cpu_s") if ks else None
-        row(f"train transform on shards pre-shrunk to --max-side {R.d['options'].get('shard_max_side')}: samples per "
-            "CPU-second (all processes)", "≥ 1,000 (FFCV ≈ 650)", fx(pc, "{:.0f}"),
-            None if pc is None else pc >= TARGETS["per_core"], "per_core")
+        if R.d["options"].get("shard_max_side"):
+            row(f"train transform on shards pre-shrunk to --max-side {R.d['options'].get('shard_max_side')}: samples per "
+                "CPU-second (all processes)", "≥ 1,000 (FFCV ≈ 650)", fx(pc, "{:.0f}"),
+                None if pc is None else pc >= TARGETS["per_core"], "per_core")
     return "\n".join(rows)
 
 
