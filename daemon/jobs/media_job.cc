@@ -76,6 +76,8 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
                 spdlog::warn("job {}: the slot ring stays at {} slots: {}", spec_.job_id, slot, s.message());
                 return false;
               }
+              spdlog::info("job {}: slot ring grows to {} of {} slots (the client waited for data)", spec_.job_id,
+                           slot + 1, layout_.num_slots);
               return true;
             }),
       epoch_started_(started_) {}
