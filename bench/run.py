@@ -77,9 +77,10 @@ def find_spdl(python, cache, allow_install):
                    "`aggregate(32)`, `convert_frames` into one NHWC batch, sink buffer 4; 1 rank only.")
 
 
-def build_configs(a, have_py, have_spdl):
+def build_configs(a, have_py, have_spdl, have_shards=False):
     from spdld_bench.scenarios import Config
     out = []
+    train = a.recipe == "train"
     for ranks in a.ranks:
         for w in a.workers:
             out.append(Config(f"dl-w{w}-r{ranks}", f"DataLoader num_workers={w}", "dataloader", ranks, workers=w))
@@ -88,12 +89,22 @@ def build_configs(a, have_py, have_spdl):
         out.append(Config(f"spdld-cli-r{ranks}", "spdld + spdl-client (C++)", "spdld-cli", ranks, threads=a.threads))
         if have_spdl and ranks == 1:
             out.append(Config(f"spdl-r{ranks}", f"SPDL, {a.threads} threads", "spdl", ranks, threads=a.threads))
+        if train and ranks == 1 and have_py:
+            out.append(Config(f"spdld-py-fast-r{ranks}", "spdld + Python client, resample: fast (DCT-scaled decode)",
+                              "spdld-py", ranks, threads=a.threads, sets=["decode.resample=fast"]))
+        if train and ranks == 1 and have_py and have_shards:
+            out.append(Config(f"spdld-py-shards-r{ranks}", f"spdld + Python client, tar shards pre-shrunk to "
+                              f"--max-side {a.shard_max_side}", "spdld-py", ranks, threads=a.threads, job="shards",
+                              role="shards", sets=[f"source.shards={a.shards_pattern}"]))
     for n in a.identical:
         out.append(Config(f"spdld-cli-same{n}-noshare", f"{n} identical spdl-client jobs, no sharing", "spdld-cli", n,
                           threads=a.threads, role="identical", identical="noshare"))
         out.append(Config(f"spdld-cli-same{n}-share", f"{n} identical spdl-client jobs, share: true", "spdld-cli", n,
                           threads=a.threads, role="identical", identical="share"))
     out.append(Config("spdld-cli-t1-r1", "spdld --threads 1 + spdl-client", "spdld-cli", 1, threads=1, role="limit"))
+    if train:  # the full-decode limit: the same, on a job that needs every pixel of every image
+        out.append(Config("spdld-cli-t1-full-r1", "spdld --threads 1 + spdl-client, full decode (whole image to 224x224)",
+                          "spdld-cli", 1, threads=1, role="limit-full", job="full"))
     return out
 
 
@@ -147,9 +158,16 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="spdld --threads (and SPDL's)")
     ap.add_argument("--job-config", help="spdld's job config (default: config/examples/imagenet.yaml, or "
                                          "imagenet_train_randaug.yaml with --recipe randaug)")
-    ap.add_argument("--recipe", choices=["eval", "randaug"], default="eval",
-                    help="eval: Resize 256 + CenterCrop 224; randaug: RandomResizedCrop, flip, RandAugment(2, 9), "
-                         "normalize, RandomErasing (the DataLoader's torchvision recipe; SPDL is not measured)")
+    ap.add_argument("--recipe", choices=["eval", "train", "randaug"], default="eval",
+                    help="eval: Resize 256 + CenterCrop 224; train: RandomResizedCrop 224 + RandomHorizontalFlip, uint8 "
+                         "(spdld: bench/jobs/train.yaml; plus its resample: fast variant, pre-shrunk shards and the "
+                         "full-decode limit); randaug: RandomResizedCrop, flip, RandAugment(2, 9), normalize, "
+                         "RandomErasing (the DataLoader's torchvision recipe; SPDL is not measured)")
+    ap.add_argument("--dataset", choices=["imagenet", "large"], default="imagenet",
+                    help="imagenet: spdl-make-dataset, ImageNet-like sizes; large: photograph-like JPEGs with sides "
+                         "1500-4000 px (tests/python/photos.py; default 3 classes x 10)")
+    ap.add_argument("--shard-max-side", type=int, default=320,
+                    help="train: also measure tar shards written by spdl-shard --max-side N (0: not)")
     ap.add_argument("--data-dir", help="dataset location (default ~/.cache/spdld-bench/data-...)")
     ap.add_argument("--spdl", choices=["auto", "off"], default="auto",
                     help="auto: measure SPDL if importable or pip-installable into ~/.cache/spdld-bench/pydeps")
@@ -161,16 +179,23 @@ def main():
                     help="measure nothing: rewrite RESULTS.md and results.png in --out from a results.json")
     a = ap.parse_args()
 
-    a.classes = a.classes or (4 if a.quick else 10)
-    a.per_class = a.per_class or (80 if a.quick else 200)
+    large = a.dataset == "large"
+    a.classes = a.classes or (2 if a.quick and large else 3 if large else 4 if a.quick else 10)
+    a.per_class = a.per_class or (6 if a.quick and large else 10 if large else 80 if a.quick else 200)
+    if large:
+        a.min_side = a.min_side if a.min_side != 250 else 1500
+        a.max_side = a.max_side if a.max_side != 650 else 4000
+        a.quality = a.quality if a.quality != 96 else 90
     a.repeats = a.repeats or (1 if a.quick else 3)
     a.workers = [int(x) for x in a.workers.split(",") if x]
     a.ranks = [int(x) for x in a.ranks.split(",") if x]
     a.identical = [int(x) for x in a.identical.split(",") if x]
     a.build_dir = os.path.abspath(a.build_dir)
     a.out = os.path.abspath(a.out or (os.path.join(HERE, "out") if a.quick else HERE))
-    a.job_config = os.path.abspath(a.job_config or os.path.join(
-        REPO, "config", "examples", "imagenet_train_randaug.yaml" if a.recipe == "randaug" else "imagenet.yaml"))
+    a.job_config = os.path.abspath(a.job_config or {
+        "randaug": os.path.join(REPO, "config", "examples", "imagenet_train_randaug.yaml"),
+        "train": os.path.join(HERE, "jobs", "train.yaml"),
+    }.get(a.recipe, os.path.join(REPO, "config", "examples", "imagenet.yaml")))
     if a.recipe == "randaug":
         a.spdl = "off"  # SPDL's example pipeline has no such recipe
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "spdld-bench")
@@ -213,9 +238,15 @@ def main():
     ds_args = (f"--classes {a.classes} --per-class {a.per_class} --seed {a.seed} --min-side {a.min_side} "
                f"--max-side {a.max_side} --quality {a.quality}")
     data_root = os.path.abspath(a.data_dir or os.path.join(
-        cache, f"data-c{a.classes}-n{a.per_class}-s{a.seed}-{a.min_side}-{a.max_side}-q{a.quality}"))
-    desc = dataset.make(os.path.join(a.build_dir, "bin", "spdl-make-dataset"), data_root, a.classes, a.per_class,
-                        a.seed, a.min_side, a.max_side, a.quality, log=log)
+        cache, f"{'large' if large else 'data'}-c{a.classes}-n{a.per_class}-s{a.seed}-{a.min_side}-{a.max_side}"
+               f"-q{a.quality}"))
+    if large:
+        desc = dataset.make_large(data_root, a.classes, a.per_class, a.seed, a.min_side, a.max_side, a.quality,
+                                  log=log)
+        ds_args = f"(tests/python/photos.py) " + ds_args
+    else:
+        desc = dataset.make(os.path.join(a.build_dir, "bin", "spdl-make-dataset"), data_root, a.classes,
+                            a.per_class, a.seed, a.min_side, a.max_side, a.quality, log=log)
     log(f"dataset: {desc['count']} files, mean {desc['mean_width']:.0f}x{desc['mean_height']:.0f}, "
         f"{desc['mean_bytes'] / 1e3:.0f} kB")
 
@@ -224,14 +255,34 @@ def main():
     spdl_path, spdl_status = (None, "skipped (--spdl off)")
     if a.spdl == "auto":
         spdl_path, spdl_status = find_spdl(python, os.path.join(cache, "pydeps"), True)
+    if a.recipe == "train" and spdl_path:
+        spdl_status = spdl_status.replace(
+            "(scale the shorter side to 256, bilinear, crop 224, rgb24;",
+            "(crop a window drawn by torchvision's RandomResizedCrop rule, scale it to 224x224, bilinear, hflip "
+            "with p 0.5, rgb24;")
     log(f"SPDL: {spdl_status}")
+
+    a.shards_pattern, shards_status = None, None
+    if a.recipe == "train" and a.shard_max_side:
+        shard_dir = data_root + f"-shards-max{a.shard_max_side}"
+        try:
+            a.shards_pattern, _ = dataset.make_shards(python, os.path.join(REPO, "tools", "spdl_shard.py"), data_root,
+                                                      shard_dir, a.shard_max_side, log=log)
+            shards_status = (f"`spdl-shard --folder DATA {shard_dir} --max-side {a.shard_max_side}`: "
+                             f"{dataset.shard_bytes(shard_dir) / 1e6:.1f} MB of shards "
+                             f"(the JPEG files: {desc['total_bytes'] / 1e6:.1f} MB)")
+        except (OSError, subprocess.CalledProcessError, ValueError, KeyError) as e:
+            shards_status = f"not measured: spdl-shard failed ({e})"
+        log(f"shards: {shards_status}")
 
     workdir = tempfile.mkdtemp(prefix="spdld-bench-")
     env = scenarios.Env(python=python, build_dir=a.build_dir, job_config=a.job_config, data_root=data_root,
                         dataset_count=desc["count"], epochs=a.epochs, batch=32, seed=42, workdir=workdir,
                         timeout=a.timeout, pss_interval=a.pss_interval, spdl_pythonpath=spdl_path or "", log=log,
-                        recipe=a.recipe)
-    configs = build_configs(a, have_py, spdl_path is not None)
+                        recipe=a.recipe,
+                        job_configs={"full": os.path.join(HERE, "jobs", "full_decode.yaml"),
+                                     "shards": os.path.join(HERE, "jobs", "train_shards.yaml")})
+    configs = build_configs(a, have_py, spdl_path is not None, a.shards_pattern is not None)
     results = {c.key: {"config": dataclasses.asdict(c), "runs": [], "errors": []} for c in configs}
     total = len(configs) * a.repeats
     n = 0
@@ -280,7 +331,9 @@ def main():
         "interrupted": interrupted,
         "options": {"prefetch": job_prefetch(a.job_config), "quick": a.quick, "repeats": a.repeats, "epochs": a.epochs, "batch": 32, "threads": a.threads,
                     "workers": a.workers, "ranks": a.ranks, "dataset_args": ds_args,
-                    "job_config": os.path.relpath(a.job_config, REPO), "pss_interval": a.pss_interval},
+                    "job_config": os.path.relpath(a.job_config, REPO), "pss_interval": a.pss_interval,
+                    "recipe": a.recipe, "dataset": a.dataset, "shard_max_side": a.shard_max_side,
+                    "shards_status": shards_status},
         "python_client": {"available": have_py, "status": py_status},
         "spdl": {"available": spdl_path is not None, "status": spdl_status},
         "configs": results,

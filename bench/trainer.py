@@ -47,7 +47,9 @@ def run_dataloader(a, torch):
     import torchvision
     from torchvision import transforms as T
 
-    if a.recipe == "randaug":  # config/examples/imagenet_train_randaug.yaml's recipe
+    if a.recipe == "train":  # the training transform: random resized crop + flip, uint8
+        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+    elif a.recipe == "randaug":  # config/examples/imagenet_train_randaug.yaml's recipe
         tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.RandAugment(num_ops=2, magnitude=9),
                         T.PILToTensor(), T.ConvertImageDtype(torch.float32),
                         T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]), T.RandomErasing(p=0.25)])
@@ -83,8 +85,13 @@ def run_dataloader(a, torch):
 def run_spdld(a, torch):
     import spdl_client
 
-    kwargs = dict(socket=a.socket, rank=a.rank, world_size=a.world_size,
-                  overrides={"source.root": a.root}, epochs=a.epochs)
+    overrides = {"source.root": a.root}
+    for kv in a.set:  # --set KEY=VALUE: e.g. source.shards for tar shards, decode.resample
+        k, _, v = kv.partition("=")
+        overrides[k] = v
+    if "source.shards" in overrides:
+        del overrides["source.root"]
+    kwargs = dict(socket=a.socket, rank=a.rank, world_size=a.world_size, overrides=overrides, epochs=a.epochs)
     if a.recipe == "randaug":  # the example trains with 256 and drop_last: measure the DataLoader's batching
         kwargs["overrides"].update({"batch.size": a.batch, "batch.drop_last": False})
     loader = spdl_client.Loader(a.config, **kwargs)
@@ -130,6 +137,25 @@ def run_spdl(a, torch):
                   if f.lower().endswith((".jpg", ".jpeg"))]
     fd = ("scale=w='if(lt(iw,ih),256,-2)':h='if(lt(iw,ih),-2,256)':flags=bilinear,"
           "crop=224:224,format=rgb24")
+    rng = random.Random(a.seed * 1000 + a.rank)
+
+    def train_filter(w, h):
+        """torchvision RandomResizedCrop.get_params (scale 0.08-1, ratio 3/4-4/3) + a coin flip, as
+        an FFmpeg filter: crop the window, scale it to 224x224 (bilinear), maybe mirror."""
+        import math
+        area = w * h
+        for _ in range(10):
+            target = area * rng.uniform(0.08, 1.0)
+            ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+            if 0 < cw <= w and 0 < ch <= h:
+                x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
+                break
+        else:
+            cw, ch = min(w, h), min(w, h)
+            x, y = (w - cw) // 2, (h - ch) // 2
+        flip = ",hflip" if rng.random() < 0.5 else ""
+        return f"crop={cw}:{ch}:{x}:{y},scale=224:224:flags=bilinear{flip},format=rgb24"
     # one FFmpeg thread per image: the pipeline runs images in parallel (FFmpeg's own threads
     # cost ~10% more CPU per image here)
     dc = spdl.io.decode_config(decoder_options={"threads": "1"})
@@ -138,7 +164,9 @@ def run_spdl(a, torch):
         path, label = item
         with open(path, "rb") as f:
             data = f.read()
-        return spdl.io.decode_packets(spdl.io.demux_image(data), filter_desc=fd, decode_config=dc), label
+        packets = spdl.io.demux_image(data)
+        f = train_filter(packets.width, packets.height) if a.recipe == "train" else fd
+        return spdl.io.decode_packets(packets, filter_desc=f, decode_config=dc), label
 
     def collate(rows):
         buf = spdl.io.convert_frames([r[0] for r in rows])
@@ -179,9 +207,12 @@ def main():
     ap.add_argument("--socket", help="spdld's control socket")
     ap.add_argument("--config", help="spdld job config (YAML path)")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for GO on stdin")
-    ap.add_argument("--recipe", choices=["eval", "randaug"], default="eval",
-                    help="the DataLoader's transforms: eval (Resize 256, CenterCrop 224) or randaug (the training "
-                         "recipe of config/examples/imagenet_train_randaug.yaml); spdld's come from --config")
+    ap.add_argument("--recipe", choices=["eval", "train", "randaug"], default="eval",
+                    help="the DataLoader's (and SPDL's) transforms: eval (Resize 256, CenterCrop 224), train "
+                         "(RandomResizedCrop 224, RandomHorizontalFlip) or randaug (the training recipe of "
+                         "config/examples/imagenet_train_randaug.yaml); spdld's come from --config")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="spdld: a job config override (e.g. source.shards=PATTERN, decode.resample=fast)")
     a = ap.parse_args()
 
     import torch

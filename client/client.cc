@@ -265,11 +265,12 @@ class Connection {
                            std::to_string(bytes) + " bytes announced");
     }
     // Read-write so a trainer may modify its leased batch in place (the slot is its own until
-    // released); read-only when the descriptor does not allow writing. Pre-faulted, so the hot path
-    // takes no page faults.
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    // released); read-only when the descriptor does not allow writing. Not pre-faulted: the daemon
+    // reserves a slot's pages only when its ring starts using the slot (adaptive prefetch), and
+    // pre-faulting here would allocate them all; a slot's pages fault in once, on first read.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED && errno == EACCES) {
-      p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+      p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
     }
     if (p == MAP_FAILED) {
       return ErrnoStatus("mapping the job's shared region (" + std::to_string(bytes) + " bytes)", errno);

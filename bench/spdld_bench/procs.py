@@ -191,7 +191,9 @@ class Daemon:
             os.unlink(self.socket)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.binary, "--socket", self.socket, "--allow-root", self.allow_root,
+            [self.binary, "--socket", self.socket] +
+            [x for r in (self.allow_root if isinstance(self.allow_root, (list, tuple)) else [self.allow_root])
+             for x in ("--allow-root", r)] + [
              "--threads", str(self.threads), "--log-level", "warn"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()

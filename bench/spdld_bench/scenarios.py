@@ -34,6 +34,11 @@ class Config:
     # clients (each rank 0 of 1, the whole dataset), with job config share: true (one pipeline for
     # all) or without (one pipeline each). spdld-cli only.
     identical: str = ""
+    # spdld only: job config overrides (KEY=VALUE), e.g. "decode.resample=fast", "source.shards=..."
+    sets: list = field(default_factory=list)
+    # "": the run's job config; else a key of Env.job_configs: "full" (bench/jobs/full_decode.yaml,
+    # the full-decode limit), "shards" (bench/jobs/train_shards.yaml on pre-shrunk tar shards)
+    job: str = ""
 
 
 def clients_samples(env, cfg):
@@ -60,6 +65,11 @@ class Env:
     log: callable = print
     recipe: str = "eval"  # trainer.py --recipe: the DataLoader's transforms
     extra_env: dict = field(default_factory=dict)
+    # other job configs by Config.job: "full" (the full-decode limit), "shards" (pre-shrunk tar shards)
+    job_configs: dict = field(default_factory=dict)
+
+    def config_for(self, cfg):
+        return self.job_configs[cfg.job] if cfg.job else self.job_config
 
     def bin(self, name):
         return os.path.join(self.build_dir, "bin", name)
@@ -76,7 +86,9 @@ def _trainer_cmd(env, cfg, rank, socket=None):
            "--batch", str(env.batch), "--seed", str(env.seed), "--rank", str(rank), "--world-size", str(cfg.ranks),
            "--workers", str(cfg.workers), "--threads", str(cfg.threads), "--recipe", env.recipe]
     if socket:
-        cmd += ["--socket", socket, "--config", env.job_config]
+        cmd += ["--socket", socket, "--config", env.config_for(cfg)]
+        for kv in cfg.sets:
+            cmd += ["--set", kv]
     return cmd
 
 
@@ -128,11 +140,16 @@ def _readline(p, timeout, what, errlog):
 def measure(env, cfg, rep):
     """Runs `cfg` once. Returns a dict of figures, or raises with what went wrong."""
     warmed = dataset.warm(env.data_root)
+    for kv in cfg.sets:  # pre-shrunk shards: warm them too
+        if kv.startswith("source.shards="):
+            warmed += dataset.warm_shards(os.path.dirname(kv.partition("=")[2]))
     tag = f"{cfg.key}-rep{rep}"
     errlog = os.path.join(env.workdir, f"{tag}.log")
     daemon = None
     if cfg.loader.startswith("spdld"):
-        daemon = procs.Daemon(env.bin("spdld"), os.path.join(env.workdir), env.data_root, cfg.threads,
+        roots = [env.data_root] + [os.path.dirname(kv.partition("=")[2]) for kv in cfg.sets
+                                   if kv.startswith("source.shards=")]
+        daemon = procs.Daemon(env.bin("spdld"), os.path.join(env.workdir), roots, cfg.threads,
                               os.path.join(env.workdir, f"{tag}.spdld.log"))
     procs_started = []
     try:
@@ -182,6 +199,9 @@ def _finish(r, env, window, busy_delta, ours, pss):
     r["cpu_ms_per_sample"] = 1e3 * r["cpu_s"] / r["samples"] if r["samples"] else float("nan")
     # how many cores the loader kept busy while it delivered (its CPU includes shutting down, a little)
     r["cpu_cores"] = r["cpu_s"] / r["seconds"] if r["seconds"] > 0 else 0.0
+    if r.get("cpu_trainer_self_s") is not None and r["seconds"] > 0:
+        r["trainer_self_cores"] = r["cpu_trainer_self_s"] / r["seconds"] / max(r.get("ranks", 1), 1)
+    r["samples_per_cpu_s"] = r["samples"] / r["cpu_s"] if r["cpu_s"] > 0 else 0.0
     r["peak_pss_mib"] = pss.peak / (1 << 20)
     r["pss_samples"] = pss.samples
     # the CPU the rest of the machine used meanwhile (other processes, hypervisor steal), in cores:
@@ -244,12 +264,16 @@ def _measure_python(env, cfg, daemon, errlog, started):
     end = max(x["t_end"] for x in results)
     cpu_trainers = sum(x["cpu_self_s"] + x["cpu_children_s"] for x in results)
     r = {
+        "ranks": cfg.ranks,
         "samples": sum(x["samples"] for x in results),
         "seconds": end - start,
         "cpu_s": cpu_trainers + (d_cpu1 - d_cpu0),
         "cpu_daemon_s": d_cpu1 - d_cpu0,
         "cpu_trainers_s": cpu_trainers,
         "cpu_workers_s": sum(x["cpu_children_s"] for x in results),
+        # the trainer processes' own CPU (all their threads, workers excluded): what the loader takes
+        # from the process that launches the GPU work
+        "cpu_trainer_self_s": sum(x["cpu_self_s"] for x in results),
         "first_batch_s": max(x["t_first"] - x["t_start"] for x in results),
         "wait_s": sum(x["wait_s"] for x in results) / len(results),  # per rank
         "wait_frac": sum(x["wait_s"] / max(x["t_end"] - x["t_start"], 1e-9) for x in results) / len(results),
@@ -289,9 +313,9 @@ def _measure_cli(env, cfg, daemon, errlog, started):
         else:
             shard = ["--rank", str(rank), "--world-size", str(cfg.ranks)]
         p = subprocess.Popen(
-            [env.bin("spdl-client"), "--socket", daemon.socket, "--config", env.job_config,
+            [env.bin("spdl-client"), "--socket", daemon.socket, "--config", env.config_for(cfg),
              "--set", f"source.root={env.data_root}", "--epochs", str(env.epochs)] + shard + _recipe_sets(env) +
-            ["--json", "--no-checksum", "--quiet"],
+            [x for kv in cfg.sets for x in ("--set", kv)] + ["--json", "--no-checksum", "--quiet"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         started.append(p)
         clients.append(p)

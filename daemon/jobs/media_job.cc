@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "io/sampler.h"
@@ -66,7 +67,19 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
       targets_(spec_.config),
       targets_tensor_(tensors_.size() - targets_.tensors().size()),
       started_(Clock::now()),
-      ring_(layout_.num_slots),
+      ring_(layout_.num_slots, std::min(layout_.num_slots, kInitialSlots),
+            [this](uint32_t slot) {
+              // A slot's memory is reserved when the ring starts using it (the region reserved only
+              // the first ones): a shortage keeps the ring as it is, never a SIGBUS later.
+              Status s = region_.Reserve(layout_.SlotOffset(slot), layout_.slot_stride);
+              if (!s.ok()) {
+                spdlog::warn("job {}: the slot ring stays at {} slots: {}", spec_.job_id, slot, s.message());
+                return false;
+              }
+              spdlog::info("job {}: slot ring grows to {} of {} slots (the client waited for data)", spec_.job_id,
+                           slot + 1, layout_.num_slots);
+              return true;
+            }),
       epoch_started_(started_) {}
 
 MediaJob::~MediaJob() {
@@ -78,7 +91,8 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
                                                   pipeline::Executor* io_executor) {
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
-                        shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes));
+                        shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes,
+                                                  layout.SlotOffset(std::min(layout.num_slots, kInitialSlots))));
   auto* header = reinterpret_cast<proto::RegionHeader*>(region.data());
   header->magic = proto::kRegionMagic;
   header->protocol_version = proto::kProtocolVersion;
@@ -295,12 +309,15 @@ void MediaJob::BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epo
 }
 
 std::optional<Delivery> MediaJob::TakeNext() {
+  const uint32_t active = ring_.active_slots();
   auto lease = spec_.config.order == config::Order::kCompletion
                    ? ring_.TakeFirstReady([this](uint32_t slot, uint64_t seq) {
                        return pipeline_->ClaimForDelivery(slot, seq);
                      })
                    : ring_.TakeNextReady();
   if (!lease) return std::nullopt;
+  // The client now holds every slot in use, so the ring grew (shm/slot_ring.h): fill the new one.
+  if (ring_.active_slots() != active) pipeline_->Pump();
   pipeline::SlotMeta m = pipeline_->TakeMeta(lease->slot);
   Delivery d;
   proto::BatchReady& b = d.batch;

@@ -96,6 +96,11 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   // sample fails by the output's on_missing / on_overflow policy.
   Status ReadExtraOutputs(const pipeline::RowTask& t) const;
 
+  // Slots of the ring in use when the job starts; it grows up to `prefetch` while the client waits
+  // for data and the pipeline waits for a slot (shm/slot_ring.h, "Adaptive size"). Two: one the
+  // client holds, one being filled.
+  static constexpr uint32_t kInitialSlots = 2;
+
   // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
   // but one, the budget lease last (so the budget is freed only once the memory is).
   std::unique_ptr<BudgetLease> budget_;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
@@ -15,7 +16,7 @@ namespace {
 constexpr size_t kMaxLabel = 200;
 
 Result<uint8_t*> MapShared(int fd, size_t bytes, const std::string& what) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return ErrnoStatus("mmap of " + std::to_string(bytes) + " bytes for " + what, errno);
   return static_cast<uint8_t*>(p);
 }
@@ -49,7 +50,29 @@ void SharedRegion::Reset() {
   fd_.reset();
 }
 
-Result<SharedRegion> SharedRegion::Create(const std::string& name, size_t bytes) {
+Status SharedRegion::Reserve(size_t offset, size_t length) {
+  if (offset >= size_ || length == 0) return Status::Ok();
+  length = std::min(length, size_ - offset);
+  const std::string what =
+      "reserving bytes " + std::to_string(offset) + ".." + std::to_string(offset + length) + " of a shared region";
+  if (int err = ::posix_fallocate(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(length)); err != 0) {
+    Status s = ErrnoStatus(what, err);
+    if (err == ENOSPC || err == ENOMEM) return ResourceExhausted(s.message());
+    return s;
+  }
+#ifdef MADV_POPULATE_WRITE
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  const size_t end = std::min(size_, (offset + length + page - 1) / page * page);
+  // EINVAL: a kernel before 5.14; the pages then fault in on first touch (already reserved above).
+  if (::madvise(data_ + begin, end - begin, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+    return ErrnoStatus("pre-faulting " + what, errno);
+  }
+#endif
+  return Status::Ok();
+}
+
+Result<SharedRegion> SharedRegion::Create(const std::string& name, size_t bytes, size_t reserve_bytes) {
   const std::string label = "spdl:" + name.substr(0, kMaxLabel);
   const std::string what = "shared region '" + label + "'";
   if (bytes == 0) return InvalidArgument(what + ": size must be > 0");
@@ -60,18 +83,17 @@ Result<SharedRegion> SharedRegion::Create(const std::string& name, size_t bytes)
   if (::ftruncate(fd.get(), len) != 0) {
     return ErrnoStatus("sizing " + what + " to " + std::to_string(bytes) + " bytes", errno);
   }
-  // Reserve the pages now: on a shortage this fails here, with a message, instead of SIGBUS on
-  // first touch.
-  if (int err = ::posix_fallocate(fd.get(), 0, len); err != 0) {
-    Status s = ErrnoStatus("reserving " + std::to_string(bytes) + " bytes of memory for " + what, err);
-    if (err == ENOSPC || err == ENOMEM) return ResourceExhausted(s.message());
-    return s;
-  }
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return ErrnoStatus("sealing " + what, errno);
   }
   SPDL_ASSIGN_OR_RETURN(uint8_t * data, MapShared(fd.get(), bytes, what));
-  return SharedRegion(std::move(fd), data, bytes);
+  SharedRegion region(std::move(fd), data, bytes);
+  // Reserve the pages now: on a shortage this fails here, with a message, instead of SIGBUS on
+  // first touch.
+  if (Status s = region.Reserve(0, reserve_bytes); !s.ok()) {
+    return Status(s.code(), s.message() + " for " + what);
+  }
+  return region;
 }
 
 Result<SharedRegion> SharedRegion::Map(UniqueFd fd, size_t bytes) {

@@ -23,15 +23,24 @@ class SharedRegion {
   // Creates a region of `bytes` bytes (daemon side): memfd_create, ftruncate, reserves the memory
   // (fallocate, so a shortage is a clear kResourceExhausted now instead of a SIGBUS later), seals
   // it against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, so a client cannot
-  // truncate it and make the daemon fault), maps it shared read-write and pre-faults every page
-  // (MAP_POPULATE), so the hot path never page-faults. `name` is only a debug label: it shows in
-  // /proc/PID/fd as "/memfd:spdl:NAME (deleted)". REQUIRES: bytes > 0 (else kInvalidArgument).
-  static Result<SharedRegion> Create(const std::string& name, size_t bytes);
+  // truncate it and make the daemon fault) and maps it shared read-write. Only the first
+  // `reserve_bytes` (all by default) are reserved and pre-faulted (Reserve), so the hot path never
+  // page-faults there; the rest costs no memory until Reserve()d (an adaptive slot ring reserves a
+  // slot when it starts using it). `name` is only a debug label: it shows in /proc/PID/fd as
+  // "/memfd:spdl:NAME (deleted)". REQUIRES: bytes > 0 (else kInvalidArgument).
+  static Result<SharedRegion> Create(const std::string& name, size_t bytes, size_t reserve_bytes = SIZE_MAX);
 
   // Maps the first `bytes` bytes of an existing region's descriptor shared read-write (client
-  // side), pre-faulted. Takes ownership of `fd` (closed on failure too). The file must be at least
-  // `bytes` long, else kInvalidArgument naming both sizes. REQUIRES: bytes > 0, fd valid.
+  // side). Not pre-faulted: a page of a range the daemon has not reserved yet must not be
+  // allocated by the client's mapping. Takes ownership of `fd` (closed on failure too). The file
+  // must be at least `bytes` long, else kInvalidArgument naming both sizes. REQUIRES: bytes > 0, fd valid.
   static Result<SharedRegion> Map(UniqueFd fd, size_t bytes);
+
+  // Reserves the memory of [offset, offset + length) (fallocate: a shortage is kResourceExhausted
+  // here, never a SIGBUS on first touch) and pre-faults it in this mapping (MADV_POPULATE_WRITE
+  // where the kernel has it, Linux >= 5.14; else the pages fault in on first touch). Idempotent;
+  // the range is clamped to the region. REQUIRES: a non-empty region.
+  Status Reserve(size_t offset, size_t length);
 
   SharedRegion() = default;  // empty: data() == nullptr, size() == 0, fd() == -1
   SharedRegion(SharedRegion&& other) noexcept;

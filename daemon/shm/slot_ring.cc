@@ -1,7 +1,9 @@
 #include "shm/slot_ring.h"
 
+#include <algorithm>
 #include <cassert>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spdl::shm {
@@ -16,9 +18,21 @@ const char* SlotStateName(SlotState state) {
   return "unknown";
 }
 
-SlotRing::SlotRing(uint32_t num_slots) : num_slots_(num_slots), slots_(num_slots) {
+SlotRing::SlotRing(uint32_t num_slots) : SlotRing(num_slots, num_slots) {}
+
+SlotRing::SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare)
+    : num_slots_(num_slots),
+      adaptive_(initial_slots < num_slots),
+      prepare_(std::move(prepare)),
+      slots_(num_slots),
+      active_(std::clamp<uint32_t>(initial_slots, 1, num_slots)) {
   assert(num_slots > 0);
-  for (uint32_t i = 0; i < num_slots; ++i) free_.push_back(i);
+  for (uint32_t i = 0; i < active_; ++i) free_.push_back(i);
+}
+
+uint32_t SlotRing::active_slots() const {
+  std::lock_guard lock(mu_);
+  return active_;
 }
 
 Status SlotRing::CheckRange(uint32_t slot, const char* op) const {
@@ -42,7 +56,14 @@ void SlotRing::SkipAbandonedLocked() {
 
 std::optional<SlotRing::Acquired> SlotRing::TryAcquire() {
   std::lock_guard lock(mu_);
-  if (free_.empty()) return std::nullopt;
+  if (free_.empty()) {
+    if (adaptive_ && active_ < num_slots_ && std::none_of(slots_.begin(), slots_.begin() + active_, [](const Slot& s) {
+          return s.state == SlotState::kFilling;
+        })) {
+      starved_at_ = releases_;  // the pipeline has nothing to fill and no slot to fill
+    }
+    return std::nullopt;
+  }
   const uint32_t slot = free_.front();
   free_.pop_front();
   const uint64_t seq = next_seq_++;
@@ -89,6 +110,7 @@ std::optional<SlotRing::Lease> SlotRing::TakeNextReady() {
   s.generation = next_generation_++;
   ++next_deliver_;
   SkipAbandonedLocked();
+  GrowIfAllLeasedLocked();
   return Lease{slot, s.seq, s.generation};
 }
 
@@ -118,6 +140,7 @@ std::optional<SlotRing::Lease> SlotRing::TakeFirstReady(
       abandoned_.insert(seq);  // delivered early: in-order delivery must not wait for it
     }
     SkipAbandonedLocked();
+    GrowIfAllLeasedLocked();
     return Lease{slot, seq, s.generation};
   }
   return std::nullopt;
@@ -138,7 +161,32 @@ Status SlotRing::Release(uint32_t slot, uint64_t generation) {
                            std::to_string(s.generation) + " (a stale release?)");
   }
   FreeLocked(slot);
+  ++releases_;
+  if (starved_at_ && releases_ - *starved_at_ <= kStarvedWindow && ready_.empty() &&
+      std::none_of(slots_.begin(), slots_.begin() + active_,
+                   [](const Slot& x) { return x.state == SlotState::kLeased; })) {
+    // The consumer is about to wait, and the pipeline was recently idle for lack of a slot: one more.
+    GrowLocked();
+  }
   return Status::Ok();
+}
+
+void SlotRing::GrowLocked() {
+  if (!adaptive_ || growth_failed_ || active_ >= num_slots_) return;
+  starved_at_.reset();
+  if (prepare_ && !prepare_(active_)) {
+    growth_failed_ = true;
+    return;
+  }
+  free_.push_back(active_++);
+  free_cv_.notify_one();
+}
+
+void SlotRing::GrowIfAllLeasedLocked() {
+  if (std::all_of(slots_.begin(), slots_.begin() + active_,
+                  [](const Slot& x) { return x.state == SlotState::kLeased; })) {
+    GrowLocked();
+  }
 }
 
 uint32_t SlotRing::ReleaseAll() {
@@ -156,7 +204,8 @@ uint32_t SlotRing::ReleaseAll() {
 SlotRing::Counts SlotRing::counts() const {
   std::lock_guard lock(mu_);
   Counts c{0, 0, 0, 0};
-  for (const Slot& s : slots_) {
+  for (uint32_t i = 0; i < active_; ++i) {
+    const Slot& s = slots_[i];
     switch (s.state) {
       case SlotState::kFree: ++c.free; break;
       case SlotState::kFilling: ++c.filling; break;

@@ -16,6 +16,19 @@
 //                       ReleaseAll frees every leased slot (the client went away).
 //
 // No free slot is the pipeline's backpressure: TryAcquire returns nullopt, WaitForFree blocks.
+//
+// Adaptive size (SlotRing(num_slots, initial_slots)): only the first `initial_slots` slots are
+// used at first; the others stay inactive (never handed out, so their shared-memory pages are
+// never touched and cost nothing). Release activates one more slot, up to num_slots, when both
+// sides of the ring were waiting on each other: the pipeline found no free slot while it had
+// nothing left to fill (no slot filling: its workers idle for lack of a slot) within the last
+// kStarvedWindow releases, and this release leaves the consumer with nothing in hand and nothing
+// ready (it is about to wait for data). A consumer slower than the pipeline never waits, and a
+// pipeline slower than the consumer always has a slot filling: neither grows the ring. A lease
+// that leaves the consumer holding every active slot also adds one (the consumer could not get
+// another batch otherwise, where a fixed ring of num_slots would give it one). Slots are
+// only ever added (a slot once touched stays paid for); which batch a slot holds never affects
+// what the batch contains, so sequence numbers, delivery order and resume are the same at any size.
 // Generations are unique across the whole ring (a ring-wide counter bumped on every lease), so a
 // release naming the right generation but the wrong slot is refused too.
 //
@@ -45,8 +58,13 @@ const char* SlotStateName(SlotState state);
 
 class SlotRing {
  public:
-  // All slots start free. REQUIRES: num_slots > 0.
+  // All slots start free and active (a fixed-size ring). REQUIRES: num_slots > 0.
   explicit SlotRing(uint32_t num_slots);
+  // An adaptive ring: `initial_slots` active slots (clamped to 1..num_slots), growing on demand
+  // (see above) up to num_slots. `prepare`, when given, runs (under the ring's lock, on the thread
+  // calling Release) before a slot becomes active, e.g. to reserve its memory; false keeps the
+  // ring at its current size for good. REQUIRES: num_slots > 0.
+  SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare = nullptr);
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
 
@@ -71,7 +89,8 @@ class SlotRing {
     uint64_t generation;  // pass back to Release
   };
   // ready -> leased for the slot holding the lowest undelivered (and not abandoned) sequence
-  // number, if that slot is ready; nullopt otherwise (even when later batches are ready).
+  // number, if that slot is ready; nullopt otherwise (even when later batches are ready). May
+  // activate a slot (adaptive ring: the consumer now holds every active one).
   std::optional<Lease> TakeNextReady();
 
   // Completion order: ready -> leased for the ready slot with the lowest sequence number that
@@ -82,7 +101,8 @@ class SlotRing {
   std::optional<Lease> TakeFirstReady(const std::function<bool(uint32_t slot, uint64_t seq)>& eligible);
 
   // leased -> free. Out of range, not leased, or a generation other than the current lease's ->
-  // kInvalidArgument saying which, and nothing changes.
+  // kInvalidArgument saying which, and nothing changes. May activate one more slot (adaptive ring,
+  // see above): active_slots() tells.
   Status Release(uint32_t slot, uint64_t generation);
 
   // Every leased slot -> free (the client is gone); returns how many were freed.
@@ -91,13 +111,19 @@ class SlotRing {
   struct Counts {
     uint32_t free, filling, ready, leased;
   };
-  // A consistent snapshot of how many slots are in each state.
+  // A consistent snapshot of how many active slots are in each state (inactive ones are not counted).
   Counts counts() const;
 
   // The state of one slot (for tests and stats). REQUIRES: slot < num_slots().
   SlotState state(uint32_t slot) const;
 
   uint32_t num_slots() const { return num_slots_; }
+
+  // Slots in use so far (num_slots() for a fixed ring); only grows. Any thread.
+  uint32_t active_slots() const;
+
+  // Releases after which a starved pipeline still counts as a reason to grow.
+  static constexpr uint64_t kStarvedWindow = 2;
 
   // Blocks until a slot is free, `timeout` passes, or Close() is called. Returns true if a slot was
   // free when it returned (another thread may still take it first: TryAcquire can return nullopt);
@@ -120,9 +146,15 @@ class SlotRing {
   void FreeLocked(uint32_t slot);
   // Advances next_deliver_ past abandoned sequence numbers. REQUIRES: mu_ held.
   void SkipAbandonedLocked();
+  // Activates one more slot (after prepare_), if the ring is adaptive and not at its size. REQUIRES: mu_ held.
+  void GrowLocked();
+  // GrowLocked when the consumer holds every active slot. REQUIRES: mu_ held.
+  void GrowIfAllLeasedLocked();
 
   // Constant after construction.
   const uint32_t num_slots_;
+  const bool adaptive_;
+  const std::function<bool(uint32_t)> prepare_;
 
   mutable std::mutex mu_;
   std::condition_variable free_cv_;  // a slot became free, or closed_ was set (paired with mu_)
@@ -136,6 +168,10 @@ class SlotRing {
   uint64_t next_deliver_ = 0;            // the lowest seq not yet delivered or skipped
   uint64_t next_generation_ = 1;         // handed out by the next lease
   bool closed_ = false;
+  uint32_t active_;                     // slots [0, active_) are in use; the rest inactive
+  bool growth_failed_ = false;          // prepare_ refused a slot: the ring stays as it is
+  uint64_t releases_ = 0;               // Release calls so far
+  std::optional<uint64_t> starved_at_;  // releases_ when TryAcquire last failed with nothing filling
 };
 
 }  // namespace spdl::shm

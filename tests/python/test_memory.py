@@ -183,3 +183,30 @@ def test_next_with_every_slot_held_warns(make_loader):
         c = next(it)  # waits for the timer's release
     release_later.join()
     assert c.seq == b.seq + 1
+
+
+def test_adaptive_ring_gives_every_slot_to_a_trainer_that_holds_batches(make_loader):
+    # The ring starts with 2 of its 4 slots; a trainer holding 3 batches still gets a 4th (the ring
+    # grows into the slots it needs), and never more than prefetch slots.
+    loader = make_loader(batch=4, prefetch=4, epochs=0)
+    assert loader.info["num_slots"] == 4
+    it = iter(loader)
+    held = [next(it) for _ in range(4)]
+    assert len({b.slot for b in held}) == 4 and all(0 <= b.slot < 4 for b in held)
+    assert [b.seq for b in held] == [held[0].seq + i for i in range(4)]
+    del held
+
+
+def test_adaptive_ring_delivers_the_same_batches_as_a_fixed_one(make_loader):
+    # Batches, their order and their pixels do not depend on how many slots the ring uses:
+    # prefetch 4 (adaptive, starts with 2) against prefetch 2 (fixed), two epochs.
+    def epochs(prefetch):
+        loader = make_loader(batch=4, prefetch=prefetch, epochs=2)
+        out = []
+        for _ in range(2):
+            for b in loader:
+                out.append((b.epoch, list(b.paths), torch.from_dlpack(b["image"]).sum().item()))
+                del b
+        return out
+
+    assert epochs(4) == epochs(2)

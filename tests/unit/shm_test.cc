@@ -1,6 +1,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,6 +168,28 @@ TEST_CASE("SharedRegion: the pages are pre-faulted") {
   const long faults = MinorFaultsOfThisThread() - before;
   INFO("minor faults while writing 4096 fresh pages: " << faults);
   CHECK(faults < 64);
+}
+
+TEST_CASE("SharedRegion: only the reserved part holds memory until Reserve") {
+  constexpr size_t kBytes = 8 << 20;
+  auto r = SharedRegion::Create("partial", kBytes, 1 << 20);
+  REQUIRE(r.ok());
+  auto allocated = [&] {
+    struct stat st {};
+    REQUIRE(::fstat(r->fd(), &st) == 0);
+    return static_cast<size_t>(st.st_blocks) * 512;
+  };
+  INFO("allocated after Create: " << allocated());
+  CHECK(allocated() >= (1u << 20));
+  CHECK(allocated() < (2u << 20));
+  REQUIRE(r->Reserve(4 << 20, 2 << 20).ok());
+  CHECK(allocated() >= (3u << 20));
+  CHECK(allocated() < (4u << 20));
+  REQUIRE(r->Reserve(7 << 20, 100 << 20).ok());  // clamped to the region
+  CHECK(allocated() >= (4u << 20));
+  CHECK(r->Reserve(kBytes, 10).ok());  // past the end: nothing to do
+  r->data()[(4 << 20) + 5] = 7;        // a reserved page is writable
+  CHECK(r->data()[(4 << 20) + 5] == 7);
 }
 
 // ---------------------------------------------------------------- SlotRing
@@ -437,6 +460,135 @@ TEST_CASE("SlotRing: many producers, one consumer, every batch once and in order
   }
   CHECK_FALSE(ring.TakeNextReady().has_value());
   CheckCounts(ring, 8, 0, 0, 0);
+}
+
+}  // namespace
+}  // namespace spdl::shm
+
+namespace spdl::shm {
+namespace {
+
+// One batch through an adaptive ring the way the daemon moves it: acquire, fill, deliver.
+SlotRing::Lease FillAndDeliver(SlotRing& ring) {
+  auto a = ring.TryAcquire();
+  REQUIRE(a.has_value());
+  REQUIRE(ring.MarkReady(a->slot).ok());
+  auto lease = ring.TakeNextReady();
+  REQUIRE(lease.has_value());
+  return *lease;
+}
+
+TEST_CASE("SlotRing: an adaptive ring stays small for a fast consumer and a busy pipeline") {
+  std::vector<uint32_t> prepared;
+  SlotRing ring(4, 2, [&](uint32_t slot) {
+    prepared.push_back(slot);
+    return true;
+  });
+  CHECK(ring.num_slots() == 4);
+  CHECK(ring.active_slots() == 2);
+  CheckCounts(ring, 2, 0, 0, 0);  // inactive slots are not counted
+
+  // A consumer that gives each batch back before the next is ready.
+  for (int i = 0; i < 10; ++i) {
+    auto l = FillAndDeliver(ring);
+    REQUIRE(ring.Release(l.slot, l.generation).ok());
+  }
+  // A CPU-bound loader: the consumer gives its batch back and waits, but the pipeline is busy
+  // filling the other slot (never short of a slot with nothing to fill).
+  for (int i = 0; i < 10; ++i) {
+    auto a = FillAndDeliver(ring);
+    auto b = ring.TryAcquire();
+    REQUIRE(b.has_value());
+    CHECK_FALSE(ring.TryAcquire().has_value());  // no free slot, but one is filling: not starved
+    REQUIRE(ring.Release(a.slot, a.generation).ok());
+    REQUIRE(ring.MarkReady(b->slot).ok());
+    auto bl = ring.TakeNextReady();
+    REQUIRE(bl.has_value());
+    REQUIRE(ring.Release(bl->slot, bl->generation).ok());
+  }
+  CHECK(ring.active_slots() == 2);
+  CHECK(prepared.empty());
+}
+
+TEST_CASE("SlotRing: an adaptive ring grows when the consumer waits after the pipeline starved") {
+  std::vector<uint32_t> prepared;
+  SlotRing ring(4, 2, [&](uint32_t slot) {
+    prepared.push_back(slot);
+    return true;
+  });
+  auto a = FillAndDeliver(ring);
+  auto b = ring.TryAcquire();
+  REQUIRE(b.has_value());
+  REQUIRE(ring.MarkReady(b->slot).ok());       // b ready before the consumer is done with a
+  CHECK_FALSE(ring.TryAcquire().has_value());  // the pipeline idles: no slot, nothing to fill
+  REQUIRE(ring.Release(a.slot, a.generation).ok());
+  CHECK(ring.active_slots() == 2);  // b is ready: the consumer does not wait
+  auto bl = ring.TakeNextReady();
+  REQUIRE(bl.has_value());
+  auto c = ring.TryAcquire();
+  REQUIRE(c.has_value());
+  REQUIRE(ring.Release(bl->slot, bl->generation).ok());  // now it waits for c: one more slot
+  CHECK(ring.active_slots() == 3);
+  CHECK(prepared == std::vector<uint32_t>{2});
+  CheckCounts(ring, 2, 1, 0, 0);
+}
+
+TEST_CASE("SlotRing: an adaptive ring grows when the consumer holds every slot, up to num_slots") {
+  std::vector<uint32_t> prepared;
+  SlotRing ring(4, 2, [&](uint32_t slot) {
+    prepared.push_back(slot);
+    return true;
+  });
+  // A consumer that keeps batches (a fixed ring of 4 lets it hold 3 and still get a 4th).
+  std::vector<SlotRing::Lease> held;
+  held.push_back(FillAndDeliver(ring));
+  CHECK(ring.active_slots() == 2);
+  held.push_back(FillAndDeliver(ring));  // every active slot leased: one more
+  CHECK(ring.active_slots() == 3);
+  held.push_back(FillAndDeliver(ring));
+  CHECK(ring.active_slots() == 4);
+  held.push_back(FillAndDeliver(ring));
+  CHECK(ring.active_slots() == 4);  // never beyond num_slots
+  CHECK_FALSE(ring.TryAcquire().has_value());
+  CHECK(prepared == std::vector<uint32_t>{2, 3});
+  CheckCounts(ring, 0, 0, 0, 4);
+  for (const auto& l : held) REQUIRE(ring.Release(l.slot, l.generation).ok());
+  CheckCounts(ring, 4, 0, 0, 0);
+  CHECK(ring.active_slots() == 4);  // slots are never taken back
+}
+
+TEST_CASE("SlotRing: an adaptive ring stays put when preparing a slot fails") {
+  int calls = 0;
+  SlotRing ring(3, 1, [&](uint32_t) {
+    ++calls;
+    return false;
+  });
+  for (int round = 0; round < 4; ++round) {
+    auto l = FillAndDeliver(ring);
+    CHECK_FALSE(ring.TryAcquire().has_value());
+    REQUIRE(ring.Release(l.slot, l.generation).ok());
+  }
+  CHECK(ring.active_slots() == 1);
+  CHECK(calls == 1);  // refused once: not retried on every lease
+}
+
+TEST_CASE("SlotRing: sequence numbers and delivery order do not depend on the ring's size") {
+  SlotRing fixed(3);
+  CHECK(fixed.active_slots() == 3);
+  SlotRing ring(3, 1, nullptr);
+  uint64_t expect = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<SlotRing::Lease> held;
+    while (auto a = ring.TryAcquire()) {
+      REQUIRE(ring.MarkReady(a->slot).ok());
+      auto l = ring.TakeNextReady();
+      REQUIRE(l.has_value());
+      CHECK(l->seq == expect++);
+      held.push_back(*l);
+    }
+    for (const auto& l : held) REQUIRE(ring.Release(l.slot, l.generation).ok());
+  }
+  CHECK(ring.active_slots() == 3);
 }
 
 }  // namespace
