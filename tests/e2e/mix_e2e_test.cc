@@ -251,6 +251,46 @@ TEST_CASE("mix e2e: a run stopped mid-epoch and resumed records exactly the unin
   CHECK(d.Stop() == std::optional<int>(0));
 }
 
+TEST_CASE("mix e2e: two coco sets mix, each sample with its own boxes") {
+  Fixture f;
+  // A COCO instances JSON per folder: every image with one box of category 1 (a) or 2 (b).
+  for (const char* name : {"a", "b"}) {
+    nlohmann::json coco = {{"images", nlohmann::json::array()},
+                           {"annotations", nlohmann::json::array()},
+                           {"categories", {{{"id", 1}, {"name", "one"}}, {{"id", 2}, {"name", "two"}}}}};
+    int id = 0;
+    for (const auto& [key, source] : f.keys) {
+      if (source != name) continue;
+      ++id;
+      coco["images"].push_back({{"id", id}, {"file_name", key}, {"width", 32}, {"height", 32}});
+      coco["annotations"].push_back({{"id", id},
+                                     {"image_id", id},
+                                     {"category_id", source == "a" ? 1 : 2},
+                                     {"bbox", {1, 1, 10, 10}},
+                                     {"area", 100},
+                                     {"iscrowd", 0}});
+    }
+    WriteText(f.dir.path + "/" + name + ".json", coco.dump());
+  }
+  DaemonProcess d(f.socket(), {"--allow-root", f.dir.path, "--threads", "2"});
+  REQUIRE(d.Connectable());
+  const std::string job =
+      f.Job("sources:\n  - {type: coco, annotations: " + f.dir.path + "/a.json, root: " + f.dir.path +
+            "/a, max_boxes: 4, weight: 0.7}\n  - {type: coco, annotations: " + f.dir.path +
+            "/b.json, root: " + f.dir.path + "/b, max_boxes: 4, weight: 0.3}\nsampler: {seed: 2}\n");
+  std::vector<std::string> argv = {kClient, "--socket", f.socket(), "--config", job, "--json", "--epochs", "1"};
+  std::string out;
+  const int rc = testing::RunCommandAs({}, argv, &out, /*merge_stderr=*/false);
+  INFO(out);
+  REQUIRE(rc == 0);
+  const nlohmann::json j = nlohmann::json::parse(out);
+  CHECK(j.at("samples") == 100);
+  CHECK(j.at("source_samples") == nlohmann::json::array({70, 30}));
+  // The coco tensors of every source: boxes, box_labels, box_count.
+  for (const char* t : {"boxes", "box_labels", "box_count"}) CHECK(j.at("checksums").contains(t));
+  CHECK(d.Stop() == std::optional<int>(0));
+}
+
 TEST_CASE("mix e2e: a mix that cannot work is refused, naming the entry and its line") {
   Fixture f;
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path, "--threads", "2"});

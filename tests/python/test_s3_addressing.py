@@ -136,3 +136,27 @@ def test_mask_sidecars_of_s3_tar_shards(vdaemon, vstore, vcreds):
         h, w = m.shape
         oy, ox = round((h - 24) / 2), round((w - 36) / 2)
         np.testing.assert_array_equal(got[r], m[oy:oy + 24, ox:ox + 36][:, ::-1], err_msg=path)
+
+
+def test_a_mix_of_s3_shards_and_a_local_folder(vdaemon, vstore, vcreds, tmp_root):
+    """sources: an s3:// tar shard (virtual-hosted) and a local image folder, 1 : 1 over 12 draws:
+    each sample of both exactly once, interleaved, and the per-source counts in the stats."""
+    _, _, labels = vstore
+    local = tmp_root / "vlocal" / "cls"
+    local.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(8)
+    for i in range(N):
+        Image.fromarray(rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)).save(local / f"{i}.jpg", quality=90)
+    cfg = (f"sources:\n  - {{type: tar, shards: 's3://{BUCKET}/vshards/shard-0.tar', extensions: [.jpg], "
+           f"s3: {{addressing: virtual}}, weight: 1}}\n"
+           f"  - {{type: image_folder, root: {tmp_root / 'vlocal'}, weight: 1}}\n"
+           "sampler: {seed: 4}\nbatch: {size: 4}\non_error: fail\n"
+           "transforms:\n  - center_crop: {size: [24, 36]}\n")
+    with spdl_client.Loader(cfg, socket=vdaemon, epochs=1, timeout=60) as loader:
+        got = [(p, int(lbl)) for b in loader for p, lbl in zip(b.paths, b.labels)]
+        stats = loader.stats()
+    want = sorted(list(labels.items()) + [(f"cls/{i}.jpg", 0) for i in range(N)])
+    assert sorted(got) == want
+    first_half = [p for p, _ in got[:N]]
+    assert any(p.startswith("cls/") for p in first_half) and any(p.startswith("m/") for p in first_half)
+    assert stats["values"]["source_samples.0"] == N and stats["values"]["source_samples.1"] == N
