@@ -517,9 +517,9 @@ Status Loader::SubmitAndMap(const Options& options) {
   s->set_resume_token(options.resume_token);
   s->set_start_epoch(options.start_epoch);
   if (!options.device_uuid.empty()) s->set_device_uuid(options.device_uuid);
-  // The trainer's object-storage access goes with every job (the daemon uses it only for s3://
-  // sources, keeps it for this job only and never shows it).
-  client::LoadS3Access(s->mutable_s3());
+  // The trainer's object-storage access goes with a job that may read s3:// (the daemon keeps it
+  // for this job only and never shows it); a job without an s3:// source sends none.
+  if (client::JobMayUseS3(options.config_yaml, options.overrides)) client::LoadS3Access(s->mutable_s3());
   if (s->s3().ByteSizeLong() == 0) s->clear_s3();
   SPDL_RETURN_IF_ERROR(conn_->Send(submit));
   config_name_ = options.config_name;
@@ -812,10 +812,17 @@ JobStats JobStatsFromProto(const proto::JobStats& js) {
   stats.cache_bytes = js.cache_bytes();
   stats.cache_budget_bytes = js.cache_budget_bytes();
   for (const auto& f : proto::JobStatFields()) {
-    if (f.surfaces & proto::kClient) {
+    if (!(f.surfaces & proto::kClient)) continue;
+    if (f.per == nullptr) {
       stats.values.push_back({f.name, proto::JobStatValue(js, f), proto::JobStatIsInteger(f)});
+      continue;
+    }
+    const std::vector<double> values = proto::JobStatValues(js, f);  // NAME.0, NAME.1, ...
+    for (size_t i = 0; i < values.size(); ++i) {
+      stats.values.push_back({std::string(f.name) + "." + std::to_string(i), values[i], true});
     }
   }
+  stats.source_samples.assign(js.source_samples().begin(), js.source_samples().end());
   return stats;
 }
 

@@ -23,7 +23,44 @@ std::string Trim(const std::string& s) {
   return s.substr(a, b - a + 1);
 }
 
+// Whether the list file at `path` names s3:// (or cannot be read: then the daemon may need access).
+bool ListMayUseS3(std::string path) {
+  path = Trim(path);
+  if (path.size() >= 2 && (path.front() == '\'' || path.front() == '"') && path.back() == path.front()) {
+    path = path.substr(1, path.size() - 2);
+  }
+  if (path.empty()) return false;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return true;
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return true;
+  return text.str().find("s3://") != std::string::npos;
+}
+
 }  // namespace
+
+bool JobMayUseS3(const std::string& config_yaml, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  if (config_yaml.find("s3://") != std::string::npos) return true;
+  for (const auto& [path, value] : overrides) {
+    if (value.find("s3://") != std::string::npos) return true;
+    if (path == "list" || (path.size() > 5 && path.compare(path.size() - 5, 5, ".list") == 0)) {
+      if (ListMayUseS3(value)) return true;
+    }
+  }
+  // Every `list:` key of the text (block or flow style): its value up to the end of the scalar.
+  for (size_t at = config_yaml.find("list:"); at != std::string::npos; at = config_yaml.find("list:", at + 5)) {
+    const char before = at == 0 ? ' ' : config_yaml[at - 1];
+    if (!(before == ' ' || before == '\t' || before == '\n' || before == '{' || before == ',')) continue;
+    size_t end = at + 5;
+    while (end < config_yaml.size() && config_yaml[end] != '\n' && config_yaml[end] != ',' && config_yaml[end] != '}' &&
+           config_yaml[end] != '#') {
+      ++end;
+    }
+    if (ListMayUseS3(config_yaml.substr(at + 5, end - at - 5))) return true;
+  }
+  return false;
+}
 
 void ParseCredentialsFile(const std::string& text, const std::string& profile, proto::S3Access* out) {
   std::istringstream in(text);

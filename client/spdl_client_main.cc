@@ -325,6 +325,7 @@ int main(int argc, char** argv) {
       for (const auto& v : stats->values) {
         j["daemon"][v.name] = v.integer ? nlohmann::json(static_cast<uint64_t>(v.value)) : nlohmann::json(v.value);
       }
+      j["source_samples"] = stats->source_samples;  // a mix: samples per source ([] for one source)
       j["cache"] = {{"hits", stats->cache_hits},
                     {"misses", stats->cache_misses},
                     {"evictions", stats->cache_evictions},

@@ -95,6 +95,13 @@ void PrintStats(const JobSummary& j) {
                 st.cache_hits(), st.cache_misses(), hit_rate, static_cast<double>(st.cache_bytes()) / (1 << 20),
                 static_cast<double>(st.cache_budget_bytes()) / (1 << 20), st.cache_evictions());
   }
+  if (st.source_samples_size() > 0) {  // a mix: samples per source, in the job's `sources:` order
+    std::printf("  mix: samples by source");
+    for (int i = 0; i < st.source_samples_size(); ++i) {
+      std::printf("%s %d: %" PRIu64, i ? "," : "", i, st.source_samples(i));
+    }
+    std::printf("\n");
+  }
   if (st.share_members() > 0) {
     std::printf("  shared: one pipeline (job %" PRIu64 ") for %u members; the figures above are the group's\n",
                 st.share_group_job_id(), st.share_members());

@@ -48,6 +48,8 @@ constexpr JobStatField kFields[] = {
     {"share_group_job_id", "", "gauge", "1", "The job id of the share group's one pipeline.", kSpdlctl | kClient},
     {"client_wait_histogram", "spdld_client_wait_seconds", "histogram", "seconds",
      "The client's wait for data, per batch released.", kMetrics | kSpdlctl},
+    {"source_samples", "spdld_job_source_samples_total", "counter", "samples",
+     "Samples delivered per source of a mix (label source: its index in the job's sources).", kAll, "source"},
 };
 
 }  // namespace
@@ -81,6 +83,19 @@ double JobStatValue(const JobStats& stats, const JobStatField& f) {
     default:
       return 0;
   }
+}
+
+std::vector<double> JobStatValues(const JobStats& stats, const JobStatField& f) {
+  std::vector<double> out;
+  if (f.per == nullptr) return out;
+  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
+  if (d == nullptr || !d->is_repeated() || d->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
+    return out;
+  }
+  const google::protobuf::Reflection* r = stats.GetReflection();
+  for (int i = 0; i < r->FieldSize(stats, d); ++i)
+    out.push_back(static_cast<double>(r->GetRepeatedUInt64(stats, d, i)));
+  return out;
 }
 
 bool JobStatIsInteger(const JobStatField& f) {

@@ -13,6 +13,7 @@
 
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "proto/control.pb.h"
 
@@ -32,6 +33,10 @@ struct JobStatField {
   const char* unit;    // "samples", "batches", "seconds", "bytes", "1/s", "entries", "jobs", ...
   const char* help;
   unsigned surfaces;  // StatSurface bits
+  // A repeated count (one value per entry: JobStatValues): the label naming the entry's index in
+  // the metrics ("source": source="0", "1", ...) and in the client's values (NAME.0, NAME.1, ...);
+  // nullptr for a scalar field or the histogram.
+  const char* per = nullptr;
 };
 
 // Every field of proto::JobStats except `stages` (per-stage rows have their own table in
@@ -44,6 +49,10 @@ const JobStatField* FindJobStatField(std::string_view name);
 // The value of a scalar field `f` of `stats` as a double (numbers of any width). 0 for a field
 // that is not a scalar number (the histogram). REQUIRES: f comes from JobStatFields().
 double JobStatValue(const JobStats& stats, const JobStatField& f);
+
+// The values of a repeated count `f` (f.per set) of `stats`, one per entry; empty for any other field.
+// REQUIRES: f comes from JobStatFields().
+std::vector<double> JobStatValues(const JobStats& stats, const JobStatField& f);
 
 // Whether `f` is an integer field (a count, an id): printed without a fraction.
 bool JobStatIsInteger(const JobStatField& f);

@@ -273,8 +273,19 @@ void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) 
   m.ReportUnknownKeys();
 }
 
-void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
+// `weight`: non-null for an entry of `sources:`, which may have a `weight` key (> 0, default 1).
+void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out, double* weight = nullptr) {
   MapReader m(diag, field);
+  if (weight != nullptr) {
+    const Field w = m.Get("weight");
+    if (auto v = ReadNumber(diag, w)) {
+      if (*v <= 0 || *v > 1e6)
+        diag.Error(w, "a weight is a number > 0 and at most 1000000, relative to the other sources (got " +
+                          FormatNumber(*v) + ")");
+      else
+        *weight = *v;
+    }
+  }
   const Field type_field = m.Get("type");
   std::optional<SourceType> type = internal::ReadChoice<SourceType>(diag, type_field,
                                                                     {{"image_folder", SourceType::kImageFolder},
@@ -391,8 +402,84 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
   m.ReportUnknownKeys();
 }
 
-void ReadSampler(Diagnostics& diag, const Field& field, SamplerConfig* out) {
+constexpr size_t kMaxMixSources = 64;
+
+// sources: [{<a source map>, weight: W}, ...] (a mix; WeightedSource). Every entry is read as
+// `source:` is; then the entries must deliver the same tensors.
+void ReadSources(Diagnostics& diag, const Field& field, JobConfig* out) {
+  std::optional<std::vector<Field>> items = internal::ReadList(diag, field);
+  if (!items) return;
+  if (items->empty() || items->size() > kMaxMixSources) {
+    diag.ErrorAtKey(field, "a mix names 1 to " + std::to_string(kMaxMixSources) + " sources (got " +
+                               std::to_string(items->size()) + ")");
+    return;
+  }
+  for (const Field& item : *items) {
+    WeightedSource w;
+    w.line = item.key_mark.is_null() ? 0 : item.key_mark.line + 1;
+    if (!item.node.IsMap()) {
+      diag.Error(item,
+                 "a source of a mix is a map like `source:` with a weight, e.g. {type: image_folder, root: "
+                 "/data/a, weight: 0.7}, got " +
+                     internal::Describe(item.node));
+      continue;
+    }
+    ReadSource(diag, item, out->media, &w.source, &w.weight);
+    out->sources.push_back(std::move(w));
+  }
+  if (out->sources.size() != items->size()) return;
+  // One set of tensors for the whole job: a coco source adds boxes, box_labels, box_count (and mask).
+  const SourceConfig& first = out->sources[0].source;
+  const bool coco = first.type == SourceType::kCoco;
+  for (size_t i = 1; i < out->sources.size(); ++i) {
+    const SourceConfig& c = out->sources[i].source;
+    const Field& item = (*items)[i];
+    if ((c.type == SourceType::kCoco) != coco) {
+      diag.Error(item, "sources." + std::to_string(i) + " is " + (coco ? "not " : "") + "a coco source and sources.0 " +
+                           (coco ? "is" : "is not") +
+                           ": a mix delivers one set of tensors, and a coco source's samples carry boxes, box_labels "
+                           "and box_count (mix coco sources with coco sources only)");
+    } else if (coco && (c.coco.max_boxes != first.coco.max_boxes || c.coco.masks != first.coco.masks)) {
+      diag.Error(item, "sources." + std::to_string(i) +
+                           ": coco sources of a mix need the same max_boxes and masks as sources.0 (their tensors' "
+                           "shapes: max_boxes " +
+                           std::to_string(first.coco.max_boxes) + ", masks " + (first.coco.masks ? "true" : "false") +
+                           ")");
+    }
+  }
+  out->source = first;
+}
+
+// With `sources:`: what `source:` would be refused for (extra_outputs, mask, mix against the
+// source type), for every entry after the first (the first is checked as `source`).
+void CheckMixedSources(Diagnostics& diag, const Field& sources_field, JobConfig* out) {
+  if (out->sources.size() < 2) return;
+  std::optional<std::vector<Field>> items = internal::ReadList(diag, sources_field);
+  if (!items || items->size() != out->sources.size()) return;
+  for (size_t i = 1; i < out->sources.size(); ++i) {
+    const SourceType t = out->sources[i].source.type;
+    const std::string name = "sources." + std::to_string(i) + " (type " + SourceTypeName(t) + ")";
+    if (!out->extra_outputs.empty() && (t == SourceType::kHttp || t == SourceType::kS3Prefix)) {
+      diag.Error((*items)[i],
+                 name + ": the job's extra_outputs read sidecar files, which this source type does not have");
+    }
+    if (!out->mask.from.empty() && t == SourceType::kHttp) {
+      diag.Error((*items)[i], name + ": the job's mask is a sidecar file, which source type http does not have");
+    }
+  }
+}
+
+// `mix`: the job has `sources:` (epoch_samples applies to a mix only).
+void ReadSampler(Diagnostics& diag, const Field& field, bool mix, SamplerConfig* out) {
   MapReader m(diag, field);
+  const Field epoch_samples = m.Get("epoch_samples");
+  if (Present(epoch_samples) && !mix) {
+    diag.ErrorAtKey(epoch_samples,
+                    "epoch_samples sets the length of a mix's epoch: it needs `sources:` (one source's epoch is its "
+                    "whole dataset)");
+  } else if (auto v = internal::ReadInt(diag, epoch_samples, 1, int64_t{1} << 40)) {
+    out->epoch_samples = static_cast<uint64_t>(*v);
+  }
   if (auto v = internal::ReadBool(diag, m.Get("shuffle"))) out->shuffle = *v;
   if (auto v = internal::ReadUint64(diag, m.Get("seed"))) out->seed = *v;
   if (auto v = internal::ReadChoice<Uneven>(diag, m.Get("uneven"),
@@ -1676,8 +1763,17 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     else
       diag.ErrorAtKey(m.Get("media"), "media: video needs a video block with 'height' and 'width'");
   }
-  ReadSource(diag, m.Get("source"), out->media, &out->source);
-  ReadSampler(diag, m.Get("sampler"), &out->sampler);
+  const Field source_field = m.Get("source");
+  const Field sources_field = m.Get("sources");
+  if (Present(sources_field)) {
+    if (Present(source_field)) {
+      diag.ErrorAtKey(source_field, "give either `source` (one dataset) or `sources` (a mix), not both");
+    }
+    ReadSources(diag, sources_field, out);
+  } else {
+    ReadSource(diag, source_field, out->media, &out->source);
+  }
+  ReadSampler(diag, m.Get("sampler"), Present(sources_field), &out->sampler);
   ReadBatch(diag, m.Get("batch"), &out->batch);
   std::optional<Field> normalize;
   if (out->media == Media::kImage) {
@@ -1700,6 +1796,7 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   ReadExtraOutputs(diag, m.Get("extra_outputs"), out);
   ReadMask(diag, m.Get("mask"), out);
   ReadMix(diag, m.Get("mix"), out);
+  if (Present(sources_field)) CheckMixedSources(diag, sources_field, out);
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
                            "bfloat16), not uint8");

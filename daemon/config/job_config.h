@@ -263,10 +263,23 @@ struct SourceConfig {
   bool operator==(const SourceConfig&) const = default;
 };
 
+// One entry of `sources:` (dataset mixing, io/mixed_source.h): a source written as `source:` is,
+// plus its weight. YAML: sources: [{type: image_folder, root: /a, weight: 0.7}, {..., weight: 0.3}].
+struct WeightedSource {
+  SourceConfig source;
+  double weight = 1;  // > 0 and <= 1e6, relative to the other entries (YAML weight; default 1)
+  int line = 0;       // 1-based line of the entry (0: set by --set); for messages, not part of equality
+
+  bool operator==(const WeightedSource& o) const { return source == o.source && weight == o.weight; }
+};
+
 struct SamplerConfig {
   bool shuffle = true;        // shuffle the order each epoch (a pure function of seed and epoch)
   uint64_t seed = 0;          // shuffle seed; the same on every rank of a job
   Uneven uneven = Uneven::kPad;  // YAML: pad | drop
+  // With `sources:` (a mix) only: draws per epoch over all ranks, 1..2^40; 0 (the default) = the
+  // sum of the sources' sizes (io/mixed_source.h has the epoch semantics).
+  uint64_t epoch_samples = 0;
 
   bool operator==(const SamplerConfig&) const = default;
 };
@@ -465,7 +478,12 @@ struct JobConfig {
   Media media = Media::kImage;          // YAML: image | audio | video
   AudioConfig audio;                    // media: audio only (YAML: audio: {...})
   VideoConfig video;                    // media: video only (YAML: video: {...})
-  SourceConfig source;                  // where the samples come from
+  SourceConfig source;                  // where the samples come from (with `sources`: sources[0]'s)
+  // A mix of several sources (YAML sources: [...], 1..64 entries, instead of `source`): samples
+  // interleaved by a seeded weighted draw (io/mixed_source.h). Empty for a single `source`. Every
+  // entry delivers the same tensors: all coco (with equal max_boxes and masks) or none, and each
+  // must allow the job's extra_outputs, mask and mix as `source` would.
+  std::vector<WeightedSource> sources;
   SamplerConfig sampler;                // the order of the samples
   BatchConfig batch;                    // how samples are grouped
   DecodeConfig decode;                  // how each image is decoded (media: image only)

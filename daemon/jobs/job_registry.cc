@@ -11,6 +11,7 @@
 #include "io/file_list_source.h"
 #include "io/fs_identity.h"
 #include "io/http_source.h"
+#include "io/mixed_source.h"
 #include "io/s3_source.h"
 #include "io/sample_list.h"
 #include "io/sample_source.h"
@@ -122,6 +123,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
     }
     std::vector<std::string> sidecars;
     for (const config::ExtraOutputConfig& e : extras) sidecars.push_back(e.from);
+    if (!mask_from.empty()) sidecars.push_back(mask_from);  // the mask's member, as for local shards
     // The index (not the source, which holds the credentials) is shared by the same user's jobs.
     auto s = io::S3TarShardSource::Open(c.shards, c.extensions, c.label_extension, sidecars, *client, index_cache,
                                         io::CurrentFsIdentityKey());
@@ -193,6 +195,45 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       break;  // opened above
   }
   return InvalidArgument("source.type: unknown");
+}
+
+// Opens every source of a mix (config `sources:`) as OpenSource does, and the mix over them;
+// *plan gets the mix's plan (the order's input). Errors name the entry: "sources.1: source.root: ...".
+Result<std::shared_ptr<const io::SampleSource>> OpenMix(const config::JobConfig& config,
+                                                        const config::DaemonConfig& daemon,
+                                                        io::SourceIndexCache* index_cache,
+                                                        const proto::S3Access& s3_access,
+                                                        std::shared_ptr<const io::MixPlan>* plan) {
+  std::vector<std::shared_ptr<const io::SampleSource>> sources;
+  io::MixPlan p;
+  p.epoch_samples = config.sampler.epoch_samples;
+  for (size_t i = 0; i < config.sources.size(); ++i) {
+    const config::WeightedSource& w = config.sources[i];
+    auto src = OpenSource(w.source, config.extra_outputs, config.mask.from, daemon, index_cache, s3_access);
+    const std::string where =
+        "sources." + std::to_string(i) + (w.line > 0 ? " (line " + std::to_string(w.line) + ")" : "");
+    if (!src.ok()) return src.status().WithPrefix(where);
+    if ((*src)->size() == 0) return InvalidArgument(where + ": " + (*src)->Describe() + " has no samples");
+    io::MixComponent c;
+    c.size = (*src)->size();
+    c.shard_sizes = (*src)->ShardSizes();
+    c.shuffle_buffer = static_cast<uint64_t>(w.source.shuffle_buffer);
+    c.weight = w.weight;
+    p.components.push_back(std::move(c));
+    sources.push_back(std::move(src).value());
+  }
+  // The order of an epoch is held in memory: a mix may up-sample, not outgrow its data without bound.
+  uint64_t total = 0;
+  for (const io::MixComponent& c : p.components) total += c.size;
+  if (p.epoch_samples > 16 * total) {
+    return InvalidArgument("sampler.epoch_samples " + std::to_string(p.epoch_samples) + " is more than 16 times the " +
+                           std::to_string(total) + " samples of the mix's sources (at most " +
+                           std::to_string(16 * total) + ")");
+  }
+  auto shared = std::make_shared<const io::MixPlan>(p);
+  *plan = shared;
+  return std::shared_ptr<const io::SampleSource>(
+      std::make_shared<const io::MixedSource>(std::move(sources), std::move(p)));
 }
 
 // Adds the sample cache's figures to a job's stats (in Stats() and in the JobEnd of its last
@@ -439,8 +480,12 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     if (!as_user.ok())
       return fail(proto::Error::INTERNAL,
                   "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
-    source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
-                        req.s3());
+    if (spec.config.sources.empty()) {
+      source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
+                          req.s3());
+    } else {
+      source = OpenMix(spec.config, daemon, index_cache, req.s3(), &spec.mix);
+    }
   }
   // The credentials now live only in the job's S3 transport (if it has one), not in the request.
   p->request.clear_s3();
@@ -485,7 +530,8 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   so.rank = spec.rank;
   so.world_size = spec.world_size;
   so.uneven = spec.config.sampler.uneven == config::Uneven::kDrop ? io::Uneven::kDrop : io::Uneven::kPad;
-  const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
+  const uint64_t per_rank =
+      spec.mix ? io::MixSamplesPerRank(*spec.mix, so) : io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
     return fail(proto::Error::INVALID_CONFIG, "the dataset has " + std::to_string(spec.source->size()) + " samples, " +
                                                   std::to_string(per_rank) + " for this rank: not one batch of " +

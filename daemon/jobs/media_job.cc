@@ -105,7 +105,8 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   const auto& s = job->spec_;
   const io::SamplerOptions sampler = SamplerFor(s);
   const uint64_t n = s.source->size();
-  const uint64_t per_rank = io::SamplesPerRank(n, sampler);
+  const uint64_t per_rank = s.mix ? io::MixSamplesPerRank(*s.mix, sampler) : io::SamplesPerRank(n, sampler);
+  if (s.mix) job->source_samples_.assign(s.mix->components.size(), 0);
   const uint32_t b = static_cast<uint32_t>(s.config.batch.size);
 
   proto::JobAccepted& a = job->accepted_;
@@ -147,7 +148,11 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   // An HTTP (or S3) read holds its I/O thread while the server answers: one job's HTTP reads take at most
   // half the I/O pool (whatever stages.read.concurrency asks), so a slow server never stalls the
   // reads of every other job.
-  if (s.config.source.type == config::SourceType::kHttp || s.config.source.UsesS3()) {
+  bool remote = s.config.source.type == config::SourceType::kHttp || s.config.source.UsesS3();
+  for (const config::WeightedSource& w : s.config.sources) {
+    remote = remote || w.source.type == config::SourceType::kHttp || w.source.UsesS3();
+  }
+  if (remote) {
     const int io_threads = (io_executor ? io_executor : executor)->Parallelism();
     const auto cap = static_cast<uint32_t>(std::max(1, io_threads / 2));
     uint32_t& c = popts.stages[0].concurrency;
@@ -158,8 +163,11 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   // Random-access sources: a seeded global permutation. Tar shards: shuffled shards through a
   // bounded shuffle buffer, a contiguous run per rank. Either is a pure function of the epoch, so
   // a resume point (positions in this order) is exact.
+  // A mix: the seeded weighted draw over the sources' own orders (io/mixed_source.h).
   pipeline::EpochOrderFn order;
-  if (std::vector<uint64_t> shards = s.source->ShardSizes(); !shards.empty()) {
+  if (s.mix) {
+    order = [plan = s.mix, sampler](uint64_t epoch) { return io::MixedEpochOrder(*plan, sampler, epoch); };
+  } else if (std::vector<uint64_t> shards = s.source->ShardSizes(); !shards.empty()) {
     const auto buffer = static_cast<uint64_t>(s.config.source.shuffle_buffer);
     order = [shards = std::move(shards), buffer, sampler](uint64_t epoch) {
       return io::ShardedEpochOrder(shards, buffer, sampler, epoch);
@@ -335,6 +343,7 @@ std::optional<Delivery> MediaJob::TakeNext() {
     const io::SampleRef& s = spec_.source->sample(idx);
     b.add_paths(s.path);
     b.add_labels(s.label);
+    if (spec_.mix) ++source_samples_[io::MixSourceOf(*spec_.mix, idx)];
   }
   if (delivered_batches_ == 0) first_batch_seconds_ = SecondsSince(started_);
   ++delivered_batches_;
@@ -423,6 +432,7 @@ proto::JobStats MediaJob::Stats() const {
   st.set_window_samples_per_s(ps.window_samples_per_second);
   st.set_samples_failed(ps.samples_failed);
   st.set_samples_tried(ps.samples_tried);
+  for (uint64_t n : source_samples_) st.add_source_samples(n);
   for (size_t i = 0; i < ps.stages.size(); ++i) {
     FillStageStats(ps.stages[i], ps.window[i], seconds, ps.window_seconds, st.add_stages());
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/job_config.h"
+#include "io/mixed_source.h"
 #include "io/sample_source.h"
 #include "jobs/job_service.h"
 #include "jobs/resume_token.h"
@@ -34,6 +35,9 @@ struct MediaJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
   std::shared_ptr<const io::SampleSource> source;  // the dataset (immutable, read from worker threads)
+  // A mix (config `sources:`): source is the sources' MixedSource (wrapped), ordered by
+  // io::MixedEpochOrder over this plan; nullptr for a single source.
+  std::shared_ptr<const io::MixPlan> mix;
   std::shared_ptr<const SampleDecoder> decoder;    // MakeSampleDecoder(config)
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -119,6 +123,7 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   // Control thread only.
   uint64_t delivered_samples_ = 0;
   uint64_t delivered_batches_ = 0;
+  std::vector<uint64_t> source_samples_;  // a mix: samples delivered per source (JobStats.source_samples)
   uint64_t epoch_samples_ = 0;
   double first_batch_seconds_ = -1;
   std::chrono::steady_clock::time_point epoch_started_;

@@ -244,7 +244,17 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
     const Labels labels = {
         {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};
     for (const auto& f : proto::JobStatFields()) {
-      if (exported(f, "spdld_job_")) e.Add(f.metric, f.type, f.help, labels, proto::JobStatValue(j.stats(), f));
+      if (!exported(f, "spdld_job_")) continue;
+      if (f.per == nullptr) {
+        e.Add(f.metric, f.type, f.help, labels, proto::JobStatValue(j.stats(), f));
+        continue;
+      }
+      const std::vector<double> values = proto::JobStatValues(j.stats(), f);  // one series per entry
+      for (size_t i = 0; i < values.size(); ++i) {
+        Labels l = labels;
+        l.emplace_back(f.per, std::to_string(i));
+        e.Add(f.metric, f.type, f.help, l, values[i]);
+      }
     }
     for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
   }

@@ -422,6 +422,33 @@ TEST_CASE("config errors are listed one per line") {
         "job.yaml: batch_size: not an integer: \"x\"");
 }
 
+TEST_CASE("the trainer's S3 access goes only with a job that may read s3://") {
+  ::setenv("AWS_ACCESS_KEY_ID", "AKIDTESTKEY", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
+  for (const bool s3 : {false, true}) {
+    CAPTURE(s3);
+    bool sent = false;
+    std::string key;
+    FakeDaemon d([&](Peer& p) {
+      proto::SubmitJob s = p.Greet();
+      sent = s.has_s3();
+      key = s.s3().access_key_id();
+      p.Send(ErrorMsg(proto::Error::INVALID_CONFIG, "stop here"));
+    });
+    Options o = TestOptions(d.path());
+    o.config_yaml =
+        s3 ? "source: {type: tar, shards: 's3://b/train-{0..3}.tar'}\n" : "source: {type: image_folder, root: /data}\n";
+    auto r = Loader::Open(o);
+    CHECK_FALSE(r.ok());
+    d.Join();
+    CHECK(d.error() == "");
+    CHECK(sent == s3);
+    CHECK(key == (s3 ? "AKIDTESTKEY" : ""));
+  }
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
 TEST_CASE("batches are zero-copy views of the slots, released exactly once") {
   FakeRegion region;
   proto::SubmitJob submitted;

@@ -209,3 +209,29 @@ TEST_CASE("the client's S3 access: environment first, then the profile of the cr
   spdl::client::LoadS3Access(&a, home);  // no file, no environment: nothing
   CHECK(a.ByteSizeLong() == 0);
 }
+
+TEST_CASE("the client sends S3 access only with a job that may read s3://") {
+  using spdl::client::JobMayUseS3;
+  const std::string dir = "/tmp/spdl-s3-test-lists-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/local.txt") << "a/1.jpg,0\nb/2.jpg,1\n";
+  std::ofstream(dir + "/remote.txt") << "s3://bucket/a/1.jpg,0\n";
+  CHECK_FALSE(JobMayUseS3("source: {type: image_folder, root: /data}\n", {}));
+  CHECK(JobMayUseS3("source: {type: tar, shards: 's3://b/train-{0..3}.tar'}\n", {}));
+  CHECK(JobMayUseS3("source:\n  type: s3_prefix\n  prefix: s3://b/train/\n", {}));
+  CHECK(JobMayUseS3("source: {type: image_folder, root: /data}\n", {{"source.shards", "s3://b/x.tar"}}));
+  // A list names s3:// only in its lines: read here as the trainer.
+  CHECK_FALSE(JobMayUseS3("source: {type: file_list, list: " + dir + "/local.txt}\n", {}));
+  CHECK(JobMayUseS3("source: {type: file_list, list: " + dir + "/remote.txt}\n", {}));
+  CHECK(JobMayUseS3("source:\n  type: file_list\n  list: '" + dir + "/remote.txt'  # s3 lines\n", {}));
+  CHECK(JobMayUseS3("sources:\n  - {type: file_list, list: " + dir + "/local.txt}\n  - {type: file_list, list: " + dir +
+                        "/remote.txt, weight: 2}\n",
+                    {}));
+  CHECK(
+      JobMayUseS3("source: {type: file_list, list: " + dir + "/local.txt}\n", {{"source.list", dir + "/remote.txt"}}));
+  // A list that cannot be read here: the daemon may need the access.
+  CHECK(JobMayUseS3("source: {type: file_list, list: " + dir + "/missing.txt}\n", {}));
+  // A key merely ending in "list" is not a list file (e.g. blocklist: ...).
+  CHECK_FALSE(JobMayUseS3("source: {type: image_folder, root: /data}\nblocklist: /nope\n", {}));
+  std::filesystem::remove_all(dir);
+}

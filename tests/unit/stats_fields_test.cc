@@ -50,6 +50,8 @@ proto::JobSummary FilledJob() {
     }
   }
   for (int b = 0; b < 128; ++b) s->add_client_wait_histogram(b == 60 ? 3 : 0);
+  s->add_source_samples(70);  // a mix of two sources
+  s->add_source_samples(30);
   return j;
 }
 
@@ -96,7 +98,15 @@ TEST_CASE("the metrics endpoint shows every job statistic described for it, with
     if (!(f.surfaces & proto::kMetrics)) continue;
     CAPTURE(f.name, f.metric);
     const std::string metric = f.metric;
-    if (std::string(f.type) == "histogram") {
+    if (f.per != nullptr) {  // a repeated count: a series per entry, labelled by its index
+      const std::vector<double> values = proto::JobStatValues(s, f);
+      REQUIRE(values.size() == 2);
+      CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " " + f.type + "\n"));
+      for (size_t i = 0; i < values.size(); ++i) {
+        const std::string l = labels.substr(0, labels.size() - 1) + "," + f.per + "=\"" + std::to_string(i) + "\"}";
+        CHECK_THAT(text, Catch::Contains(metric + l + " " + Number(values[i]) + "\n"));
+      }
+    } else if (std::string(f.type) == "histogram") {
       // The client-wait histogram: its buckets, and its sum (client_wait_seconds).
       if (std::string(f.name) == "client_wait_histogram") {
         CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " histogram\n"));
@@ -135,6 +145,17 @@ TEST_CASE("the client's final stats carry every job statistic described for clie
   for (const auto& f : proto::JobStatFields()) {
     if (!(f.surfaces & proto::kClient)) continue;
     CAPTURE(f.name);
+    if (f.per != nullptr) {  // NAME.0, NAME.1, ...: one value per entry
+      const std::vector<double> values = proto::JobStatValues(job.stats(), f);
+      REQUIRE(values.size() == 2);
+      for (size_t i = 0; i < values.size(); ++i, ++at) {
+        REQUIRE(at < c.values.size());
+        CHECK(c.values[at].name == std::string(f.name) + "." + std::to_string(i));
+        CHECK(c.values[at].value == values[i]);
+        CHECK(c.values[at].integer);
+      }
+      continue;
+    }
     REQUIRE(at < c.values.size());
     CHECK(c.values[at].name == f.name);
     CHECK(c.values[at].value == proto::JobStatValue(job.stats(), f));
@@ -146,6 +167,7 @@ TEST_CASE("the client's final stats carry every job statistic described for clie
   CHECK(c.samples == job.stats().samples());
   CHECK(c.cache_budget_bytes == job.stats().cache_budget_bytes());
   CHECK(c.client_wait_seconds == job.stats().client_wait_seconds());
+  CHECK(c.source_samples == std::vector<uint64_t>{70, 30});
 }
 
 }  // namespace

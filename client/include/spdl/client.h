@@ -118,6 +118,9 @@ struct JobStats {
   uint64_t cache_evictions = 0;     // node-wide: entries evicted so far
   uint64_t cache_bytes = 0;         // node-wide: bytes held now
   uint64_t cache_budget_bytes = 0;  // node-wide: the budget
+  // A mix (job config `sources:`): samples delivered per source, in `sources:` order; empty for
+  // one source. In `values` as source_samples.0, source_samples.1, ...
+  std::vector<uint64_t> source_samples;
   // Every job figure the daemon describes for clients (proto/job_stats_fields.h, kClient rows),
   // by name, in the daemon's order: the fields above and those without a field of their own
   // (samples_tried, samples_failed, samples_per_s, weight, share_members, ...). Python's stats()

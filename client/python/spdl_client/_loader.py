@@ -599,7 +599,8 @@ class Loader:
         node-wide ``evictions``, ``bytes``, ``budget_bytes``; all 0 without a cache), ``values``
         (every figure the daemon describes for clients, by name: the above and ``samples_tried``,
         ``samples_failed``, ``samples_per_s``, ``window_samples_per_s``, ``weight``,
-        ``share_members``, ``share_group_job_id``, ...) — plus ``epochs`` (the per-epoch summaries)
+        ``share_members``, ``share_group_job_id``, ...; a mix of sources adds ``source_samples.N``,
+        the samples delivered from its N-th source) — plus ``epochs`` (the per-epoch summaries)
         and ``finished: True``.
 
         Before that, the daemon has sent nothing but per-epoch summaries, so ``samples`` and

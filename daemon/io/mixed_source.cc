@@ -1,0 +1,249 @@
+#include "io/mixed_source.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+namespace spdl::io {
+namespace {
+
+// splitmix64 and xoshiro256** as in sampler.cc (public domain references by Vigna): the mix's own
+// streams, pinned by the tests (tests/unit/source_test.cc, "mix").
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    for (uint64_t& w : s_) w = SplitMix64(&seed);
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in [0, bound), unbiased. REQUIRES: bound > 0.
+  uint64_t Below(uint64_t bound) {
+    const uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+      const uint64_t r = Next();
+      if (r >= threshold) return r % bound;
+    }
+  }
+
+ private:
+  uint64_t s_[4];
+};
+
+// Two splitmix64 steps over (a, b): unrelated streams for nearby inputs.
+uint64_t Mix2(uint64_t a, uint64_t b) {
+  uint64_t s = a;
+  uint64_t t = SplitMix64(&s) ^ b;
+  return SplitMix64(&t);
+}
+
+constexpr uint64_t kDrawSalt = 0x6d69782d64726177ull;    // "mix-draw"
+constexpr uint64_t kSourceSalt = 0x6d69782d73726373ull;  // "mix-srcs"
+
+std::string FormatWeight(double w, int precision = 6) {
+  std::ostringstream o;
+  o.precision(precision);
+  o << w;
+  return o.str();
+}
+
+}  // namespace
+
+uint64_t MixEpochSamples(const MixPlan& plan) {
+  if (plan.epoch_samples > 0) return plan.epoch_samples;
+  uint64_t n = 0;
+  for (const MixComponent& c : plan.components) n += c.size;
+  return n;
+}
+
+uint64_t MixSamplesPerRank(const MixPlan& plan, const SamplerOptions& options) {
+  return SamplesPerRank(MixEpochSamples(plan), options);
+}
+
+std::vector<uint64_t> MixQuotas(const MixPlan& plan, const SamplerOptions& options) {
+  if (plan.components.empty()) return {};
+  long double total_weight = 0;
+  for (const MixComponent& c : plan.components) {
+    if (!(c.weight > 0) || !std::isfinite(c.weight)) return {};
+    total_weight += c.weight;
+  }
+  const uint64_t m = MixSamplesPerRank(plan, options);
+  const size_t k = plan.components.size();
+  std::vector<uint64_t> q(k);
+  std::vector<long double> remainder(k);
+  uint64_t given = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const long double exact = static_cast<long double>(m) * plan.components[i].weight / total_weight;
+    q[i] = static_cast<uint64_t>(std::floor(exact));
+    remainder[i] = exact - static_cast<long double>(q[i]);
+    given += q[i];
+  }
+  // Largest remainder first; ties go to the earlier source.
+  std::vector<size_t> by(k);
+  std::iota(by.begin(), by.end(), size_t{0});
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return remainder[a] > remainder[b]; });
+  for (size_t j = 0; given < m; j = (j + 1) % k, ++given) ++q[by[j]];
+  return q;
+}
+
+std::vector<uint32_t> MixDraw(const std::vector<uint64_t>& quotas, uint64_t seed, uint64_t epoch) {
+  std::vector<uint64_t> left = quotas;
+  uint64_t remaining = std::accumulate(left.begin(), left.end(), uint64_t{0});
+  std::vector<uint32_t> out;
+  out.reserve(remaining);
+  Rng rng(Mix2(seed ^ kDrawSalt, epoch));
+  while (remaining > 0) {
+    uint64_t u = rng.Below(remaining);
+    uint32_t i = 0;
+    while (u >= left[i]) u -= left[i++];
+    out.push_back(i);
+    --left[i];
+    --remaining;
+  }
+  return out;
+}
+
+std::vector<uint64_t> MixedEpochOrder(const MixPlan& plan, const SamplerOptions& options, uint64_t epoch) {
+  const uint64_t world = options.world_size;
+  if (world == 0 || options.rank >= world || plan.components.empty()) return {};
+  const std::vector<uint64_t> quotas = MixQuotas(plan, options);
+  if (quotas.empty()) return {};
+  const size_t k = plan.components.size();
+  // Per source: this rank's run of its stream, in order.
+  std::vector<std::vector<uint64_t>> runs(k);
+  uint64_t offset = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const MixComponent& c = plan.components[i];
+    if (c.size == 0) return {};
+    SamplerOptions pass_options;
+    pass_options.seed = Mix2(options.seed ^ kSourceSalt, i);
+    pass_options.shuffle = options.shuffle;
+    pass_options.rank = 0;
+    pass_options.world_size = 1;
+    pass_options.uneven = Uneven::kPad;
+    std::map<uint64_t, std::vector<uint64_t>> passes;  // the passes this run touches
+    const uint64_t n = quotas[i] * world;              // the source's draws this epoch, all ranks
+    const uint64_t start = epoch * n + options.rank * quotas[i];
+    runs[i].reserve(quotas[i]);
+    for (uint64_t p = start; p < start + quotas[i]; ++p) {
+      const uint64_t pass = p / c.size;
+      auto it = passes.find(pass);
+      if (it == passes.end()) {
+        std::vector<uint64_t> order = c.shard_sizes.empty()
+                                          ? EpochOrder(c.size, pass_options, pass)
+                                          : ShardedEpochOrder(c.shard_sizes, c.shuffle_buffer, pass_options, pass);
+        if (order.size() != c.size) return {};  // shard sizes that do not add up to the size
+        it = passes.emplace(pass, std::move(order)).first;
+      }
+      runs[i].push_back(offset + it->second[p % c.size]);
+    }
+    offset += c.size;
+  }
+  const std::vector<uint32_t> draw = MixDraw(quotas, options.seed, epoch);
+  std::vector<size_t> next(k, 0);
+  std::vector<uint64_t> out;
+  out.reserve(draw.size());
+  for (uint32_t i : draw) out.push_back(runs[i][next[i]++]);
+  return out;
+}
+
+uint32_t MixSourceOf(const MixPlan& plan, uint64_t index) {
+  uint32_t i = 0;
+  for (const MixComponent& c : plan.components) {
+    if (index < c.size) return i;
+    index -= c.size;
+    ++i;
+  }
+  return i == 0 ? 0 : i - 1;
+}
+
+MixedSource::MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources, MixPlan plan)
+    : sources_(std::move(sources)), plan_(std::move(plan)) {
+  for (const auto& s : sources_) {
+    offsets_.push_back(total_);
+    total_ += s->size();
+  }
+}
+
+std::pair<uint32_t, uint64_t> MixedSource::Locate(uint64_t index) const {
+  const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), index);
+  const auto i = static_cast<uint32_t>((it - offsets_.begin()) - 1);
+  return {i, index - offsets_[i]};
+}
+
+const SampleRef& MixedSource::sample(uint64_t index) const {
+  const auto [i, k] = Locate(index);
+  return sources_[i]->sample(k);
+}
+
+Status MixedSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
+  if (index >= total_) {
+    out->clear();
+    return InvalidArgument(Describe() + ": sample " + std::to_string(index) + " is past the end");
+  }
+  const auto [i, k] = Locate(index);
+  return sources_[i]->Read(k, out);
+}
+
+Status MixedSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
+  if (index >= total_) {
+    out->clear();
+    return InvalidArgument(Describe() + ": sample " + std::to_string(index) + " is past the end");
+  }
+  const auto [i, k] = Locate(index);
+  return sources_[i]->ReadSidecar(k, extension, out);
+}
+
+const std::vector<ObjectAnnotation>* MixedSource::Objects(uint64_t index) const {
+  const auto [i, k] = Locate(index);
+  return sources_[i]->Objects(k);
+}
+
+std::string MixedSource::Describe() const {
+  std::string out = "mix of " + std::to_string(sources_.size()) + " sources (epoch " +
+                    std::to_string(MixEpochSamples(plan_)) + " draws): ";
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    out += (i ? " | " : "") + FormatWeight(plan_.components[i].weight) + " x " + sources_[i]->Describe();
+  }
+  return out;
+}
+
+std::string MixedSource::Identity() const {
+  std::string out = "mix epoch_samples=" + std::to_string(plan_.epoch_samples);
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const MixComponent& c = plan_.components[i];
+    out += " [weight=" + FormatWeight(c.weight, 17) +
+           " buffer=" + std::to_string(c.shard_sizes.empty() ? 0 : c.shuffle_buffer) +
+           " shards=" + std::to_string(c.shard_sizes.size()) + " " + sources_[i]->Identity() + "]";
+  }
+  return out;
+}
+
+std::vector<std::string> MixedSource::ClassNames() const {
+  std::vector<std::string> first = sources_.front()->ClassNames();
+  for (size_t i = 1; i < sources_.size(); ++i) {
+    if (sources_[i]->ClassNames() != first) return {};
+  }
+  return first;
+}
+
+}  // namespace spdl::io
