@@ -85,6 +85,15 @@ struct Fixture {
     daemon.emplace(socket(), args);
     REQUIRE(daemon->Connectable());
   }
+#if !SPDL_REAL_GPU
+  // What CUDA leaves undefined (freeing memory a live importer maps, destroying an exported event it
+  // has open) or would hang on, any process did on the fake device: never allowed.
+  ~Fixture() {
+    const std::vector<std::string> violations = cuda::ShmFakeBackend::Violations(fake_gpu());
+    for (const auto& v : violations) UNSCOPED_INFO(v);
+    CHECK(violations.empty());
+  }
+#endif
   std::string root() const { return dir.path + "/data"; }
   std::string socket() const { return dir.path + "/spdld.sock"; }
   std::string fake_gpu() const { return dir.path + "/fake-gpu"; }
@@ -422,7 +431,9 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
       REQUIRE(ev.ok());
     }
     {
-      std::FILE* poison = std::fopen((f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0").c_str(), "w");
+      // spdld's context only (CUDA's contexts are per process): the trainer's goes on.
+      std::FILE* poison = std::fopen(
+          (f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0-" + std::to_string(f.daemon->pid())).c_str(), "w");
       REQUIRE(poison != nullptr);
       std::fputs("cudaErrorIllegalAddress: an illegal memory access was encountered (test)", poison);
       std::fclose(poison);
