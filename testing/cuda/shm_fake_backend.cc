@@ -439,6 +439,12 @@ std::vector<int> ShmFakeBackend::LiveImporters(const std::string& name) const {
     if (f.rfind(prefix, 0) != 0) continue;
     const int pid = std::atoi(f.c_str() + prefix.size());
     if (pid <= 0 || pid == ::getpid()) continue;
+    // A poisoned importer's context can no longer touch the handle (every call fails), as a dead
+    // one's: neither counts.
+    const std::string poison = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
+    if (::access(poison.c_str(), F_OK) == 0 || ::access((poison + "-" + std::to_string(pid)).c_str(), F_OK) == 0) {
+      continue;
+    }
     if (::kill(pid, 0) == 0 || errno == EPERM) pids.push_back(pid);
   }
   ::closedir(d);

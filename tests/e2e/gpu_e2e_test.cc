@@ -426,9 +426,14 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
     g.device = 0;
     auto l = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
     REQUIRE(l.ok());
-    {
+    // The trainer holds both device slots of its job, so spdld has no GPU work left for it: after
+    // a sticky error every CUDA call fails (the fake's poison file, as CUDA), and a job that calls
+    // one fails at once; this one holds the GPU until it ends.
+    std::vector<client::GpuBatch> held;
+    while (held.size() < 2) {
       auto ev = (*l)->Next();
       REQUIRE(ev.ok());
+      if (auto* b = std::get_if<client::GpuBatch>(&*ev)) held.push_back(std::move(*b));
     }
     {
       // spdld's context only (CUDA's contexts are per process): the trainer's goes on.
@@ -454,6 +459,7 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
     auto again = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
     REQUIRE_FALSE(again.ok());
     CHECK_THAT(again.status().message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld"));
+    held.clear();
     l->reset();  // the last job on the GPU ends
     if (exit_on_poison) {
       CHECK(SettlesTo([&] { return !f.daemon->Running(); }));
