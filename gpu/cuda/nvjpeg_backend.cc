@@ -115,6 +115,8 @@ Result<std::unique_ptr<NvjpegBackend>> NvjpegBackend::Create(Options options) {
   return b;
 }
 
+NvjpegBackend::NvjpegBackend(Options options) : options_(std::move(options)) {}
+
 NvjpegBackend::~NvjpegBackend() = default;
 
 bool NvjpegBackend::hardware() const { return api_->hardware; }

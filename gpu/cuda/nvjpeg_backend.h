@@ -49,7 +49,7 @@ class NvjpegBackend final : public JpegDecodeBackend {
 
  private:
   struct Api;
-  explicit NvjpegBackend(Options options) : options_(std::move(options)) {}
+  explicit NvjpegBackend(Options options);
 
   const Options options_;
   std::unique_ptr<Api> api_;

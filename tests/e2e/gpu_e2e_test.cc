@@ -386,6 +386,23 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
 }
 
 #if !SPDL_REAL_GPU
+// decode.device: cuda parses (its config rules: config_test) but the job pipeline does not run the
+// GPU decode yet: spdld refuses the job, saying so, instead of decoding on the CPU behind the
+// config's back; the session serves on.
+TEST_CASE(NAME("decode.device: cuda is refused clearly until the pipeline runs it"), GPU_TAGS) {
+  Fixture f;
+  client::Options o = f.Job("{device: cuda:0}");
+  o.config_yaml += "decode: {device: cuda}\n";
+  auto l = client::GpuLoader::Open(o, ClientGpu(f));
+  REQUIRE_FALSE(l.ok());
+  CHECK_THAT(l.status().message(), Catch::Contains("decode.device: cuda") && Catch::Contains("not wired"));
+  auto ok = client::GpuLoader::Open(f.Job("{device: cuda:0}"), ClientGpu(f));
+  REQUIRE(ok.ok());
+  ok->reset();
+  CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
 // Python tensors kept after loader.close() are GpuBatches that outlive their GpuLoader: they share
 // the device side, so the daemon keeps the device memory they read until the last of them goes
 // (the client then closes its mapping and says so: CudaMappingClosed). Freeing it at EndJob, as
