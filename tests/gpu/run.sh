@@ -24,8 +24,13 @@ exec > >(tee "$LOG") 2>&1
 echo "== configure ($BUILD, CUDA on)"
 PY=(); [ -x /usr/bin/python3 ] && PY=(-DPython3_EXECUTABLE=/usr/bin/python3)
 # all-major: the spin kernel runs on whatever GPU the machine has (not only sm_80 / sm_90).
+# SPDL_NVJPEG_ROOT: where nvidia-nvjpeg is unpacked, when not /opt/spdld-nvjpeg (install-deps.sh's
+# place), e.g. a copy carried into the tree for a machine without PyPI:
+#   /usr/bin/python3 -m pip install --no-deps --target build-deps/nvjpeg nvidia-nvjpeg==13.0.4.44
+#   SPDL_NVJPEG_ROOT=$PWD/build-deps/nvjpeg tests/gpu/run.sh
+NVJ=(); [ -n "${SPDL_NVJPEG_ROOT:-}" ] && NVJ=(-DSPDL_NVJPEG_ROOT="$SPDL_NVJPEG_ROOT")
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSPDL_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CUDA_ARCHITECTURES=all-major "${PY[@]}" >/dev/null
+  -DCMAKE_CUDA_ARCHITECTURES=all-major "${PY[@]}" "${NVJ[@]}" >/dev/null
 echo "== build"
 # (The target list is read first: `ninja -t targets | grep -q` under pipefail fails when grep
 # stops reading early, which silently dropped the Python module.)
