@@ -51,6 +51,12 @@ pip_system_test=(
   "moto[server]"
 )
 
+# nvJPEG (GPU JPEG decode, decode.device: cuda): not in the CUDA toolkit, so its header and library
+# come from NVIDIA's PyPI wheel, unpacked into $SPDL_NVJPEG_ROOT (default /opt/spdld-nvjpeg; CMake
+# looks there). spdld never links it: it loads libnvjpeg.so.13 at run time, only for such jobs. The
+# version matches the CUDA 13.0 toolkit the build uses.
+nvjpeg_wheel="nvidia-nvjpeg==13.0.4.44"
+
 purpose=${1:-all}
 case "$purpose" in
   demo | build) packages=("${build[@]}" "${libs[@]}") ;;
@@ -103,5 +109,15 @@ if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
     # Not fatal: without PyPI the tests that need these say "SKIPPED".
     $sudo /usr/bin/python3 -m pip install -q --break-system-packages "numpy==$numpy_version" "${need[@]}" \
       || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
+  fi
+fi
+
+if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
+  nvjpeg_root=${SPDL_NVJPEG_ROOT:-/opt/spdld-nvjpeg}
+  if [ ! -f "$nvjpeg_root/nvidia/cu13/include/nvjpeg.h" ]; then
+    echo "install-deps ($purpose): installing $nvjpeg_wheel into $nvjpeg_root (header + libnvjpeg.so.13)"
+    # Not fatal: without it a CUDA build has no nvJPEG decode path (its [gpu] tests say SKIPPED).
+    $sudo /usr/bin/python3 -m pip install -q --no-deps --target "$nvjpeg_root" "$nvjpeg_wheel" \
+      || echo "install-deps ($purpose): WARNING: could not install $nvjpeg_wheel; no GPU JPEG decode in CUDA builds" >&2
   fi
 fi

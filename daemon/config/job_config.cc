@@ -536,9 +536,15 @@ void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
   m.ReportUnknownKeys();
 }
 
-// Returns the resample field (absent when not given), for the check against the transforms.
-Field ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out) {
+// Returns the resample field (absent when not given), for the check against the transforms;
+// *device_field gets the device field.
+Field ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out, Field* device_field) {
   MapReader m(diag, field);
+  *device_field = m.Get("device");
+  if (auto v = internal::ReadChoice<DecodeDevice>(diag, *device_field,
+                                                  {{"cpu", DecodeDevice::kCpu}, {"cuda", DecodeDevice::kCuda}})) {
+    out->device = *v;
+  }
   const Field resample = m.Get("resample");
   if (auto v =
           internal::ReadChoice<Resample>(diag, resample, {{"exact", Resample::kExact}, {"fast", Resample::kFast}})) {
@@ -1718,6 +1724,48 @@ void ReadMix(Diagnostics& diag, const Field& field, JobConfig* out) {
 }
 
 // Image-only keys in an audio or video job: each is an error at its key.
+// decode.device: cuda: what the GPU path needs of the rest of the job, each missing piece named.
+void CheckGpuDecode(Diagnostics& diag, const Field& device, const JobConfig& c) {
+  const std::string what = "decode.device: cuda ";
+  if (c.output.cuda_device < 0) {
+    diag.Error(device, what +
+                           "decodes into the job's GPU slots: it needs output.device: cuda:N (this job delivers to " +
+                           c.output.device + ")");
+  } else if (c.output.copy != OutputConfig::Copy::kDaemon) {
+    diag.Error(device, what +
+                           "needs output.copy: daemon (spdld decodes into its own device slots; with copy: client "
+                           "it has none)");
+  }
+  if (c.decode.resample != Resample::kExact) {
+    diag.Error(device, what + "computes PIL's exact resampling: decode.resample: fast has no GPU path");
+  }
+  if (c.decode.color != ColorMode::kRgb) diag.Error(device, what + "decodes to RGB only (decode.color: gray)");
+  if (c.decode.exif_orientation) diag.Error(device, what + "does not apply EXIF orientation (decode.exif_orientation)");
+  for (const TransformOp& t : c.transforms) {
+    const bool gpu = std::holds_alternative<ResizeOp>(t) || std::holds_alternative<CenterCropOp>(t) ||
+                     std::holds_alternative<RandomResizedCropOp>(t) || std::holds_alternative<HorizontalFlipOp>(t) ||
+                     std::holds_alternative<NormalizeOp>(t);
+    if (!gpu) {
+      diag.Error(device, what +
+                             "runs resize, center_crop, random_resized_crop, horizontal_flip and normalize only; "
+                             "this job has other transforms (augmentations, user ops, random erasing, random crop)");
+      break;
+    }
+  }
+  if (!c.mask.from.empty() || c.source.type == SourceType::kCoco) {
+    diag.Error(device, what + "has no path for masks or boxes (mask, a coco source)");
+  }
+  if (c.mix.enabled()) diag.Error(device, what + "has no path for mixup / cutmix (mix)");
+  bool jpeg = false;
+  for (const std::string& e : c.source.extensions)
+    jpeg = jpeg || e == ".jpg" || e == ".jpeg" || e == ".JPG" || e == ".JPEG";
+  if (!c.source.extensions.empty() && !jpeg) {
+    diag.Error(device, what +
+                           "decodes JPEG: source.extensions lists no .jpg or .jpeg (other formats would all go "
+                           "to the CPU)");
+  }
+}
+
 void RefuseImageKeys(Diagnostics& diag, MapReader& m, Media media) {
   const std::string why = std::string(" applies to media: image only (this job's media is ") + MediaName(media) + ")";
   for (const char* key : {"transforms", "decode"}) {
@@ -1776,8 +1824,9 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   ReadSampler(diag, m.Get("sampler"), Present(sources_field), &out->sampler);
   ReadBatch(diag, m.Get("batch"), &out->batch);
   std::optional<Field> normalize;
+  Field decode_device;
   if (out->media == Media::kImage) {
-    const Field resample = ReadDecode(diag, m.Get("decode"), &out->decode);
+    const Field resample = ReadDecode(diag, m.Get("decode"), &out->decode, &decode_device);
     normalize = ReadTransforms(diag, m.Get("transforms"), out);
     if (out->decode.resample == Resample::kFast) {
       for (const TransformOp& t : out->transforms) {
@@ -1797,6 +1846,9 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   ReadMask(diag, m.Get("mask"), out);
   ReadMix(diag, m.Get("mix"), out);
   if (Present(sources_field)) CheckMixedSources(diag, sources_field, out);
+  if (out->media == Media::kImage && out->decode.device == DecodeDevice::kCuda) {
+    CheckGpuDecode(diag, decode_device, *out);
+  }
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
                            "bfloat16), not uint8");

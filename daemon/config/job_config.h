@@ -324,9 +324,19 @@ enum class ColorMode {
           // PIL's convert("L")), a grayscale source as it is
 };
 
+// Where images are decoded (YAML decode.device).
+enum class DecodeDevice {
+  kCpu,   // the worker pool (libjpeg-turbo, FFmpeg); the default
+  kCuda,  // nvJPEG on the job's GPU (output.device: cuda:N, copy: daemon), straight into its device
+          // slots; per-sample CPU fallback for what nvJPEG refuses. JPEG only; the transforms must be
+          // resize / center_crop / random_resized_crop / horizontal_flip / normalize, decode.resample
+          // exact, color rgb, no exif_orientation (the parser names what is not)
+};
+
 // How images are decoded (the format is told by the file's magic bytes: JPEG, PNG, WebP, BMP,
 // TIFF, GIF).
 struct DecodeConfig {
+  DecodeDevice device = DecodeDevice::kCpu;  // YAML: cpu | cuda
   ColorMode color = ColorMode::kRgb;  // YAML: rgb | gray; the image tensor's C is 3 or 1
   bool exif_orientation = false;  // JPEG: turn the image upright by its EXIF Orientation tag
   AlphaMode alpha = AlphaMode::kDrop;               // YAML: drop | composite

@@ -61,6 +61,7 @@ class GpuJob final : public JobHandle {
   Status Init(cuda::DeviceBackend* backend) {
     if (accepted_.client_copy()) return Status::Ok();
     if (!backend) return FailedPrecondition("no CUDA device backend for " + options_.output.device);
+    backend_ = backend;
     void* base = options_.host_base;
     if (!base) {
       base = mmap(nullptr, accepted_.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, inner_->region_fd(), 0);
@@ -92,7 +93,14 @@ class GpuJob final : public JobHandle {
   Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
     if (!pool_) return JobHandle::ImportConsumerEvents(events);
     SPDL_ASSIGN_OR_RETURN(auto done, cuda::ParseCudaConsumerEvents(events, pool_->num_slots()));
-    return pool_->ImportConsumerEvents(done);
+    Status s = pool_->ImportConsumerEvents(done);
+    if (!s.ok() && backend_ != nullptr && !backend_->sticky_error().ok()) {
+      // Not the client's handles: the device is poisoned (every CUDA call fails). The job fails with
+      // the device's error; the session goes on (a bad message would close it).
+      inner_->Abort(Status(s.code(), "GPU delivery to " + options_.output.device + ": " + s.message()));
+      return Status::Ok();
+    }
+    return s;
   }
 
   std::optional<Delivery> TakeNext() override {
@@ -133,10 +141,17 @@ class GpuJob final : public JobHandle {
 
   Status Release(uint32_t slot, uint64_t generation) override {
     if (!pool_) return inner_->Release(slot, generation);
-    SPDL_RETURN_IF_ERROR(pool_->Release(slot, generation));
+    SPDL_RETURN_IF_ERROR(pool_->Release(slot, generation));  // a stale or unknown slot: the client's mistake
     ForwardReleases();
-    SPDL_ASSIGN_OR_RETURN(bool reusable, pool_->HostSlotReusable(slot));
-    if (reusable) return inner_->Release(slot, generation);
+    auto reusable = pool_->HostSlotReusable(slot);
+    if (!reusable.ok()) {
+      // The device failed (after a sticky error every CUDA call does), not the client: the job
+      // fails with the device's error, and the session goes on (a protocol error would close it).
+      inner_->Abort(Status(reusable.status().code(),
+                           "GPU delivery to " + options_.output.device + ": " + reusable.status().message()));
+      return Status::Ok();
+    }
+    if (*reusable) return inner_->Release(slot, generation);
     {
       std::lock_guard lock(mu_);
       waiting_.emplace_back(slot, generation);
@@ -260,6 +275,7 @@ class GpuJob final : public JobHandle {
   void* mapped_ = nullptr;
   size_t mapped_bytes_ = 0;
   std::unique_ptr<cuda::DeviceSlotPool> pool_;  // null for copy: client
+  cuda::DeviceBackend* backend_ = nullptr;      // the device's backend (copy: daemon), outlives the job
   bool work_has_pool_ = false;                  // Init made a pool (teardown goes to the queue)
   proto::CudaHandles handles_;
   std::thread waiter_;

@@ -89,6 +89,15 @@ MediaJob::~MediaJob() {
 Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::Executor* executor,
                                                   std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                   pipeline::Executor* io_executor) {
+  if (spec.config.media == config::Media::kImage && spec.config.decode.device == config::DecodeDevice::kCuda) {
+    // The GPU decode's parts (gpu/cuda/jpeg_decode.h: nvJPEG batches, CPU fallback, the resize
+    // kernels) are built and tested, but the job pipeline does not run them yet: refuse rather than
+    // decode on the CPU while the config says cuda.
+    return FailedPrecondition(
+        "decode.device: cuda: GPU JPEG decode is not wired into spdld's job pipeline yet; use decode.device: cpu "
+        "(the default) with output.device: " +
+        spec.config.output.device);
+  }
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
                         shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes,

@@ -1,14 +1,18 @@
 #include "cuda/shm_fake_backend.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +69,10 @@ uint64_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
+// Every call but the destructor's clean-up fails with the sticky error once the device is poisoned,
+// as every CUDA call does in a process whose context a sticky error left unusable.
+#define SHMFAKE_STICKY_CHECK() SPDL_RETURN_IF_ERROR(sticky_error())
+
 namespace {
 // kFakeGpuVisibleEnv's list, or empty when unset.
 std::vector<int> VisibleList() {
@@ -113,11 +121,11 @@ ShmFakeBackend::~ShmFakeBackend() {
   // with live() before this runs).
   for (auto& [base, r] : regions_) {
     ::munmap(reinterpret_cast<void*>(base), r.bytes);
-    if (r.owned) ::unlink((dir_ + "/" + r.name).c_str());
+    ::unlink(r.owned ? (dir_ + "/" + r.name).c_str() : OpenMark(r.name).c_str());
   }
   for (auto& [h, e] : events_) {
     ::munmap(e->page, kEventPage);
-    if (e->owned) ::unlink((dir_ + "/" + e->name).c_str());
+    ::unlink(e->owned ? (dir_ + "/" + e->name).c_str() : OpenMark(e->name).c_str());
   }
 }
 
@@ -141,8 +149,9 @@ Result<DeviceUuid> ShmFakeBackend::Uuid() {
 }
 
 Status ShmFakeBackend::sticky_error() const {
-  const std::string path = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const std::string device_wide = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
+  int fd = ::open(device_wide.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fd = ::open((device_wide + "-" + std::to_string(::getpid())).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::Ok();
   char buf[256];
   const ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -151,6 +160,7 @@ Status ShmFakeBackend::sticky_error() const {
 }
 
 Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
+  SHMFAKE_STICKY_CHECK();
   if (ptr == nullptr || bytes == 0) return InvalidArgument("shmfake HostRegister: empty range");
   std::lock_guard lock(mu_);
   const auto p = reinterpret_cast<uintptr_t>(ptr);
@@ -163,6 +173,7 @@ Status ShmFakeBackend::HostRegister(void* ptr, size_t bytes) {
 }
 
 Status ShmFakeBackend::HostUnregister(void* ptr) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   if (registrations_.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
     return InvalidArgument("shmfake HostUnregister: not registered");
@@ -191,6 +202,7 @@ Result<void*> ShmFakeBackend::MapFile(const std::string& name, size_t bytes, boo
 }
 
 Result<void*> ShmFakeBackend::DeviceAlloc(size_t bytes) {
+  SHMFAKE_STICKY_CHECK();
   if (bytes == 0) return InvalidArgument("shmfake DeviceAlloc: 0 bytes");
   std::lock_guard lock(mu_);
   const std::string name = "mem-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
@@ -200,9 +212,14 @@ Result<void*> ShmFakeBackend::DeviceAlloc(size_t bytes) {
 }
 
 Status ShmFakeBackend::DeviceFree(void* ptr) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == regions_.end() || !it->second.owned) return InvalidArgument("shmfake DeviceFree: not an allocation's base");
+  for (int pid : LiveImporters(it->second.name)) {
+    RecordViolation("DeviceFree of " + it->second.name + " while process " + std::to_string(pid) +
+                    " still maps it (undefined in CUDA)");
+  }
   ::munmap(ptr, it->second.bytes);
   ::unlink((dir_ + "/" + it->second.name).c_str());
   regions_.erase(it);
@@ -210,6 +227,7 @@ Status ShmFakeBackend::DeviceFree(void* ptr) {
 }
 
 Result<Stream> ShmFakeBackend::CreateStream() {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   void* h = reinterpret_cast<void*>((uintptr_t{3} << 40) + next_id_++ * 16);
   streams_.insert(h);
@@ -217,12 +235,15 @@ Result<Stream> ShmFakeBackend::CreateStream() {
 }
 
 Status ShmFakeBackend::DestroyStream(Stream stream) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   if (streams_.erase(stream.handle) == 0) return InvalidArgument("shmfake DestroyStream: unknown stream");
+  blocked_streams_.erase(stream.handle);
   return Status::Ok();
 }
 
 Result<Event> ShmFakeBackend::CreateEvent(bool interprocess) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   auto e = std::make_unique<LocalEvent>();
   e->name = "ev-" + std::to_string(::getpid()) + "-" + std::to_string(NextName());
@@ -235,11 +256,22 @@ Result<Event> ShmFakeBackend::CreateEvent(bool interprocess) {
 }
 
 Status ShmFakeBackend::DestroyEvent(Event event) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   auto it = events_.find(event.handle);
   if (it == events_.end()) return InvalidArgument("shmfake DestroyEvent: unknown event");
+  if (it->second->owned && it->second->interprocess) {
+    for (int pid : LiveImporters(it->second->name)) {
+      RecordViolation("DestroyEvent of exported " + it->second->name + " while process " + std::to_string(pid) +
+                      " still has it open (undefined in CUDA)");
+    }
+  }
   ::munmap(it->second->page, kEventPage);
-  if (it->second->owned) ::unlink((dir_ + "/" + it->second->name).c_str());
+  if (it->second->owned) {
+    ::unlink((dir_ + "/" + it->second->name).c_str());
+  } else {
+    ::unlink(OpenMark(it->second->name).c_str());
+  }
   events_.erase(it);
   return Status::Ok();
 }
@@ -252,16 +284,27 @@ bool ShmFakeBackend::DeviceRangeLocked(const void* p, size_t n) const {
   return a >= it->first && n <= it->second.bytes && a - it->first <= it->second.bytes - n;
 }
 
-Status ShmFakeBackend::MemcpyH2DAsync(void* dst, const void* src, size_t bytes, Stream) {
+Status ShmFakeBackend::MemcpyH2DAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   if (!DeviceRangeLocked(dst, bytes)) return InvalidArgument("shmfake H2D copy: the destination is not device memory");
+  if (blocked_streams_.count(stream.handle) != 0) {
+    // CUDA would queue it behind a wait that never ends: the copy never runs.
+    RecordViolation("an H2D copy queued on a stream blocked for ever (it waited on a dead exporter's event)");
+    return Status::Ok();
+  }
   std::memcpy(dst, src, bytes);
   return Status::Ok();
 }
 
-Status ShmFakeBackend::MemcpyD2HAsync(void* dst, const void* src, size_t bytes, Stream) {
+Status ShmFakeBackend::MemcpyD2HAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   if (!DeviceRangeLocked(src, bytes)) return InvalidArgument("shmfake D2H copy: the source is not device memory");
+  if (blocked_streams_.count(stream.handle) != 0) {
+    RecordViolation("a D2H copy queued on a stream blocked for ever (it waited on a dead exporter's event)");
+    return Status::Ok();
+  }
   std::memcpy(dst, src, bytes);
   return Status::Ok();
 }
@@ -273,31 +316,52 @@ Result<ShmFakeBackend::LocalEvent*> ShmFakeBackend::EventLocked(Event event, con
 }
 
 Status ShmFakeBackend::RecordEvent(Event event, Stream) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "RecordEvent"));
   static_cast<EventPage*>(e->page)->records.fetch_add(1);
   return Status::Ok();
 }
 
-Status ShmFakeBackend::StreamWaitEvent(Stream, Event event) {
+Status ShmFakeBackend::StreamWaitEvent(Stream stream, Event event) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
-  return EventLocked(event, "StreamWaitEvent").status();
+  SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "StreamWaitEvent"));
+  if (!e->owned && ExporterDead(e->name)) blocked_streams_.insert(stream.handle);
+  return Status::Ok();
 }
 
 Result<bool> ShmFakeBackend::QueryEvent(Event event) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
-  SPDL_RETURN_IF_ERROR(EventLocked(event, "QueryEvent").status());
-  return true;
+  SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "QueryEvent"));
+  // An imported event whose exporter died never completes (its recorded work never runs).
+  return e->owned || !ExporterDead(e->name);
 }
 
 Status ShmFakeBackend::SynchronizeEvent(Event event) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
-  return EventLocked(event, "SynchronizeEvent").status();
+  SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "SynchronizeEvent"));
+  if (!e->owned && ExporterDead(e->name)) {
+    RecordViolation("SynchronizeEvent on " + e->name + ", whose exporter died: it would hang for ever");
+    return Unavailable("shmfake SynchronizeEvent: the event never completes (its exporter died)");
+  }
+  return Status::Ok();
 }
 
-Status ShmFakeBackend::SynchronizeStream(Stream) { return Status::Ok(); }
+Status ShmFakeBackend::SynchronizeStream(Stream stream) {
+  SHMFAKE_STICKY_CHECK();
+  std::lock_guard lock(mu_);
+  if (blocked_streams_.count(stream.handle) != 0) {
+    RecordViolation("SynchronizeStream on a stream that waited on an event that never completes: it would hang");
+    return Unavailable("shmfake SynchronizeStream: the stream waits for ever (its event's exporter died)");
+  }
+  return Status::Ok();
+}
 
 Result<IpcMemHandle> ShmFakeBackend::ExportMemory(void* base) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(base));
   if (it == regions_.end() || !it->second.owned)
@@ -306,6 +370,7 @@ Result<IpcMemHandle> ShmFakeBackend::ExportMemory(void* base) {
 }
 
 Result<IpcEventHandle> ShmFakeBackend::ExportEvent(Event event) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   SPDL_ASSIGN_OR_RETURN(LocalEvent * e, EventLocked(event, "ExportEvent"));
   if (!e->interprocess || !e->owned) return InvalidArgument("shmfake ExportEvent: not an interprocess event made here");
@@ -313,6 +378,7 @@ Result<IpcEventHandle> ShmFakeBackend::ExportEvent(Event event) {
 }
 
 Result<void*> ShmFakeBackend::OpenMemory(const IpcMemHandle& handle) {
+  SHMFAKE_STICKY_CHECK();
   SPDL_ASSIGN_OR_RETURN(std::string name, DecodeName(kMemPrefix, handle, "memory"));
   std::lock_guard lock(mu_);
   for (const auto& [base, r] : regions_) {
@@ -327,19 +393,23 @@ Result<void*> ShmFakeBackend::OpenMemory(const IpcMemHandle& handle) {
   const auto bytes = static_cast<size_t>(st.st_size);
   SPDL_ASSIGN_OR_RETURN(void* p, MapFile(name, bytes, /*create=*/false));
   regions_[reinterpret_cast<uintptr_t>(p)] = Region{name, bytes, false};
+  std::ofstream(OpenMark(name)).flush();
   return p;
 }
 
 Status ShmFakeBackend::CloseMemory(void* base) {
+  SHMFAKE_STICKY_CHECK();
   std::lock_guard lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(base));
   if (it == regions_.end() || it->second.owned) return InvalidArgument("shmfake CloseMemory: not an opened mapping");
   ::munmap(base, it->second.bytes);
+  ::unlink(OpenMark(it->second.name).c_str());
   regions_.erase(it);
   return Status::Ok();
 }
 
 Result<Event> ShmFakeBackend::OpenEvent(const IpcEventHandle& handle) {
+  SHMFAKE_STICKY_CHECK();
   SPDL_ASSIGN_OR_RETURN(std::string name, DecodeName(kEventPrefix, handle, "event"));
   std::lock_guard lock(mu_);
   for (const auto& [h, e] : events_) {
@@ -349,9 +419,63 @@ Result<Event> ShmFakeBackend::OpenEvent(const IpcEventHandle& handle) {
   auto e = std::make_unique<LocalEvent>();
   e->name = name;
   SPDL_ASSIGN_OR_RETURN(e->page, MapFile(name, kEventPage, /*create=*/false));
+  std::ofstream(OpenMark(name)).flush();
   void* h = e.get();
   events_[h] = std::move(e);
   return Event{h};
+}
+
+std::string ShmFakeBackend::OpenMark(const std::string& name) const {
+  return dir_ + "/open." + name + "." + std::to_string(::getpid());
+}
+
+std::vector<int> ShmFakeBackend::LiveImporters(const std::string& name) const {
+  std::vector<int> pids;
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return pids;
+  const std::string prefix = "open." + name + ".";
+  while (const dirent* ent = ::readdir(d)) {
+    const std::string f = ent->d_name;
+    if (f.rfind(prefix, 0) != 0) continue;
+    const int pid = std::atoi(f.c_str() + prefix.size());
+    if (pid <= 0 || pid == ::getpid()) continue;
+    // A poisoned importer's context can no longer touch the handle (every call fails), as a dead
+    // one's: neither counts.
+    const std::string poison = dir_ + "/" + kStickyErrorFile + std::to_string(physical_);
+    if (::access(poison.c_str(), F_OK) == 0 || ::access((poison + "-" + std::to_string(pid)).c_str(), F_OK) == 0) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno == EPERM) pids.push_back(pid);
+  }
+  ::closedir(d);
+  return pids;
+}
+
+void ShmFakeBackend::RecordViolation(const std::string& what) const {
+  std::fprintf(stderr, "shmfake VIOLATION (pid %d): %s\n", static_cast<int>(::getpid()), what.c_str());
+  const int fd = ::open((dir_ + "/violations").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const std::string line = "pid " + std::to_string(::getpid()) + ": " + what + "\n";
+  (void)!::write(fd, line.data(), line.size());  // one write: lines of processes never interleave
+  ::close(fd);
+}
+
+bool ShmFakeBackend::ExporterDead(const std::string& name) {
+  // mem-PID-N / ev-PID-N
+  const size_t dash = name.find('-');
+  if (dash == std::string::npos) return false;
+  const int pid = std::atoi(name.c_str() + dash + 1);
+  if (pid <= 0) return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+std::vector<std::string> ShmFakeBackend::Violations(const std::string& dir) {
+  std::vector<std::string> out;
+  std::ifstream in(dir + "/violations");
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
 }
 
 }  // namespace spdl::cuda

@@ -14,13 +14,26 @@
 //                   DeviceFree unmaps and unlinks (a mapping in another process keeps the pages).
 //   events          a one-page file DIR/ev-PID-N holding a record counter; its IPC handle is the
 //                   file's name. Work is synchronous, so a recorded event is complete at once:
-//                   QueryEvent is true, SynchronizeEvent returns at once.
+//                   QueryEvent is true, SynchronizeEvent returns at once — except an opened event
+//                   whose exporting process died: as in CUDA it never completes (QueryEvent false,
+//                   SynchronizeEvent records a "would hang" violation and fails, a stream that
+//                   waited on it is blocked for ever and every later copy on it is a violation).
 //   streams         opaque tokens; any handle is accepted as a stream (PyTorch passes 1 and 2 for
 //                   the legacy and per-thread default streams), since work is synchronous.
 //   copies          memcpy, done before MemcpyH2DAsync returns. The device side must lie inside an
 //                   allocation or an opened mapping of this process (else kInvalidArgument).
 // Like CUDA: OpenMemory / OpenEvent of a handle exported by the same process fails, handles of
 // another directory fail, a non-interprocess event cannot be exported.
+// Undefined behaviour is recorded, not refused (as FakeBackend does): freeing memory or destroying
+// an exported event while a live importer still has it open happens (the importer's pages stay
+// valid), and a line goes to DIR/violations (Violations(dir)), which tests assert empty. An
+// importer marks what it holds open with a file DIR/open.NAME.PID (removed on close; a dead
+// importer's marks do not count: the driver closes a dead process's mappings; nor do a poisoned
+// one's: its context can no longer touch them, and it cannot close them either).
+// Sticky errors: a file DIR/sticky-error-<physical> poisons that device for every process,
+// DIR/sticky-error-<physical>-<PID> for that process only (CUDA's contexts are per process). A
+// poisoned backend fails EVERY call with the error (sticky_error() returns it), as CUDA does; only
+// its destructor still cleans up the files (Uuid() keeps answering: the device is still there).
 //
 // The device UUID is derived from (DIR, physical device), so every process of one test agrees on it.
 // Like CUDA_VISIBLE_DEVICES, kFakeGpuVisibleEnv ("1,0") numbers the fake devices differently in one
@@ -34,6 +47,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "cuda/device_backend.h"
 
@@ -68,10 +82,13 @@ class ShmFakeBackend final : public DeviceBackend {
   const char* name() const override { return "shmfake"; }
   int device() const override { return ordinal_; }
   Result<DeviceUuid> Uuid() override;
-  // A test poisons the fake device for every process by writing the error's text to
-  // DIR/sticky-error-<physical device> (kStickyErrorFile + the number): then this is that error.
-  // (Only this reports it: calls keep working, unlike FakeBackend's InjectStickyError.)
+  // A test poisons the fake device by writing the error's text to DIR/sticky-error-<physical>
+  // (kStickyErrorFile + the number; every process) or DIR/sticky-error-<physical>-<PID> (one
+  // process): then this is that error, and every other call fails with it.
   Status sticky_error() const override;
+  // The undefined-behaviour and would-hang violations any process of `dir` recorded, one per line
+  // of DIR/violations (empty when there were none).
+  static std::vector<std::string> Violations(const std::string& dir);
   Status HostRegister(void* ptr, size_t bytes) override;
   Status HostUnregister(void* ptr) override;
   Result<void*> DeviceAlloc(size_t bytes) override;
@@ -111,6 +128,14 @@ class ShmFakeBackend final : public DeviceBackend {
   bool DeviceRangeLocked(const void* p, size_t n) const;
   Result<LocalEvent*> EventLocked(Event event, const char* op);
   Result<void*> MapFile(const std::string& name, size_t bytes, bool create);
+  // DIR/open.NAME.PID: this process holds `name` open (an importer's mark).
+  std::string OpenMark(const std::string& name) const;
+  // The live processes other than this one that hold `name` open (their marks).
+  std::vector<int> LiveImporters(const std::string& name) const;
+  // Appends one line to DIR/violations (and stderr).
+  void RecordViolation(const std::string& what) const;
+  // Whether the process that made the file `name` (mem-PID-N / ev-PID-N) is gone.
+  static bool ExporterDead(const std::string& name);
 
   const std::string dir_;
   const int ordinal_;
@@ -122,6 +147,7 @@ class ShmFakeBackend final : public DeviceBackend {
   std::map<uintptr_t, Region> regions_;        // base -> allocation (owned) or mapping
   std::map<uintptr_t, size_t> registrations_;  // host base -> bytes
   std::set<void*> streams_;
+  std::set<void*> blocked_streams_;  // waited on an event that never completes: blocked for ever
   std::map<void*, std::unique_ptr<LocalEvent>> events_;
 };
 

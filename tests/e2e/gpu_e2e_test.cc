@@ -85,6 +85,15 @@ struct Fixture {
     daemon.emplace(socket(), args);
     REQUIRE(daemon->Connectable());
   }
+#if !SPDL_REAL_GPU
+  // What CUDA leaves undefined (freeing memory a live importer maps, destroying an exported event it
+  // has open) or would hang on, any process did on the fake device: never allowed.
+  ~Fixture() {
+    const std::vector<std::string> violations = cuda::ShmFakeBackend::Violations(fake_gpu());
+    for (const auto& v : violations) UNSCOPED_INFO(v);
+    CHECK(violations.empty());
+  }
+#endif
   std::string root() const { return dir.path + "/data"; }
   std::string socket() const { return dir.path + "/spdld.sock"; }
   std::string fake_gpu() const { return dir.path + "/fake-gpu"; }
@@ -377,6 +386,23 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
 }
 
 #if !SPDL_REAL_GPU
+// decode.device: cuda parses (its config rules: config_test) but the job pipeline does not run the
+// GPU decode yet: spdld refuses the job, saying so, instead of decoding on the CPU behind the
+// config's back; the session serves on.
+TEST_CASE(NAME("decode.device: cuda is refused clearly until the pipeline runs it"), GPU_TAGS) {
+  Fixture f;
+  client::Options o = f.Job("{device: cuda:0}");
+  o.config_yaml += "decode: {device: cuda}\n";
+  auto l = client::GpuLoader::Open(o, ClientGpu(f));
+  REQUIRE_FALSE(l.ok());
+  CHECK_THAT(l.status().message(), Catch::Contains("decode.device: cuda") && Catch::Contains("not wired"));
+  auto ok = client::GpuLoader::Open(f.Job("{device: cuda:0}"), ClientGpu(f));
+  REQUIRE(ok.ok());
+  ok->reset();
+  CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
 // Python tensors kept after loader.close() are GpuBatches that outlive their GpuLoader: they share
 // the device side, so the daemon keeps the device memory they read until the last of them goes
 // (the client then closes its mapping and says so: CudaMappingClosed). Freeing it at EndJob, as
@@ -417,12 +443,19 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
     g.device = 0;
     auto l = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
     REQUIRE(l.ok());
-    {
+    // The trainer holds both device slots of its job, so spdld has no GPU work left for it: after
+    // a sticky error every CUDA call fails (the fake's poison file, as CUDA), and a job that calls
+    // one fails at once; this one holds the GPU until it ends.
+    std::vector<client::GpuBatch> held;
+    while (held.size() < 2) {
       auto ev = (*l)->Next();
       REQUIRE(ev.ok());
+      if (auto* b = std::get_if<client::GpuBatch>(&*ev)) held.push_back(std::move(*b));
     }
     {
-      std::FILE* poison = std::fopen((f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0").c_str(), "w");
+      // spdld's context only (CUDA's contexts are per process): the trainer's goes on.
+      std::FILE* poison = std::fopen(
+          (f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0-" + std::to_string(f.daemon->pid())).c_str(), "w");
       REQUIRE(poison != nullptr);
       std::fputs("cudaErrorIllegalAddress: an illegal memory access was encountered (test)", poison);
       std::fclose(poison);
@@ -443,6 +476,7 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
     auto again = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
     REQUIRE_FALSE(again.ok());
     CHECK_THAT(again.status().message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld"));
+    held.clear();
     l->reset();  // the last job on the GPU ends
     if (exit_on_poison) {
       CHECK(SettlesTo([&] { return !f.daemon->Running(); }));

@@ -1,33 +1,50 @@
 #!/usr/bin/env bash
-# GPU delivery on a machine with a CUDA device: configures and builds with CUDA on, runs every
-# [gpu] test — the runtime-level cases (gpu_test) and the end-to-end case through the real spdld
-# and 2 real client processes (gpu_daemon_test), and the Python binding with torch when the build
-# has it — plus the fake-backend unit tests, then prints the H2D bandwidth figure (pageable vs
-# pinned). On a fresh machine run scripts/install-deps.sh first. Under 5 minutes on a GPU machine. Without a device it builds, says clearly that there is
-# no device, and exits 0.
+# GPU delivery and GPU JPEG decode on a machine with a CUDA device: configures and builds with CUDA
+# on, runs every [gpu] test — the runtime-level cases (gpu_test), the end-to-end case through the
+# real spdld and 2 real client processes (gpu_daemon_test), nvJPEG + the resize kernels against
+# the CPU path (nvjpeg_test, when nvJPEG's header was found: scripts/install-deps.sh), and the
+# Python binding with torch when the build has it — plus the fake-backend unit tests, then prints
+# the H2D bandwidth figure (pageable vs pinned) and the CPU vs GPU decode bench (samples/s, host CPU
+# per sample, same files). On a real device it regenerates bench/GPU_RESULTS.md from this run's
+# output (device, driver, CUDA version, every figure line); never edit that file by hand.
+# On a fresh machine run scripts/install-deps.sh first. Under 5 minutes on a GPU machine. Without a
+# device it builds, says clearly that there is no device, leaves bench/GPU_RESULTS.md alone, and
+# exits 0.
 #
 #   tests/gpu/run.sh [BUILD_DIR]     (default: build-gpu at the top of the repository)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${1:-$ROOT/build-gpu}"
 JOBS="$(nproc 2>/dev/null || echo 2)"
+mkdir -p "$BUILD"
+LOG="$BUILD/gpu-run.log"
+# Everything below also goes to $LOG, from which bench/GPU_RESULTS.md is made.
+exec > >(tee "$LOG") 2>&1
 
 echo "== configure ($BUILD, CUDA on)"
 PY=(); [ -x /usr/bin/python3 ] && PY=(-DPython3_EXECUTABLE=/usr/bin/python3)
 # all-major: the spin kernel runs on whatever GPU the machine has (not only sm_80 / sm_90).
+# SPDL_NVJPEG_ROOT: where nvidia-nvjpeg is unpacked, when not /opt/spdld-nvjpeg (install-deps.sh's
+# place), e.g. a copy carried into the tree for a machine without PyPI:
+#   /usr/bin/python3 -m pip install --no-deps --target build-deps/nvjpeg nvidia-nvjpeg==13.0.4.44
+#   SPDL_NVJPEG_ROOT=$PWD/build-deps/nvjpeg tests/gpu/run.sh
+NVJ=(); [ -n "${SPDL_NVJPEG_ROOT:-}" ] && NVJ=(-DSPDL_NVJPEG_ROOT="$SPDL_NVJPEG_ROOT")
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSPDL_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CUDA_ARCHITECTURES=all-major "${PY[@]}" >/dev/null
+  -DCMAKE_CUDA_ARCHITECTURES=all-major "${PY[@]}" "${NVJ[@]}" >/dev/null
 echo "== build"
 # (The target list is read first: `ninja -t targets | grep -q` under pipefail fails when grep
 # stops reading early, which silently dropped the Python module.)
 TARGETS="$(ninja -C "$BUILD" -t targets all 2>/dev/null || true)"
 PYMOD=""
 if grep -q '^spdl_python:' <<<"$TARGETS"; then PYMOD=spdl_python; fi
+DECODE=""
+if grep -q '^nvjpeg_test:' <<<"$TARGETS"; then DECODE="nvjpeg_test spdl-gpu-decode-bench"; fi
 timeout 1800 ninja -C "$BUILD" -j "$JOBS" spdld gpu_test gpu_daemon_test spdl-gpu-consumer spdl-h2d-bandwidth \
-  cuda_test spdl-make-dataset $PYMOD
+  cuda_test gpu_decode_test spdl-make-dataset $PYMOD $DECODE
 
 echo "== fake-backend unit tests (host logic)"
 timeout 300 "$BUILD/bin/cuda_test"
+timeout 300 "$BUILD/bin/gpu_decode_test"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
@@ -43,6 +60,16 @@ rc2=0
 OUT2="$(timeout 240 "$BUILD/bin/gpu_daemon_test" "[gpu]" 2>&1)" || rc2=$?
 echo "$OUT2"
 [ "$rc2" -eq 0 ] || [ "$rc2" -eq 77 ] || exit 1
+rc3=77
+if [ -n "$DECODE" ]; then
+  echo "== [gpu] nvJPEG decode + kernels vs the CPU path"
+  rc3=0
+  OUT3="$(timeout 300 "$BUILD/bin/nvjpeg_test" "[gpu]" 2>&1)" || rc3=$?
+  echo "$OUT3"
+  [ "$rc3" -eq 0 ] || [ "$rc3" -eq 77 ] || exit 1
+else
+  echo "== [gpu] nvJPEG decode: NOT BUILT (no nvjpeg.h; scripts/install-deps.sh installs nvidia-nvjpeg)"
+fi
 if [ -d "$BUILD/python/spdl_client" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "== Python: torch.from_dlpack of cuda jobs"
   SPDL_BUILD_DIR="$BUILD" PYTHONPATH="$BUILD/python" timeout 120 /usr/bin/python3 -m pytest -q -rs \
@@ -58,9 +85,49 @@ fi
 if [ "$rc" -eq 77 ]; then
   echo "== NO CUDA DEVICE on this machine: the [gpu] tests were built but skipped (not run)."
   timeout 60 "$BUILD/bin/spdl-h2d-bandwidth" || true
+  if [ -n "$DECODE" ]; then
+    echo "== CPU vs GPU decode bench (CPU side only here)"
+    timeout 120 "$BUILD/bin/spdl-gpu-decode-bench" 64 16 || exit 1
+  fi
+  echo "== bench/GPU_RESULTS.md left as it is (it comes from a run on a real device)"
   exit 0
+fi
+if [ -n "$DECODE" ] && [ "$rc3" -eq 77 ]; then
+  echo "== FAIL: a CUDA device is there but the nvJPEG tests skipped (nvJPEG not loadable?):"
+  echo "$OUT3" | grep -i -m3 -E 'nvjpeg|skip' || true
+  exit 1
 fi
 echo "== [gpu] tests passed on a real device"
 
 echo "== H2D bandwidth"
 timeout 120 "$BUILD/bin/spdl-h2d-bandwidth" 256 8
+if [ -n "$DECODE" ]; then
+  echo "== CPU vs GPU decode bench (same files)"
+  timeout 300 "$BUILD/bin/spdl-gpu-decode-bench" 1024 64
+fi
+
+# bench/GPU_RESULTS.md, regenerated from this run's output.
+RESULTS="$ROOT/bench/GPU_RESULTS.md"
+{
+  echo "# GPU results (generated by tests/gpu/run.sh; do not edit by hand)"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/- device: /'
+  fi
+  nvcc_version="$( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | xargs -I{} sh -c '{} --version 2>/dev/null' | grep -o 'release [0-9.]*' || true)"
+  echo "- CUDA toolkit: ${nvcc_version:-unknown}"
+  echo
+  echo "## [gpu] tests"
+  echo
+  echo '```'
+  grep -E '^(All tests passed|test cases:|assertions:)|SKIPPED|FAILED' "$LOG" || true
+  echo '```'
+  echo
+  echo "## Figures"
+  echo
+  echo '```'
+  grep -E '^ *(pageable|pinned|H2D|daemon path|ipc|nvjpeg|decode-bench)' "$LOG" || true
+  echo '```'
+} > "$RESULTS"
+echo "== wrote $RESULTS"

@@ -4,7 +4,7 @@ uid, schemaVersion, templating and panels; every panel with a unique id, a known
 inside the 24-column grid, a Prometheus data source and targets with refId and expr; every metric an
 expression names is one spdld exports (read from daemon/ops/metrics.cc and the job statistics table
 proto/job_stats_fields.cc it is generated from); with promtool installed, every expression parses as
-PromQL (promtool check rules on recording rules made of them).
+PromQL (promtool check rules on recording rules made of them); a panel shows the poisoned-GPU gauge.
 
 Usage: grafana_check.py DASHBOARD_JSON METRICS_SOURCE... Exit 0 when all hold, 1 otherwise.
 """
@@ -91,9 +91,12 @@ for v in dash.get("templating", {}).get("list", []):
     if not v.get("name") or not v.get("type"):
         problem(f"template variable without name or type: {v}")
 titles = " ".join(p.get("title", "").lower() for p in dash.get("panels", []))
-for needed in ("samples/s per job", "client wait", "p99", "memory", "failures"):
+for needed in ("samples/s per job", "client wait", "p99", "memory", "failures", "poisoned"):
     if needed not in titles:
         problem(f"no panel for {needed!r}")
+# Operators must see a GPU that a sticky CUDA error poisoned (its jobs fail until spdld restarts).
+if not any("spdld_gpu_device_poisoned" in e for e in exprs):
+    problem("no panel queries spdld_gpu_device_poisoned (a poisoned GPU would go unseen)")
 
 promtool = shutil.which("promtool")
 if promtool:

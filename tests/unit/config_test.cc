@@ -507,6 +507,34 @@ TEST_CASE("job config: output options") {
     c = ParseGoodJob(kMinimalJob);
     CHECK(c.output.cuda_device == -1);
   }
+  SECTION("decode.device: cuda needs a cuda delivery by the daemon and the GPU path's transforms") {
+    JobConfig c = ParseGoodJob(std::string(kMinimalJob) + "decode: {device: cuda}\noutput: {device: cuda:0}\n");
+    CHECK(c.decode.device == DecodeDevice::kCuda);
+    CHECK(ParseGoodJob(kMinimalJob).decode.device == DecodeDevice::kCpu);
+    auto errors = ParseBadJob(std::string(kMinimalJob) + "decode: {device: cuda}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(Contains(ErrorAt(errors, "decode.device").message, "needs output.device: cuda:N (this job delivers to cpu)"));
+    CHECK(ErrorAt(errors, "decode.device").line == 5);
+    errors = ParseBadJob(std::string(kMinimalJob) + "decode: {device: cuda}\noutput: {device: cuda:0, copy: client}\n");
+    REQUIRE(errors.size() == 1);
+    CHECK(Contains(ErrorAt(errors, "decode.device").message, "needs output.copy: daemon"));
+    errors = ParseBadJob(std::string(kMinimalJob) +
+                         "decode: {device: cuda, resample: fast, color: gray, exif_orientation: true}\n"
+                         "output: {device: cuda:0}\n");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 3);
+    errors = ParseBadJob(R"(source: {root: /data/x, extensions: [.png]}
+transforms: [{resize: {height: 32, width: 32}}, {trivial_augment_wide: {}}]
+decode: {device: cuda}
+output: {device: cuda:0}
+)");
+    INFO(Dump(errors));
+    REQUIRE(errors.size() == 2);
+    CHECK(Contains(errors[0].message + errors[1].message, "resize, center_crop, random_resized_crop"));
+    CHECK(Contains(errors[0].message + errors[1].message, "source.extensions lists no .jpg"));
+    errors = ParseBadJob(std::string(kMinimalJob) + "decode: {device: gpu}\n");
+    CHECK(Contains(ErrorAt(errors, "decode.device").message, "must be one of cpu | cuda (got 'gpu')"));
+  }
 }
 
 TEST_CASE("job config: random transforms, normalize and the decode section") {

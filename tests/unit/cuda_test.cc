@@ -3,6 +3,9 @@
 // FakeBackend. Two FakeBackends on one FakeDevice stand for the daemon and the trainer processes,
 // and the device's call log shows the order of every call across both, which is what the reuse
 // rule is about. The same code runs against the real CUDA runtime in tests/gpu/.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -20,6 +23,7 @@
 #include "cuda/device_slot_pool.h"
 #include "cuda/fake_backend.h"
 #include "cuda/ipc_messages.h"
+#include "cuda/shm_fake_backend.h"
 #include "proto/control.pb.h"
 #include "proto/shm_layout.h"
 #include "spdl/cuda/client_copy.h"
@@ -291,6 +295,162 @@ TEST_CASE("FakeBackend: a sticky error poisons every later call of the process",
   auto mine = other.DeviceAlloc(16);
   REQUIRE(mine.ok());
   REQUIRE(other.DeviceFree(*mine).ok());
+}
+
+// The cross-process fake (the daemon's --test-only-fake-gpu) follows the same rules: a forked child
+// stands for the trainer. (Fork before any thread: this test's process has none yet.)
+// A Result<bool>'s value, or `otherwise` when it failed.
+inline bool ValueOr(const Result<bool>& r, bool otherwise) { return r.ok() ? *r : otherwise; }
+namespace shmfake {
+struct Dir {
+  std::string path;
+  Dir() {
+    char tmpl[] = "/tmp/spdl-shmfake-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~Dir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
+};
+// Runs fn in a child process; returns its exit status (fn's return value).
+int InChild(const std::function<int()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(fn());
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+}  // namespace shmfake
+
+TEST_CASE(
+    "ShmFakeBackend: undefined frees are recorded, a dead exporter's event never completes, sticky errors fail every "
+    "call",
+    "[cuda]") {
+  shmfake::Dir dir;
+  auto daemon = ShmFakeBackend::Create(dir.path, 0);
+  REQUIRE(daemon.ok());
+  ShmFakeBackend& d = **daemon;
+  auto mem = d.DeviceAlloc(4096);
+  REQUIRE(mem.ok());
+  auto ev = d.CreateEvent(/*interprocess=*/true);
+  REQUIRE(ev.ok());
+  auto mh = d.ExportMemory(*mem);
+  auto eh = d.ExportEvent(*ev);
+  REQUIRE(mh.ok());
+  REQUIRE(eh.ok());
+  int to_child[2], to_parent[2];
+  REQUIRE(::pipe(to_child) == 0);
+  REQUIRE(::pipe(to_parent) == 0);
+  // 1. The trainer maps the memory and opens the event, and keeps them open while the daemon frees
+  // and destroys them: undefined in CUDA, so it happens (the trainer's bytes stay valid) and is
+  // recorded as a violation, once each.
+  const pid_t trainer = ::fork();
+  if (trainer == 0) {
+    auto t = ShmFakeBackend::Create(dir.path, 0);
+    if (!t.ok()) ::_exit(2);
+    auto m = (*t)->OpenMemory(*mh);
+    auto e = (*t)->OpenEvent(*eh);
+    if (!m.ok() || !e.ok()) ::_exit(3);
+    (void)!::write(to_parent[1], "o", 1);
+    char c;
+    (void)!::read(to_child[0], &c, 1);  // the daemon has freed both
+    static_cast<uint8_t*>(*m)[0] = 7;   // still mapped pages
+    const bool ok = (*t)->CloseMemory(*m).ok() && (*t)->DestroyEvent(*e).ok();
+    ::_exit(ok ? 0 : 4);
+  }
+  char c = 0;
+  REQUIRE(::read(to_parent[0], &c, 1) == 1);
+  CHECK(ShmFakeBackend::Violations(dir.path).empty());
+  CHECK(d.DeviceFree(*mem).ok());
+  CHECK(d.DestroyEvent(*ev).ok());
+  REQUIRE(::write(to_child[1], "f", 1) == 1);
+  int st = 0;
+  ::waitpid(trainer, &st, 0);
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  auto v = ShmFakeBackend::Violations(dir.path);
+  REQUIRE(v.size() == 2);
+  CHECK_THAT(v[0], Catch::Contains("DeviceFree") && Catch::Contains("still maps it"));
+  CHECK_THAT(v[1], Catch::Contains("DestroyEvent") && Catch::Contains("still has it open"));
+  ::unlink((dir.path + "/violations").c_str());
+
+  // 2. Closed before the free, in the right order: no violation. A dead importer's marks do not
+  // count either (the driver closes a dead process's mappings).
+  auto mem2 = d.DeviceAlloc(4096);
+  REQUIRE(mem2.ok());
+  auto mh2 = d.ExportMemory(*mem2);
+  REQUIRE(mh2.ok());
+  CHECK(shmfake::InChild([&] {
+          auto t = ShmFakeBackend::Create(dir.path, 0);
+          if (!t.ok() || !(*t)->OpenMemory(*mh2).ok()) return 2;
+          ::_exit(0);  // dies holding the mapping
+        }) == 0);
+  CHECK(d.DeviceFree(*mem2).ok());
+  CHECK(ShmFakeBackend::Violations(dir.path).empty());
+
+  // 3. An event exported by a process that died never completes in its importers: QueryEvent stays
+  // false, SynchronizeEvent would hang (a violation, and an error instead of hanging the test), and
+  // a stream that waited on it is blocked for ever: a copy queued behind it never runs.
+  ::close(to_parent[0]);
+  ::close(to_parent[1]);
+  REQUIRE(::pipe(to_parent) == 0);
+  const pid_t exporter = ::fork();
+  if (exporter == 0) {
+    auto x = ShmFakeBackend::Create(dir.path, 0);
+    if (!x.ok()) ::_exit(2);
+    auto e = (*x)->CreateEvent(true);
+    if (!e.ok() || !(*x)->RecordEvent(*e, Stream{}).ok()) ::_exit(3);
+    auto h = (*x)->ExportEvent(*e);
+    if (!h.ok()) ::_exit(4);
+    (void)!::write(to_parent[1], h->bytes.data(), h->bytes.size());
+    (void)!::read(to_child[0], &c, 1);
+    ::_exit(0);  // dies without destroying it (the daemon killed with a copy queued)
+  }
+  IpcEventHandle dead_h;
+  REQUIRE(::read(to_parent[0], dead_h.bytes.data(), dead_h.bytes.size()) == static_cast<ssize_t>(dead_h.bytes.size()));
+  auto opened = d.OpenEvent(dead_h);
+  REQUIRE(opened.ok());
+  CHECK(ValueOr(d.QueryEvent(*opened), false));  // alive: its recorded work has run
+  REQUIRE(::write(to_child[1], "x", 1) == 1);
+  ::waitpid(exporter, nullptr, 0);
+  CHECK_FALSE(ValueOr(d.QueryEvent(*opened), true));
+  CHECK(ShmFakeBackend::Violations(dir.path).empty());
+  CHECK_FALSE(d.SynchronizeEvent(*opened).ok());
+  CHECK(ShmFakeBackend::Violations(dir.path).size() == 1);
+  auto stream = d.CreateStream();
+  auto dst = d.DeviceAlloc(64);
+  REQUIRE(stream.ok());
+  REQUIRE(dst.ok());
+  std::vector<uint8_t> src(64, 9);
+  std::memset(*dst, 0, 64);
+  REQUIRE(d.StreamWaitEvent(*stream, *opened).ok());
+  REQUIRE(d.MemcpyH2DAsync(*dst, src.data(), 64, *stream).ok());
+  CHECK(static_cast<uint8_t*>(*dst)[0] == 0);  // never ran
+  CHECK(ShmFakeBackend::Violations(dir.path).size() == 2);
+  CHECK_FALSE(d.SynchronizeStream(*stream).ok());
+  REQUIRE(d.DestroyEvent(*opened).ok());
+  REQUIRE(d.DestroyStream(*stream).ok());
+  ::unlink((dir.path + "/violations").c_str());
+
+  // 4. A sticky error of this process (its PID's poison file) fails every later call with it;
+  // another process on the same device goes on (CUDA contexts are per process).
+  {
+    std::FILE* f = std::fopen((dir.path + "/" + kStickyErrorFile + "0-" + std::to_string(::getpid())).c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("cudaErrorIllegalAddress: test", f);
+    std::fclose(f);
+  }
+  CHECK_THAT(d.sticky_error().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(d.DeviceAlloc(16).status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(d.DeviceFree(*dst).message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(d.CreateStream().status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_THAT(d.MemcpyH2DAsync(*dst, src.data(), 64, Stream{}).message(), Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK(d.Uuid().ok());
+  CHECK(shmfake::InChild([&] {
+          auto t = ShmFakeBackend::Create(dir.path, 0);
+          if (!t.ok() || !(*t)->sticky_error().ok()) return 2;
+          auto m = (*t)->DeviceAlloc(16);
+          return m.ok() && (*t)->DeviceFree(*m).ok() ? 0 : 3;
+        }) == 0);
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) ::close(fd);
 }
 
 TEST_CASE("FakeBackend: misuse CUDA refuses is refused, fault injection, pinned copies", "[cuda]") {
