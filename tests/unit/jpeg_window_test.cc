@@ -271,6 +271,48 @@ TEST_CASE("image decoder partial path matches the full-decode path", "[jpeg_wind
       samples, dct_scaled, worst_mean_fast, worst_max_fast, worst_mean_exact, worst_max_exact, yuv_mean, yuv_max);
 }
 
+TEST_CASE("a CMYK JPEG's window decode matches the full decode", "[jpeg_window]") {
+  // TurboJPEG writes the CMYK JPEG (Adobe-style YCCK) from 4-byte pixels.
+  const int w = 301, h = 203;
+  const std::vector<uint8_t> rgb = Scene(w, h, 3);
+  std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    for (int c = 0; c < 3; ++c) cmyk[4 * i + c] = rgb[3 * i + c];
+    cmyk[4 * i + 3] = static_cast<uint8_t>(200 + (i % 50));
+  }
+  std::unique_ptr<void, int (*)(void*)> tj(tjInitCompress(), tjDestroy);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  REQUIRE(tjCompress2(tj.get(), cmyk.data(), w, 0, h, TJPF_CMYK, &buf, &size, TJSAMP_420, 90, 0) == 0);
+  const std::vector<uint8_t> jpeg(buf, buf + size);
+  tjFree(buf);
+  for (Resample resample : {Resample::kFast, Resample::kExact}) {
+    for (int channels : {3, 1}) {
+      for (int geometry = 0; geometry < 2; ++geometry) {
+        ImageOps ops;
+        ops.resample = resample;
+        ops.channels = channels;
+        if (geometry == 0) {
+          ops.random_crop_width = ops.random_crop_height = 32;
+        } else {
+          ops.resize_shorter = 64;
+          ops.crop_width = ops.crop_height = 32;
+        }
+        CAPTURE(resample == Resample::kFast, channels, geometry);
+        ImageDecoder on(JpegDecodePath::kRgb), off(JpegDecodePath::kRgb);
+        off.set_jpeg_window_decode(false);
+        const size_t n = size_t{32} * 32 * channels;
+        for (uint64_t seed : {5u, 6u, 7u}) {
+          std::vector<uint8_t> a(n), b(n);
+          REQUIRE(on.DecodeInto(jpeg, ops, a.data(), 32, 32, seed).ok());
+          REQUIRE(off.DecodeInto(jpeg, ops, b.data(), 32, 32, seed).ok());
+          CHECK(a == b);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("resampling a part of the source gives the whole source's window", "[jpeg_window]") {
   const int w = 203, h = 157;
   const std::vector<uint8_t> rgb = Scene(w, h, 9);
