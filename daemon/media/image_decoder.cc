@@ -117,10 +117,11 @@ int ChooseDctScale(const Window& w, int target_width, int target_height) {
 
 // Whether the fast path decodes only the window `w` (stored pixels) rather than the whole image.
 // The window decoder gives RGB (libjpeg upsamples and converts colour), which swscale resamples
-// at more cost than the full path's Y/Cb/Cr planes; measured with bench/ops (one thread, 200
-// ImageNet-like JPEGs, bench/README.md): a center crop 224 of a 256 resize (about 57 % of the
-// image) gained nothing (404 against 411 img/s, within noise), a random resized crop (mean share
-// about half) 1.10x. So only windows of at most half the image take the window path.
+// at more cost than the full path's Y/Cb/Cr planes. Measured with bench/ops (one thread, 200
+// ImageNet-like JPEGs, every window taking the window path): a center crop 224 of a 256 resize
+// (about 57 % of the image) gained nothing (404 against 411 img/s, within noise), a random resized
+// crop (mean share about half) 1.10x. So only windows of at most half the image take the window
+// path (with that rule: bench/README.md).
 constexpr double kWindowMaxShare = 0.5;
 bool WindowPays(const Window& w, int width, int height) {
   return (w.x1 - w.x0) * (w.y1 - w.y0) <= kWindowMaxShare * width * height;
