@@ -2,7 +2,9 @@
 // files held in memory (no I/O in the timed loop). Driven by bench/ops/run_ops.py, which runs
 // the same operations with PIL / torchvision and writes the comparison; not run by the tests.
 //
-//   spdl-ops-bench image [--repeats N] [--resample exact|fast|both] FILE...   # decode and each transform
+//   spdl-ops-bench image [--repeats N] [--resample exact|fast|both] [--full-decode] FILE...   # decode and each
+//                                                                                # transform
+//     (--full-decode: each crop op also with the JPEG window decode off, as "OP (full decode)")
 //   spdl-ops-bench audio [--repeats N] [--rate R] [--seconds S] FILE...
 //   spdl-ops-bench video [--repeats N] [--frames T] [--stride S] [--size P] FILE...
 //
@@ -66,10 +68,11 @@ void Measure(const std::string& kind, const std::string& op, size_t items, doubl
   std::cout << j.dump() << std::endl;
 }
 
-int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const std::string& resample) {
+int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const std::string& resample, bool full_decode) {
   struct Op {
-    const char* name;
+    std::string name;
     ImageOps ops;
+    bool window = true;  // the JPEG window decode (ImageDecoder::set_jpeg_window_decode)
   };
   std::vector<Op> ops;
   ImageOps o;
@@ -96,11 +99,19 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const st
     for (Op op : ops) {
       op.ops.resample = std::string(mode) == "fast" ? spdl::media::Resample::kFast : spdl::media::Resample::kExact;
       all.push_back(op);
+      if (full_decode && op.name.find("crop") != std::string::npos) {
+        Op full = op;
+        full.name += " (full decode)";
+        full.window = false;
+        all.push_back(full);
+      }
     }
   }
-  spdl::media::ImageDecoder decoder;
+  spdl::media::ImageDecoder window_decoder, full_decoder;
+  full_decoder.set_jpeg_window_decode(false);
   std::vector<uint8_t> out;
   for (const Op& op : all) {
+    spdl::media::ImageDecoder& decoder = op.window ? window_decoder : full_decoder;
     uint64_t epoch = 0;
     const std::string mode = op.ops.resample == spdl::media::Resample::kFast ? "fast" : "exact";
     Measure(
@@ -234,10 +245,12 @@ int main(int argc, char** argv) {
   app.add_option("--size", size, "video: output height and width");
   app.add_option("--resample", resample, "image: exact, fast or both (each op once per path)")
       ->check(CLI::IsMember({"exact", "fast", "both"}));
+  bool full_decode = false;
+  app.add_flag("--full-decode", full_decode, "image: each crop op also with the JPEG window decode off");
   CLI11_PARSE(app, argc, argv);
   std::vector<std::vector<uint8_t>> files;
   for (const auto& p : paths) files.push_back(ReadFile(p));
-  if (kind == "image") return Images(files, repeats, resample);
+  if (kind == "image") return Images(files, repeats, resample, full_decode);
   if (kind == "audio") return Audio(files, repeats, rate, seconds);
   return Video(files, repeats, frames, stride, size);
 }

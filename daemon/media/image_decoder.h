@@ -29,6 +29,16 @@
 //      pixel format (RGB, RGBA, palette, gray, 16-bit, YUV 4:2:0 for lossy WebP). Then one swscale
 //      pass converts and resamples only the source rectangle, straight into the destination when
 //      the output is uint8 NHWC and nothing is mirrored or rotated.
+//   Window decode (JPEG, set_jpeg_window_decode, on by default; media/jpeg_window.h): on the
+//      exact path, for an upright JPEG, a random resized crop decodes only the crop's rectangle,
+//      and a resize + center crop only the source samples the resampler reads for the kept window
+//      (its filter's support included); those pixels are a full decode's, bit for bit, so PIL's
+//      output is unchanged. A JPEG with an EXIF rotation is decoded whole there. On the fast path
+//      the source rectangle (at the chosen DCT scale) is decoded alone, to RGB or gray, when it is
+//      at most half the image (larger windows keep the Y/Cb/Cr planes path, which swscale resamples
+//      more cheaply than RGB: measured, image_decoder.cc WindowPays). Rows below the window are
+//      never decoded: corrupt entropy data there goes unnoticed (a file cut short is still
+//      kDataLoss, jpeg_window.h).
 //   6. Otherwise the resampled image goes to a scratch image (per decoder, so per thread), and one
 //      pass (pixel_convert.h) turns it upright (fast path), mirrors it (random horizontal flip),
 //      pads, normalizes, converts to the output dtype and lays it out HWC or CHW into the
@@ -38,9 +48,9 @@
 // equal channels, or, with ops.channels = 1, stay one: then every image is gray, a colour one
 // converted to its luma (ITU-R 601, full range, as PIL's convert("L")) — a JPEG by libjpeg-turbo's
 // own grayscale output on the fast path (the Y plane; chroma is not decoded), CMYK through RGB, other
-// formats by swscale in the resampling pass (the exact path: PIL's formula on the RGB image). Alpha is dropped, or composited over ops.background at the
-// source resolution (ops.alpha; at 8 bits). 16-bit images are resampled from their 16-bit samples
-// (exact path: resample.h with 64-bit sums; fast path: swscale): for floating-point outputs into a
+// formats by swscale in the resampling pass (the exact path: PIL's formula on the RGB image). Alpha is dropped, or
+// composited over ops.background at the source resolution (ops.alpha; at 8 bits). 16-bit images are resampled from
+// their 16-bit samples (exact path: resample.h with 64-bit sums; fast path: swscale): for floating-point outputs into a
 // 16-bit scratch image, so the output is v / 65535 at full precision (ImageInfo::sample_bits = 16);
 // for uint8 the 8-bit value is the high byte, as PIL makes it (within one level of v / 257). Palette
 // images are expanded to RGB before resampling. A GIF gives its first frame (checked to be complete: FFmpeg
@@ -165,6 +175,11 @@ class ImageDecoder {
 
   // Reads only a JPEG header. kDataLoss when the bytes do not start a decodable JPEG.
   Status ReadJpegHeader(std::span<const uint8_t> jpeg, ImageInfo* info);
+
+  // JPEG window decode (jpeg_window.h; on by default): only the part of the image the geometry
+  // keeps is decoded, where it applies (see the class comment). Off: every JPEG is decoded whole,
+  // as before (for tests comparing the two, and bench/ops).
+  void set_jpeg_window_decode(bool on);
 
   // swscale contexts built so far by this decoder (cache misses), for tests and stats (the exact
   // path builds one only for non-JPEG formats that need a pixel-format conversion).

@@ -373,8 +373,53 @@ void ComputeNearestIndex(int in_size, int out_size, int out_begin, int out_end, 
   }
 }
 
+void SourceSpan(int in_size, int out_size, ResampleFilter f, int out_begin, int out_end, int* begin, int* end) {
+  if (in_size == out_size && f != ResampleFilter::kNearest) {
+    *begin = out_begin;
+    *end = out_end;
+    return;
+  }
+  if (f == ResampleFilter::kNearest) {
+    std::vector<int> index;
+    ComputeNearestIndex(in_size, out_size, out_begin, out_end, &index);
+    *begin = *std::min_element(index.begin(), index.end());
+    *end = *std::max_element(index.begin(), index.end()) + 1;
+    return;
+  }
+  AxisWeights w;
+  ComputeAxisWeights(in_size, out_size, f, out_begin, out_end, &w);
+  *begin = in_size;
+  *end = 0;
+  for (size_t i = 0; i < w.first.size(); ++i) {
+    *begin = std::min(*begin, w.first[i]);
+    *end = std::max(*end, w.first[i] + w.count[i]);
+  }
+}
+
+namespace {
+
+// Moves source indices from the whole image's axis to the part's, which starts at `origin` and has
+// `size` samples; false when one falls outside the part.
+bool Rebase(std::vector<int>& first, const std::vector<int>* count, int origin, int size) {
+  for (size_t i = 0; i < first.size(); ++i) {
+    first[i] -= origin;
+    if (first[i] < 0 || first[i] + (count != nullptr ? (*count)[i] : 1) > size) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uint8_t* dst, size_t dst_stride) {
   if (src.data == nullptr || src.width < 1 || src.height < 1) return InvalidArgument("resample: empty source");
+  const bool part = r.full_width != 0 || r.full_height != 0;
+  const int in_width = part ? r.full_width : src.width;
+  const int in_height = part ? r.full_height : src.height;
+  if (part && (r.src_x < 0 || r.src_y < 0 || r.src_x + src.width > in_width || r.src_y + src.height > in_height)) {
+    return InvalidArgument("resample: the source part is not inside the " + std::to_string(in_width) + "x" +
+                           std::to_string(in_height) + " image");
+  }
+  auto outside = [] { return InvalidArgument("resample: the window reads source samples outside the given part"); };
   if (src.channels != 1 && src.channels != 3 && src.channels != 4) {
     return InvalidArgument("resample: " + std::to_string(src.channels) + " channels (1, 3 or 4 only)");
   }
@@ -390,8 +435,11 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
   if (dst == nullptr || dst_stride < pixel * r.window_width) return InvalidArgument("resample: destination too small");
 
   if (r.filter == ResampleFilter::kNearest) {
-    ComputeNearestIndex(src.width, r.out_width, r.window_x, r.window_x + r.window_width, &index_x_);
-    ComputeNearestIndex(src.height, r.out_height, r.window_y, r.window_y + r.window_height, &index_y_);
+    ComputeNearestIndex(in_width, r.out_width, r.window_x, r.window_x + r.window_width, &index_x_);
+    ComputeNearestIndex(in_height, r.out_height, r.window_y, r.window_y + r.window_height, &index_y_);
+    if (!Rebase(index_x_, nullptr, r.src_x, src.width) || !Rebase(index_y_, nullptr, r.src_y, src.height)) {
+      return outside();
+    }
     if (src.wide) {
       Nearest<uint16_t>(src, index_x_, index_y_, dst, dst_stride);
     } else {
@@ -401,35 +449,41 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
   }
 
   // A pass is needed when its axis changes size (PIL's rule); else that axis is copied.
-  const bool need_h = r.out_width != src.width;
-  const bool need_v = r.out_height != src.height;
+  const bool need_h = r.out_width != in_width;
+  const bool need_v = r.out_height != in_height;
   const int n = r.window_width * src.channels;  // samples per output row
+  // The window's first column and row in the part's coordinates (an axis that is not resampled).
+  const int wx = r.window_x - r.src_x, wy = r.window_y - r.src_y;
+  if ((!need_h && (wx < 0 || wx + r.window_width > src.width)) ||
+      (!need_v && (wy < 0 || wy + r.window_height > src.height))) {
+    return outside();
+  }
   if (!need_h && !need_v) {
     for (int y = 0; y < r.window_height; ++y) {
       std::memcpy(dst + static_cast<size_t>(y) * dst_stride,
-                  src.data + static_cast<size_t>(r.window_y + y) * src.stride + r.window_x * pixel,
-                  pixel * r.window_width);
+                  src.data + static_cast<size_t>(wy + y) * src.stride + wx * pixel, pixel * r.window_width);
     }
     return Status::Ok();
   }
   if (need_v) {
-    ComputeAxisWeights(src.height, r.out_height, r.filter, r.window_y, r.window_y + r.window_height, &vertical_);
+    ComputeAxisWeights(in_height, r.out_height, r.filter, r.window_y, r.window_y + r.window_height, &vertical_);
+    if (!Rebase(vertical_.first, &vertical_.count, r.src_y, src.height)) return outside();
   }
   if (!need_h) {
     // Vertical only, straight from the source's window columns.
     if (src.wide) {
-      Vertical<uint16_t, int64_t>(src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride,
-                                  sums_);
+      Vertical<uint16_t, int64_t>(src.data, src.stride, 0, wx * src.channels, n, vertical_, dst, dst_stride, sums_);
     } else {
-      Vertical8(simd_, src.data, src.stride, 0, r.window_x * src.channels, n, vertical_, dst, dst_stride, sums32_);
+      Vertical8(simd_, src.data, src.stride, 0, wx * src.channels, n, vertical_, dst, dst_stride, sums32_);
     }
     return Status::Ok();
   }
-  ComputeAxisWeights(src.width, r.out_width, r.filter, r.window_x, r.window_x + r.window_width, &horizontal_);
+  ComputeAxisWeights(in_width, r.out_width, r.filter, r.window_x, r.window_x + r.window_width, &horizontal_);
+  if (!Rebase(horizontal_.first, &horizontal_.count, r.src_x, src.width)) return outside();
   if (!need_v) {
     // Horizontal only, straight into the destination.
     PackedImage rows = src;
-    rows.data = src.data + static_cast<size_t>(r.window_y) * src.stride;
+    rows.data = src.data + static_cast<size_t>(wy) * src.stride;
     if (src.wide) {
       HorizontalAny<uint16_t, int64_t>(rows, 0, r.window_height, horizontal_, dst, dst_stride);
     } else {

@@ -80,7 +80,20 @@ struct ResampleRequest {
   int window_width = 0;
   int window_height = 0;
   ResampleFilter filter = ResampleFilter::kBilinear;
+  // src may be only a part of the image being resized (a window decode): its columns [src_x, src_x +
+  // src.width) and rows [src_y, src_y + src.height) of a full_width x full_height image (0, 0: src is
+  // the whole image). The weights are the whole image's; the part must hold every source sample the
+  // window reads (SourceSpan), else kInvalidArgument.
+  int src_x = 0;
+  int src_y = 0;
+  int full_width = 0;
+  int full_height = 0;
 };
+
+// The source samples [*begin, *end) that outputs [out_begin, out_end) of an in_size -> out_size
+// resize with filter f read (an axis whose size does not change reads exactly its outputs).
+// Same REQUIRES as ComputeAxisWeights.
+void SourceSpan(int in_size, int out_size, ResampleFilter f, int out_begin, int out_end, int* begin, int* end);
 
 class Resampler {
  public:

@@ -11,6 +11,9 @@
 //   scaling allowed, the JPEG RGB path instead of YUV planes, interpolation, flip probability
 //   (0, 1/2, 1), normalize (float outputs), max_pixels (4096, 65536, 2^20 or 2^22), the sample seed.
 // The seeds (corpus/image/, written by make_media_corpus.sh) are real files with such a trailer.
+// From those fields (no more bytes read, so older inputs keep their meaning) a hash also picks
+// whether ImageDecoder's JPEG window decode is on, and, for a JPEG, a window of the image at a
+// DCT scale (1, 1/2, 1/4, 1/8) and RGB or gray for JpegWindowDecoder (media/jpeg_window.h) itself.
 //
 // max_pixels stays at most 2^22 so that what the decoders may allocate by design (a few bytes per
 // source pixel) stays far under libFuzzer's -malloc_limit_mb (scripts/fuzz.sh sets 512): a larger
@@ -26,7 +29,11 @@
 //     same bytes: every byte of the row is written (padding included), and nothing depends on
 //     uninitialised memory or on the images decoded before;
 //   - nothing is written outside the row (GuardedRow: poisoned guards with a pattern checked after
-//     each call, for writes by the uninstrumented libraries).
+//     each call, for writes by the uninstrumented libraries);
+//   - JpegWindowDecoder: only OK, kDataLoss or kResourceExhausted for a window inside the image;
+//     on OK the region holds the window, inside the scaled image, and every byte of the window is
+//     read (ASan sees a region past the buffer); when the whole image decodes too, the window's
+//     pixels equal the whole decode's there (the window decode's contract).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -37,7 +44,9 @@
 #include "fuzz_check.h"
 #include "guarded_row.h"
 #include "media/image_decoder.h"
+#include "media/image_format.h"
 #include "media/image_ops.h"
+#include "media/jpeg_window.h"
 
 namespace {
 
@@ -99,6 +108,45 @@ Case ReadCase(FuzzedDataProvider& in) {
   return c;
 }
 
+// The window decoder on its own: a window and scale picked by `h`, then the whole image at the same
+// scale, whose pixels must agree with the window's.
+void FuzzJpegWindow(const std::vector<uint8_t>& file, int width, int height, int64_t max_pixels, uint64_t h) {
+  static JpegWindowDecoder* jwin = new JpegWindowDecoder;
+  JpegWindowRequest r;
+  r.scale_denom = 1 << ((h >> 3) & 3);
+  const int sw = JpegScaledSize(width, r.scale_denom), sh = JpegScaledSize(height, r.scale_denom);
+  r.x0 = static_cast<int>((h >> 8) % static_cast<uint64_t>(sw));
+  r.y0 = static_cast<int>((h >> 20) % static_cast<uint64_t>(sh));
+  r.x1 = r.x0 + 1 + static_cast<int>((h >> 32) % static_cast<uint64_t>(sw - r.x0));
+  r.y1 = r.y0 + 1 + static_cast<int>((h >> 44) % static_cast<uint64_t>(sh - r.y0));
+  r.gray = ((h >> 58) & 1) != 0;
+  JpegWindowImage w;
+  const Status s = jwin->Decode(file, r, max_pixels, &w);
+  FUZZ_TRACE("image_fuzz: window [%d, %d) x [%d, %d) at 1/%d%s: %s\n", r.x0, r.x1, r.y0, r.y1, r.scale_denom,
+             r.gray ? " gray" : "", s.ok() ? "OK" : s.message().c_str());
+  const StatusCode code = s.code();
+  FUZZ_CHECK(code == StatusCode::kOk || code == StatusCode::kDataLoss || code == StatusCode::kResourceExhausted);
+  FUZZ_CHECK(s.ok() || !s.message().empty());
+  if (!s.ok()) return;
+  FUZZ_CHECK(w.image_width == sw && w.image_height == sh);
+  FUZZ_CHECK(w.channels == 1 || w.channels == 3);
+  FUZZ_CHECK(w.x >= 0 && w.y >= 0 && w.x + w.width <= sw && w.y + w.height <= sh);
+  FUZZ_CHECK(w.x <= r.x0 && w.y <= r.y0 && w.x + w.width >= r.x1 && w.y + w.height >= r.y1);
+  const size_t row = static_cast<size_t>(r.x1 - r.x0) * w.channels;
+  std::vector<uint8_t> window;
+  for (int y = r.y0; y < r.y1; ++y) window.insert(window.end(), w.At(r.x0, y), w.At(r.x0, y) + row);
+  const int channels = w.channels;
+  JpegWindowRequest all = r;
+  all.x0 = all.y0 = 0;
+  all.x1 = sw;
+  all.y1 = sh;
+  if (!jwin->Decode(file, all, max_pixels, &w).ok()) return;  // corruption outside the window
+  FUZZ_CHECK(w.channels == channels && w.x == 0 && w.y == 0 && w.width == sw && w.height == sh);
+  for (int y = r.y0; y < r.y1; ++y) {
+    FUZZ_CHECK(std::memcmp(w.At(r.x0, y), window.data() + static_cast<size_t>(y - r.y0) * row, row) == 0);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -110,6 +158,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<uint8_t> file = in.ConsumeRemainingBytes<uint8_t>();
   FUZZ_CHECK(ValidateImageOps(c.ops).ok());
   ImageDecoder& decoder = c.rgb_path ? *rgb : *yuv;
+  // Derived from the ops already read (FuzzedDataProvider takes them from the end of the input).
+  const uint64_t hash =
+      (c.seed ^ (uint64_t(c.width) << 8) ^ (uint64_t(c.height) << 16) ^ (uint64_t(c.ops.resize_shorter) << 24)) *
+      0xbf58476d1ce4e5b9ull;
+  const bool window_decode = (hash >> 61) != 0;  // on for 7 inputs in 8, as in the product
+  decoder.set_jpeg_window_decode(window_decode);
 
   // One slot row each, on the heap and exactly sized: ASan flags a byte written past it.
   const size_t row = OutputImageBytes(c.ops, c.width, c.height);
@@ -144,6 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (libavcodec contexts, swscale contexts, the resampler's tables, scratch buffers) must not
   // change the result (2026-12-01: a WebP decoded after another WebP differed).
   ImageDecoder fresh(c.rgb_path ? JpegDecodePath::kRgb : JpegDecodePath::kYuvPlanes);
+  fresh.set_jpeg_window_decode(window_decode);
   ImageInfo again;
   const Status s2 = fresh.DecodeInto(file, c.ops, b.data(), c.width, c.height, c.seed, &again);
   b.CheckGuards();
@@ -151,6 +206,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (s.ok()) {
     FUZZ_CHECK(again.width == info.width && again.height == info.height && again.dct_scale == info.dct_scale);
     FUZZ_CHECK(std::memcmp(a.data(), b.data(), row) == 0);
+  }
+  if (SniffImageFormat(file) == ImageFormat::kJpeg && info.width >= 1 && info.height >= 1 &&
+      int64_t{info.width} * info.height <= c.ops.max_pixels) {
+    FuzzJpegWindow(file, info.width, info.height, c.ops.max_pixels, hash);
   }
   return 0;
 }
