@@ -256,7 +256,7 @@ Result<std::unique_ptr<S3TarShardSource>> S3TarShardSource::Open(S3TarShardOptio
     if (!got.ok()) {
       // Missing (a store answers 403 for a missing object to whom may not list the bucket): scan.
       const bool missing = got.code() == StatusCode::kNotFound || got.code() == StatusCode::kPermissionDenied;
-      if (!missing || explicit_manifest) return got.WithPrefix("manifest");
+      if (!missing || explicit_manifest) return got.WithPrefix("tar shards " + src->description_ + ": the manifest");
       why_not = "no manifest " + manifest_url + " (" + (got.code() == StatusCode::kNotFound ? "404" : "403") + ")";
     } else {
       const std::string text(bytes.begin(), bytes.end());
