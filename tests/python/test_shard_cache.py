@@ -367,3 +367,46 @@ def test_an_unwritable_cache_dir_leaves_jobs_streaming_with_one_warning(tmp_root
         d.stop()
     log = d.logpath.read_text()
     assert log.count("remote shards are streamed without the cache") == 1, log
+
+
+def test_a_cached_shard_is_not_served_to_credentials_that_cannot_read_it(tmp_root, store, creds, monkeypatch):
+    """The multi-tenant rule: another principal's job is served a cached shard only after its own probe
+    of the object succeeds; a key denied the object gets the store's 403 with the shard's URL, and
+    nothing from the cache."""
+    moto, proxy, keys = store
+    boto3 = pytest.importorskip("boto3")
+    iam = boto3.client("iam", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
+                       aws_secret_access_key=moto.secret)
+    iam.create_user(UserName="other")
+    iam.put_user_policy(UserName="other", PolicyName="not-plain", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{BUCKET}/plain/*"}]}))
+    other = iam.create_access_key(UserName="other")["AccessKey"]
+    cache = tmp_root / "shard-cache-d"
+    d = Spdld(tmp_root, "cache-d", proxy.url, f"cache_dir: {cache}\n")
+    try:
+        out, _ = run_ranks(d.sock, job("plain"), epochs=1, world=1)  # the trainer's key fills the cache
+        assert sorted(out[(0, 0)]) == all_keys(keys)
+        assert len(cached_files(cache)) == SHARDS
+        proxy.reset()
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", other["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", other["SecretAccessKey"])
+        with pytest.raises(spdl_client.SpdlError) as err:
+            loader = spdl_client.Loader(job("plain"), socket=d.sock, epochs=1, timeout=30)
+            try:
+                for _ in loader:
+                    pass
+            finally:
+                loader.close()
+        msg = str(err.value)
+        assert "403" in msg and "AccessDenied" in msg and f"s3://{BUCKET}/plain/data-" in msg, msg
+        assert other["SecretAccessKey"] not in msg and other["AccessKeyId"] not in msg
+        assert sum(proxy.full.get(p, 0) for p in shard_paths("plain")) == 0, proxy.full
+        # The same key reads what it may: the streamed/ copy (not denied) is served.
+        out, _ = run_ranks(d.sock, job("streamed"), epochs=1, world=1)
+        assert sorted(out[(0, 0)]) == all_keys(keys)
+    finally:
+        d.stop()
+    log = d.logpath.read_text()
+    assert other["SecretAccessKey"] not in log and other["AccessKeyId"] not in log
