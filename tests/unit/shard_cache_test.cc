@@ -3,12 +3,14 @@
 // the checks on reuse, restarts and a disabled directory exactly.
 #include "io/shard_cache.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -276,6 +278,35 @@ TEST_CASE("shard cache on disk: an unusable directory disables it", "[shard_cach
     CHECK_FALSE(unwritable->enabled());
     fs::permissions(ro, fs::perms::owner_all);
   }
+}
+
+TEST_CASE("shard cache on disk: a write that fails mid-download (a full disk) disables it", "[shard_cache]") {
+  TempDir tmp;
+  auto cache = ShardCache::OnDisk(tmp.path() + "/cache", 1 << 20);
+  REQUIRE(cache->enabled());
+  // The file size limit stands in for a full disk: writes past 2000 bytes fail (EFBIG, SIGXFSZ ignored).
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 2000;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto h = cache->Acquire("k", Counted(Bytes(5000, 3), calls));
+  REQUIRE(h.ok());
+  const auto done = (*h)->WaitComplete();
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(done.status().code() == StatusCode::kUnavailable);
+  CHECK(done.status().message().find(tmp.path()) != std::string::npos);
+  CHECK_FALSE(cache->enabled());
+  CHECK(cache->Acquire("k2", Counted(Bytes(10, 1), calls)).status().code() == StatusCode::kFailedPrecondition);
+  CHECK_FALSE(fs::exists(tmp.path() + "/cache/" + ShardCache::FileName("k") + ".part"));  // no partial file left
+  // The private in-memory stream still serves the object.
+  auto mem = ShardCache::InMemory(1 << 20);
+  auto m = mem->Acquire("k", Counted(Bytes(5000, 3), calls));
+  REQUIRE(m.ok());
+  CHECK(ReadAll(**m) == Bytes(5000, 3));
 }
 
 }  // namespace
