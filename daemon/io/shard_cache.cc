@@ -416,6 +416,9 @@ ShardCache::ShardCache(std::shared_ptr<Impl> impl, std::string dir) : impl_(std:
 
 ShardCache::~ShardCache() {
   impl_->stopping.store(true);
+  // A job's private stream does not wait: its downloads own what they use and end at their next
+  // bytes (or their transfer's timeout), so a stalled one never holds up the thread dropping the job.
+  if (dir_.empty()) return;
   std::unique_lock lock(impl_->mu);
   impl_->cv.wait(lock, [&] { return impl_->downloads == 0; });
 }

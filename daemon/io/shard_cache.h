@@ -31,7 +31,8 @@
 // with kUnavailable; the callers then stream the object without the cache.
 //
 // Thread safety: every method may be called from any thread; one mutex guards the table. The
-// destructor stops the downloads in flight (their sinks refuse more bytes) and waits for them.
+// destructor stops the downloads in flight (their sinks refuse more bytes); an on-disk cache waits
+// for them, an in-memory one does not (they own what they use and end on their own).
 #pragma once
 
 #include <cstdint>
