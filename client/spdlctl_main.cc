@@ -102,6 +102,21 @@ void PrintStats(const JobSummary& j) {
     }
     std::printf("\n");
   }
+  if (st.s3_requests() > 0) {
+    std::printf("  object storage: %" PRIu64 " requests, %" PRIu64 " retries, failed attempts %" PRIu64
+                " 4xx / %" PRIu64 " 5xx / %" PRIu64 " network, %.1f MiB received; shards %" PRIu64
+                " found in the node cache, %" PRIu64 " downloaded\n",
+                st.s3_requests(), st.s3_retries(), st.s3_errors_4xx(), st.s3_errors_5xx(), st.s3_errors_network(),
+                static_cast<double>(st.s3_fetched_bytes()) / (1 << 20), st.shard_cache_hits(), st.shard_cache_misses());
+  }
+  if (st.shard_cache_budget_bytes() > 0) {
+    std::printf("  shard cache (node-wide): %.1f of %.1f MiB held, %.1f MiB fetched, %" PRIu64 " evictions, %" PRIu64
+                " corrupt files refetched\n",
+                static_cast<double>(st.shard_cache_bytes()) / (1 << 20),
+                static_cast<double>(st.shard_cache_budget_bytes()) / (1 << 20),
+                static_cast<double>(st.shard_cache_fetched_bytes()) / (1 << 20), st.shard_cache_evictions(),
+                st.shard_cache_corrupt());
+  }
   if (st.share_members() > 0) {
     std::printf("  shared: one pipeline (job %" PRIu64 ") for %u members; the figures above are the group's\n",
                 st.share_group_job_id(), st.share_members());

@@ -209,6 +209,16 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
   if (auto v = ReadByteSize(diag, m.Get("cache_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
     out->cache_bytes = *v;
   }
+  if (const internal::Field f = m.Get("cache_dir"); auto v = internal::ReadString(diag, f)) {
+    if (!v->empty() && ((*v)[0] != '/' || v->find("/../") != std::string::npos || v->ends_with("/.."))) {
+      diag.Error(f, "must be an absolute path without '..' (got '" + *v + "')");
+    } else {
+      out->cache_dir = *v;
+    }
+  }
+  if (auto v = ReadByteSize(diag, m.Get("cache_dir_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
+    out->cache_dir_bytes = *v;
+  }
   // User ops (issue 14).
   const Field plugin_dirs = m.Get("plugin_dirs");
   if (auto items = internal::ReadList(diag, plugin_dirs)) {

@@ -58,6 +58,14 @@ struct DaemonConfig {
   // dataset identity + sample); 0 = off. A byte size like memory_budget_bytes. It assumes datasets
   // do not change on disk while the daemon runs.
   uint64_t cache_bytes = 0;
+  // Node-wide cache of remote tar shards on disk (io/shard_cache.h): s3 tar shards are written
+  // there once as they stream and served to every job and rank that asks for them (each job first
+  // proves with its own credentials that it may read the object). An absolute directory, created
+  // with mode 0700 (an existing one must belong to spdld's user); "" = off. cache_dir_bytes: its
+  // budget (a byte size; LRU eviction, never a shard being read; default 10GiB). An unusable
+  // directory or a full disk leaves the jobs streaming without it (one warning in the log).
+  std::string cache_dir;
+  uint64_t cache_dir_bytes = uint64_t{10} << 30;
   // User ops (include/spdl/op.h; job config `op:` transforms): the directories op libraries are
   // loaded from, by file name, searched in order. Empty (the default) = ops disabled. Each
   // directory and library must be owned by root or spdld's user and writable by nobody else (checked

@@ -246,4 +246,43 @@ std::vector<std::string> MixedSource::ClassNames() const {
   return first;
 }
 
+std::optional<std::string> MixedSource::DatasetDigest() const {
+  bool any = false;
+  for (const auto& src : sources_) any = any || src->DatasetDigest().has_value();
+  if (!any) return std::nullopt;
+  std::string out = "mix";
+  for (const auto& src : sources_) {
+    if (std::optional<std::string> d = src->DatasetDigest()) {
+      out += " d:" + *d;
+      continue;
+    }
+    uint64_t h = 14695981039346656037ull;  // FNV-1a 64 over each key, a 0 byte, the label's 8 bytes
+    auto mix = [&h](uint8_t b) { h = (h ^ b) * 1099511628211ull; };
+    for (uint64_t i = 0; i < src->size(); ++i) {
+      const SampleRef& r = src->sample(i);
+      for (char c : r.path) mix(static_cast<uint8_t>(c));
+      mix(0);
+      for (int k = 0; k < 8; ++k) mix(static_cast<uint8_t>(static_cast<uint64_t>(r.label) >> (8 * k)));
+    }
+    out += " k:" + std::to_string(h);
+  }
+  return out;
+}
+
+SourceCounters MixedSource::Counters() const {
+  SourceCounters sum;
+  for (const auto& src : sources_) {
+    const SourceCounters c = src->Counters();
+    sum.shard_cache_hits += c.shard_cache_hits;
+    sum.shard_cache_misses += c.shard_cache_misses;
+    sum.fetched_bytes += c.fetched_bytes;
+    sum.requests += c.requests;
+    sum.retries += c.retries;
+    sum.errors_4xx += c.errors_4xx;
+    sum.errors_5xx += c.errors_5xx;
+    sum.errors_network += c.errors_network;
+  }
+  return sum;
+}
+
 }  // namespace spdl::io

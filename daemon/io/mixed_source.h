@@ -90,6 +90,13 @@ class MixedSource final : public SampleSource {
   // The sources' class names when they all have the same ones; else none.
   std::vector<std::string> ClassNames() const override;
   // Empty: a mix is ordered by MixedEpochOrder, not by the single-source shard order.
+  // When a source has a DatasetDigest (remote shards with a manifest, whose keys are known only as
+  // they stream): every source's part in order, a digest where it has one, else an FNV-1a hash of
+  // its keys and labels, so that fingerprinting a mix never downloads such a source. nullopt when
+  // no source has one (the keys are hashed as for any source).
+  std::optional<std::string> DatasetDigest() const override;
+  // The sources' remote-read counters, summed.
+  SourceCounters Counters() const override;
 
   const MixPlan& plan() const { return plan_; }
 

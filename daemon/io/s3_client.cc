@@ -427,6 +427,11 @@ S3Client::Attempt S3Client::Try(const std::string& url, const std::string& what,
   *delivered = t.got;
   if (code >= 200 && code < 300 && etag != nullptr && etag->empty()) *etag = t.etag;
   bytes_.fetch_add(t.got, std::memory_order_relaxed);
+  if (code >= 400) {
+    (code < 500 && code != 429 ? errors_4xx_ : errors_5xx_).fetch_add(1, std::memory_order_relaxed);
+  } else if (rc != CURLE_OK || t.stalled) {
+    if (!t.stopped) errors_network_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   if (t.ignored_range) return {DataLoss(what + ": the store ignored a Range request (answered 200)"), false};
   if (t.stalled) {
@@ -672,8 +677,15 @@ Result<std::vector<S3Object>> S3Client::List(const std::string&, const std::stri
 #endif  // SPDL_HAVE_CURL
 
 S3Stats S3Client::stats() const {
-  return S3Stats{requests_.load(std::memory_order_relaxed), retries_.load(std::memory_order_relaxed),
-                 resumed_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed)};
+  S3Stats s;
+  s.requests = requests_.load(std::memory_order_relaxed);
+  s.retries = retries_.load(std::memory_order_relaxed);
+  s.resumed = resumed_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.errors_4xx = errors_4xx_.load(std::memory_order_relaxed);
+  s.errors_5xx = errors_5xx_.load(std::memory_order_relaxed);
+  s.errors_network = errors_network_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace spdl::io

@@ -87,6 +87,10 @@ struct S3Stats {
   uint64_t retries = 0;
   uint64_t resumed = 0;  // range requests that continued a cut transfer
   uint64_t bytes = 0;    // body bytes received
+  // Failed attempts, by kind (each attempt counted; a retried one too).
+  uint64_t errors_4xx = 0;      // HTTP 4xx other than 429 (denied, missing, precondition failed)
+  uint64_t errors_5xx = 0;      // HTTP 5xx and 429
+  uint64_t errors_network = 0;  // no HTTP answer: connection failures, timeouts, cut or stalled transfers
 };
 
 class S3Client {
@@ -144,6 +148,7 @@ class S3Client {
   std::string sigv4_;     // "aws:amz:<region>:s3"
   std::unique_ptr<Pool> pool_;
   mutable std::atomic<uint64_t> requests_{0}, retries_{0}, resumed_{0}, bytes_{0};
+  mutable std::atomic<uint64_t> errors_4xx_{0}, errors_5xx_{0}, errors_network_{0};
 };
 
 // The standard S3 settings from the environment, for clients and tests: AWS_ENDPOINT_URL_S3, then

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,18 @@ struct ObjectAnnotation {
   float x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // the box, x2 >= x1, y2 >= y1
   int64_t category = 0;                  // the label the batch carries (a category id, or a contiguous index)
   std::vector<std::vector<float>> polygons;
+};
+
+// Counters of a source's reads from remote storage, for the job's stats (all 0 for local sources).
+struct SourceCounters {
+  uint64_t shard_cache_hits = 0;    // shards this source opened that were there (cached or arriving)
+  uint64_t shard_cache_misses = 0;  // shards whose download this source started
+  uint64_t fetched_bytes = 0;       // body bytes this source received from the store
+  uint64_t requests = 0;            // requests sent (attempts, retries included)
+  uint64_t retries = 0;             // attempts that repeated a failed one
+  uint64_t errors_4xx = 0;          // answers 4xx other than 429 (denied, missing, changed)
+  uint64_t errors_5xx = 0;          // answers 5xx and 429
+  uint64_t errors_network = 0;      // connection failures, cut or stalled transfers, timeouts
 };
 
 // The label of a sample that has none (a file list line without a label, a tar sample without a
@@ -80,6 +93,14 @@ class SampleSource {
   // index order (shard 0 holds samples [0, sizes[0]), shard 1 the next sizes[1], ...). Empty for
   // random-access sources. The sampler uses it for a shard-aware order (sampler.h).
   virtual std::vector<uint64_t> ShardSizes() const { return {}; }
+
+  // A digest of the dataset for resume fingerprints, for sources whose keys are only known once
+  // their data has streamed in (remote shards with a manifest): the fingerprint then hashes this
+  // instead of every key and label. nullopt (the default): hash the keys and labels.
+  virtual std::optional<std::string> DatasetDigest() const { return std::nullopt; }
+
+  // The source's remote-read counters (SourceCounters); all 0 by default.
+  virtual SourceCounters Counters() const { return {}; }
 
   // The objects annotated on sample `index` (detection / segmentation sources: coco), in the
   // stored image's pixels; nullptr for sources without annotations. The pointer lives as long as

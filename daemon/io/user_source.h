@@ -39,6 +39,8 @@ class UserSource final : public SampleSource {
   std::string Identity() const override { return inner_->Identity(); }
   std::vector<uint64_t> ShardSizes() const override { return inner_->ShardSizes(); }
   std::vector<std::string> ClassNames() const override { return inner_->ClassNames(); }
+  std::optional<std::string> DatasetDigest() const override { return inner_->DatasetDigest(); }
+  SourceCounters Counters() const override { return inner_->Counters(); }
   const std::vector<ObjectAnnotation>* Objects(uint64_t index) const override { return inner_->Objects(index); }
 
   const FsIdentity& identity() const { return *identity_; }

@@ -16,6 +16,7 @@
 #include "io/sample_list.h"
 #include "io/sample_source.h"
 #include "io/sampler.h"
+#include "io/shard_cache.h"
 #include "io/source_index_cache.h"
 #include "io/tar_shard_source.h"
 #include "io/user_source.h"
@@ -92,12 +93,10 @@ bool ListHoldsS3(const std::string& list, const config::DaemonConfig& daemon) {
 // URL prefixes. Errors say which source key is at fault.
 // Tar shards also index the members the job's extra_outputs read.
 // `index_cache` (may be null: every open scans) shares the scan with other opens of the same data.
-Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceConfig& c,
-                                                           const std::vector<config::ExtraOutputConfig>& extras,
-                                                           const std::string& mask_from,
-                                                           const config::DaemonConfig& daemon,
-                                                           io::SourceIndexCache* index_cache,
-                                                           const proto::S3Access& s3_access) {
+Result<std::shared_ptr<const io::SampleSource>> OpenSource(
+    const config::SourceConfig& c, const std::vector<config::ExtraOutputConfig>& extras, const std::string& mask_from,
+    const config::DaemonConfig& daemon, io::SourceIndexCache* index_cache, const proto::S3Access& s3_access,
+    const std::shared_ptr<io::ShardCache>& shard_cache) {
   // Object storage. A source holds its job's credentials and is never shared.
   // A file_list or http list of s3:// lines reads object storage too.
   const bool s3_list =
@@ -124,9 +123,15 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
     std::vector<std::string> sidecars;
     for (const config::ExtraOutputConfig& e : extras) sidecars.push_back(e.from);
     if (!mask_from.empty()) sidecars.push_back(mask_from);  // the mask's member, as for local shards
-    // The index (not the source, which holds the credentials) is shared by the same user's jobs.
-    auto s = io::S3TarShardSource::Open(c.shards, c.extensions, c.label_extension, sidecars, *client, index_cache,
-                                        io::CurrentFsIdentityKey());
+    // Streamed through the node's shard cache (each job probes every shard with its own credentials
+    // before it is served from there).
+    io::S3TarShardOptions o;
+    o.shards = c.shards;
+    o.image_extensions = c.extensions;
+    o.label_extension = c.label_extension;
+    o.sidecar_extensions = std::move(sidecars);
+    o.node_cache = shard_cache;
+    auto s = io::S3TarShardSource::Open(std::move(o), *client);
     if (!s.ok()) return s.status().WithPrefix("source.shards");
     return std::shared_ptr<const io::SampleSource>(std::move(s).value());
   }
@@ -203,13 +208,14 @@ Result<std::shared_ptr<const io::SampleSource>> OpenMix(const config::JobConfig&
                                                         const config::DaemonConfig& daemon,
                                                         io::SourceIndexCache* index_cache,
                                                         const proto::S3Access& s3_access,
+                                                        const std::shared_ptr<io::ShardCache>& shard_cache,
                                                         std::shared_ptr<const io::MixPlan>* plan) {
   std::vector<std::shared_ptr<const io::SampleSource>> sources;
   io::MixPlan p;
   p.epoch_samples = config.sampler.epoch_samples;
   for (size_t i = 0; i < config.sources.size(); ++i) {
     const config::WeightedSource& w = config.sources[i];
-    auto src = OpenSource(w.source, config.extra_outputs, config.mask.from, daemon, index_cache, s3_access);
+    auto src = OpenSource(w.source, config.extra_outputs, config.mask.from, daemon, index_cache, s3_access, shard_cache);
     const std::string where =
         "sources." + std::to_string(i) + (w.line > 0 ? " (line " + std::to_string(w.line) + ")" : "");
     if (!src.ok()) return src.status().WithPrefix(where);
@@ -278,6 +284,61 @@ class CacheStatsJob final : public JobHandle {
   const std::shared_ptr<const io::CachedSource> source_;
 };
 
+// Adds an object storage source's figures (requests, errors, the node's shard cache) to a job's
+// stats, as CacheStatsJob does for the sample cache. Control thread, like any JobHandle.
+class RemoteStatsJob final : public JobHandle {
+ public:
+  RemoteStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::SampleSource> source,
+                 std::shared_ptr<io::ShardCache> shard_cache)
+      : inner_(std::move(inner)), source_(std::move(source)), shard_cache_(std::move(shard_cache)) {}
+
+  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
+  int region_fd() const override { return inner_->region_fd(); }
+  std::optional<Delivery> TakeNext() override {
+    auto d = inner_->TakeNext();
+    if (d && d->job_end) Add(d->job_end->mutable_stats());
+    return d;
+  }
+  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
+  spdl::Status failure() const override { return inner_->failure(); }
+  void Cancel() override { inner_->Cancel(); }
+  proto::JobStats Stats() const override {
+    proto::JobStats s = inner_->Stats();
+    Add(&s);
+    return s;
+  }
+  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
+  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
+  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
+    return inner_->ImportConsumerEvents(events);
+  }
+
+ private:
+  void Add(proto::JobStats* s) const {
+    const io::SourceCounters c = source_->Counters();
+    s->set_s3_requests(c.requests);
+    s->set_s3_retries(c.retries);
+    s->set_s3_errors_4xx(c.errors_4xx);
+    s->set_s3_errors_5xx(c.errors_5xx);
+    s->set_s3_errors_network(c.errors_network);
+    s->set_s3_fetched_bytes(c.fetched_bytes);
+    s->set_shard_cache_hits(c.shard_cache_hits);
+    s->set_shard_cache_misses(c.shard_cache_misses);
+    if (shard_cache_ && shard_cache_->enabled()) {
+      const io::ShardCache::Counters n = shard_cache_->counters();
+      s->set_shard_cache_bytes(n.bytes);
+      s->set_shard_cache_budget_bytes(n.budget);
+      s->set_shard_cache_evictions(n.evictions);
+      s->set_shard_cache_corrupt(n.corrupt);
+      s->set_shard_cache_fetched_bytes(n.fetched_bytes);
+    }
+  }
+
+  const std::shared_ptr<JobHandle> inner_;
+  const std::shared_ptr<const io::SampleSource> source_;
+  const std::shared_ptr<io::ShardCache> shard_cache_;
+};
+
 // Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
 // (dataset, sampler, batching, rank, world size) and epochs.
 std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
@@ -309,6 +370,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       io_executor_(io_executor ? io_executor : executor),
       worker_threads_(worker_threads),
       cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr),
+      shard_cache_(config.cache_dir.empty() ? nullptr
+                                            : io::ShardCache::OnDisk(config.cache_dir, config.cache_dir_bytes)),
       op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)),
       budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)) {}
 
@@ -361,6 +424,7 @@ struct RegistryPrepared final : PreparedJob {
   std::optional<proto::Error> error;
   MediaJobSpec spec;
   std::shared_ptr<const io::CachedSource> cached;
+  std::shared_ptr<const io::SampleSource> remote;  // an object storage source (stats), else null
   // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
   // control thread: creating a CUDA context takes long).
   int daemon_device = -1;
@@ -427,7 +491,7 @@ std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
 // config as it was at Submit), so it runs on any thread.
 void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
                 plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget,
-                io::SourceIndexCache* index_cache) {
+                io::SourceIndexCache* index_cache, const std::shared_ptr<io::ShardCache>& shard_cache) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
@@ -482,14 +546,19 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
                   "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
     if (spec.config.sources.empty()) {
       source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
-                          req.s3());
+                          req.s3(), shard_cache);
     } else {
-      source = OpenMix(spec.config, daemon, index_cache, req.s3(), &spec.mix);
+      source = OpenMix(spec.config, daemon, index_cache, req.s3(), shard_cache, &spec.mix);
     }
   }
   // The credentials now live only in the job's S3 transport (if it has one), not in the request.
   p->request.clear_s3();
   if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
+  if (dynamic_cast<const io::S3TarShardSource*>(source->get()) != nullptr ||
+      dynamic_cast<const io::S3ObjectSource*>(source->get()) != nullptr ||
+      dynamic_cast<const io::MixedSource*>(source->get()) != nullptr) {  // a mix sums its sources' counters
+    p->remote = *source;  // its request and shard cache counters go into the job's stats
+  }
   spec.source = std::make_shared<const io::UserSource>(std::move(source).value(), identity);
   if (cache) {
     p->cached = std::make_shared<const io::CachedSource>(std::move(spec.source), cache,
@@ -560,9 +629,10 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          hook = prepare_hook_, backends = device_backends_, finder = device_finder_]() -> std::shared_ptr<PreparedJob> {
+          shards = shard_cache_, hook = prepare_hook_, backends = device_backends_,
+          finder = device_finder_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
-    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get());
+    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), shards);
     if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
     return p;
   };
@@ -583,6 +653,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   const PeerInfo& peer = p->peer;
   MediaJobSpec spec = std::move(p->spec);
   std::shared_ptr<const io::CachedSource> cached = std::move(p->cached);
+  std::shared_ptr<const io::SampleSource> remote = std::move(p->remote);
 
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -772,6 +843,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     }
     handle = std::move(wrapped).value();
   }
+  if (remote) handle = std::make_shared<RemoteStatsJob>(std::move(handle), std::move(remote), shard_cache_);
   return Finish(req, peer, description, bytes, std::move(handle), cached);
 }
 

@@ -25,6 +25,7 @@
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
 #include "io/sample_cache.h"
+#include "io/shard_cache.h"
 #include "io/source_index_cache.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
@@ -156,6 +157,7 @@ class JobRegistry final : public JobService {
   ScheduleFn schedule_;              // set before the first Submit
 
   const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
+  const std::shared_ptr<io::ShardCache> shard_cache_;  // nullptr when cache_dir is ""; thread-safe
   // User ops from plugin_dirs (as at construction: a change takes a restart); shared with the
   // Prepare tasks, which make each job's ops. Thread-safe.
   const std::shared_ptr<plugins::OpLoader> op_loader_;

@@ -81,7 +81,10 @@ uint64_t HashOf(const T& v) {
 void HashSamples(Fnv& f, const io::SampleSource& source) {
   f.Str(source.Identity());
   f.U64(source.size());
-  for (uint64_t i = 0; i < source.size(); ++i) {
+  const std::optional<std::string> digest = source.DatasetDigest();
+  // Keys known only as the data streams: the source's digest stands for them (sample_source.h).
+  if (digest) f.Str(*digest);
+  for (uint64_t i = 0; i < source.size() && !digest; ++i) {
     const io::SampleRef& s = source.sample(i);
     f.Str(s.path);
     f.U64(static_cast<uint64_t>(s.label));

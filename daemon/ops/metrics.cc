@@ -240,6 +240,12 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
       if (exported(f, "spdld_cache_")) e.Add(f.metric, f.type, f.help, {}, proto::JobStatValue(c, f));
     }
   }
+  if (st.jobs_size() > 0 && st.jobs(0).stats().shard_cache_budget_bytes() > 0) {
+    const auto& c = st.jobs(0).stats();  // the node's shard cache, the same in every job's stats
+    for (const auto& f : proto::JobStatFields()) {
+      if (exported(f, "spdld_shard_cache_")) e.Add(f.metric, f.type, f.help, {}, proto::JobStatValue(c, f));
+    }
+  }
   for (const auto& j : st.jobs()) {
     const Labels labels = {
         {"job_id", std::to_string(j.job_id())}, {"uid", std::to_string(j.uid())}, {"rank", std::to_string(j.rank())}};

@@ -12,6 +12,10 @@
 //   spdld_gpu_device_poisoned{device} (1: a sticky CUDA error poisoned that GPU for spdld)     (gauge)
 //   spdld_cache_bytes, spdld_cache_budget_bytes (gauges), spdld_cache_evictions_total   (node-wide
 //     sample cache; present while a job runs, the figures are node-wide)
+//   spdld_shard_cache_{bytes,budget_bytes} (gauges), spdld_shard_cache_{evictions,corrupt,
+//     fetched_bytes}_total (the node's shard cache, cache_dir; present while a job runs with it on)
+//   spdld_job_s3_{requests,retries,errors_4xx,errors_5xx,errors_network,fetched_bytes}_total,
+//   spdld_job_shard_cache_{hits,misses}_total                                         (counters)
 //   spdld_job_{samples,batches,skipped,samples_tried,samples_failed}_total,
 //   spdld_job_cache_{hits,misses}_total                                                 (counters)
 //   spdld_job_{age,first_batch}_seconds, spdld_job_batches_{ready,filling},

@@ -1054,6 +1054,23 @@ TEST_CASE("daemon config: allowed_url_prefixes") {
   CHECK(r.errors[1].path == "allowed_url_prefixes.2");
 }
 
+TEST_CASE("daemon config: the shard cache's cache_dir and cache_dir_bytes") {
+  const DaemonConfig d = *ParseDaemonConfig("").config;
+  CHECK(d.cache_dir.empty());
+  CHECK(d.cache_dir_bytes == uint64_t{10} << 30);
+  DaemonConfigResult r = ParseDaemonConfig("cache_dir: /var/cache/spdld\ncache_dir_bytes: 2GiB\n");
+  INFO(Dump(r.errors));
+  REQUIRE(r.config.has_value());
+  CHECK(r.config->cache_dir == "/var/cache/spdld");
+  CHECK(r.config->cache_dir_bytes == uint64_t{2} << 30);
+  for (const char* bad : {"cache_dir: relative/dir\n", "cache_dir: /a/../b\n", "cache_dir_bytes: lots\n"}) {
+    CAPTURE(bad);
+    DaemonConfigResult e = ParseDaemonConfig(bad);
+    REQUIRE(e.errors.size() == 1);
+    CHECK(e.errors[0].path.rfind("cache_dir", 0) == 0);
+  }
+}
+
 TEST_CASE("daemon config: socket_mode forms") {
   auto mode = [](const std::string& v) {
     DaemonConfigResult r = ParseDaemonConfig("socket_mode: " + v + "\n");

@@ -114,7 +114,7 @@ TEST_CASE("the metrics endpoint shows every job statistic described for it, with
       } else {
         CHECK_THAT(text, Catch::Contains(metric + labels + " " + Number(proto::JobStatValue(s, f)) + "\n"));
       }
-    } else if (metric.rfind("spdld_cache_", 0) == 0) {  // node-wide: no job labels
+    } else if (metric.rfind("spdld_cache_", 0) == 0 || metric.rfind("spdld_shard_cache_", 0) == 0) {  // node-wide
       CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " " + f.type + "\n"));
       CHECK_THAT(text, Catch::Contains(metric + " " + Number(proto::JobStatValue(s, f)) + "\n"));
     } else {
