@@ -677,7 +677,9 @@ class Loader:
             epoch, batch = cur.epoch, cur.start + cur.yielded
         else:
             epoch, batch = self._epoch, self._start_batch
-        if batch >= len(self):  # the epoch's last batch was yielded: the next one starts the next epoch
+        # The epoch's last batch was yielded: the next one starts the next epoch. (A stream job has no
+        # epochs: batches_per_epoch 0, its one epoch goes on until the stream ends.)
+        if len(self) > 0 and batch >= len(self):
             epoch, batch = epoch + 1, 0
         token = None
         if batch > 0:
