@@ -256,3 +256,22 @@ def test_stream_acl_refuses_another_uid(daemon):
         for d, mode in opened:
             d.chmod(mode)
     assert "PERMISSION_DENIED" in out.stdout and "uid 65534" in out.stdout, out.stdout + out.stderr
+
+
+def test_max_batch_delay_sends_a_partial_batch(daemon, jpegs):
+    name = "delayed"
+    producer = spdl_client.Producer(name, socket=daemon.socket, max_samples=64)
+    loader = open_loader(daemon, stream_yaml(name, "g", batch=16, extra="max_batch_delay_ms: 100\n"))
+    for i in range(5):
+        producer.put(jpegs[i], label=i)
+    it = iter(loader)
+    t0 = time.monotonic()
+    batch = it.next(timeout=10)
+    waited = time.monotonic() - t0
+    assert batch is not None and batch.rows == 5, "5 samples, then nothing for 100 ms: a batch of 5 rows"
+    assert sorted(int(x) for x in np.from_dlpack(batch["label"])) == list(range(5))
+    del batch
+    producer.close(end_stream=True)
+    assert it.next(timeout=10) is None  # the stream ended: the epoch (and the job) ends
+    print(f"max_batch_delay_ms 100: a 5-row batch after {waited * 1e3:.0f} ms")
+    loader.close()
