@@ -394,6 +394,8 @@ Batch::Batch(Batch&& other) noexcept
       rows_(other.rows_),
       paths_(std::move(other.paths_)),
       labels_(std::move(other.labels_)),
+      metadata_(std::move(other.metadata_)),
+      offsets_(std::move(other.offsets_)),
       resume_token_(std::move(other.resume_token_)),
       tensors_(std::move(other.tensors_)),
       released_(other.released_.exchange(true)) {}
@@ -410,6 +412,8 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     rows_ = other.rows_;
     paths_ = std::move(other.paths_);
     labels_ = std::move(other.labels_);
+    metadata_ = std::move(other.metadata_);
+    offsets_ = std::move(other.offsets_);
     resume_token_ = std::move(other.resume_token_);
     tensors_ = std::move(other.tensors_);
     released_.store(other.released_.exchange(true));
@@ -693,6 +697,12 @@ Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {
   b.rows_ = m.rows();
   b.paths_.assign(m.paths().begin(), m.paths().end());
   b.labels_.assign(m.labels().begin(), m.labels().end());
+  if ((m.metadata_size() != 0 && m.metadata_size() != static_cast<int>(m.rows())) ||
+      (m.offsets_size() != 0 && m.offsets_size() != static_cast<int>(m.rows()))) {
+    return ProtocolError("BatchReady whose metadata or offsets do not match its rows");
+  }
+  b.metadata_.assign(m.metadata().begin(), m.metadata().end());
+  b.offsets_.assign(m.offsets().begin(), m.offsets().end());
   b.resume_token_ = m.resume_token();
   uint8_t* slot_base = conn_->map_data() + slots_offset_ + uint64_t{m.slot()} * slot_stride_;
   b.tensors_.reserve(info_.layout.size());

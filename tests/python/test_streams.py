@@ -105,6 +105,19 @@ def test_one_group_two_consumers_each_sample_once(daemon, jpegs):
         ld.close()
 
 
+def consume_with_metadata(loader, out: list, errors: list) -> None:
+    """As consume, checking that each row's metadata is the one its producer put with its label."""
+    try:
+        for batch in loader:
+            labels = [int(x) for x in np.from_dlpack(batch["label"])]
+            assert batch.metadata == [b"m%d" % x for x in labels], (batch.metadata, labels)
+            assert len(batch.offsets) == batch.rows
+            out.extend(labels)
+            del batch
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+        errors.append(e)
+
+
 def test_two_groups_each_receive_all_and_garbage_is_skipped(daemon, jpegs):
     name = "two-groups"
     n = 500
@@ -112,7 +125,8 @@ def test_two_groups_each_receive_all_and_garbage_is_skipped(daemon, jpegs):
     loaders = [open_loader(daemon, stream_yaml(name, g, batch=8)) for g in ("a", "b")]
     got = [[], []]
     errors: list = []
-    threads = [threading.Thread(target=consume, args=(ld, got[i], errors)) for i, ld in enumerate(loaders)]
+    threads = [threading.Thread(target=consume_with_metadata, args=(ld, got[i], errors))
+               for i, ld in enumerate(loaders)]
     for t in threads:
         t.start()
     for i in range(n):

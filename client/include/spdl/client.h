@@ -157,6 +157,10 @@ class Batch {
   // them: each either empty or `rows()` long).
   const std::vector<std::string>& paths() const { return paths_; }
   const std::vector<int64_t>& labels() const { return labels_; }
+  // source.type: stream: per row, the metadata its producer put and the sample's stream offset
+  // (empty for other sources).
+  const std::vector<std::string>& metadata() const { return metadata_; }
+  const std::vector<uint64_t>& offsets() const { return offsets_; }
   // Opaque bytes naming the job's position right after this batch: pass them as
   // Options::resume_token to continue with exactly the samples that follow, in the same order.
   const std::string& resume_token() const { return resume_token_; }
@@ -186,6 +190,8 @@ class Batch {
   uint32_t rows_ = 0;
   std::vector<std::string> paths_;
   std::vector<int64_t> labels_;
+  std::vector<std::string> metadata_;
+  std::vector<uint64_t> offsets_;
   std::string resume_token_;
   std::vector<TensorView> tensors_;
   std::atomic<bool> released_{true};  // exchanged by Release(), so exactly one caller sends

@@ -652,6 +652,12 @@ class Core {
     meta["slot"] = batch.slot();
     meta["paths"] = py::cast(batch.paths());
     meta["labels"] = py::cast(batch.labels());
+    if (!batch.offsets().empty()) {  // a stream job's rows
+      py::list md;
+      for (const std::string& m : batch.metadata()) md.append(py::bytes(m));
+      meta["metadata"] = md;
+      meta["offsets"] = py::cast(batch.offsets());
+    }
     meta["resume_token"] = py::bytes(batch.resume_token());  // the position after this batch
     return py::make_tuple("batch", tensors, meta);
   }
