@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/ascii.h"
+#include "config/daemon_config.h"
 #include "config/yaml_reader.h"
 
 namespace spdl::config {
@@ -185,13 +186,18 @@ constexpr SourceKey kSourceKeys[] = {
     {"min_visibility", Bit(SourceType::kCoco)},
     {"prefix", Bit(SourceType::kS3Prefix)},
     {"s3", Bit(SourceType::kTar) | Bit(SourceType::kFileList) | Bit(SourceType::kS3Prefix)},
+    {"name", Bit(SourceType::kStream)},
+    {"group", Bit(SourceType::kStream)},
+    {"max_samples", Bit(SourceType::kStream)},
+    {"retain_samples", Bit(SourceType::kStream)},
+    {"retain_bytes", Bit(SourceType::kStream)},
+    {"allowed_uids", Bit(SourceType::kStream)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
-  for (SourceType t :
-       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kCoco,
-        SourceType::kS3Prefix}) {
+  for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp,
+                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kStream}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -273,6 +279,55 @@ void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) 
   m.ReportUnknownKeys();
 }
 
+// source.type: stream's keys (StreamSourceConfig).
+void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out) {
+  if (auto v = ReadRequiredString(diag, m, "name")) {
+    const Field f = m.Get("name");
+    bool ok = !v->empty() && v->size() <= 128;
+    for (char c : *v) {
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                  c == '.');
+    }
+    if (!ok) {
+      diag.Error(f, "a stream name is 1..128 letters, digits, '_', '-' or '.' (got '" + *v + "')");
+    } else {
+      out->name = *v;
+    }
+  }
+  const Field group = m.Get("group");
+  if (auto v = internal::ReadString(diag, group)) {
+    if (v->empty() || v->size() > 128) {
+      diag.Error(group, "a consumer group name is 1..128 characters");
+    } else {
+      out->group = *v;
+    }
+  }
+  if (auto v = internal::ReadUint64(diag, m.Get("max_samples"))) out->max_samples = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("retain_samples"), 1, int64_t{1} << 40)) {
+    out->retain_samples = static_cast<uint64_t>(*v);
+  }
+  const Field bytes = m.Get("retain_bytes");
+  if (Present(bytes)) {
+    if (auto v = internal::ReadString(diag, bytes)) {
+      Result<uint64_t> n = ParseByteSize(*v);
+      if (!n.ok() || *n == 0) {
+        diag.Error(bytes, "must be a byte size above 0 such as 67108864 or 64MiB (got '" + *v + "')");
+      } else {
+        out->retain_bytes = *n;
+      }
+    }
+  }
+  const Field uids = m.Get("allowed_uids");
+  if (Present(uids)) {
+    if (auto list = internal::ReadList(diag, uids)) {
+      for (const Field& item : *list) {
+        if (auto v = internal::ReadInt(diag, item, 0, 4294967294))
+          out->allowed_uids.push_back(static_cast<uint32_t>(*v));
+      }
+    }
+  }
+}
+
 // `weight`: non-null for an entry of `sources:`, which may have a `weight` key (> 0, default 1).
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out, double* weight = nullptr) {
   MapReader m(diag, field);
@@ -293,7 +348,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                      {"tar", SourceType::kTar},
                                                                      {"http", SourceType::kHttp},
                                                                      {"coco", SourceType::kCoco},
-                                                                     {"s3_prefix", SourceType::kS3Prefix}});
+                                                                     {"s3_prefix", SourceType::kS3Prefix},
+                                                                     {"stream", SourceType::kStream}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -380,6 +436,10 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
         }
       }
       if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
+    }
+    case SourceType::kStream: {
+      ReadStreamSource(diag, m, &out->stream);
       break;
     }
   }
@@ -1868,6 +1928,15 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->max_failures_warmup = static_cast<int>(*v);
   }
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
+  if (const Field f = m.Get("max_batch_delay_ms"); Present(f)) {
+    if (auto v = internal::ReadInt(diag, f, 0, 3'600'000)) {
+      if (out->source.type != SourceType::kStream && *v > 0) {
+        diag.Error(f, "max_batch_delay_ms applies to source.type: stream only");
+      } else {
+        out->max_batch_delay_ms = *v;
+      }
+    }
+  }
   if (auto v = internal::ReadBool(diag, m.Get("share"))) out->share = *v;
   if (auto v = internal::ReadInt(diag, m.Get("share_members"), 1, 1024)) out->share_members = static_cast<int>(*v);
   if (const Field wait = m.Get("share_wait_seconds"); auto v = ReadNumber(diag, wait)) {
@@ -1907,6 +1976,8 @@ const char* SourceTypeName(SourceType type) {
       return "coco";
     case SourceType::kS3Prefix:
       return "s3_prefix";
+    case SourceType::kStream:
+      return "stream";
   }
   return "?";
 }

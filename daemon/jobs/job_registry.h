@@ -54,6 +54,9 @@ class JobRegistry final : public JobService {
   SubmitResult Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) override;
   proto::DaemonStatus Status(const PeerInfo& peer) override;
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
+  streams::StreamRegistry* streams() override { return streams_.get(); }
+  bool ChargeProducerBuffer(uint64_t bytes) override { return budget_->TryChargeStreams(bytes); }
+  void ReleaseProducerBuffer(uint64_t bytes) override { budget_->ReleaseStreams(bytes); }
 
   // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
   // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
@@ -163,6 +166,10 @@ class JobRegistry final : public JobService {
   const std::shared_ptr<plugins::OpLoader> op_loader_;
   // memory_budget_bytes as one account of job slots (bytes_in_use_, mirrored) and decode scratch.
   const std::shared_ptr<MemoryBudget> budget_;
+  // The streams (issue 21), their retained bytes charged to budget_ (through stream_account_).
+  // Shared with Prepare tasks, which define and open streams.
+  std::unique_ptr<streams::MemoryAccount> stream_account_;
+  std::shared_ptr<streams::StreamRegistry> streams_;
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
