@@ -58,7 +58,7 @@ TEST_CASE("fields: the field visitor counts and visits every field in order") {
   };
   STATIC_REQUIRE(fields::kFieldCount<Three> == 3);
   STATIC_REQUIRE(fields::kFieldCount<config::NormalizeOp> == 2);  // two arrays, not six doubles
-  STATIC_REQUIRE(fields::kFieldCount<config::DecodeConfig> == 6);
+  STATIC_REQUIRE(fields::kFieldCount<config::DecodeConfig> == 7);
   int n = 0;
   fields::ForEachField(Three{}, [&n](const auto&) { ++n; });
   CHECK(n == 3);
