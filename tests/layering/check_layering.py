@@ -7,6 +7,7 @@ The parts, by include root, and what each may include (itself always):
     proto     proto/            base
     config    daemon/config     base
     io, media, shm              base, proto, config
+    streams   daemon/streams    base, proto, config
     gpu       gpu/cuda          base, proto
     pipeline  daemon/pipeline   the above
     jobs      daemon/jobs       the above
@@ -36,7 +37,7 @@ RANK = {
     "base": 0,
     "proto": 1,
     "config": 2,
-    "io": 3, "media": 3, "shm": 3, "gpu": 3,
+    "io": 3, "media": 3, "shm": 3, "streams": 3, "gpu": 3,
     "pipeline": 4,
     "jobs": 5,
     "server": 6, "ops": 6,
@@ -50,11 +51,12 @@ ALLOWED = {
     "io": {"base", "proto", "config"},
     "media": {"base", "proto", "config"},
     "shm": {"base", "proto", "config"},
+    "streams": {"base", "proto", "config"},
     "gpu": {"base", "proto"},
     "client": {"base", "proto", "gpu"},
     "testing": {"base", "proto", "config", "io", "media", "shm", "gpu"},
 }
-DAEMON_PARTS = ["config", "io", "media", "shm", "pipeline", "jobs", "server", "ops"]
+DAEMON_PARTS = ["config", "io", "media", "shm", "streams", "pipeline", "jobs", "server", "ops"]
 SCANNED_EXT = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh")
 
 
