@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -164,8 +165,12 @@ struct SourceKey {
   unsigned types;
 };
 constexpr SourceKey kSourceKeys[] = {
-    {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco)},
-    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix)},
+    {"root",
+     Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco) | Bit(SourceType::kWatch)},
+    {"extensions",
+     Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix) | Bit(SourceType::kWatch)},
+    {"existing", Bit(SourceType::kWatch)},
+    {"classes", Bit(SourceType::kWatch)},
     {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
     {"shards", Bit(SourceType::kTar)},
     {"label_extension", Bit(SourceType::kTar)},
@@ -189,9 +194,8 @@ constexpr SourceKey kSourceKeys[] = {
 
 std::string TypesOf(unsigned types) {
   std::string out;
-  for (SourceType t :
-       {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp, SourceType::kCoco,
-        SourceType::kS3Prefix}) {
+  for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp,
+                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kWatch}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -273,6 +277,39 @@ void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) 
   m.ReportUnknownKeys();
 }
 
+// source.type: watch's own keys (WatchSourceConfig), and root and extensions as image_folder's.
+void ReadWatchSource(Diagnostics& diag, MapReader& m, Media media, SourceConfig* out) {
+  if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
+  if (media != Media::kImage) out->extensions = DefaultExtensions(media);
+  if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+  const Field existing = m.Get("existing");
+  if (auto v = internal::ReadString(diag, existing)) {
+    if (*v == "include" || *v == "skip") {
+      out->watch.include_existing = *v == "include";
+    } else {
+      diag.Error(existing, "must be include or skip (got '" + *v + "')");
+    }
+  }
+  const Field classes = m.Get("classes");
+  if (Present(classes)) {
+    if (auto list = internal::ReadList(diag, classes)) {
+      std::set<std::string> seen;
+      for (const Field& item : *list) {
+        auto v = internal::ReadString(diag, item);
+        if (!v) continue;
+        if (v->empty() || (*v)[0] == '.' || v->find('/') != std::string::npos) {
+          diag.Error(item, "a class is a folder name: not empty, no '/', not starting with '.' (got '" + *v + "')");
+        } else if (!seen.insert(*v).second) {
+          diag.Error(item, "class '" + *v + "' is named twice");
+        } else {
+          out->watch.classes.push_back(*v);
+        }
+      }
+      if (list->empty()) diag.Error(classes, "lists no class (leave it out to take every folder)");
+    }
+  }
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
@@ -282,7 +319,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                      {"tar", SourceType::kTar},
                                                                      {"http", SourceType::kHttp},
                                                                      {"coco", SourceType::kCoco},
-                                                                     {"s3_prefix", SourceType::kS3Prefix}});
+                                                                     {"s3_prefix", SourceType::kS3Prefix},
+                                                                     {"watch", SourceType::kWatch}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -369,6 +407,10 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
         }
       }
       if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
+    }
+    case SourceType::kWatch: {
+      ReadWatchSource(diag, m, media, out);
       break;
     }
   }
@@ -1758,6 +1800,8 @@ const char* SourceTypeName(SourceType type) {
       return "coco";
     case SourceType::kS3Prefix:
       return "s3_prefix";
+    case SourceType::kWatch:
+      return "watch";
   }
   return "?";
 }

@@ -191,6 +191,8 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
     }
     case config::SourceType::kS3Prefix:
       break;  // opened above
+    case config::SourceType::kWatch:
+      return InvalidArgument("source.type: watch is a stream of files, not a dataset");  // a stream job
   }
   return InvalidArgument("source.type: unknown");
 }

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "config/job_config.h"
+
 namespace spdl::jobs {
 namespace {
 
@@ -166,6 +168,42 @@ TEST_CASE("watch feeder: a deleted folder closes the stream, an unused one ends 
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (!(*s2)->closed() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
   CHECK((*s2)->closed());
+}
+
+std::string Errors(const config::JobConfigResult& r) {
+  std::string out;
+  for (const auto& e : r.errors) out += e.path + ": " + e.message + "\n";
+  return out;
+}
+
+TEST_CASE("watch config: keys, defaults and refusals") {
+  auto good = config::ParseJobConfig(
+      "source: {type: watch, root: /data/in, existing: skip, classes: [dog, cat], extensions: [.png]}\n"
+      "batch: {size: 4}\ntransforms: [{center_crop: {size: 8}}]\n");
+  INFO(Errors(good));
+  REQUIRE(good.config.has_value());
+  CHECK(good.config->source.type == config::SourceType::kWatch);
+  CHECK(good.config->source.root == "/data/in");
+  CHECK_FALSE(good.config->source.watch.include_existing);
+  CHECK(good.config->source.watch.classes == std::vector<std::string>{"dog", "cat"});
+  CHECK(good.config->source.extensions == std::vector<std::string>{".png"});
+  auto plain = config::ParseJobConfig(
+      "source: {type: watch, root: /data/in}\nbatch: {size: 4}\ntransforms: [{center_crop: {size: 8}}]\n");
+  REQUIRE(plain.config.has_value());
+  CHECK(plain.config->source.watch.include_existing);
+  CHECK(plain.config->source.extensions == std::vector<std::string>{".jpg", ".jpeg"});
+
+  // Every mistake once, each at its key.
+  auto bad = config::ParseJobConfig(
+      "source: {type: watch, existing: maybe, classes: [a, a, x/y], shards: [t.tar]}\nbatch: {size: 4}\n");
+  CHECK_FALSE(bad.config.has_value());
+  const std::string errors = Errors(bad);
+  INFO(errors);
+  CHECK(errors.find("source.root") != std::string::npos);
+  CHECK(errors.find("include or skip") != std::string::npos);
+  CHECK(errors.find("named twice") != std::string::npos);
+  CHECK(errors.find("'x/y'") != std::string::npos);
+  CHECK(errors.find("shards") != std::string::npos);
 }
 
 }  // namespace
