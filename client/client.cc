@@ -394,6 +394,8 @@ Batch::Batch(Batch&& other) noexcept
       rows_(other.rows_),
       paths_(std::move(other.paths_)),
       labels_(std::move(other.labels_)),
+      metadata_(std::move(other.metadata_)),
+      offsets_(std::move(other.offsets_)),
       resume_token_(std::move(other.resume_token_)),
       tensors_(std::move(other.tensors_)),
       released_(other.released_.exchange(true)) {}
@@ -410,6 +412,8 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     rows_ = other.rows_;
     paths_ = std::move(other.paths_);
     labels_ = std::move(other.labels_);
+    metadata_ = std::move(other.metadata_);
+    offsets_ = std::move(other.offsets_);
     resume_token_ = std::move(other.resume_token_);
     tensors_ = std::move(other.tensors_);
     released_.store(other.released_.exchange(true));
@@ -693,6 +697,12 @@ Result<Batch> Loader::MakeBatch(const proto::BatchReady& m) {
   b.rows_ = m.rows();
   b.paths_.assign(m.paths().begin(), m.paths().end());
   b.labels_.assign(m.labels().begin(), m.labels().end());
+  if ((m.metadata_size() != 0 && m.metadata_size() != static_cast<int>(m.rows())) ||
+      (m.offsets_size() != 0 && m.offsets_size() != static_cast<int>(m.rows()))) {
+    return ProtocolError("BatchReady whose metadata or offsets do not match its rows");
+  }
+  b.metadata_.assign(m.metadata().begin(), m.metadata().end());
+  b.offsets_.assign(m.offsets().begin(), m.offsets().end());
   b.resume_token_ = m.resume_token();
   uint8_t* slot_base = conn_->map_data() + slots_offset_ + uint64_t{m.slot()} * slot_stride_;
   b.tensors_.reserve(info_.layout.size());
@@ -829,6 +839,120 @@ Status Loader::End() {
   proto::ClientMessage m;
   m.mutable_end_job();
   return conn_->Send(m);
+}
+
+}  // namespace spdl::client
+
+// ---- streams: Producer ----
+
+namespace spdl::client {
+
+Result<std::unique_ptr<Producer>> Producer::Open(const ProducerOptions& options) {
+  SPDL_ASSIGN_OR_RETURN(UniqueFd sock, Connect(options.socket_path));
+  std::unique_ptr<Producer> p(new Producer());
+  p->conn_ = std::make_shared<detail::Connection>(std::move(sock));
+  const std::string what = "stream '" + options.stream + "'";
+  SPDL_RETURN_IF_ERROR(SayHello(
+      *p->conn_, options.client_name.empty() ? "spdl-producer pid=" + std::to_string(::getpid()) : options.client_name,
+      what));
+  proto::ClientMessage m;
+  auto* o = m.mutable_open_producer();
+  o->set_stream(options.stream);
+  o->set_max_samples(options.max_samples);
+  o->set_max_bytes(options.max_bytes);
+  for (uint32_t uid : options.allowed_uids) o->add_allowed_uids(uid);
+  o->set_buffer_bytes(options.buffer_bytes);
+  SPDL_RETURN_IF_ERROR(p->conn_->Send(m));
+  proto::DaemonMessage reply;
+  SPDL_RETURN_IF_ERROR(p->conn_->Read(&reply, kHelloTimeoutMs, "opening the producer"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), what);
+  if (!reply.has_producer_opened()) {
+    return ProtocolError("expected ProducerOpened, got message #" + std::to_string(reply.msg_case()));
+  }
+  const proto::ProducerOpened& po = reply.producer_opened();
+  UniqueFd fd = p->conn_->TakeFd();
+  p->conn_->StopTakingFds();
+  if (!fd) return ProtocolError("ProducerOpened came without the put buffer's descriptor");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the put buffer", errno);
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < po.buffer_bytes() || po.buffer_bytes() == 0) {
+    return ProtocolError("the put buffer is " + std::to_string(st.st_size) + " bytes, not the " +
+                         std::to_string(po.buffer_bytes()) + " announced");
+  }
+  void* map = ::mmap(nullptr, po.buffer_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return ErrnoStatus("mapping the put buffer", errno);
+  p->buffer_ = static_cast<uint8_t*>(map);
+  p->buffer_size_ = po.buffer_bytes();
+  p->info_.stream = po.stream();
+  p->info_.owner_uid = po.owner_uid();
+  p->info_.max_samples = po.max_samples();
+  p->info_.max_bytes = po.max_bytes();
+  p->info_.buffer_bytes = po.buffer_bytes();
+  return p;
+}
+
+Producer::~Producer() {
+  if (buffer_ != nullptr) ::munmap(buffer_, buffer_size_);
+  if (conn_) conn_->Close();
+}
+
+Result<uint64_t> Producer::Put(const void* data, size_t size, int64_t label, const std::string& metadata, bool block,
+                               const std::string& key) {
+  if (closed_) return FailedPrecondition("the producer of stream '" + info_.stream + "' is closed");
+  if (size > buffer_size_) {
+    return InvalidArgument("a sample of " + std::to_string(size) + " bytes is larger than the put buffer of " +
+                           std::to_string(buffer_size_) + " bytes (ProducerOptions::buffer_bytes)");
+  }
+  constexpr size_t kInline = 4096;  // smaller samples ride in the message: no buffer round trip
+  proto::ClientMessage m;
+  auto* put = m.mutable_put_sample();
+  if (size <= kInline) {
+    put->set_data(static_cast<const char*>(data), size);
+  } else {
+    std::memcpy(buffer_, data, size);  // the daemon copies it out before it answers
+    put->set_buffer_length(size);
+  }
+  put->set_label(label);
+  put->set_metadata(metadata);
+  put->set_key(key);
+  put->set_block(block);
+  SPDL_RETURN_IF_ERROR(conn_->Send(m));
+  proto::DaemonMessage reply;
+  // A blocking put waits as long as the stream stays full (the daemon's death still ends it: EOF).
+  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "waiting for PutDone"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), "stream '" + info_.stream + "'");
+  if (!reply.has_put_done()) return ProtocolError("expected PutDone, got message #" + std::to_string(reply.msg_case()));
+  const proto::PutDone& d = reply.put_done();
+  if (d.has_error() && (d.error().code() != proto::Error::UNKNOWN || !d.error().message().empty())) {
+    const std::string& msg = d.error().message();
+    switch (d.error().code()) {
+      case proto::Error::RESOURCE_EXHAUSTED:
+        return ResourceExhausted(msg);
+      default:
+        if (msg.find("is closed") != std::string::npos) return FailedPrecondition(msg);
+        return InvalidArgument(msg);
+    }
+  }
+  ++puts_;
+  return d.offset();
+}
+
+Status Producer::Flush() { return Status::Ok(); }
+
+Status Producer::Close(bool end_stream) {
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  proto::ClientMessage m;
+  m.mutable_close_producer()->set_end_stream(end_stream);
+  SPDL_RETURN_IF_ERROR(conn_->Send(m));
+  proto::DaemonMessage reply;
+  SPDL_RETURN_IF_ERROR(conn_->Read(&reply, kHelloTimeoutMs, "closing the producer"));
+  if (reply.has_error()) return FromDaemonError(reply.error(), "stream '" + info_.stream + "'");
+  if (!reply.has_producer_closed()) {
+    return ProtocolError("expected ProducerClosed, got message #" + std::to_string(reply.msg_case()));
+  }
+  conn_->Close();
+  return Status::Ok();
 }
 
 }  // namespace spdl::client

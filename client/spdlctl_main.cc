@@ -116,6 +116,29 @@ void PrintStats(const JobSummary& j) {
   }
 }
 
+// spdlctl streams: one row per stream (retained samples / bytes against its bounds, producers), then
+// one per consumer group (consumers, lag: put and not yet acknowledged by the group, in flight).
+void PrintStreams(const DaemonStatus& s) {
+  if (s.streams().empty()) {
+    std::printf("no streams\n");
+    return;
+  }
+  std::printf("%-24s %6s %10s %10s %12s %12s %10s %5s %7s %6s\n", "STREAM", "OWNER", "RETAINED", "MAX", "BYTES",
+              "MAX_BYTES", "PUT", "PROD", "EVICTED", "CLOSED");
+  for (const auto& st : s.streams()) {
+    std::printf("%-24s %6u %10" PRIu64 " %10" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 " %5u %7" PRIu64
+                " %6s\n",
+                st.name().c_str(), st.owner_uid(), st.retained_samples(), st.max_samples(), st.retained_bytes(),
+                st.max_bytes(), st.tail_offset(), st.producers(), st.evicted(), st.closed() ? "yes" : "no");
+    for (const auto& g : st.groups()) {
+      std::printf("  group %-16s consumers %u  lag %" PRIu64 "  in flight %" PRIu64 "  redeliver %" PRIu64
+                  "  delivered %" PRIu64 " (%" PRIu64 " again)\n",
+                  g.name().c_str(), g.consumers(), g.lag(), g.in_flight(), g.redeliver(), g.delivered(),
+                  g.redelivered());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,6 +157,7 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "per-stage figures of your jobs, or of one job");
   uint64_t stats_job = 0;
   stats->add_option("job", stats_job, "job id (default: all of yours)");
+  auto* streams = app.add_subcommand("streams", "streams you may use (root: all): retained, producers, lag per group");
   auto* cancel = app.add_subcommand("cancel", "stop a job of yours; its trainer gets an error");
   uint64_t cancel_job = 0;
   cancel->add_option("job", cancel_job, "job id")->required();
@@ -173,6 +197,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   const DaemonStatus& s = reply->status();
+  if (*streams) {
+    if (json) {
+      PrintJson(s);  // the whole status: its "streams" list
+    } else {
+      PrintStreams(s);
+    }
+    return 0;
+  }
   if (*status || *jobs) {
     if (json) {
       PrintJson(s);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/ascii.h"
+#include "config/daemon_config.h"
 #include "config/yaml_reader.h"
 
 namespace spdl::config {
@@ -190,12 +191,18 @@ constexpr SourceKey kSourceKeys[] = {
     {"min_visibility", Bit(SourceType::kCoco)},
     {"prefix", Bit(SourceType::kS3Prefix)},
     {"s3", Bit(SourceType::kTar) | Bit(SourceType::kFileList) | Bit(SourceType::kS3Prefix)},
+    {"name", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"group", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"max_samples", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"retain_samples", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"retain_bytes", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"allowed_uids", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
   for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp,
-                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kWatch}) {
+                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kStream, SourceType::kWatch}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -277,8 +284,12 @@ void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) 
   m.ReportUnknownKeys();
 }
 
-// source.type: watch's own keys (WatchSourceConfig), and root and extensions as image_folder's.
+void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out, bool name_required = true);
+
+// source.type: watch's own keys (WatchSourceConfig), root and extensions as image_folder's, and
+// the stream keys of source.type: stream (the stream the watch feeds; its name optional).
 void ReadWatchSource(Diagnostics& diag, MapReader& m, Media media, SourceConfig* out) {
+  ReadStreamSource(diag, m, &out->stream, /*name_required=*/false);
   if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
   if (media != Media::kImage) out->extensions = DefaultExtensions(media);
   if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
@@ -310,6 +321,56 @@ void ReadWatchSource(Diagnostics& diag, MapReader& m, Media media, SourceConfig*
   }
 }
 
+// source.type: stream's keys (StreamSourceConfig); watch's, where the name may be left out.
+void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out, bool name_required) {
+  const Field name = m.Get("name");
+  if (auto v = name_required || Present(name) ? ReadRequiredString(diag, m, "name") : std::nullopt) {
+    const Field f = m.Get("name");
+    bool ok = !v->empty() && v->size() <= 128;
+    for (char c : *v) {
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                  c == '.');
+    }
+    if (!ok) {
+      diag.Error(f, "a stream name is 1..128 letters, digits, '_', '-' or '.' (got '" + *v + "')");
+    } else {
+      out->name = *v;
+    }
+  }
+  const Field group = m.Get("group");
+  if (auto v = internal::ReadString(diag, group)) {
+    if (v->empty() || v->size() > 128) {
+      diag.Error(group, "a consumer group name is 1..128 characters");
+    } else {
+      out->group = *v;
+    }
+  }
+  if (auto v = internal::ReadUint64(diag, m.Get("max_samples"))) out->max_samples = *v;
+  if (auto v = internal::ReadInt(diag, m.Get("retain_samples"), 1, int64_t{1} << 40)) {
+    out->retain_samples = static_cast<uint64_t>(*v);
+  }
+  const Field bytes = m.Get("retain_bytes");
+  if (Present(bytes)) {
+    if (auto v = internal::ReadString(diag, bytes)) {
+      Result<uint64_t> n = ParseByteSize(*v);
+      if (!n.ok() || *n == 0) {
+        diag.Error(bytes, "must be a byte size above 0 such as 67108864 or 64MiB (got '" + *v + "')");
+      } else {
+        out->retain_bytes = *n;
+      }
+    }
+  }
+  const Field uids = m.Get("allowed_uids");
+  if (Present(uids)) {
+    if (auto list = internal::ReadList(diag, uids)) {
+      for (const Field& item : *list) {
+        if (auto v = internal::ReadInt(diag, item, 0, 4294967294))
+          out->allowed_uids.push_back(static_cast<uint32_t>(*v));
+      }
+    }
+  }
+}
+
 void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig* out) {
   MapReader m(diag, field);
   const Field type_field = m.Get("type");
@@ -320,6 +381,7 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                      {"http", SourceType::kHttp},
                                                                      {"coco", SourceType::kCoco},
                                                                      {"s3_prefix", SourceType::kS3Prefix},
+                                                                     {"stream", SourceType::kStream},
                                                                      {"watch", SourceType::kWatch}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
@@ -411,6 +473,10 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
     }
     case SourceType::kWatch: {
       ReadWatchSource(diag, m, media, out);
+      break;
+    }
+    case SourceType::kStream: {
+      ReadStreamSource(diag, m, &out->stream);
       break;
     }
   }
@@ -1761,6 +1827,15 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
     out->max_failures_warmup = static_cast<int>(*v);
   }
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
+  if (const Field f = m.Get("max_batch_delay_ms"); Present(f)) {
+    if (auto v = internal::ReadInt(diag, f, 0, 3'600'000)) {
+      if (out->source.type != SourceType::kStream && out->source.type != SourceType::kWatch && *v > 0) {
+        diag.Error(f, "max_batch_delay_ms applies to source.type: stream and watch only");
+      } else {
+        out->max_batch_delay_ms = *v;
+      }
+    }
+  }
   if (auto v = internal::ReadBool(diag, m.Get("share"))) out->share = *v;
   if (auto v = internal::ReadInt(diag, m.Get("share_members"), 1, 1024)) out->share_members = static_cast<int>(*v);
   if (const Field wait = m.Get("share_wait_seconds"); auto v = ReadNumber(diag, wait)) {
@@ -1802,6 +1877,8 @@ const char* SourceTypeName(SourceType type) {
       return "s3_prefix";
     case SourceType::kWatch:
       return "watch";
+    case SourceType::kStream:
+      return "stream";
   }
   return "?";
 }

@@ -180,6 +180,7 @@ enum class SourceType {
   kHttp,         // a file of "url[,label]" lines, or of "path[,label]" lines below `base_url`
   kCoco,         // a COCO instances JSON (`annotations`) and its image folder (`root`): boxes per sample
   kS3Prefix,     // every object below an s3:// prefix; class = first path component after it
+  kStream,       // a named node-local stream that producers put samples into (StreamSourceConfig)
   kWatch,        // root/<class>/<file> watched with inotify: each new complete file a sample (WatchSourceConfig)
 };
 
@@ -211,6 +212,22 @@ struct WatchSourceConfig {
   std::vector<std::string> classes;  // fixed class folders, label = index (others ignored); empty:
                                      // the folders at the start sorted, later ones in order of arrival
   bool operator==(const WatchSourceConfig&) const = default;
+};
+
+// source.type: stream — samples as producers put them into the named node-local stream (issue 21,
+// daemon/streams). No epochs: the job runs until the stream is closed, or max_samples were
+// delivered. The first producer or stream job naming a stream defines it: a job that defines it
+// gives its retention bounds (retain_samples, retain_bytes) and who else may use it (allowed_uids).
+struct StreamSourceConfig {
+  std::string name;                             // the stream (required): [A-Za-z0-9_.-]{1,128}
+  std::string group = "default";                // the consumer group: each sample goes to one job of a group,
+                                                // every group sees every sample
+  uint64_t max_samples = 0;                     // the job ends after delivering this many; 0 = until closed
+  uint64_t retain_samples = 100000;             // when this job defines the stream: its max_samples, >= 1
+  uint64_t retain_bytes = uint64_t{256} << 20;  // when this job defines the stream: its max_bytes (a byte
+                                                // size like "64MiB"), >= 1
+  std::vector<uint32_t> allowed_uids;           // when this job defines the stream: other uids allowed
+  bool operator==(const StreamSourceConfig&) const = default;
 };
 
 // The YAML name of a source type ("image_folder", "file_list", "tar", "http").
@@ -268,6 +285,8 @@ struct SourceConfig {
   std::string prefix;  // s3_prefix: "s3://bucket/some/prefix/" (required)
   S3SourceConfig s3;   // tar, file_list, s3_prefix: the `s3:` map
   WatchSourceConfig watch;  // watch: YAML keys existing, classes directly under `source:`
+  StreamSourceConfig stream;  // stream (and watch, name optional there): YAML keys name, group, max_samples,
+                              // retain_samples, retain_bytes, allowed_uids directly under `source:`
 
   // True when the source reads object storage: s3_prefix, or tar shards named s3://.
   // (A file_list's s3:// lines are seen only when the list is read.)
@@ -498,6 +517,9 @@ struct JobConfig {
                                         // count or fraction given replaces it (1.0: no limit)
   int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
   int weight = 1;                       // share of the node's pools against other jobs, 1..1000
+  // source.type: stream: a batch not full this long after its first sample is sent with the rows it
+  // has (BatchReady.rows says how many); 0 = wait until full (or the stream closes). 0..3600000.
+  int64_t max_batch_delay_ms = 0;
   // Identical jobs decode once (jobs/shared_job.h): jobs of one uid with share: true and the same
   // config text, dataset, rank, world size and epochs run one pipeline and every member gets every
   // batch. share_members: the group holds its first batch until this many have joined (1..1024),

@@ -23,9 +23,21 @@
 #include "jobs/resume_token.h"
 #include "jobs/sample_decoder.h"
 #include "jobs/shared_job.h"
+#include "jobs/stream_job.h"
 
 namespace spdl::jobs {
 namespace {
+
+// Streams' retained bytes as part of the daemon's memory budget.
+class BudgetStreamAccount final : public streams::MemoryAccount {
+ public:
+  explicit BudgetStreamAccount(std::shared_ptr<MemoryBudget> budget) : budget_(std::move(budget)) {}
+  bool TryCharge(uint64_t bytes) override { return budget_->TryChargeStreams(bytes); }
+  void Release(uint64_t bytes) override { budget_->ReleaseStreams(bytes); }
+
+ private:
+  const std::shared_ptr<MemoryBudget> budget_;
+};
 
 proto::Error MakeError(proto::Error::Code code, std::string message) {
   proto::Error e;
@@ -193,6 +205,8 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       break;  // opened above
     case config::SourceType::kWatch:
       return InvalidArgument("source.type: watch is a stream of files, not a dataset");  // a stream job
+    case config::SourceType::kStream:
+      return InvalidArgument("source.type: stream is no dataset to open (PrepareStreamJob)");
   }
   return InvalidArgument("source.type: unknown");
 }
@@ -271,9 +285,14 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       worker_threads_(worker_threads),
       cache_(config.cache_bytes > 0 ? std::make_shared<io::SampleCache>(config.cache_bytes) : nullptr),
       op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)),
-      budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)) {}
+      budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)),
+      stream_account_(std::make_unique<BudgetStreamAccount>(budget_)),
+      streams_(std::make_shared<streams::StreamRegistry>(stream_account_.get())),
+      watches_(std::make_shared<WatchHub>(streams_.get())) {}
 
 JobRegistry::~JobRegistry() {
+  watches_->StopAll();
+  streams_->CloseAll();
   std::lock_guard lock(mu_);
   if (live_jobs_ != 0) spdlog::error("job registry destroyed with {} live jobs", live_jobs_);
 }
@@ -321,6 +340,10 @@ struct RegistryPrepared final : PreparedJob {
   PeerInfo peer;
   std::optional<proto::Error> error;
   MediaJobSpec spec;
+  // source.type: stream: the stream (defined or opened by the Prepare task) and where to resume.
+  std::shared_ptr<streams::Stream> stream;
+  std::optional<uint64_t> resume_after;
+  uint64_t first_batch = 0;
   std::shared_ptr<const io::CachedSource> cached;
   // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
   // control thread: creating a CUDA context takes long).
@@ -383,12 +406,78 @@ std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
   return std::make_shared<const io::FsIdentity>(io::LookupFsIdentity(peer.uid, peer.gid));
 }
 
+// source.type: stream (issue 21): checks what a stream job cannot do, defines or opens the stream
+// for the peer (its access rule: the defining uid, allowed_uids, root) and reads a stream token.
+// source.type: watch: the stream is the one the watch of source.root feeds (WatchHub::Attach: the
+// folder resolved, watched and read with the peer's rights), named from the folder and settings
+// unless source.name is given.
+void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, WatchHub* watches,
+                      const config::DaemonConfig& daemon) {
+  const proto::SubmitJob& req = p->request;
+  MediaJobSpec& spec = p->spec;
+  const config::StreamSourceConfig& sc = spec.config.source.stream;
+  auto fail = [p](proto::Error::Code code, std::string message) { p->error = MakeError(code, std::move(message)); };
+  std::string problems;
+  auto refuse = [&](const std::string& what) { problems += "\n  " + what; };
+  if (spec.config.media != config::Media::kImage) refuse("media: a stream job decodes images only");
+  if (!spec.config.extra_outputs.empty()) refuse("extra_outputs: a stream sample has no sidecar files");
+  if (!spec.config.mask.from.empty()) refuse("mask: a stream sample has no sidecar files");
+  if (spec.config.mix.enabled()) refuse("mix: not available for stream jobs");
+  if (spec.config.share) refuse("share: stream jobs share a stream through consumer groups (source.group)");
+  if (spec.config.output.cuda_device >= 0) refuse("output.device: stream jobs deliver to the CPU");
+  if (req.world_size() > 1) refuse("world_size: ranks of a stream job share a consumer group (source.group)");
+  if (req.start_epoch() > 0) refuse("start_epoch: a stream has no epochs");
+  if (!problems.empty()) return fail(proto::Error::INVALID_CONFIG, "invalid stream job:" + problems);
+  if (streams == nullptr) return fail(proto::Error::INTERNAL, "this daemon has no streams");
+  streams::StreamConfig def;
+  def.name = sc.name;
+  def.max_samples = sc.retain_samples;
+  def.max_bytes = sc.retain_bytes;
+  def.allowed_uids = sc.allowed_uids;
+  const bool watch = spec.config.source.type == config::SourceType::kWatch;
+  if (watch) {
+    if (spdl::Status servable = io::CheckServable(p->peer.uid); !servable.ok()) {
+      return fail(proto::Error::PERMISSION_DENIED, servable.message());
+    }
+    if (watches == nullptr) return fail(proto::Error::INTERNAL, "this daemon has no watches");
+    WatchSpec w;
+    w.root = spec.config.source.root;
+    w.options.extensions = spec.config.source.extensions;
+    w.options.include_existing = spec.config.source.watch.include_existing;
+    w.options.classes = spec.config.source.watch.classes;
+    w.allowed_roots = daemon.allowed_roots;
+    w.stream = def;
+    w.uid = p->peer.uid;
+    w.identity = UserIdentity(p->peer);
+    w.max_sample_bytes = std::min<uint64_t>(io::kDefaultMaxSampleBytes, sc.retain_bytes);
+    auto stream = watches->Attach(w);
+    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.root: " + stream.status().message());
+    p->stream = std::move(stream).value();
+  } else {
+    auto stream = streams->Define(def, p->peer.uid);
+    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.name: " + stream.status().message());
+    p->stream = std::move(stream).value();
+  }
+  const std::string& stream_name = p->stream->name();
+  if (!req.resume_token().empty()) {
+    auto token = DecodeStreamToken(req.resume_token());
+    if (!token.ok()) return fail(proto::Error::BAD_REQUEST, token.status().message());
+    if (token->stream != stream_name || token->group != sc.group) {
+      return fail(proto::Error::BAD_REQUEST, "the resume token is of stream '" + token->stream + "' group '" +
+                                                 token->group + "', this job reads stream '" + stream_name +
+                                                 "' group '" + sc.group + "'");
+    }
+    p->resume_after = token->offset;
+    p->first_batch = token->next_batch;
+  }
+}
+
 // The slow part of Submit: parse and validate the config, open the source (the folder scan, list
 // or tar index), fingerprint it and check a resume token. Uses only its arguments (the daemon
 // config as it was at Submit), so it runs on any thread.
 void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
                 plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget,
-                io::SourceIndexCache* index_cache) {
+                io::SourceIndexCache* index_cache, streams::StreamRegistry* streams, WatchHub* watches) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
@@ -428,6 +517,10 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     return fail(proto::Error::INVALID_CONFIG, "invalid job config " + name + ": " + decoder.status().message());
   }
   spec.decoder = std::move(decoder).value();
+
+  if (spec.config.source.type == config::SourceType::kStream || spec.config.source.type == config::SourceType::kWatch) {
+    return PrepareStreamJob(p, streams, watches, daemon);
+  }
 
   // Every file of the job is opened with its user's rights: the scan, list or index now, each
   // sample and sidecar later (io::UserSource), whichever thread reads.
@@ -516,9 +609,10 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          hook = prepare_hook_, backends = device_backends_, finder = device_finder_]() -> std::shared_ptr<PreparedJob> {
+          hook = prepare_hook_, backends = device_backends_, finder = device_finder_, streams = streams_,
+          watches = watches_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
-    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get());
+    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), streams.get(), watches.get());
     if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
     return p;
   };
@@ -539,6 +633,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   const PeerInfo& peer = p->peer;
   MediaJobSpec spec = std::move(p->spec);
   std::shared_ptr<const io::CachedSource> cached = std::move(p->cached);
+  std::shared_ptr<streams::Stream> stream = std::move(p->stream);
 
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -642,7 +737,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     }
     // Scratch of large decodes running now is part of the same budget (memory_budget.h).
     const uint64_t scratch = budget_->scratch_bytes();
-    if (bytes_in_use_ + scratch + bytes > config_.memory_budget_bytes) {
+    if (bytes_in_use_ + scratch + budget_->stream_bytes() + bytes > config_.memory_budget_bytes) {
       refused_for_budget_[peer.uid] = now;
       if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
       out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -678,8 +773,18 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     ++live_jobs_;
   }
   auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
-  const std::string description = spec.source->Describe();
+  const std::string description =
+      stream ? "stream " + stream->name() + " group " + spec.config.source.stream.group : spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
+  if (stream) {  // ---- source.type: stream ----
+    auto sj =
+        StreamJob::Start(std::move(spec), stream, p->resume_after, p->first_batch, std::move(lease), std::move(notify));
+    if (!sj.ok()) {
+      out.error = MakeError(CodeFor(sj.status()), "starting the job: " + sj.status().message());
+      return out;
+    }
+    return Finish(req, peer, description, bytes, std::move(sj).value(), nullptr);
+  }
   // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
   auto return_device = [this, daemon_device, device_bytes](uint64_t leaked) {
     if (device_bytes == 0) return;
@@ -782,6 +887,36 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   const io::SourceIndexCache::Stats index_stats = index_cache_ ? index_cache_->stats() : io::SourceIndexCache::Stats{};
   st.set_source_index_scans(index_stats.scans);
   st.set_source_index_shared(index_stats.hits + index_stats.joined);
+  st.set_memory_in_use_bytes(st.memory_in_use_bytes() + budget_->stream_bytes());
+  for (const std::shared_ptr<streams::Stream>& stream : streams_->List()) {
+    if (!stream->CheckAccess(peer.uid).ok()) continue;  // another user's stream is not even shown
+    const streams::StreamStats s = stream->Stats();
+    proto::StreamStatus* o = st.add_streams();
+    o->set_name(s.name);
+    o->set_owner_uid(s.owner_uid);
+    o->set_max_samples(s.max_samples);
+    o->set_max_bytes(s.max_bytes);
+    o->set_head_offset(s.head_offset);
+    o->set_tail_offset(s.tail_offset);
+    o->set_retained_samples(s.retained_samples);
+    o->set_retained_bytes(s.retained_bytes);
+    o->set_put_bytes(s.put_bytes);
+    o->set_evicted(s.evicted);
+    o->set_blocked_puts(s.blocked_puts);
+    o->set_producers(s.producers);
+    o->set_closed(s.closed);
+    for (const streams::GroupStats& g : s.groups) {
+      proto::StreamGroupStatus* og = o->add_groups();
+      og->set_name(g.name);
+      og->set_consumers(g.consumers);
+      og->set_lag(g.lag);
+      og->set_in_flight(g.in_flight);
+      og->set_redeliver(g.redeliver);
+      og->set_delivered(g.delivered);
+      og->set_redelivered(g.redelivered);
+      og->set_next_offset(g.next_offset);
+    }
+  }
   {
     std::lock_guard lock(mu_);
     uint64_t leaked = 0;

@@ -29,6 +29,7 @@
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
+#include "jobs/watch_feeder.h"
 #include "pipeline/executor.h"
 #include "plugins/op_loader.h"
 
@@ -53,6 +54,9 @@ class JobRegistry final : public JobService {
   SubmitResult Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) override;
   proto::DaemonStatus Status(const PeerInfo& peer) override;
   spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) override;
+  streams::StreamRegistry* streams() override { return streams_.get(); }
+  bool ChargeProducerBuffer(uint64_t bytes) override { return budget_->TryChargeStreams(bytes); }
+  void ReleaseProducerBuffer(uint64_t bytes) override { budget_->ReleaseStreams(bytes); }
 
   // Config reload (SIGHUP): the limits (memory_budget_bytes, max_jobs_per_client,
   // max_slots_per_job, allowed_roots, allowed_url_prefixes) that jobs submitted from now on are
@@ -161,6 +165,13 @@ class JobRegistry final : public JobService {
   const std::shared_ptr<plugins::OpLoader> op_loader_;
   // memory_budget_bytes as one account of job slots (bytes_in_use_, mirrored) and decode scratch.
   const std::shared_ptr<MemoryBudget> budget_;
+  // The streams (issue 21), their retained bytes charged to budget_ (through stream_account_).
+  // Shared with Prepare tasks, which define and open streams.
+  std::unique_ptr<streams::MemoryAccount> stream_account_;
+  std::shared_ptr<streams::StreamRegistry> streams_;
+  // source.type: watch: the folders watched, each feeding a stream of streams_ (jobs/watch_feeder.h).
+  // Shared with Prepare tasks, which attach to them; stopped before the streams close.
+  std::shared_ptr<WatchHub> watches_;
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;

@@ -10,16 +10,16 @@
 
 #include <array>
 #include <atomic>
-#include <string>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "common/status.h"
 #include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
+#include "streams/stream.h"
 
 namespace spdl::jobs {
 
@@ -136,6 +136,12 @@ class JobService {
   // Aborts job `job_id` on behalf of `peer`. kNotFound when there is no such live job or it belongs
   // to another uid (another user's jobs are not even confirmed to exist), unless peer is root.
   virtual spdl::Status Cancel(uint64_t job_id, const PeerInfo& peer) = 0;
+  // The daemon's streams (issue 21), for producer sessions; nullptr: this service has none.
+  virtual streams::StreamRegistry* streams() { return nullptr; }
+  // The put buffer of a producer (its shared region's bytes) is charged here; false when the
+  // memory budget has no room. Default: no budget (always true).
+  virtual bool ChargeProducerBuffer(uint64_t /*bytes*/) { return true; }
+  virtual void ReleaseProducerBuffer(uint64_t /*bytes*/) {}
 };
 
 namespace internal {

@@ -20,13 +20,21 @@ Result<MemoryBudget::Lease> MemoryBudget::ReserveScratch(uint64_t bytes, const s
   auto pause = std::chrono::milliseconds(2);
   for (;;) {
     uint64_t held = scratch_.load();
-    while (slots_.load() + held + bytes <= limit()) {
+    while (slots_.load() + streams_.load() + held + bytes <= limit()) {
       if (scratch_.compare_exchange_weak(held, held + bytes)) return Lease(this, bytes);
     }
     if (std::chrono::steady_clock::now() >= deadline) return refuse("more than is free now");
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
+}
+
+bool MemoryBudget::TryChargeStreams(uint64_t bytes) {
+  uint64_t held = streams_.load();
+  while (slots_.load() + scratch_.load() + held + bytes <= limit()) {
+    if (streams_.compare_exchange_weak(held, held + bytes)) return true;
+  }
+  return false;
 }
 
 }  // namespace spdl::jobs

@@ -28,6 +28,11 @@ class MemoryBudget {
   // Slot bytes of live jobs, as the registry admits and returns them (it keeps its own total).
   void SetSlotBytes(uint64_t bytes) { slots_.store(bytes); }
   uint64_t scratch_bytes() const { return scratch_.load(); }
+  // Bytes streams retain (streams/stream.h) and their producers' put buffers: charged when the
+  // budget has room for them beside the slots and scratch (true), else nothing is charged (false).
+  bool TryChargeStreams(uint64_t bytes);
+  void ReleaseStreams(uint64_t bytes) { streams_.fetch_sub(bytes); }
+  uint64_t stream_bytes() const { return streams_.load(); }
 
   // Scratch held until the lease is destroyed.
   class Lease {
@@ -66,6 +71,7 @@ class MemoryBudget {
   std::atomic<uint64_t> limit_;
   std::atomic<uint64_t> slots_{0};
   std::atomic<uint64_t> scratch_{0};
+  std::atomic<uint64_t> streams_{0};
 };
 
 }  // namespace spdl::jobs

@@ -227,6 +227,33 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
           {{"device", g.device()}}, g.poisoned() ? 1 : 0);
   }
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
+  // Streams (issue 21): one series per stream, and per consumer group of it.
+  for (const auto& s : st.streams()) {
+    const Labels l{{"stream", s.name()}};
+    e.Add("spdld_stream_retained_samples", "gauge", "Samples a stream retains (not yet consumed by every group).", l,
+          double(s.retained_samples()));
+    e.Add("spdld_stream_retained_bytes", "gauge", "Bytes a stream retains (data + metadata).", l,
+          double(s.retained_bytes()));
+    e.Add("spdld_stream_max_samples", "gauge", "A stream's bound on retained samples.", l, double(s.max_samples()));
+    e.Add("spdld_stream_max_bytes", "gauge", "A stream's bound on retained bytes.", l, double(s.max_bytes()));
+    e.Add("spdld_stream_put_samples_total", "counter", "Samples put into a stream.", l, double(s.tail_offset()));
+    e.Add("spdld_stream_put_bytes_total", "counter", "Sample bytes put into a stream.", l, double(s.put_bytes()));
+    e.Add("spdld_stream_evicted_samples_total", "counter", "Consumed samples a stream dropped to make room.", l,
+          double(s.evicted()));
+    e.Add("spdld_stream_blocked_puts_total", "counter", "Puts that found a stream full (they waited or failed).", l,
+          double(s.blocked_puts()));
+    e.Add("spdld_stream_producers", "gauge", "Producers attached to a stream.", l, double(s.producers()));
+    for (const auto& g : s.groups()) {
+      const Labels gl{{"stream", s.name()}, {"group", g.name()}};
+      e.Add("spdld_stream_group_lag_samples", "gauge", "Samples put and not yet acknowledged by a consumer group.", gl,
+            double(g.lag()));
+      e.Add("spdld_stream_group_consumers", "gauge", "Consumers (stream jobs) of a group.", gl, double(g.consumers()));
+      e.Add("spdld_stream_group_in_flight_samples", "gauge", "Samples a group's consumers hold unacknowledged.", gl,
+            double(g.in_flight()));
+      e.Add("spdld_stream_group_redelivered_samples_total", "counter",
+            "Samples handed out again after their consumer left unacknowledged.", gl, double(g.redelivered()));
+    }
+  }
   // The JobStats fields, from their one description (proto/job_stats_fields.h): node-wide ones
   // (spdld_cache_*) once, without job labels, while a job runs with the cache on; per-job ones
   // (spdld_job_*) for every job; the client-wait histogram below.

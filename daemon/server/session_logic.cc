@@ -35,7 +35,161 @@ SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::fun
                            DaemonControl* control)
     : jobs_(jobs), peer_(peer), notify_(std::move(notify)), control_(control) {}
 
-SessionLogic::~SessionLogic() { DropJob(); }
+SessionLogic::~SessionLogic() {
+  DropJob();
+  DropProducer();
+}
+
+void SessionLogic::DropProducer() {
+  if (producer_stream_) producer_stream_->RemoveProducer();
+  producer_stream_.reset();
+  put_buffer_ = shm::SharedRegion();
+  if (put_buffer_charged_ > 0) jobs_->ReleaseProducerBuffer(put_buffer_charged_);
+  put_buffer_charged_ = 0;
+  queued_puts_.clear();
+  queued_put_bytes_ = 0;
+  close_after_puts_.reset();
+}
+
+Output SessionLogic::OpenProducer(const proto::OpenProducer& m) {
+  streams::StreamRegistry* registry = jobs_->streams();
+  Output out;
+  auto error = [&](proto::Error::Code code, std::string message) {
+    auto* e = out.messages.emplace_back().message.mutable_error();
+    e->set_code(code);
+    e->set_message(std::move(message));
+    return out;
+  };
+  if (registry == nullptr) return error(proto::Error::BAD_REQUEST, "this spdld has no streams");
+  if (control_ && control_->draining) return DrainingRefusal();
+  const uint64_t buffer = m.buffer_bytes() == 0 ? uint64_t{16} << 20 : m.buffer_bytes();
+  if (buffer > (uint64_t{1} << 30)) {
+    return error(proto::Error::BAD_REQUEST,
+                 "OpenProducer.buffer_bytes " + std::to_string(buffer) + " is over the limit of 1 GiB");
+  }
+  streams::StreamConfig def;
+  def.name = m.stream();
+  if (m.max_samples() > 0) def.max_samples = m.max_samples();
+  if (m.max_bytes() > 0) def.max_bytes = m.max_bytes();
+  def.allowed_uids.assign(m.allowed_uids().begin(), m.allowed_uids().end());
+  auto stream = registry->Define(def, peer_.uid);
+  if (!stream.ok()) {
+    const proto::Error::Code code = stream.status().code() == StatusCode::kPermissionDenied
+                                        ? proto::Error::PERMISSION_DENIED
+                                        : proto::Error::BAD_REQUEST;
+    return error(code, stream.status().message());
+  }
+  if (!jobs_->ChargeProducerBuffer(buffer)) {
+    return error(proto::Error::RESOURCE_EXHAUSTED, "the producer's put buffer of " + std::to_string(buffer >> 20) +
+                                                       " MiB does not fit the daemon's memory budget now");
+  }
+  auto region = shm::SharedRegion::Create("spdld-producer-" + m.stream(), buffer);
+  if (!region.ok()) {
+    jobs_->ReleaseProducerBuffer(buffer);
+    return error(proto::Error::INTERNAL, "the put buffer: " + region.status().message());
+  }
+  put_buffer_ = std::move(region).value();
+  put_buffer_charged_ = buffer;
+  producer_stream_ = std::move(stream).value();
+  producer_stream_->AddProducer();
+  state_ = State::kProducing;
+  spdlog::info("{}: producer of stream '{}' (owner uid {})", Who(), EscapeForLog(producer_stream_->name()),
+               producer_stream_->owner_uid());
+  Outgoing& o = out.messages.emplace_back();
+  auto* po = o.message.mutable_producer_opened();
+  po->set_stream(producer_stream_->name());
+  po->set_buffer_bytes(buffer);
+  po->set_owner_uid(producer_stream_->owner_uid());
+  po->set_max_samples(producer_stream_->config().max_samples);
+  po->set_max_bytes(producer_stream_->config().max_bytes);
+  o.pass_fd = put_buffer_.fd();
+  return out;
+}
+
+Output SessionLogic::PutSample(const proto::PutSample& m) {
+  if (m.metadata().size() > (64u << 10)) return Fatal(proto::Error::BAD_REQUEST, "PutSample.metadata over 64 KiB");
+  if (m.key().size() > 4096) return Fatal(proto::Error::BAD_REQUEST, "PutSample.key over 4096 bytes");
+  if (m.buffer_length() > 0 && !m.data().empty()) {
+    return Fatal(proto::Error::BAD_REQUEST, "PutSample has both buffer_length and inline data");
+  }
+  if (m.buffer_length() > put_buffer_.size()) {
+    return Fatal(proto::Error::BAD_REQUEST, "PutSample.buffer_length " + std::to_string(m.buffer_length()) +
+                                                " is beyond the put buffer of " + std::to_string(put_buffer_.size()) +
+                                                " bytes");
+  }
+  if (queued_puts_.size() >= kMaxQueuedPuts || queued_put_bytes_ > kMaxQueuedPutBytes) {
+    return Fatal(proto::Error::BAD_REQUEST,
+                 "more than " + std::to_string(kMaxQueuedPuts) + " puts sent without waiting for their PutDone");
+  }
+  QueuedPut q;
+  if (m.buffer_length() > 0) {
+    q.data.assign(put_buffer_.data(), put_buffer_.data() + m.buffer_length());  // the one copy
+  } else {
+    q.data.assign(m.data().begin(), m.data().end());
+  }
+  q.label = m.label();
+  q.metadata = m.metadata();
+  q.key = m.key();
+  q.block = m.block();
+  queued_put_bytes_ += q.data.size();
+  queued_puts_.push_back(std::move(q));
+  Output out;
+  DrainPuts(&out);
+  return out;
+}
+
+void SessionLogic::DrainPuts(Output* out) {
+  while (!queued_puts_.empty() && producer_stream_) {
+    QueuedPut& q = queued_puts_.front();
+    streams::PutOptions o;
+    o.block = false;
+    o.key = q.key;
+    const size_t n = q.data.size();
+    Result<uint64_t> r = producer_stream_->PutFrom(&q.data, q.label, q.metadata, o);  // q.data kept if refused
+    if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted && q.block) {
+      if (!room_wait_) {
+        room_wait_ = true;
+        producer_stream_->NotifyOnRoom([notify = notify_] {
+          if (notify) notify();
+        });
+      }
+      return;
+    }
+    auto* done = out->messages.emplace_back().message.mutable_put_done();
+    if (r.ok()) {
+      done->set_offset(*r);
+    } else {
+      const StatusCode c = r.status().code();
+      done->mutable_error()->set_code(c == StatusCode::kResourceExhausted ? proto::Error::RESOURCE_EXHAUSTED
+                                                                          : proto::Error::BAD_REQUEST);
+      done->mutable_error()->set_message(r.status().message());
+    }
+    queued_put_bytes_ -= std::min<uint64_t>(queued_put_bytes_, n);
+    queued_puts_.pop_front();
+  }
+  if (queued_puts_.empty() && close_after_puts_) {
+    proto::CloseProducer c = *close_after_puts_;
+    close_after_puts_.reset();
+    Output more = CloseProducer(c);
+    for (auto& m : more.messages) out->messages.push_back(std::move(m));
+  }
+}
+
+Output SessionLogic::CloseProducer(const proto::CloseProducer& m) {
+  Output out;
+  if (!queued_puts_.empty()) {  // answered once the puts before it are in
+    close_after_puts_ = m;
+    return out;
+  }
+  if (m.end_stream() && producer_stream_) {
+    producer_stream_->Close();
+    spdlog::info("{}: stream '{}' closed by its producer", Who(), EscapeForLog(producer_stream_->name()));
+  }
+  DropProducer();
+  state_ = State::kIdle;
+  out.messages.emplace_back().message.mutable_producer_closed();
+  return out;
+}
 
 void SessionLogic::DropJob() {
   awaiting_consumer_events_ = false;
@@ -114,8 +268,8 @@ Output SessionLogic::OnFrame(std::string_view payload) {
     case proto::ClientMessage::kHello:
       return Fatal(proto::Error::BAD_REQUEST, "Hello sent twice");
     case proto::ClientMessage::kSubmit: {
-      if (state_ == State::kRunning || state_ == State::kSubmitting) {
-        return Fatal(proto::Error::BAD_REQUEST, "a session runs one job at a time");
+      if (state_ == State::kRunning || state_ == State::kSubmitting || state_ == State::kProducing) {
+        return Fatal(proto::Error::BAD_REQUEST, "a session runs one job (or one producer) at a time");
       }
       if (control_ && control_->draining) return DrainingRefusal();  // the session stays open
       jobs::PrepareTask task = jobs_->Prepare(msg.submit(), peer_);
@@ -208,6 +362,18 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       std::erase_if(retired_gpu_jobs_, [id](const auto& j) { return j->accepted().job_id() == id; });
       return {};
     }
+    case proto::ClientMessage::kOpenProducer:
+      if (state_ != State::kIdle) {
+        return Fatal(proto::Error::BAD_REQUEST, "OpenProducer in a session that runs a job or a producer");
+      }
+      return OpenProducer(msg.open_producer());
+    case proto::ClientMessage::kPutSample:
+      if (state_ != State::kProducing) return Fatal(proto::Error::BAD_REQUEST, "PutSample before OpenProducer");
+      if (close_after_puts_) return Fatal(proto::Error::BAD_REQUEST, "PutSample after CloseProducer");
+      return PutSample(msg.put_sample());
+    case proto::ClientMessage::kCloseProducer:
+      if (state_ != State::kProducing) return Fatal(proto::Error::BAD_REQUEST, "CloseProducer before OpenProducer");
+      return CloseProducer(msg.close_producer());
     case proto::ClientMessage::MSG_NOT_SET:
       break;
   }
@@ -268,6 +434,11 @@ Output SessionLogic::StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared) 
 
 Output SessionLogic::OnJobEvent() {
   Output out;
+  if (state_ == State::kProducing) {  // the stream may have room for a queued put
+    room_wait_ = false;
+    DrainPuts(&out);
+    return out;
+  }
   if (state_ != State::kRunning || !job_) return out;
   while (auto d = job_->TakeNext()) {
     if (d->batch.rows() == 0) {
@@ -314,6 +485,7 @@ Output SessionLogic::OnDrain(const proto::Draining& notice) {
 
 void SessionLogic::OnDisconnect() {
   DropJob();
+  DropProducer();
   retired_gpu_jobs_.clear();  // the session ended: the client's mappings went with its process or it closed them
   state_ = State::kClosed;
 }

@@ -32,11 +32,23 @@
 // the daemon exits at the deadline. Drain (spdlctl drain) is allowed to root and to the daemon's
 // own uid; it starts the drain through DaemonControl::request_drain and is answered with Draining.
 //
+// Producers (streams, issue 21): in the idle state OpenProducer makes the session a producer of the
+// named stream (defining it, owned by the peer's uid, when it does not exist; else the peer needs
+// access): ProducerOpened passes a put buffer (a memfd of buffer_bytes, charged to the memory
+// budget). Each PutSample's bytes (at the start of the buffer, or inline) are copied into the
+// stream at once; PutDone answers it with the offset. A blocking put into a full stream waits in the
+// session (in order, later puts behind it; at most kMaxQueuedPuts / kMaxQueuedPutBytes, more closes
+// the session) and is retried when the stream has room (Stream::NotifyOnRoom -> notify ->
+// OnJobEvent): the control thread never blocks. CloseProducer (optionally ending the stream) is
+// answered with ProducerClosed once the queued puts are done. A disconnect drops the queued puts
+// (they were never acknowledged) and never ends the stream.
+//
 // Not thread-safe: a session's logic runs on the control thread only.
 #pragma once
 
 #include <sys/types.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -47,6 +59,8 @@
 #include "common/log_limiter.h"
 #include "jobs/job_service.h"
 #include "proto/control.pb.h"
+#include "shm/shared_region.h"
+#include "streams/stream.h"
 
 namespace spdl::server {
 
@@ -117,7 +131,23 @@ class SessionLogic {
   bool closed() const { return state_ == State::kClosed; }
 
  private:
-  enum class State { kAwaitHello, kIdle, kSubmitting, kRunning, kClosed };
+  enum class State { kAwaitHello, kIdle, kSubmitting, kRunning, kProducing, kClosed };
+  static constexpr size_t kMaxQueuedPuts = 256;
+  static constexpr uint64_t kMaxQueuedPutBytes = uint64_t{256} << 20;
+  struct QueuedPut {
+    std::vector<uint8_t> data;
+    int64_t label = -1;
+    std::string metadata;
+    std::string key;
+    bool block = true;
+  };
+  Output OpenProducer(const proto::OpenProducer& m);
+  Output PutSample(const proto::PutSample& m);
+  Output CloseProducer(const proto::CloseProducer& m);
+  // Puts queued puts into the stream while it has room; appends their PutDone to *out. Once one
+  // does not fit, asks the stream to notify when there is room and stops.
+  void DrainPuts(Output* out);
+  void DropProducer();
   // Admits and starts a prepared job (control thread): JobAccepted (+ CudaHandles) or the error.
   Output StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared);
   Output DrainingRefusal();
@@ -145,6 +175,14 @@ class SessionLogic {
   // Ended GPU jobs whose client has not closed its IPC mapping yet: kept until it does (their
   // CudaMappingClosed) or the session ends. Bounded by the device budget they still hold.
   std::vector<std::shared_ptr<jobs::JobHandle>> retired_gpu_jobs_;
+  // A producer session's stream, its put buffer (charged to the budget) and the puts waiting for room.
+  std::shared_ptr<streams::Stream> producer_stream_;
+  shm::SharedRegion put_buffer_;
+  uint64_t put_buffer_charged_ = 0;
+  std::deque<QueuedPut> queued_puts_;
+  uint64_t queued_put_bytes_ = 0;
+  bool room_wait_ = false;  // NotifyOnRoom asked, not yet fired
+  std::optional<proto::CloseProducer> close_after_puts_;
 };
 
 }  // namespace spdl::server

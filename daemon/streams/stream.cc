@@ -96,12 +96,12 @@ bool Stream::MakeRoomLocked(uint64_t bytes) {
 
 Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, std::string metadata,
                              const PutOptions& options) {
-  auto sample = std::make_shared<StreamSample>();
-  sample->label = label;
-  sample->data = std::move(data);
-  sample->metadata = std::move(metadata);
-  sample->key = options.key;
-  const uint64_t bytes = sample->bytes();
+  return PutFrom(&data, label, metadata, options);
+}
+
+Result<uint64_t> Stream::PutFrom(std::vector<uint8_t>* data, int64_t label, const std::string& metadata,
+                                 const PutOptions& options) {
+  const uint64_t bytes = data->size() + metadata.size() + options.key.size();  // = StreamSample::bytes()
   if (bytes > config_.max_bytes) {
     return InvalidArgument("stream '" + config_.name + "': a sample of " + std::to_string(bytes) +
                            " bytes can never fit its max_bytes " + std::to_string(config_.max_bytes));
@@ -131,6 +131,11 @@ Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, std::stri
     auto until = std::min(deadline, now + std::chrono::milliseconds(100));
     space_cv_.wait_until(lock, until);
   }
+  auto sample = std::make_shared<StreamSample>();
+  sample->label = label;
+  sample->data = std::move(*data);
+  sample->metadata = metadata;
+  sample->key = options.key;
   const uint64_t offset = tail_++;
   sample->offset = offset;
   retained_bytes_ += bytes;
@@ -142,17 +147,30 @@ Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, std::stri
 }
 
 void Stream::Close() {
+  std::vector<std::function<void()>> listeners;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
+    listeners.swap(room_listeners_);
   }
   space_cv_.notify_all();
   data_cv_.notify_all();
+  for (auto& fn : listeners) fn();
+}
+
+void Stream::NotifyOnRoom(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  room_listeners_.push_back(std::move(fn));
 }
 
 bool Stream::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;
+}
+
+bool Stream::drained() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_ && FloorLocked() >= tail_;
 }
 
 void Stream::AddProducer() {
@@ -253,10 +271,12 @@ void Stream::Cancel(ConsumerId id) {
 }
 
 void Stream::Ack(ConsumerId id, const std::vector<uint64_t>& offsets) {
+  std::vector<std::function<void()>> listeners;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto cit = consumers_.find(id);
     if (cit == consumers_.end()) return;
+    listeners.swap(room_listeners_);
     Group& g = groups_.at(cit->second.group);
     for (uint64_t off : offsets) {
       auto it = g.in_flight.find(off);
@@ -264,14 +284,17 @@ void Stream::Ack(ConsumerId id, const std::vector<uint64_t>& offsets) {
     }
   }
   space_cv_.notify_all();
+  for (auto& fn : listeners) fn();
 }
 
 void Stream::Leave(ConsumerId id) {
   bool returned = false;
+  std::vector<std::function<void()>> listeners;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto cit = consumers_.find(id);
     if (cit == consumers_.end()) return;
+    listeners.swap(room_listeners_);
     Group& g = groups_.at(cit->second.group);
     for (auto it = g.in_flight.begin(); it != g.in_flight.end();) {
       if (it->second == id) {
@@ -288,6 +311,7 @@ void Stream::Leave(ConsumerId id) {
   }
   if (returned) data_cv_.notify_all();
   space_cv_.notify_all();  // a group may be forgotten now (retention 0)
+  for (auto& fn : listeners) fn();
 }
 
 StreamStats Stream::Stats() const {
@@ -335,8 +359,8 @@ Result<std::shared_ptr<Stream>> StreamRegistry::Define(const StreamConfig& confi
   uint64_t first = 0;
   if (it != streams_.end()) {
     SPDL_RETURN_IF_ERROR(it->second->CheckAccess(uid));
-    // A closed stream nobody uses any more is defined anew (by this uid), its offsets continuing.
-    if (!(it->second->closed() && it->second.use_count() == 1)) return it->second;
+    // A drained stream nobody uses any more is defined anew (by this uid), its offsets continuing.
+    if (!(it->second->drained() && it->second.use_count() == 1)) return it->second;
     first = it->second->Stats().tail_offset;
     streams_.erase(it);
   }

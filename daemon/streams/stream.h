@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -137,10 +138,21 @@ class Stream {
   // never fit); kResourceExhausted when full and not blocking / waited max_wait (naming the bound);
   // kFailedPrecondition when the stream is closed (also wakes a blocked Put).
   Result<uint64_t> Put(std::vector<uint8_t> data, int64_t label, std::string metadata, const PutOptions& options = {});
+  // Put, taking *data's bytes (moving them out) only when it succeeds: a refused put leaves *data
+  // as it was, for a caller that queues and retries (options.block false). REQUIRES: data != nullptr.
+  Result<uint64_t> PutFrom(std::vector<uint8_t>* data, int64_t label, const std::string& metadata,
+                           const PutOptions& options);
   // Ends the stream: further Puts fail; consumers drain what is retained and then see the end.
   // Idempotent.
   void Close();
   bool closed() const;
+  // Closed, and every sample it was put acknowledged by every live group (with none live: by the
+  // groups it had): nothing is left to deliver.
+  bool drained() const;
+  // Calls `fn` once, outside the stream's lock and on the thread that frees it, the next time room
+  // may have appeared (an Ack, a Leave, a Close): for a producer that cannot block (a session on
+  // the daemon's control thread), which then tries a non-blocking Put again. `fn` must be cheap.
+  void NotifyOnRoom(std::function<void()> fn);
   // Producers attached (for stats; a session's producer calls Add on open and Remove on close).
   void AddProducer();
   void RemoveProducer();
@@ -215,6 +227,7 @@ class Stream {
   ConsumerId next_consumer_ = 1;
   std::map<std::string, Group> groups_;
   std::map<ConsumerId, Consumer> consumers_;
+  std::vector<std::function<void()>> room_listeners_;  // NotifyOnRoom's, called once
 };
 
 // The daemon's streams by name. A stream is defined by the first producer or stream job that names
@@ -228,7 +241,8 @@ class StreamRegistry {
   explicit StreamRegistry(MemoryAccount* account = nullptr) : account_(account) {}
 
   // Returns stream config.name, defining it (owned by `uid`) when it does not exist, or exists but
-  // is closed and unused (a new incarnation: its offsets continue after the old ones). Errors:
+  // is drained and unused (a new incarnation: its offsets continue after the old ones; a closed
+  // stream still holding samples nobody consumed is kept until they are). Errors:
   // kInvalidArgument for a bad name or limits (every problem named); kPermissionDenied when it
   // exists and `uid` may not use it.
   Result<std::shared_ptr<Stream>> Define(const StreamConfig& config, uint32_t uid);

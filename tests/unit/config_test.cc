@@ -256,7 +256,7 @@ TEST_CASE("job config: missing or empty root") {
     REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
     CHECK(ErrorAt(errors, "source.type").message ==
-          "must be one of image_folder | file_list | tar | http | coco | s3_prefix (got 'lmdb')");
+          "must be one of image_folder | file_list | tar | http | coco | s3_prefix | stream (got 'lmdb')");
   }
 }
 
@@ -1518,6 +1518,42 @@ TEST_CASE("job config: coco source, mask and mix, with their errors at their lin
   CHECK(Contains(ErrorAt(mix_errors, "mix.label_smoothing").message, "below 1"));
   auto audio = ParseBadJob("media: audio\naudio: {seconds: 1}\nsource: {type: coco, annotations: /a, root: /r}\n");
   CHECK(Contains(ErrorAt(audio, "source.type").message, "media: image"));
+}
+
+}  // namespace
+}  // namespace spdl::config
+
+namespace spdl::config {
+namespace {
+
+TEST_CASE("source.type stream: its keys, defaults and errors (issue 21)") {
+  JobConfig j = ParseGoodJob(
+      "source: {type: stream, name: clicks.v1, group: trainers, max_samples: 500, retain_samples: 64,\n"
+      "         retain_bytes: 8MiB, allowed_uids: [1001, 1002]}\n"
+      "max_batch_delay_ms: 250\n"
+      "transforms: [{center_crop: {size: 8}}]\n");
+  CHECK(j.source.type == SourceType::kStream);
+  CHECK(j.source.stream.name == "clicks.v1");
+  CHECK(j.source.stream.group == "trainers");
+  CHECK(j.source.stream.max_samples == 500);
+  CHECK(j.source.stream.retain_samples == 64);
+  CHECK(j.source.stream.retain_bytes == (uint64_t{8} << 20));
+  CHECK(j.source.stream.allowed_uids == std::vector<uint32_t>{1001, 1002});
+  CHECK(j.max_batch_delay_ms == 250);
+  JobConfig d = ParseGoodJob("source: {type: stream, name: s}\ntransforms: [{center_crop: {size: 8}}]\n");
+  CHECK(d.source.stream.group == "default");
+  CHECK(d.max_batch_delay_ms == 0);
+
+  std::vector<ConfigError> errors = ParseBadJob(
+      "source: {type: stream, name: 'a/b', root: /x, retain_bytes: lots}\n"
+      "transforms: [{center_crop: {size: 8}}]\n");
+  CHECK(ErrorAt(errors, "source.name").message.find("a stream name is 1..128 letters") != std::string::npos);
+  CHECK(ErrorAt(errors, "source.root").message.find("not a key of source type stream") != std::string::npos);
+  CHECK(ErrorAt(errors, "source.retain_bytes").message.find("byte size") != std::string::npos);
+  errors = ParseBadJob("source: {type: stream}\ntransforms: [{center_crop: {size: 8}}]\n");
+  CHECK_FALSE(errors.empty());
+  errors = ParseBadJob("source: {root: /d}\nmax_batch_delay_ms: 10\ntransforms: [{center_crop: {size: 8}}]\n");
+  CHECK(ErrorAt(errors, "max_batch_delay_ms").message == "max_batch_delay_ms applies to source.type: stream only");
 }
 
 }  // namespace

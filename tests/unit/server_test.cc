@@ -145,9 +145,113 @@ class FakeService : public jobs::JobService {
   GpuHost* gpu_host = nullptr;
   int gpu_closed = 0;
   uid_t last_uid = 0;
+  // Streams: a real registry (the stream core is pure logic), no budget.
+  streams::StreamRegistry* streams() override { return &stream_registry; }
+  streams::StreamRegistry stream_registry;
 };
 
 jobs::PeerInfo Peer() { return {123, 1000, 1000}; }
+
+proto::ClientMessage OpenProducer(const std::string& name, uint64_t max_samples) {
+  proto::ClientMessage m;
+  m.mutable_open_producer()->set_stream(name);
+  m.mutable_open_producer()->set_max_samples(max_samples);
+  m.mutable_open_producer()->set_buffer_bytes(1 << 16);
+  return m;
+}
+
+proto::ClientMessage Put(const std::string& data, int64_t label, bool block) {
+  proto::ClientMessage m;
+  m.mutable_put_sample()->set_data(data);
+  m.mutable_put_sample()->set_label(label);
+  m.mutable_put_sample()->set_block(block);
+  return m;
+}
+
+TEST_CASE("producer: open passes the put buffer, puts answer with offsets, close ends the stream") {
+  FakeService svc;
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(OpenProducer("clicks", 4)));
+  REQUIRE(o.messages.size() == 1);
+  REQUIRE(o.messages[0].message.has_producer_opened());
+  CHECK(o.messages[0].pass_fd >= 0);
+  CHECK(o.messages[0].message.producer_opened().owner_uid() == 1000);
+  CHECK(o.messages[0].message.producer_opened().buffer_bytes() == (1 << 16));
+  for (int i = 0; i < 3; ++i) {
+    o = s.OnFrame(Frame(Put("bytes", i, true)));
+    REQUIRE(o.messages.size() == 1);
+    CHECK(o.messages[0].message.put_done().offset() == static_cast<uint64_t>(i));
+    CHECK_FALSE(o.messages[0].message.put_done().has_error());
+  }
+  // A sample in the put buffer, beyond it: the session closes.
+  proto::ClientMessage beyond;
+  beyond.mutable_put_sample()->set_buffer_length((1 << 16) + 1);
+  auto stream = svc.stream_registry.Open("clicks", 1000);
+  REQUIRE(stream.ok());
+  CHECK((*stream)->Stats().producers == 1);
+  proto::ClientMessage close;
+  close.mutable_close_producer()->set_end_stream(true);
+  o = s.OnFrame(Frame(close));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.has_producer_closed());
+  CHECK((*stream)->closed());
+  CHECK((*stream)->Stats().producers == 0);
+  o = s.OnFrame(Frame(OpenProducer("other", 4)));
+  REQUIRE(o.messages[0].message.has_producer_opened());  // the session is usable again
+  o = s.OnFrame(Frame(beyond));
+  CHECK(o.close);
+}
+
+TEST_CASE("producer: a full stream queues a blocking put until a consumer acknowledges, refuses a non-blocking one") {
+  FakeService svc;
+  int notified = 0;
+  SessionLogic s(&svc, Peer(), [&] { ++notified; });
+  s.OnFrame(Frame(Hello()));
+  s.OnFrame(Frame(OpenProducer("full", 2)));
+  auto stream = svc.stream_registry.Open("full", 1000);
+  REQUIRE(stream.ok());
+  auto consumer = (*stream)->Join("g");
+  REQUIRE(consumer.ok());
+  CHECK(s.OnFrame(Frame(Put("a", 0, true))).messages.size() == 1);
+  CHECK(s.OnFrame(Frame(Put("b", 1, true))).messages.size() == 1);
+  Output o = s.OnFrame(Frame(Put("c", 2, false)));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.put_done().error().code() == proto::Error::RESOURCE_EXHAUSTED);
+  o = s.OnFrame(Frame(Put("d", 3, true)));
+  CHECK(o.messages.empty());                                    // waits in the session: the control thread never blocks
+  CHECK(s.OnFrame(Frame(Put("e", 4, true))).messages.empty());  // behind it, in order
+  CHECK(notified == 0);
+  auto taken = (*stream)->Take(*consumer, 1, std::chrono::milliseconds(0));
+  REQUIRE(taken.ok());
+  (*stream)->Ack(*consumer, {taken->samples[0]->offset});
+  CHECK(notified == 1);
+  o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.put_done().offset() == 2);  // "d"; "e" still waits
+  taken = (*stream)->Take(*consumer, 1, std::chrono::milliseconds(0));
+  (*stream)->Ack(*consumer, {taken->samples[0]->offset});
+  o = s.OnJobEvent();
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.put_done().offset() == 3);
+  CHECK((*stream)->Stats().tail_offset == 4);
+}
+
+TEST_CASE("producer: another uid cannot write into a stream it is not allowed, PutSample needs OpenProducer") {
+  FakeService svc;
+  streams::StreamConfig c;
+  c.name = "mine";
+  REQUIRE(svc.stream_registry.Define(c, 2000).ok());
+  SessionLogic s(&svc, Peer(), [] {});
+  s.OnFrame(Frame(Hello()));
+  Output o = s.OnFrame(Frame(OpenProducer("mine", 4)));
+  REQUIRE(o.messages.size() == 1);
+  CHECK(o.messages[0].message.error().code() == proto::Error::PERMISSION_DENIED);
+  CHECK(o.messages[0].message.error().message().find("uid 1000") != std::string::npos);
+  CHECK_FALSE(o.close);
+  o = s.OnFrame(Frame(Put("x", 0, true)));
+  CHECK(o.close);
+}
 
 TEST_CASE("hello, submit, batches in order, end of job") {
   FakeService svc;

@@ -294,13 +294,23 @@ TEST_CASE("stream registry: the first user defines, others need access", "[strea
   CHECK(r.status().message().find("may hold only") != std::string::npos);
 }
 
-TEST_CASE("stream registry: a closed, unused stream is defined anew with offsets continuing", "[stream]") {
+TEST_CASE("stream registry: a drained, unused stream is defined anew with offsets continuing", "[stream]") {
   StreamRegistry reg;
   {
     auto s = reg.Define(Config(5), 1000);
     REQUIRE((*s)->Put(Bytes(1), 0, "").ok());
     (*s)->Close();
   }
+  // Closed but not consumed: kept, with its sample.
+  auto kept = reg.Define(Config(5), 1000);
+  REQUIRE(kept.ok());
+  CHECK((*kept)->closed());
+  auto c = (*kept)->Join("g");
+  auto t = (*kept)->Take(*c, 10, milliseconds(0));
+  REQUIRE(t->samples.size() == 1);
+  (*kept)->Ack(*c, {0});
+  CHECK((*kept)->drained());
+  kept = InvalidArgument("dropped");  // releases the reference
   auto s2 = reg.Define(Config(5), 1000);
   REQUIRE(s2.ok());
   CHECK_FALSE((*s2)->closed());

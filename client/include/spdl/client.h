@@ -157,6 +157,10 @@ class Batch {
   // them: each either empty or `rows()` long).
   const std::vector<std::string>& paths() const { return paths_; }
   const std::vector<int64_t>& labels() const { return labels_; }
+  // source.type: stream: per row, the metadata its producer put and the sample's stream offset
+  // (empty for other sources).
+  const std::vector<std::string>& metadata() const { return metadata_; }
+  const std::vector<uint64_t>& offsets() const { return offsets_; }
   // Opaque bytes naming the job's position right after this batch: pass them as
   // Options::resume_token to continue with exactly the samples that follow, in the same order.
   const std::string& resume_token() const { return resume_token_; }
@@ -186,6 +190,8 @@ class Batch {
   uint32_t rows_ = 0;
   std::vector<std::string> paths_;
   std::vector<int64_t> labels_;
+  std::vector<std::string> metadata_;
+  std::vector<uint64_t> offsets_;
   std::string resume_token_;
   std::vector<TensorView> tensors_;
   std::atomic<bool> released_{true};  // exchanged by Release(), so exactly one caller sends
@@ -354,6 +360,75 @@ class Loader {
   bool draining_ = false;  // the daemon sent Draining
   std::string drain_reason_;
   std::chrono::steady_clock::time_point drain_deadline_{};
+};
+
+// ---- streams (issue 21): a producer of a named, node-local stream ----
+//
+// A Producer puts samples (encoded media bytes, a label, opaque metadata) into a stream that jobs of
+// source.type: stream consume. The bytes of a sample go through a shared buffer the daemon maps (a
+// memfd it passes when the producer opens), not through the socket; small samples ride inline.
+// Put returns once the daemon has the sample in the stream's retained log (its offset). A full
+// stream (max_samples / max_bytes of its definition, or the daemon's memory budget) blocks Put until
+// the stream's consumers have acknowledged enough, or fails it with kResourceExhausted when
+// block is false: backpressure, nothing dropped. The first producer or stream job naming a stream
+// defines it (ProducerOptions' bounds), owned by its uid; others need to be that uid, root, or in
+// its allowed_uids (else kPermissionDenied).
+//
+//   spdl::client::ProducerOptions o;  o.socket_path = "/run/spdld/spdld.sock";  o.stream = "clicks";
+//   auto p = spdl::client::Producer::Open(o);
+//   auto off = (*p)->Put(bytes.data(), bytes.size(), /*label=*/3, /*metadata=*/"", /*block=*/true);
+//   (*p)->Close(/*end_stream=*/true);
+//
+// Thread safety: one thread at a time (not internally locked).
+struct ProducerOptions {
+  std::string socket_path = "/run/spdld/spdld.sock";
+  std::string stream;                  // the stream's name: [A-Za-z0-9_.-]{1,128}
+  uint64_t max_samples = 0;            // when this producer defines the stream: retained samples (0: 100000)
+  uint64_t max_bytes = 0;              // likewise retained bytes (0: 256 MiB)
+  std::vector<uint32_t> allowed_uids;  // likewise: other uids that may produce and consume
+  uint64_t buffer_bytes = 0;           // the shared put buffer, the largest sample (0: 16 MiB, <= 1 GiB)
+  std::string client_name;             // for the daemon's log
+};
+
+struct ProducerInfo {
+  std::string stream;
+  uint32_t owner_uid = 0;
+  uint64_t max_samples = 0;
+  uint64_t max_bytes = 0;
+  uint64_t buffer_bytes = 0;
+};
+
+class Producer {
+ public:
+  // Connects, opens the stream (defining it when new) and maps the put buffer.
+  static Result<std::unique_ptr<Producer>> Open(const ProducerOptions& options);
+  ~Producer();  // closes the connection (the stream stays open; its puts so far stay in it)
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  const ProducerInfo& info() const { return info_; }
+  // Puts one sample and returns its stream offset. Errors: kResourceExhausted (full, block false),
+  // kInvalidArgument (larger than the buffer or the stream's max_bytes), kFailedPrecondition (the
+  // stream was closed), kUnavailable (the daemon went away). `key` names it in logs and
+  // BatchReady.paths ("" = none).
+  Result<uint64_t> Put(const void* data, size_t size, int64_t label = -1, const std::string& metadata = "",
+                       bool block = true, const std::string& key = "");
+  // Every Put has returned when it was acknowledged: nothing is buffered on this side. OK unless the
+  // connection failed.
+  Status Flush();
+  // Stops producing; with end_stream the stream is closed too (its jobs drain it and end). Idempotent.
+  Status Close(bool end_stream);
+  // Samples put by this producer.
+  uint64_t puts() const { return puts_; }
+
+ private:
+  Producer() = default;
+  std::shared_ptr<detail::Connection> conn_;
+  ProducerInfo info_;
+  uint8_t* buffer_ = nullptr;
+  size_t buffer_size_ = 0;
+  uint64_t puts_ = 0;
+  bool closed_ = false;
 };
 
 }  // namespace spdl::client

@@ -31,7 +31,8 @@ code that holds the GIL). See :class:`Loader`.
 from ._errors import SpdlError, SpdlTimeoutError
 from ._loader import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Batch, EpochIterator, Loader, Tensor
 from ._process_executor import TransformWorkerError
+from ._producer import Producer
 
-__all__ = ["Loader", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "TransformWorkerError",
+__all__ = ["Loader", "Producer", "EpochIterator", "Batch", "Tensor", "SpdlError", "SpdlTimeoutError", "TransformWorkerError",
            "DEFAULT_SOCKET", "DEFAULT_TIMEOUT"]
 __version__ = "0.2.0"

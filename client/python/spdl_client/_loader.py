@@ -53,11 +53,13 @@ class Batch(Mapping):
     label, as a list; the same values as the ``"label"`` tensor), ``seed`` (a 64-bit seed for
     randomness in a transform: a pure function of (``sampler.seed``, epoch, batch index), so a rerun
     or a resumed job draws the same; None when the loader cannot read ``sampler.seed``, i.e. YAML
-    config text without PyYAML), ``resume_token`` (bytes: the daemon's position after this batch).
+    config text without PyYAML), ``resume_token`` (bytes: the daemon's position after this batch),
+    ``metadata`` and ``offsets`` (a stream job: each row's metadata bytes from its producer and its
+    stream offset; empty lists for other sources).
     """
 
     __slots__ = ("_tensors", "epoch", "batch_in_epoch", "seq", "rows", "slot", "paths", "labels", "seed",
-                 "resume_token", "_released")
+                 "resume_token", "metadata", "offsets", "_released")
 
     def __init__(self, tensors: list, meta: dict) -> None:
         self._tensors = {t.name: t for t in tensors}
@@ -70,6 +72,8 @@ class Batch(Mapping):
         self.labels: list[int] = meta["labels"]
         self.seed: Optional[int] = meta.get("seed")
         self.resume_token: bytes = meta.get("resume_token", b"")
+        self.metadata: list[bytes] = meta.get("metadata", [])
+        self.offsets: list[int] = meta.get("offsets", [])
         self._released = False
 
     # Mapping
@@ -677,7 +681,9 @@ class Loader:
             epoch, batch = cur.epoch, cur.start + cur.yielded
         else:
             epoch, batch = self._epoch, self._start_batch
-        if batch >= len(self):  # the epoch's last batch was yielded: the next one starts the next epoch
+        # The epoch's last batch was yielded: the next one starts the next epoch. (A stream job has no
+        # epochs: batches_per_epoch 0, its one epoch goes on until the stream ends.)
+        if len(self) > 0 and batch >= len(self):
             epoch, batch = epoch + 1, 0
         token = None
         if batch > 0:

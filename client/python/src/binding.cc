@@ -652,6 +652,12 @@ class Core {
     meta["slot"] = batch.slot();
     meta["paths"] = py::cast(batch.paths());
     meta["labels"] = py::cast(batch.labels());
+    if (!batch.offsets().empty()) {  // a stream job's rows
+      py::list md;
+      for (const std::string& m : batch.metadata()) md.append(py::bytes(m));
+      meta["metadata"] = md;
+      meta["offsets"] = py::cast(batch.offsets());
+    }
     meta["resume_token"] = py::bytes(batch.resume_token());  // the position after this batch
     return py::make_tuple("batch", tensors, meta);
   }
@@ -669,6 +675,85 @@ class Core {
   const std::string device_;
   const std::shared_ptr<WaitState> wait_;  // the client library's wait hook; used under mu_
   const HeldCounter held_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+// A stream's producer (issue 21; spdl_client.Producer is the Python API). put() releases the GIL
+// while it waits for the daemon (a full stream blocks it); a mutex serializes calls from threads.
+class ProducerCore {
+ public:
+  static std::unique_ptr<ProducerCore> Open(const std::string& socket, const std::string& stream, uint64_t max_samples,
+                                            uint64_t max_bytes, const std::vector<uint32_t>& allowed_uids,
+                                            uint64_t buffer_bytes, const std::string& client_name) {
+    client::ProducerOptions o;
+    o.socket_path = socket;
+    o.stream = stream;
+    o.max_samples = max_samples;
+    o.max_bytes = max_bytes;
+    o.allowed_uids = allowed_uids;
+    o.buffer_bytes = buffer_bytes;
+    o.client_name = client_name;
+    Result<std::unique_ptr<client::Producer>> p = [&] {
+      py::gil_scoped_release nogil;
+      return client::Producer::Open(o);
+    }();
+    if (!p.ok()) ThrowStatus(p.status());
+    auto core = std::make_unique<ProducerCore>();
+    core->producer_ = std::move(p).value();
+    return core;
+  }
+
+  uint64_t Put(const py::buffer& data, int64_t label, const py::bytes& metadata, bool block, const std::string& key) {
+    py::buffer_info b = data.request();
+    if (!IsContiguous(b))
+      ThrowError("put: the data must be a C-contiguous buffer (bytes, bytearray, numpy)", "INVALID_ARGUMENT");
+    const auto size = static_cast<size_t>(b.size * b.itemsize);
+    std::string meta = metadata;
+    Result<uint64_t> r = [&] {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!producer_) return Result<uint64_t>(FailedPrecondition("the producer is closed"));
+      return producer_->Put(b.ptr, size, label, meta, block, key);
+    }();
+    if (!r.ok()) ThrowStatus(r.status());
+    return *r;
+  }
+
+  void Close(bool end_stream) {
+    Status s = [&] {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!producer_) return Status::Ok();
+      Status st = producer_->Close(end_stream);
+      producer_.reset();
+      return st;
+    }();
+    if (!s.ok()) ThrowStatus(s);
+  }
+
+  py::dict Info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    py::dict d;
+    if (!producer_) return d;
+    const client::ProducerInfo& i = producer_->info();
+    d["stream"] = i.stream;
+    d["owner_uid"] = i.owner_uid;
+    d["max_samples"] = i.max_samples;
+    d["max_bytes"] = i.max_bytes;
+    d["buffer_bytes"] = i.buffer_bytes;
+    return d;
+  }
+
+ private:
+  static bool IsContiguous(const py::buffer_info& b) {
+    py::ssize_t expect = b.itemsize;
+    for (size_t i = b.ndim; i-- > 0;) {
+      if (b.shape[i] != 1 && b.strides[i] != expect) return false;
+      expect *= b.shape[i];
+    }
+    return true;
+  }
+  std::mutex mu_;
+  std::unique_ptr<client::Producer> producer_;  // guarded by mu_; null once closed
 };
 
 }  // namespace
@@ -731,6 +816,16 @@ PYBIND11_MODULE(_spdl_client, m) {
       .def_property_readonly("region_fd", &Core::region_fd, "the region's descriptor, valid until close(): dup it")
       .def_property_readonly("held", &Core::held)
       .def_property_readonly("device", &Core::device, "the job's output.device: 'cpu' or 'cuda:N'");
+
+  py::class_<spdl::python::ProducerCore>(m, "ProducerCore", "A stream's producer (use spdl_client.Producer)")
+      .def_static("open", &spdl::python::ProducerCore::Open, py::arg("socket"), py::arg("stream"),
+                  py::arg("max_samples") = 0, py::arg("max_bytes") = 0,
+                  py::arg("allowed_uids") = std::vector<uint32_t>{}, py::arg("buffer_bytes") = 0,
+                  py::arg("client_name") = "")
+      .def("put", &spdl::python::ProducerCore::Put, py::arg("data"), py::arg("label") = -1,
+           py::arg("metadata") = py::bytes(), py::arg("block") = true, py::arg("key") = "")
+      .def("close", &spdl::python::ProducerCore::Close, py::arg("end_stream") = false)
+      .def_property_readonly("info", &spdl::python::ProducerCore::Info);
 
   m.def(
       "cuda_device_uuid",
