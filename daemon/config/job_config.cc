@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -165,8 +166,12 @@ struct SourceKey {
   unsigned types;
 };
 constexpr SourceKey kSourceKeys[] = {
-    {"root", Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco)},
-    {"extensions", Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix)},
+    {"root",
+     Bit(SourceType::kImageFolder) | Bit(SourceType::kFileList) | Bit(SourceType::kCoco) | Bit(SourceType::kWatch)},
+    {"extensions",
+     Bit(SourceType::kImageFolder) | Bit(SourceType::kTar) | Bit(SourceType::kS3Prefix) | Bit(SourceType::kWatch)},
+    {"existing", Bit(SourceType::kWatch)},
+    {"classes", Bit(SourceType::kWatch)},
     {"list", Bit(SourceType::kFileList) | Bit(SourceType::kHttp)},
     {"shards", Bit(SourceType::kTar)},
     {"label_extension", Bit(SourceType::kTar)},
@@ -186,18 +191,18 @@ constexpr SourceKey kSourceKeys[] = {
     {"min_visibility", Bit(SourceType::kCoco)},
     {"prefix", Bit(SourceType::kS3Prefix)},
     {"s3", Bit(SourceType::kTar) | Bit(SourceType::kFileList) | Bit(SourceType::kS3Prefix)},
-    {"name", Bit(SourceType::kStream)},
-    {"group", Bit(SourceType::kStream)},
-    {"max_samples", Bit(SourceType::kStream)},
-    {"retain_samples", Bit(SourceType::kStream)},
-    {"retain_bytes", Bit(SourceType::kStream)},
-    {"allowed_uids", Bit(SourceType::kStream)},
+    {"name", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"group", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"max_samples", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"retain_samples", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"retain_bytes", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
+    {"allowed_uids", Bit(SourceType::kStream) | Bit(SourceType::kWatch)},
 };
 
 std::string TypesOf(unsigned types) {
   std::string out;
   for (SourceType t : {SourceType::kImageFolder, SourceType::kFileList, SourceType::kTar, SourceType::kHttp,
-                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kStream}) {
+                       SourceType::kCoco, SourceType::kS3Prefix, SourceType::kStream, SourceType::kWatch}) {
     if (types & Bit(t)) out += std::string(out.empty() ? "" : " and ") + SourceTypeName(t);
   }
   return out;
@@ -279,9 +284,47 @@ void ReadS3Settings(Diagnostics& diag, const Field& field, S3SourceConfig* out) 
   m.ReportUnknownKeys();
 }
 
-// source.type: stream's keys (StreamSourceConfig).
-void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out) {
-  if (auto v = ReadRequiredString(diag, m, "name")) {
+void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out, bool name_required = true);
+
+// source.type: watch's own keys (WatchSourceConfig), root and extensions as image_folder's, and
+// the stream keys of source.type: stream (the stream the watch feeds; its name optional).
+void ReadWatchSource(Diagnostics& diag, MapReader& m, Media media, SourceConfig* out) {
+  ReadStreamSource(diag, m, &out->stream, /*name_required=*/false);
+  if (auto v = ReadRequiredString(diag, m, "root")) out->root = *v;
+  if (media != Media::kImage) out->extensions = DefaultExtensions(media);
+  if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+  const Field existing = m.Get("existing");
+  if (auto v = internal::ReadString(diag, existing)) {
+    if (*v == "include" || *v == "skip") {
+      out->watch.include_existing = *v == "include";
+    } else {
+      diag.Error(existing, "must be include or skip (got '" + *v + "')");
+    }
+  }
+  const Field classes = m.Get("classes");
+  if (Present(classes)) {
+    if (auto list = internal::ReadList(diag, classes)) {
+      std::set<std::string> seen;
+      for (const Field& item : *list) {
+        auto v = internal::ReadString(diag, item);
+        if (!v) continue;
+        if (v->empty() || (*v)[0] == '.' || v->find('/') != std::string::npos) {
+          diag.Error(item, "a class is a folder name: not empty, no '/', not starting with '.' (got '" + *v + "')");
+        } else if (!seen.insert(*v).second) {
+          diag.Error(item, "class '" + *v + "' is named twice");
+        } else {
+          out->watch.classes.push_back(*v);
+        }
+      }
+      if (list->empty()) diag.Error(classes, "lists no class (leave it out to take every folder)");
+    }
+  }
+}
+
+// source.type: stream's keys (StreamSourceConfig); watch's, where the name may be left out.
+void ReadStreamSource(Diagnostics& diag, MapReader& m, StreamSourceConfig* out, bool name_required) {
+  const Field name = m.Get("name");
+  if (auto v = name_required || Present(name) ? ReadRequiredString(diag, m, "name") : std::nullopt) {
     const Field f = m.Get("name");
     bool ok = !v->empty() && v->size() <= 128;
     for (char c : *v) {
@@ -349,7 +392,8 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
                                                                      {"http", SourceType::kHttp},
                                                                      {"coco", SourceType::kCoco},
                                                                      {"s3_prefix", SourceType::kS3Prefix},
-                                                                     {"stream", SourceType::kStream}});
+                                                                     {"stream", SourceType::kStream},
+                                                                     {"watch", SourceType::kWatch}});
   if (!Present(type_field)) type = SourceType::kImageFolder;
   if (!type) {
     // Without a type nothing more can be checked; mark every source key as known.
@@ -436,6 +480,10 @@ void ReadSource(Diagnostics& diag, const Field& field, Media media, SourceConfig
         }
       }
       if (auto v = ReadExtensions(diag, m.Get("extensions"))) out->extensions = std::move(*v);
+      break;
+    }
+    case SourceType::kWatch: {
+      ReadWatchSource(diag, m, media, out);
       break;
     }
     case SourceType::kStream: {
@@ -1930,8 +1978,8 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   if (auto v = internal::ReadInt(diag, m.Get("weight"), 1, 1000)) out->weight = static_cast<int>(*v);
   if (const Field f = m.Get("max_batch_delay_ms"); Present(f)) {
     if (auto v = internal::ReadInt(diag, f, 0, 3'600'000)) {
-      if (out->source.type != SourceType::kStream && *v > 0) {
-        diag.Error(f, "max_batch_delay_ms applies to source.type: stream only");
+      if (out->source.type != SourceType::kStream && out->source.type != SourceType::kWatch && *v > 0) {
+        diag.Error(f, "max_batch_delay_ms applies to source.type: stream and watch only");
       } else {
         out->max_batch_delay_ms = *v;
       }
@@ -1976,6 +2024,8 @@ const char* SourceTypeName(SourceType type) {
       return "coco";
     case SourceType::kS3Prefix:
       return "s3_prefix";
+    case SourceType::kWatch:
+      return "watch";
     case SourceType::kStream:
       return "stream";
   }

@@ -181,6 +181,7 @@ enum class SourceType {
   kCoco,         // a COCO instances JSON (`annotations`) and its image folder (`root`): boxes per sample
   kS3Prefix,     // every object below an s3:// prefix; class = first path component after it
   kStream,       // a named node-local stream that producers put samples into (StreamSourceConfig)
+  kWatch,        // root/<class>/<file> watched with inotify: each new complete file a sample (WatchSourceConfig)
 };
 
 // Object storage settings of a source that names s3:// URLs (tar shards, a file list of s3://
@@ -200,6 +201,17 @@ struct S3SourceConfig {
   int max_in_flight = 16;              // requests at once for the job, 1..1024
 
   bool operator==(const S3SourceConfig&) const = default;
+};
+
+// source.type: watch — a folder laid out like image_folder (`root`, `extensions`) watched with
+// inotify (io/dir_watcher.h): every new complete file (closed after being written, or renamed into
+// place, with no writer left) becomes one sample, once. The files feed a stream (jobs/watch_feeder.h)
+// and the job consumes it as a stream job: no epochs, batches as files arrive.
+struct WatchSourceConfig {
+  bool include_existing = true;      // YAML existing: include | skip — the files there at the start
+  std::vector<std::string> classes;  // fixed class folders, label = index (others ignored); empty:
+                                     // the folders at the start sorted, later ones in order of arrival
+  bool operator==(const WatchSourceConfig&) const = default;
 };
 
 // source.type: stream — samples as producers put them into the named node-local stream (issue 21,
@@ -272,8 +284,9 @@ struct SourceConfig {
   // ---- object storage ----
   std::string prefix;  // s3_prefix: "s3://bucket/some/prefix/" (required)
   S3SourceConfig s3;   // tar, file_list, s3_prefix: the `s3:` map
-  StreamSourceConfig stream;  // stream: YAML keys name, group, max_samples, retain_samples,
-                              // retain_bytes, allowed_uids directly under `source:`
+  WatchSourceConfig watch;  // watch: YAML keys existing, classes directly under `source:`
+  StreamSourceConfig stream;  // stream (and watch, name optional there): YAML keys name, group, max_samples,
+                              // retain_samples, retain_bytes, allowed_uids directly under `source:`
 
   // True when the source reads object storage: s3_prefix, or tar shards named s3://.
   // (A file_list's s3:// lines are seen only when the list is read.)

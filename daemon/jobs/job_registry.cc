@@ -210,6 +210,8 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(
     }
     case config::SourceType::kS3Prefix:
       break;  // opened above
+    case config::SourceType::kWatch:
+      return InvalidArgument("source.type: watch is a stream of files, not a dataset");  // a stream job
     case config::SourceType::kStream:
       return InvalidArgument("source.type: stream is no dataset to open (PrepareStreamJob)");
   }
@@ -389,9 +391,11 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       op_loader_(std::make_shared<plugins::OpLoader>(config.plugin_dirs)),
       budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)),
       stream_account_(std::make_unique<BudgetStreamAccount>(budget_)),
-      streams_(std::make_shared<streams::StreamRegistry>(stream_account_.get())) {}
+      streams_(std::make_shared<streams::StreamRegistry>(stream_account_.get())),
+      watches_(std::make_shared<WatchHub>(streams_.get())) {}
 
 JobRegistry::~JobRegistry() {
+  watches_->StopAll();
   streams_->CloseAll();
   std::lock_guard lock(mu_);
   if (live_jobs_ != 0) spdlog::error("job registry destroyed with {} live jobs", live_jobs_);
@@ -509,7 +513,11 @@ std::shared_ptr<const io::FsIdentity> UserIdentity(const PeerInfo& peer) {
 
 // source.type: stream (issue 21): checks what a stream job cannot do, defines or opens the stream
 // for the peer (its access rule: the defining uid, allowed_uids, root) and reads a stream token.
-void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams) {
+// source.type: watch: the stream is the one the watch of source.root feeds (WatchHub::Attach: the
+// folder resolved, watched and read with the peer's rights), named from the folder and settings
+// unless source.name is given.
+void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, WatchHub* watches,
+                      const config::DaemonConfig& daemon) {
   const proto::SubmitJob& req = p->request;
   MediaJobSpec& spec = p->spec;
   const config::StreamSourceConfig& sc = spec.config.source.stream;
@@ -531,16 +539,38 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams) {
   def.max_samples = sc.retain_samples;
   def.max_bytes = sc.retain_bytes;
   def.allowed_uids = sc.allowed_uids;
-  auto stream = streams->Define(def, p->peer.uid);
-  if (!stream.ok()) return fail(CodeFor(stream.status()), "source.name: " + stream.status().message());
-  p->stream = std::move(stream).value();
+  const bool watch = spec.config.source.type == config::SourceType::kWatch;
+  if (watch) {
+    if (spdl::Status servable = io::CheckServable(p->peer.uid); !servable.ok()) {
+      return fail(proto::Error::PERMISSION_DENIED, servable.message());
+    }
+    if (watches == nullptr) return fail(proto::Error::INTERNAL, "this daemon has no watches");
+    WatchSpec w;
+    w.root = spec.config.source.root;
+    w.options.extensions = spec.config.source.extensions;
+    w.options.include_existing = spec.config.source.watch.include_existing;
+    w.options.classes = spec.config.source.watch.classes;
+    w.allowed_roots = daemon.allowed_roots;
+    w.stream = def;
+    w.uid = p->peer.uid;
+    w.identity = UserIdentity(p->peer);
+    w.max_sample_bytes = std::min<uint64_t>(io::kDefaultMaxSampleBytes, sc.retain_bytes);
+    auto stream = watches->Attach(w);
+    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.root: " + stream.status().message());
+    p->stream = std::move(stream).value();
+  } else {
+    auto stream = streams->Define(def, p->peer.uid);
+    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.name: " + stream.status().message());
+    p->stream = std::move(stream).value();
+  }
+  const std::string& stream_name = p->stream->name();
   if (!req.resume_token().empty()) {
     auto token = DecodeStreamToken(req.resume_token());
     if (!token.ok()) return fail(proto::Error::BAD_REQUEST, token.status().message());
-    if (token->stream != sc.name || token->group != sc.group) {
+    if (token->stream != stream_name || token->group != sc.group) {
       return fail(proto::Error::BAD_REQUEST, "the resume token is of stream '" + token->stream + "' group '" +
-                                                 token->group + "', this job reads stream '" + sc.name + "' group '" +
-                                                 sc.group + "'");
+                                                 token->group + "', this job reads stream '" + stream_name +
+                                                 "' group '" + sc.group + "'");
     }
     p->resume_after = token->offset;
     p->first_batch = token->next_batch;
@@ -553,7 +583,7 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams) {
 void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const std::shared_ptr<io::SampleCache>& cache,
                 plugins::OpLoader* op_loader, const std::shared_ptr<MemoryBudget>& budget,
                 io::SourceIndexCache* index_cache, const std::shared_ptr<io::ShardCache>& shard_cache,
-                streams::StreamRegistry* streams) {
+                streams::StreamRegistry* streams, WatchHub* watches) {
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
@@ -594,7 +624,9 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   }
   spec.decoder = std::move(decoder).value();
 
-  if (spec.config.source.type == config::SourceType::kStream) return PrepareStreamJob(p, streams);
+  if (spec.config.source.type == config::SourceType::kStream || spec.config.source.type == config::SourceType::kWatch) {
+    return PrepareStreamJob(p, streams, watches, daemon);
+  }
 
   // Every file of the job is opened with its user's rights: the scan, list or index now, each
   // sample and sidecar later (io::UserSource), whichever thread reads.
@@ -694,9 +726,9 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
           shards = shard_cache_, hook = prepare_hook_, backends = device_backends_, finder = device_finder_,
-          streams = streams_]() -> std::shared_ptr<PreparedJob> {
+          streams = streams_, watches = watches_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
-    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), shards, streams.get());
+    PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), shards, streams.get(), watches.get());
     if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
     return p;
   };

@@ -30,6 +30,7 @@
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
+#include "jobs/watch_feeder.h"
 #include "pipeline/executor.h"
 #include "plugins/op_loader.h"
 
@@ -170,6 +171,9 @@ class JobRegistry final : public JobService {
   // Shared with Prepare tasks, which define and open streams.
   std::unique_ptr<streams::MemoryAccount> stream_account_;
   std::shared_ptr<streams::StreamRegistry> streams_;
+  // source.type: watch: the folders watched, each feeding a stream of streams_ (jobs/watch_feeder.h).
+  // Shared with Prepare tasks, which attach to them; stopped before the streams close.
+  std::shared_ptr<WatchHub> watches_;
 
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;

@@ -256,7 +256,7 @@ TEST_CASE("job config: missing or empty root") {
     REQUIRE(errors.size() == 1);
     CHECK(ErrorAt(errors, "source.type").line == 3);
     CHECK(ErrorAt(errors, "source.type").message ==
-          "must be one of image_folder | file_list | tar | http | coco | s3_prefix | stream (got 'lmdb')");
+          "must be one of image_folder | file_list | tar | http | coco | s3_prefix | stream | watch (got 'lmdb')");
   }
 }
 
@@ -322,7 +322,7 @@ transforms: [{center_crop: {size: 8}}]
     CHECK(ErrorAt(errors, "source.shards").line == 1);
     CHECK(ErrorAt(errors, "source.root").line == 3);
     CHECK(ErrorAt(errors, "source.root").message ==
-          "'root' is not a key of source type tar (it belongs to image_folder and file_list and coco)");
+          "'root' is not a key of source type tar (it belongs to image_folder and file_list and coco and watch)");
     CHECK(ErrorAt(errors, "source.list").line == 4);
     CHECK(ErrorAt(errors, "source.max_attempts").line == 5);
     CHECK(Contains(ErrorAt(errors, "source.max_attempts").message, "belongs to http"));
@@ -1598,7 +1598,7 @@ TEST_CASE("source.type stream: its keys, defaults and errors (issue 21)") {
   errors = ParseBadJob("source: {type: stream}\ntransforms: [{center_crop: {size: 8}}]\n");
   CHECK_FALSE(errors.empty());
   errors = ParseBadJob("source: {root: /d}\nmax_batch_delay_ms: 10\ntransforms: [{center_crop: {size: 8}}]\n");
-  CHECK(ErrorAt(errors, "max_batch_delay_ms").message == "max_batch_delay_ms applies to source.type: stream only");
+  CHECK(ErrorAt(errors, "max_batch_delay_ms").message == "max_batch_delay_ms applies to source.type: stream and watch only");
 }
 
 }  // namespace
