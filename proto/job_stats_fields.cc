@@ -48,6 +48,16 @@ constexpr JobStatField kFields[] = {
     {"share_group_job_id", "", "gauge", "1", "The job id of the share group's one pipeline.", kSpdlctl | kClient},
     {"client_wait_histogram", "spdld_client_wait_seconds", "histogram", "seconds",
      "The client's wait for data, per batch released.", kMetrics | kSpdlctl},
+    {"decoded_cache_samples", "spdld_job_decoded_cache_samples", "gauge", "samples",
+     "Samples held in the job's cache of decoded, shrunk images (cache.decoded).", kAll},
+    {"decoded_cache_bytes", "spdld_job_decoded_cache_bytes", "gauge", "bytes",
+     "Bytes held in the job's cache of decoded, shrunk images.", kAll},
+    {"decoded_cache_hits", "spdld_job_decoded_cache_hits_total", "counter", "reads",
+     "Sample reads served from the job's decoded cache: decodes avoided.", kAll},
+    {"decoded_cache_refused", "spdld_job_decoded_cache_refused_total", "counter", "samples",
+     "Samples decoded but not cached: over cache.decoded.max_bytes or the memory budget.", kAll},
+    {"decoded_cache_shrinks", "spdld_job_decoded_cache_shrinks_total", "counter", "samples",
+     "Samples decoded and shrunk on their way into the decoded cache.", kAll},
 };
 
 }  // namespace
