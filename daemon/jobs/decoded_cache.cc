@@ -144,8 +144,8 @@ Status DecodedCacheSource::Shrink(std::span<const uint8_t> encoded, std::vector<
   for (int i = 0; i < 3; ++i) ops.background[i] = static_cast<uint8_t>(decode_.background[i]);
 
   SPDL_ASSIGN_OR_RETURN(MemoryBudget::Lease scratch, ReserveDecodeScratch(budget_.get(), encoded, ops.max_pixels));
-  thread_local std::vector<uint8_t> rgb;
-  rgb.resize(static_cast<size_t>(out_w) * out_h * 3);
+  // Not thread_local: a large max_side would leave a large buffer behind on every reading thread.
+  std::vector<uint8_t> rgb(static_cast<size_t>(out_w) * out_h * 3);
   SPDL_RETURN_IF_ERROR(decoder.DecodeRgbInto(encoded, ops, rgb.data(), out_w, out_h, static_cast<size_t>(out_w) * 3));
   *out = EncodeBmp24(rgb, out_w, out_h);
   return Status::Ok();

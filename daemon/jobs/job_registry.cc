@@ -646,7 +646,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
                    group->members());
       const uint64_t region_bytes = member->accepted().region_bytes();
       return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached,
-                    it->second.decoded);
+                    it->second.decoded.lock());
     }
     const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(spec.config.share_wait_seconds));

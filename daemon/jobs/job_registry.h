@@ -171,7 +171,8 @@ class JobRegistry final : public JobService {
   struct GroupEntry {
     std::weak_ptr<ShareGroup> group;
     std::shared_ptr<const io::CachedSource> cached;
-    std::shared_ptr<const DecodedCacheSource> decoded;
+    // Weak: a job's decoded cache is its memory, freed when the group's pipeline ends.
+    std::weak_ptr<const DecodedCacheSource> decoded;
   };
   std::map<std::string, GroupEntry> groups_;
 
