@@ -96,6 +96,10 @@ def build_configs(a, have_py, have_spdl, have_shards=False):
             out.append(Config(f"spdld-py-shards-r{ranks}", f"spdld + Python client, tar shards pre-shrunk to "
                               f"--max-side {a.shard_max_side}", "spdld-py", ranks, threads=a.threads, job="shards",
                               role="shards", sets=[f"source.shards={a.shards_pattern}"]))
+        if train and ranks == 1 and have_py and a.decoded_cache:
+            out.append(Config(f"spdld-py-dcache-r{ranks}", f"spdld + Python client, cache.decoded max_side "
+                              f"{a.decoded_cache} (epoch 1 decodes and shrinks, later epochs decode no JPEG)",
+                              "spdld-py", ranks, threads=a.threads, sets=[f"cache.decoded.max_side={a.decoded_cache}"]))
     for n in a.identical:
         out.append(Config(f"spdld-cli-same{n}-noshare", f"{n} identical spdl-client jobs, no sharing", "spdld-cli", n,
                           threads=a.threads, role="identical", identical="noshare"))
@@ -168,6 +172,9 @@ def main():
                          "1500-4000 px (tests/python/photos.py; default 3 classes x 10)")
     ap.add_argument("--shard-max-side", type=int, default=320,
                     help="train: also measure tar shards written by spdl-shard --max-side N (0: not)")
+    ap.add_argument("--decoded-cache", type=int, default=0, metavar="N",
+                    help="train: also measure spdld with the job's decoded-sample cache, cache.decoded.max_side N "
+                         "(0: not); the figure covers all --epochs, the first of which fills the cache")
     ap.add_argument("--data-dir", help="dataset location (default ~/.cache/spdld-bench/data-...)")
     ap.add_argument("--spdl", choices=["auto", "off"], default="auto",
                     help="auto: measure SPDL if importable or pip-installable into ~/.cache/spdld-bench/pydeps")

@@ -76,6 +76,16 @@ constexpr JobStatField kFields[] = {
      "Bytes the shard cache's downloads received.", kAll},
     {"source_samples", "spdld_job_source_samples_total", "counter", "samples",
      "Samples delivered per source of a mix (label source: its index in the job's sources).", kAll, "source"},
+    {"decoded_cache_samples", "spdld_job_decoded_cache_samples", "gauge", "samples",
+     "Samples held in the job's cache of decoded, shrunk images (cache.decoded).", kAll},
+    {"decoded_cache_bytes", "spdld_job_decoded_cache_bytes", "gauge", "bytes",
+     "Bytes held in the job's cache of decoded, shrunk images.", kAll},
+    {"decoded_cache_hits", "spdld_job_decoded_cache_hits_total", "counter", "reads",
+     "Sample reads served from the job's decoded cache: decodes avoided.", kAll},
+    {"decoded_cache_refused", "spdld_job_decoded_cache_refused_total", "counter", "samples",
+     "Samples decoded but not cached: over cache.decoded.max_bytes or the memory budget.", kAll},
+    {"decoded_cache_shrinks", "spdld_job_decoded_cache_shrinks_total", "counter", "samples",
+     "Samples decoded and shrunk on their way into the decoded cache.", kAll},
 };
 
 }  // namespace

@@ -1774,6 +1774,40 @@ void ReadMask(Diagnostics& diag, const Field& field, JobConfig* out) {
   m.ReportUnknownKeys();
 }
 
+// cache: {decoded: {max_side, max_bytes}}. After ReadMask (it checks the mask against it).
+void ReadCache(Diagnostics& diag, const Field& field, JobConfig* out) {
+  if (!Present(field)) return;
+  MapReader m(diag, field);
+  if (!m.ok()) return;
+  const Field decoded = m.Get("decoded");
+  if (Present(decoded)) {
+    if (out->media != Media::kImage) {
+      diag.ErrorAtKey(decoded, std::string("'cache.decoded' applies to media: image only (this job's media is ") +
+                                   MediaName(out->media) + ")");
+    } else if (out->decode.exif_orientation) {
+      diag.ErrorAtKey(decoded, "cache.decoded keeps images as stored: it cannot be used with decode.exif_orientation");
+    } else if (!out->mask.from.empty()) {
+      diag.ErrorAtKey(decoded,
+                      "cache.decoded shrinks the image, which a mask sidecar of the stored size would not "
+                      "follow: it cannot be used with mask");
+    } else if (out->source.type == SourceType::kCoco) {
+      diag.ErrorAtKey(decoded,
+                      "cache.decoded shrinks the image, which a coco source's boxes and polygons (in stored "
+                      "pixels) would not follow: it cannot be used with a coco source");
+    } else {
+      MapReader d(diag, decoded);
+      if (d.ok()) {
+        if (auto v = internal::ReadInt(diag, d.Require("max_side"), 16, 16384))
+          out->cache.decoded.max_side = static_cast<int>(*v);
+        if (auto v = internal::ReadInt(diag, d.Get("max_bytes"), int64_t{1} << 20, int64_t{1} << 40))
+          out->cache.decoded.max_bytes = *v;
+        d.ReportUnknownKeys();
+      }
+    }
+  }
+  m.ReportUnknownKeys();
+}
+
 // mix: {mixup: {alpha}, cutmix: {alpha}, switch_prob, prob, num_classes, label_smoothing}.
 void ReadMix(Diagnostics& diag, const Field& field, JobConfig* out) {
   if (!Present(field)) return;
@@ -1957,6 +1991,7 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   if (out->media == Media::kImage && out->decode.device == DecodeDevice::kCuda) {
     CheckGpuDecode(diag, decode_device, *out);
   }
+  ReadCache(diag, m.Get("cache"), out);
   if (normalize && out->output.dtype == DType::kUInt8) {
     diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
                            "bfloat16), not uint8");

@@ -516,6 +516,28 @@ struct MixConfig {
   bool operator==(const MixConfig&) const = default;
 };
 
+// Opt-in caches of one job (YAML cache: {decoded: {max_side, max_bytes}}).
+// decoded: the first read of a sample decodes it and shrinks it so that its longer side is at most
+// max_side (aspect kept; PIL's box filter, i.e. area averaging; never enlarged), and keeps that
+// image, uncompressed, in memory for the job's later epochs, which then pay no JPEG (PNG, ...)
+// decode. The transforms run on the shrunk image: a random crop of a 4000 px photo is resampled
+// from at most max_side px. Entries are charged to the daemon's memory budget (never past three
+// quarters of it) and to max_bytes; a sample that does not fit is not cached (counted). media:
+// image only; not with decode.exif_orientation, a mask, or a coco source (their targets follow the
+// stored image size).
+struct DecodedCacheConfig {
+  int max_side = 0;                      // 16..16384; 0 = off
+  int64_t max_bytes = int64_t{1} << 30;  // the job's cap on the cached images, 1 MiB..1 TiB
+
+  bool operator==(const DecodedCacheConfig&) const = default;
+};
+
+struct CacheConfig {
+  DecodedCacheConfig decoded;
+
+  bool operator==(const CacheConfig&) const = default;
+};
+
 struct JobConfig {
   Media media = Media::kImage;          // YAML: image | audio | video
   AudioConfig audio;                    // media: audio only (YAML: audio: {...})
@@ -536,6 +558,7 @@ struct JobConfig {
   std::vector<ExtraOutputConfig> extra_outputs;  // sidecar bytes per sample, after `label` (0..16)
   MaskConfig mask;                               // a segmentation mask per sample from a sidecar (media: image)
   MixConfig mix;                                 // batch-level mixup / cutmix (media: image)
+  CacheConfig cache;                             // opt-in per-job caches (media: image)
   int prefetch = 4;                     // slots in the job's shared ring, 1..64
   OnError on_error = OnError::kSkip;    // YAML: skip | fail
   StagesConfig stages;                  // per-stage concurrency and queue bounds

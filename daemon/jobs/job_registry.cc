@@ -355,6 +355,47 @@ class RemoteStatsJob final : public JobHandle {
   const std::shared_ptr<io::ShardCache> shard_cache_;
 };
 
+// Adds a job's decoded-sample cache figures (job config cache.decoded) to its stats.
+class DecodedCacheStatsJob final : public JobHandle {
+ public:
+  DecodedCacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const DecodedCacheSource> source)
+      : inner_(std::move(inner)), source_(std::move(source)) {}
+
+  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
+  int region_fd() const override { return inner_->region_fd(); }
+  std::optional<Delivery> TakeNext() override {
+    auto d = inner_->TakeNext();
+    if (d && d->job_end) Add(d->job_end->mutable_stats());
+    return d;
+  }
+  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
+  spdl::Status failure() const override { return inner_->failure(); }
+  void Cancel() override { inner_->Cancel(); }
+  proto::JobStats Stats() const override {
+    proto::JobStats s = inner_->Stats();
+    Add(&s);
+    return s;
+  }
+  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
+  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
+  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
+    return inner_->ImportConsumerEvents(events);
+  }
+
+ private:
+  void Add(proto::JobStats* s) const {
+    const DecodedCache::Counters c = source_->cache().counters();
+    s->set_decoded_cache_samples(c.samples);
+    s->set_decoded_cache_bytes(c.bytes);
+    s->set_decoded_cache_hits(c.hits);
+    s->set_decoded_cache_refused(c.refused);
+    s->set_decoded_cache_shrinks(source_->shrink_decodes());
+  }
+
+  const std::shared_ptr<JobHandle> inner_;
+  const std::shared_ptr<const DecodedCacheSource> source_;
+};
+
 // Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
 // (dataset, sampler, batching, rank, world size) and epochs.
 std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
@@ -450,6 +491,7 @@ struct RegistryPrepared final : PreparedJob {
   uint64_t first_batch = 0;
   std::shared_ptr<const io::CachedSource> cached;
   std::shared_ptr<const io::SampleSource> remote;  // an object storage source (stats), else null
+  std::shared_ptr<const DecodedCacheSource> decoded;  // with cache.decoded
   // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
   // control thread: creating a CUDA context takes long).
   int daemon_device = -1;
@@ -661,6 +703,14 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
                                                          identity ? identity->Key() : std::string("daemon"));
     spec.source = p->cached;
   }
+  if (spec.config.cache.decoded.max_side > 0) {
+    // Over the node's cache of encoded bytes: a later epoch's hit here reads nothing at all.
+    p->decoded = std::make_shared<const DecodedCacheSource>(
+        std::move(spec.source),
+        std::make_shared<DecodedCache>(static_cast<uint64_t>(spec.config.cache.decoded.max_bytes), budget),
+        spec.config.cache.decoded, decode_config.decode, budget);
+    spec.source = p->decoded;
+  }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && req.start_epoch() > 0) {
     return fail(proto::Error::BAD_REQUEST, "give either a resume token or start_epoch, not both");
@@ -751,6 +801,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   std::shared_ptr<const io::CachedSource> cached = std::move(p->cached);
   std::shared_ptr<const io::SampleSource> remote = std::move(p->remote);
   std::shared_ptr<streams::Stream> stream = std::move(p->stream);
+  std::shared_ptr<const DecodedCacheSource> decoded = std::move(p->decoded);
 
   if (spec.config.prefetch > config_.max_slots_per_job) {
     out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
@@ -808,7 +859,8 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(),
                    group->members());
       const uint64_t region_bytes = member->accepted().region_bytes();
-      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached);
+      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached,
+                    it->second.decoded.lock());
     }
     const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(spec.config.share_wait_seconds));
@@ -930,7 +982,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   std::shared_ptr<JobHandle> handle = std::move(job).value();
   if (group) {
     group->SetJob(std::move(handle));
-    groups_[share_key] = GroupEntry{group, cached};
+    groups_[share_key] = GroupEntry{group, cached, decoded};
     handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
     spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
   }
@@ -951,18 +1003,20 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     handle = std::move(wrapped).value();
   }
   if (remote) handle = std::make_shared<RemoteStatsJob>(std::move(handle), std::move(remote), shard_cache_);
-  return Finish(req, peer, description, bytes, std::move(handle), cached);
+  return Finish(req, peer, description, bytes, std::move(handle), cached, decoded);
 }
 
 SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
                                  uint64_t region_bytes, std::shared_ptr<JobHandle> job,
-                                 std::shared_ptr<const io::CachedSource> cached) {
+                                 std::shared_ptr<const io::CachedSource> cached,
+                                 std::shared_ptr<const DecodedCacheSource> decoded) {
   // Drop expired share groups now and then (the map is only read by Submit).
   for (auto it = groups_.begin(); it != groups_.end();) {
     it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
   }
   SubmitResult out;
   if (cached) job = std::make_shared<CacheStatsJob>(std::move(job), std::move(cached));
+  if (decoded) job = std::make_shared<DecodedCacheStatsJob>(std::move(job), std::move(decoded));
   out.job = std::move(job);
   auto record = std::make_shared<JobRecord>();
   record->job_id = out.job->accepted().job_id();

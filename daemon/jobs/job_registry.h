@@ -27,6 +27,7 @@
 #include "io/sample_cache.h"
 #include "io/shard_cache.h"
 #include "io/source_index_cache.h"
+#include "jobs/decoded_cache.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
@@ -139,7 +140,8 @@ class JobRegistry final : public JobService {
   // Wraps `job` for its session (cache stats) and records it for Status / Cancel.
   SubmitResult Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
                       uint64_t region_bytes, std::shared_ptr<JobHandle> job,
-                      std::shared_ptr<const io::CachedSource> cached);
+                      std::shared_ptr<const io::CachedSource> cached,
+                      std::shared_ptr<const DecodedCacheSource> decoded);
   void Return(uid_t uid, uint64_t bytes);
 
   // Written by UpdateLimits and read by Submit/Status, all on the control thread.
@@ -182,6 +184,8 @@ class JobRegistry final : public JobService {
   struct GroupEntry {
     std::weak_ptr<ShareGroup> group;
     std::shared_ptr<const io::CachedSource> cached;
+    // Weak: a job's decoded cache is its memory, freed when the group's pipeline ends.
+    std::weak_ptr<const DecodedCacheSource> decoded;
   };
   std::map<std::string, GroupEntry> groups_;
 

@@ -13,7 +13,7 @@ Result<MemoryBudget::Lease> MemoryBudget::ReserveScratch(uint64_t bytes, const s
   auto refuse = [&](const char* why) -> Status {
     return ResourceExhausted(what + ": decoding it needs about " + MiB(bytes) + " of memory, " + why +
                              " (memory_budget_bytes " + MiB(limit()) + ": " + MiB(slots_.load()) + " in job slots, " +
-                             MiB(scratch_.load()) + " in other decodes)");
+                             MiB(scratch_.load()) + " in other decodes and decoded-sample caches)");
   };
   if (bytes > limit()) return refuse("more than the daemon's whole memory budget");
   const auto deadline = std::chrono::steady_clock::now() + wait;
@@ -35,6 +35,13 @@ bool MemoryBudget::TryChargeStreams(uint64_t bytes) {
     if (streams_.compare_exchange_weak(held, held + bytes)) return true;
   }
   return false;
+Result<MemoryBudget::Lease> MemoryBudget::TryReserve(uint64_t bytes, uint64_t keep_free) {
+  uint64_t held = scratch_.load();
+  while (slots_.load() + held + bytes + keep_free <= limit()) {
+    if (scratch_.compare_exchange_weak(held, held + bytes)) return Lease(this, bytes);
+  }
+  return ResourceExhausted("no room in the memory budget for " + MiB(bytes) + " (memory_budget_bytes " + MiB(limit()) +
+                           ", " + MiB(keep_free) + " kept free)");
 }
 
 }  // namespace spdl::jobs

@@ -1,8 +1,9 @@
 // MemoryBudget: the daemon's memory budget (memory_budget_bytes) as one account for the two things
 // that spend it: the jobs' shared slot regions (admitted by JobRegistry) and the scratch a decode
 // needs for a large image (reserved by the image decoder before it decodes, from the size in the
-// header). A decode whose scratch does not fit waits a little for room, then is refused; one that
-// could never fit is refused at once. So two 13000x13000 16-bit PNGs cost budget, not an OOM kill.
+// header; and a job's cache of decoded samples, jobs/decoded_cache.h). A decode whose scratch does not fit waits a
+// little for room, then is refused; one that could never fit is refused at once. So two 13000x13000 16-bit PNGs cost
+// budget, not an OOM kill.
 //
 // Thread-safe: lock-free counters. Reservations and admissions race benignly: each checks the
 // others' current total, so the sum can pass the limit only by what was reserved in the same instant.
@@ -66,6 +67,11 @@ class MemoryBudget {
   // need and the budget when it does not fit (at once when it never could).
   Result<Lease> ReserveScratch(uint64_t bytes, const std::string& what,
                                std::chrono::milliseconds wait = std::chrono::milliseconds(5000));
+
+  // Reserves `bytes` (as scratch, held until the lease is destroyed) only if, with them, at least
+  // `keep_free` bytes of the budget stay free; never waits. For memory that is a convenience, not a
+  // need (a job's cache of decoded samples): kResourceExhausted when it does not fit now.
+  Result<Lease> TryReserve(uint64_t bytes, uint64_t keep_free);
 
  private:
   std::atomic<uint64_t> limit_;

@@ -119,9 +119,8 @@ Result<media::ImageOps> ImageOpsFor(const config::JobConfig& c) {
   return ops;
 }
 
-// A large image's decode scratch, reserved from the daemon's memory budget (memory_budget.h) for
-// as long as the lease lives; an empty lease without a budget, for a small image, or for one over
-// max_pixels (the decoder refuses it from the header, naming the limit).
+}  // namespace
+
 Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span<const uint8_t> bytes,
                                                  int64_t max_pixels) {
   if (budget == nullptr) return MemoryBudget::Lease();
@@ -135,6 +134,8 @@ Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span
                            (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
   return budget->ReserveScratch(need, what);
 }
+
+namespace {
 
 class ImageSampleDecoder final : public SampleDecoder {
  public:

@@ -110,4 +110,10 @@ inline constexpr uint64_t kScratchAccountFrom = 32ull << 20;
 // *pixels (when given) gets the header's width x height (0 when unknown).
 uint64_t EstimateDecodeScratch(std::span<const uint8_t> bytes, uint64_t* pixels = nullptr);
 
+// A large image's decode scratch, reserved from the daemon's memory budget (memory_budget.h) for
+// as long as the lease lives; an empty lease without a budget, for a small image, or for one over
+// max_pixels (the decoder refuses it from the header, naming the limit).
+Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span<const uint8_t> bytes,
+                                                 int64_t max_pixels);
+
 }  // namespace spdl::jobs
