@@ -952,7 +952,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       out.error = MakeError(CodeFor(sj.status()), "starting the job: " + sj.status().message());
       return out;
     }
-    return Finish(req, peer, description, bytes, std::move(sj).value(), nullptr);
+    return Finish(req, peer, description, bytes, std::move(sj).value(), nullptr, nullptr);
   }
   // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
   auto return_device = [this, daemon_device, device_bytes](uint64_t leaked) {
