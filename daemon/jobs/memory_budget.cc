@@ -35,9 +35,11 @@ bool MemoryBudget::TryChargeStreams(uint64_t bytes) {
     if (streams_.compare_exchange_weak(held, held + bytes)) return true;
   }
   return false;
+}
+
 Result<MemoryBudget::Lease> MemoryBudget::TryReserve(uint64_t bytes, uint64_t keep_free) {
   uint64_t held = scratch_.load();
-  while (slots_.load() + held + bytes + keep_free <= limit()) {
+  while (slots_.load() + streams_.load() + held + bytes + keep_free <= limit()) {
     if (scratch_.compare_exchange_weak(held, held + bytes)) return Lease(this, bytes);
   }
   return ResourceExhausted("no room in the memory budget for " + MiB(bytes) + " (memory_budget_bytes " + MiB(limit()) +
