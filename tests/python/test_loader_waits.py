@@ -206,7 +206,11 @@ def interrupt_child(mode: str, config: str, sock: str) -> dict:
         assert proc.poll() is None
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        report = json.loads(proc.stdout.readline())
+        line = proc.stdout.readline()
+        if not line:  # the child ended without a report: say how, with what it printed
+            rc = proc.wait(timeout=10)
+            raise AssertionError(f"the child exited {rc} without a report; stderr:\n{proc.stderr.read()}")
+        report = json.loads(line)
         assert proc.wait(timeout=10) == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:
