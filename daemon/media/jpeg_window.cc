@@ -208,6 +208,11 @@ Status JpegWindowDecoder::Decode(std::span<const uint8_t> jpeg, const JpegWindow
   }
   if (jpeg.empty()) return DataLoss("not a JPEG: no data");
   State& s = *state_;
+  // A fresh libjpeg object per image: a reused one keeps the last image's quantization and Huffman
+  // tables (libjpeg's abbreviated streams), so a JPEG without its own would decode with another
+  // file's tables, and the result would depend on what the worker decoded before (image_fuzz,
+  // corpus/image/regress_jpeg_tables_of_the_previous_image). About 10 us.
+  s.Destroy();
   if (!s.Create()) return Internal(std::string("JPEG decompressor: ") + s.err.message);
   jpeg_decompress_struct* cinfo = &s.cinfo;
   if (!ReadHeader(cinfo, &s.err, jpeg.data(), static_cast<unsigned long>(jpeg.size()))) {

@@ -405,6 +405,27 @@ TEST_CASE("jpeg window decode refuses bad input and stays usable", "[jpeg_window
     CHECK(dec.Decode(trailing, JpegWindowRequest{1, 0, 0, w, 16, false}, lots, &img).ok());
     CHECK(dec.Decode(trailing, JpegWindowRequest{1, 0, h - 16, w, h, false}, lots, &img).ok());
   }
+  SECTION("a JPEG without its own tables never decodes with the previous image's") {
+    // Found by image_fuzz (corpus/image/regress_jpeg_tables_of_the_previous_image): a reused libjpeg
+    // object kept the last image's quantization tables, so a file without DQT decoded after another
+    // JPEG but not alone. Every DQT segment (FF DB, then its 2-byte length) removed:
+    std::vector<uint8_t> no_dqt;
+    for (size_t i = 0; i < jpeg->size();) {
+      if (i + 3 < jpeg->size() && (*jpeg)[i] == 0xFF && (*jpeg)[i + 1] == 0xDB) {
+        i += 2 + ((size_t{(*jpeg)[i + 2]} << 8) | (*jpeg)[i + 3]);
+        continue;
+      }
+      no_dqt.push_back((*jpeg)[i++]);
+    }
+    REQUIRE(no_dqt.size() < jpeg->size());
+    JpegWindowDecoder fresh;
+    const Status alone = fresh.Decode(no_dqt, JpegWindowRequest{1, 0, 0, w, 16, false}, lots, &img);
+    CHECK(alone.code() == StatusCode::kDataLoss);
+    REQUIRE(dec.Decode(*jpeg, JpegWindowRequest{1, 0, 0, w, 16, false}, lots, &img).ok());
+    const Status after = dec.Decode(no_dqt, JpegWindowRequest{1, 0, 0, w, 16, false}, lots, &img);
+    CHECK(after.code() == alone.code());
+    CHECK(after.message() == alone.message());
+  }
   SECTION("progressive and restart-marker files pass the end-marker walk") {
     for (int kind = 0; kind < 2; ++kind) {
       JpegEncodeOptions p;
