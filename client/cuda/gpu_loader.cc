@@ -133,8 +133,8 @@ int CudaOrdinal(const std::string& device) {
 
 #if SPDL_TEST_HOOKS
 // TEST ONLY (builds with SPDL_TEST_HOOKS, never shipped): the environment variable named by
-// cuda::kFakeGpuDirEnv runs GPU jobs on the cross-process fake device in that directory
-// (testing/cuda/shm_fake_backend.h), as the daemon started with --test-only-fake-gpu DIR. It is not
+// cuda::kFakeGpuDirEnv runs GPU jobs on the cross-process fake device in that directory (the
+// header included above), as the daemon does with its hidden fake-GPU flag. It is not
 // part of the public API (GpuOptions), so the shipped header's layout never depends on test hooks.
 std::string FakeGpuDir(const GpuOptions&) {
   const char* env = std::getenv(cuda::kFakeGpuDirEnv);
@@ -272,7 +272,7 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
   }
 
   auto core = std::make_shared<detail::GpuCore>();
-  // The backend: given, the test-only fake, or the factory.
+  // The backend: the one given, the device FakeGpuDir names (always empty in a shipped build), or the factory.
   // cuda:N is the trainer's ordinal in both modes (the daemon found its own by the UUID sent).
   int ordinal = gpu.device >= 0 ? gpu.device : job_ordinal;
   const std::string fake_dir = FakeGpuDir(gpu);
