@@ -258,12 +258,11 @@ Result<std::shared_ptr<const io::SampleSource>> OpenMix(const config::JobConfig&
       std::make_shared<const io::MixedSource>(std::move(sources), std::move(p)));
 }
 
-// Adds the sample cache's figures to a job's stats (in Stats() and in the JobEnd of its last
-// delivery); everything else goes to the wrapped job. Control thread, like any JobHandle.
-class CacheStatsJob final : public JobHandle {
+// A job that adds figures of its own to another job's stats (its Stats() and the final JobEnd),
+// passing everything else through. Control thread, like any JobHandle.
+class StatsAddingJob : public JobHandle {
  public:
-  CacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::CachedSource> source)
-      : inner_(std::move(inner)), source_(std::move(source)) {}
+  explicit StatsAddingJob(std::shared_ptr<JobHandle> inner) : inner_(std::move(inner)) {}
 
   const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
   int region_fd() const override { return inner_->region_fd(); }
@@ -286,8 +285,23 @@ class CacheStatsJob final : public JobHandle {
     return inner_->ImportConsumerEvents(events);
   }
 
+ protected:
+  // Sets this wrapper's fields in *s.
+  virtual void Add(proto::JobStats* s) const = 0;
+
  private:
-  void Add(proto::JobStats* s) const {
+  const std::shared_ptr<JobHandle> inner_;
+};
+
+// Adds the sample cache's figures to a job's stats (in Stats() and in the JobEnd of its last
+// delivery); everything else goes to the wrapped job. Control thread, like any JobHandle.
+class CacheStatsJob final : public StatsAddingJob {
+ public:
+  CacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::CachedSource> source)
+      : StatsAddingJob(std::move(inner)), source_(std::move(source)) {}
+
+ private:
+  void Add(proto::JobStats* s) const override {
     const io::SampleCache::Counters c = source_->cache().counters();
     s->set_cache_hits(source_->hits());
     s->set_cache_misses(source_->misses());
@@ -296,41 +310,19 @@ class CacheStatsJob final : public JobHandle {
     s->set_cache_budget_bytes(c.budget);
   }
 
-  const std::shared_ptr<JobHandle> inner_;
   const std::shared_ptr<const io::CachedSource> source_;
 };
 
 // Adds an object storage source's figures (requests, errors, the node's shard cache) to a job's
 // stats, as CacheStatsJob does for the sample cache. Control thread, like any JobHandle.
-class RemoteStatsJob final : public JobHandle {
+class RemoteStatsJob final : public StatsAddingJob {
  public:
   RemoteStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const io::SampleSource> source,
                  std::shared_ptr<io::ShardCache> shard_cache)
-      : inner_(std::move(inner)), source_(std::move(source)), shard_cache_(std::move(shard_cache)) {}
-
-  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
-  int region_fd() const override { return inner_->region_fd(); }
-  std::optional<Delivery> TakeNext() override {
-    auto d = inner_->TakeNext();
-    if (d && d->job_end) Add(d->job_end->mutable_stats());
-    return d;
-  }
-  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
-  spdl::Status failure() const override { return inner_->failure(); }
-  void Cancel() override { inner_->Cancel(); }
-  proto::JobStats Stats() const override {
-    proto::JobStats s = inner_->Stats();
-    Add(&s);
-    return s;
-  }
-  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
-  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
-  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
-    return inner_->ImportConsumerEvents(events);
-  }
+      : StatsAddingJob(std::move(inner)), source_(std::move(source)), shard_cache_(std::move(shard_cache)) {}
 
  private:
-  void Add(proto::JobStats* s) const {
+  void Add(proto::JobStats* s) const override {
     const io::SourceCounters c = source_->Counters();
     s->set_s3_requests(c.requests);
     s->set_s3_retries(c.retries);
@@ -350,40 +342,18 @@ class RemoteStatsJob final : public JobHandle {
     }
   }
 
-  const std::shared_ptr<JobHandle> inner_;
   const std::shared_ptr<const io::SampleSource> source_;
   const std::shared_ptr<io::ShardCache> shard_cache_;
 };
 
 // Adds a job's decoded-sample cache figures (job config cache.decoded) to its stats.
-class DecodedCacheStatsJob final : public JobHandle {
+class DecodedCacheStatsJob final : public StatsAddingJob {
  public:
   DecodedCacheStatsJob(std::shared_ptr<JobHandle> inner, std::shared_ptr<const DecodedCacheSource> source)
-      : inner_(std::move(inner)), source_(std::move(source)) {}
-
-  const proto::JobAccepted& accepted() const override { return inner_->accepted(); }
-  int region_fd() const override { return inner_->region_fd(); }
-  std::optional<Delivery> TakeNext() override {
-    auto d = inner_->TakeNext();
-    if (d && d->job_end) Add(d->job_end->mutable_stats());
-    return d;
-  }
-  spdl::Status Release(uint32_t slot, uint64_t generation) override { return inner_->Release(slot, generation); }
-  spdl::Status failure() const override { return inner_->failure(); }
-  void Cancel() override { inner_->Cancel(); }
-  proto::JobStats Stats() const override {
-    proto::JobStats s = inner_->Stats();
-    Add(&s);
-    return s;
-  }
-  void Abort(spdl::Status reason) override { inner_->Abort(std::move(reason)); }
-  const proto::CudaHandles* cuda_handles() const override { return inner_->cuda_handles(); }
-  spdl::Status ImportConsumerEvents(const proto::CudaConsumerEvents& events) override {
-    return inner_->ImportConsumerEvents(events);
-  }
+      : StatsAddingJob(std::move(inner)), source_(std::move(source)) {}
 
  private:
-  void Add(proto::JobStats* s) const {
+  void Add(proto::JobStats* s) const override {
     const DecodedCache::Counters c = source_->cache().counters();
     s->set_decoded_cache_samples(c.samples);
     s->set_decoded_cache_bytes(c.bytes);
@@ -392,7 +362,6 @@ class DecodedCacheStatsJob final : public JobHandle {
     s->set_decoded_cache_shrinks(source_->shrink_decodes());
   }
 
-  const std::shared_ptr<JobHandle> inner_;
   const std::shared_ptr<const DecodedCacheSource> source_;
 };
 
