@@ -3,13 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "e2e/dataset.h"
+#include "datagen/dataset.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"spdl-make-dataset: write a sample image-folder dataset of JPEG files"};
   app.set_version_flag("--version", std::string("spdl-make-dataset ") + SPDLD_VERSION);
   std::string root;
-  spdl::testdata::DatasetOptions o;
+  spdl::datagen::DatasetOptions o;
   app.add_option("root", root, "directory to write (class sub-folders go below it)")->required();
   app.add_option("--classes", o.classes, "number of classes")->check(CLI::Range(1, 100000));
   app.add_option("--per-class", o.images_per_class, "images per class")->check(CLI::Range(1, 10000000));
@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "spdl-make-dataset: --min-side must not exceed --max-side\n");
     return 2;
   }
-  auto r = spdl::testdata::MakeImageFolder(root, o);
+  auto r = spdl::datagen::MakeImageFolder(root, o);
   if (!r.ok()) {
     std::fprintf(stderr, "spdl-make-dataset: %s\n", r.status().message().c_str());
     return 1;
