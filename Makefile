@@ -56,9 +56,10 @@ bench: deps-bench configure
 clean:
 	rm -rf $(BUILD_DIR)
 
-# clang-tidy on the whole tree with .clang-tidy's checks (CI runs it after `make test`, whose build
-# it reads: compile_commands.json and the generated headers); any finding fails. LINT_CACHE= (empty)
-# lints everything again; by default clean results are cached per preprocessed file.
+# clang-tidy on the whole tree with .clang-tidy's checks, reading the build of `make test`
+# (compile_commands.json and the generated headers); any finding fails. LINT_CACHE= (empty) lints
+# everything again; by default clean results are cached per preprocessed file. Not yet a step of
+# .ci/run: add it there once a whole-tree run is clean.
 lint: deps-test configure
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) scripts/lint.sh
 

@@ -94,7 +94,10 @@ EOF
   return 0
 }
 export -f lint_one
-xargs -a "$out/files" -P "$jobs" -I{} bash -c 'lint_one "$@"' _ {}
+xargs -a "$out/files" -P "$jobs" -I{} bash -c 'lint_one "$@"' _ {} &
+xargs_pid=$!
+trap 'kill "$xargs_pid" 2>/dev/null || true; rm -rf "$out"' EXIT  # interrupted: start no more files
+wait "$xargs_pid"
 
 cat "$out"/*.log >"$out/all" 2>/dev/null || true
 # A header's finding shows once (every file including the header reports it).
