@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   for (auto& g : *r) bytes += g.bytes;
   std::printf("wrote %zu JPEG files (%d classes, %.1f MiB, mean %.0f KiB) to %s\n", r->size(), o.classes,
-              static_cast<double>(bytes) / (1 << 20), static_cast<double>(bytes) / 1024 / static_cast<double>(r->size()),
-              root.c_str());
+              static_cast<double>(bytes) / (1 << 20),
+              static_cast<double>(bytes) / 1024 / static_cast<double>(r->size()), root.c_str());
   return 0;
 }

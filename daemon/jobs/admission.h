@@ -32,10 +32,10 @@ class Admission {
   // What a job asks for.
   struct Request {
     uid_t uid = 0;
-    uint64_t shm_bytes = 0;  // the job's shared region (MediaJob::LayoutFor(spec).region_bytes)
-    int slots = 0;           // its slots (prefetch), for the messages
-    int device = -1;         // the daemon's CUDA ordinal of a copy: daemon job; -1: no device memory
-    std::string device_name;  // the job's output.device (cuda:N, the trainer's), for the messages
+    uint64_t shm_bytes = 0;     // the job's shared region (MediaJob::LayoutFor(spec).region_bytes)
+    int slots = 0;              // its slots (prefetch), for the messages
+    int device = -1;            // the daemon's CUDA ordinal of a copy: daemon job; -1: no device memory
+    std::string device_name;    // the job's output.device (cuda:N, the trainer's), for the messages
     uint64_t device_bytes = 0;  // device memory the job's slots take on `device`
   };
 

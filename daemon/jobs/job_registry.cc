@@ -229,8 +229,8 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
 // Started copy: daemon jobs between their continuation and their answer. Thread-safe (mu).
 struct JobRegistry::PendingStarts {
   std::mutex mu;
-  uint64_t next = 1;                                        // guarded by mu
-  std::map<uint64_t, std::shared_ptr<JobHandle>> jobs;      // guarded by mu
+  uint64_t next = 1;                                    // guarded by mu
+  std::map<uint64_t, std::shared_ptr<JobHandle>> jobs;  // guarded by mu
 
   uint64_t Add(std::shared_ptr<JobHandle> job) {
     std::lock_guard lock(mu);
@@ -262,7 +262,8 @@ struct JobRegistry::PendingStarts {
 
 JobRegistry::~JobRegistry() {
   pending_->DropAll();  // their leases return to admission_, which is still alive
-  if (const int live = admission_.live_jobs(); live != 0) spdlog::error("job registry destroyed with {} live jobs", live);
+  if (const int live = admission_.live_jobs(); live != 0)
+    spdlog::error("job registry destroyed with {} live jobs", live);
 }
 
 void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
@@ -404,7 +405,8 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   spec.rank = req.rank();
   spec.epochs = req.epochs();
   if (spec.rank >= spec.world_size) {
-    return fail(FailedPrecondition("rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size)));
+    return fail(FailedPrecondition("rank " + std::to_string(spec.rank) + " is not below world_size " +
+                                   std::to_string(spec.world_size)));
   }
   // decode.max_pixels may only lower the daemon's max_pixels, never raise it.
   config::JobConfig decode_config = spec.config;
@@ -425,7 +427,8 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   {
     io::ScopedFsIdentity as_user(identity.get());
     if (!as_user.ok())
-      return fail(Internal("spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message()));
+      return fail(
+          Internal("spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message()));
     source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
                         req.s3());
   }
@@ -443,24 +446,23 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
     return fail(FailedPrecondition("give either a resume token or start_epoch, not both"));
   }
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
-    return fail(FailedPrecondition("a job in order: completion cannot be resumed (it delivers batches out of order and "
-                "hands out no state token); use order: sampler"));
+    return fail(
+        FailedPrecondition("a job in order: completion cannot be resumed (it delivers batches out of order and "
+                           "hands out no state token); use order: sampler"));
   }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
     if (!point.ok()) return fail(FailedPrecondition(point.status().message()));
     if (spec.epochs != 0 && point->epoch >= spec.epochs) {
       return fail(FailedPrecondition("the resume token is at epoch " + std::to_string(point->epoch) +
-                                                 ", past the last of the " + std::to_string(spec.epochs) +
-                                                 " epochs requested"));
+                                     ", past the last of the " + std::to_string(spec.epochs) + " epochs requested"));
     }
     spec.resume = std::move(*point);
   }
   if (req.start_epoch() > 0) {
     if (spec.epochs != 0 && req.start_epoch() >= spec.epochs) {
-      return fail(FailedPrecondition("start_epoch " + std::to_string(req.start_epoch()) +
-                                                 " is past the last of the " + std::to_string(spec.epochs) +
-                                                 " epochs requested"));
+      return fail(FailedPrecondition("start_epoch " + std::to_string(req.start_epoch()) + " is past the last of the " +
+                                     std::to_string(spec.epochs) + " epochs requested"));
     }
     pipeline::ResumePoint start;  // the start of that epoch: what the token after the epoch before says
     start.epoch = req.start_epoch();
@@ -474,8 +476,8 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   const uint64_t per_rank = io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
     return fail(InvalidArgument("the dataset has " + std::to_string(spec.source->size()) + " samples, " +
-                                                  std::to_string(per_rank) + " for this rank: not one batch of " +
-                                                  std::to_string(spec.config.batch.size) + " with drop_last"));
+                                std::to_string(per_rank) + " for this rank: not one batch of " +
+                                std::to_string(spec.config.batch.size) + " with drop_last"));
   }
   if (spec.resume) {
     // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.

@@ -10,13 +10,12 @@
 
 #include <array>
 #include <atomic>
-#include <string>
-#include <vector>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "config/config_error.h"
@@ -108,7 +107,7 @@ class PreparedJob;
 struct SubmitResult {
   std::shared_ptr<JobHandle> job;  // set on success
   std::shared_ptr<JobRecord> record;  // set on success
-  spdl::Status status;             // not OK on failure
+  spdl::Status status;                // not OK on failure
   std::vector<config::ConfigError> config_errors;  // kInvalidArgument from the config: each problem
   // Set (job null, status OK) when the start is not done yet: its slow rest (a GPU job's device
   // memory, host pinning and IPC export, which wait on CUDA) must not run on the control thread.

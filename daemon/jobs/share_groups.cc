@@ -2,8 +2,7 @@
 
 namespace spdl::jobs {
 
-std::string ShareGroups::Key(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint,
-                             uint32_t epochs) {
+std::string ShareGroups::Key(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
   std::string key =
       std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
   for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";

@@ -34,9 +34,15 @@ std::string EscapeForLog(std::string_view text, size_t max_bytes) {
 proto::Error RefusalError(const jobs::SubmitResult& refused) {
   proto::Error e;
   switch (refused.status.code()) {
-    case StatusCode::kInvalidArgument: e.set_code(proto::Error::INVALID_CONFIG); break;
-    case StatusCode::kPermissionDenied: e.set_code(proto::Error::PERMISSION_DENIED); break;
-    case StatusCode::kNotFound: e.set_code(proto::Error::NOT_FOUND); break;
+    case StatusCode::kInvalidArgument:
+      e.set_code(proto::Error::INVALID_CONFIG);
+      break;
+    case StatusCode::kPermissionDenied:
+      e.set_code(proto::Error::PERMISSION_DENIED);
+      break;
+    case StatusCode::kNotFound:
+      e.set_code(proto::Error::NOT_FOUND);
+      break;
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable:
       e.set_code(proto::Error::RESOURCE_EXHAUSTED);
@@ -46,7 +52,9 @@ proto::Error RefusalError(const jobs::SubmitResult& refused) {
     case StatusCode::kFailedPrecondition:
       e.set_code(proto::Error::BAD_REQUEST);
       break;
-    default: e.set_code(proto::Error::INTERNAL); break;
+    default:
+      e.set_code(proto::Error::INTERNAL);
+      break;
   }
   e.set_message(refused.status.ok() ? std::string("the job was refused without a reason (a bug)")
                                     : refused.status.message());

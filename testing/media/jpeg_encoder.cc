@@ -7,10 +7,14 @@ namespace {
 
 datagen::Subsampling ToWriter(ChromaSubsampling s) {
   switch (s) {
-    case ChromaSubsampling::k444: return datagen::Subsampling::k444;
-    case ChromaSubsampling::k422: return datagen::Subsampling::k422;
-    case ChromaSubsampling::k420: return datagen::Subsampling::k420;
-    case ChromaSubsampling::kGray: return datagen::Subsampling::kGray;
+    case ChromaSubsampling::k444:
+      return datagen::Subsampling::k444;
+    case ChromaSubsampling::k422:
+      return datagen::Subsampling::k422;
+    case ChromaSubsampling::k420:
+      return datagen::Subsampling::k420;
+    case ChromaSubsampling::kGray:
+      return datagen::Subsampling::kGray;
   }
   return datagen::Subsampling::k420;
 }

@@ -133,7 +133,7 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.status.code() == StatusCode::kResourceExhausted);
     CHECK_THAT(refused.status.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0") &&
-                                            Catch::Contains("gpu_context_bytes"));
+                                             Catch::Contains("gpu_context_bytes"));
     CHECK(reg.device_bytes_in_use(0) == bytes);
 
     r.job->Cancel();
@@ -440,7 +440,7 @@ TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, new jobs ar
     SubmitResult again = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(again.ok());
     CHECK_THAT(again.status.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
-                                          Catch::Contains("output.copy: client"));
+                                           Catch::Contains("output.copy: client"));
     // Status and metrics show the poisoned GPU, and the job that still holds it (the daemon exits
     // only once none does).
     const PeerInfo root{0, 0, 0};

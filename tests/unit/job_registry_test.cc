@@ -3,6 +3,8 @@
 // CUDA backend); then the registry's transactional Start: a failure injected after each step (and
 // real failures of the fake device's allocation and pinning) leaves no budget, device memory,
 // pinned host memory, job slot or share group behind.
+#include "jobs/job_registry.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -23,7 +25,6 @@
 #include "e2e/dataset.h"
 #include "jobs/admission.h"
 #include "jobs/device_placement.h"
-#include "jobs/job_registry.h"
 #include "jobs/share_groups.h"
 #include "jobs/shared_job.h"
 #include "pipeline/thread_pool.h"
@@ -386,8 +387,8 @@ class SlowPinBackend final : public cuda::DeviceBackend {
   cuda::DeviceBackend& in_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int entered_ = 0;     // guarded by mu_
-  bool open_ = false;   // guarded by mu_
+  int entered_ = 0;            // guarded by mu_
+  bool open_ = false;          // guarded by mu_
   std::thread::id pinned_on_;  // guarded by mu_
 };
 
@@ -479,9 +480,12 @@ TEST_CASE("registry start: a failure after any step rolls back everything that s
     bool share;
   };
   const std::vector<Case> cases = {
-      {Step::kPlaced, "output: {device: cuda:0}\n", false},      {Step::kAdmitted, "output: {device: cuda:0}\n", false},
-      {Step::kJobStarted, "output: {device: cuda:0}\n", false},  {Step::kGpuWrapped, "output: {device: cuda:0}\n", false},
-      {Step::kAdmitted, "share: true\n", true},                  {Step::kJobStarted, "share: true\n", true},
+      {Step::kPlaced, "output: {device: cuda:0}\n", false},
+      {Step::kAdmitted, "output: {device: cuda:0}\n", false},
+      {Step::kJobStarted, "output: {device: cuda:0}\n", false},
+      {Step::kGpuWrapped, "output: {device: cuda:0}\n", false},
+      {Step::kAdmitted, "share: true\n", true},
+      {Step::kJobStarted, "share: true\n", true},
   };
   {
     JobRegistry reg(cfg, pool.get(), 2);

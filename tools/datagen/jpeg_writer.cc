@@ -14,10 +14,14 @@ struct TjDeleter {
 
 int ToTjSamp(Subsampling s) {
   switch (s) {
-    case Subsampling::k444: return TJSAMP_444;
-    case Subsampling::k422: return TJSAMP_422;
-    case Subsampling::k420: return TJSAMP_420;
-    case Subsampling::kGray: return TJSAMP_GRAY;
+    case Subsampling::k444:
+      return TJSAMP_444;
+    case Subsampling::k422:
+      return TJSAMP_422;
+    case Subsampling::k420:
+      return TJSAMP_420;
+    case Subsampling::kGray:
+      return TJSAMP_GRAY;
   }
   return TJSAMP_420;
 }
@@ -25,14 +29,12 @@ int ToTjSamp(Subsampling s) {
 }  // namespace
 
 Result<std::vector<uint8_t>> CompressJpeg(const uint8_t* rgb, int width, int height, int quality,
-                                        Subsampling subsampling) {
+                                          Subsampling subsampling) {
   if (rgb == nullptr || width <= 0 || height <= 0) {
-    return InvalidArgument("CompressJpeg: bad image " + std::to_string(width) + "x" +
-                           std::to_string(height));
+    return InvalidArgument("CompressJpeg: bad image " + std::to_string(width) + "x" + std::to_string(height));
   }
   if (quality < 1 || quality > 100) {
-    return InvalidArgument("CompressJpeg: quality " + std::to_string(quality) +
-                           " is outside [1, 100]");
+    return InvalidArgument("CompressJpeg: quality " + std::to_string(quality) + " is outside [1, 100]");
   }
   std::unique_ptr<void, TjDeleter> tj(tjInitCompress());
   if (!tj) return Internal(std::string("tjInitCompress: ") + tjGetErrorStr2(nullptr));
@@ -45,8 +47,7 @@ Result<std::vector<uint8_t>> CompressJpeg(const uint8_t* rgb, int width, int hei
   std::vector<uint8_t> out(cap);
   unsigned char* buf = out.data();
   unsigned long size = cap;
-  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, samp, quality,
-                  TJFLAG_NOREALLOC) != 0) {
+  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, samp, quality, TJFLAG_NOREALLOC) != 0) {
     return Internal(std::string("tjCompress2: ") + tjGetErrorStr2(tj.get()));
   }
   out.resize(size);
