@@ -2,10 +2,13 @@
 // its seed), for the demo and the benchmarks.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 
 #include "datagen/dataset.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   CLI::App app{"spdl-make-dataset: write a sample image-folder dataset of JPEG files"};
   app.set_version_flag("--version", std::string("spdl-make-dataset ") + SPDLD_VERSION);
   std::string root;
@@ -33,4 +36,15 @@ int main(int argc, char** argv) {
               static_cast<double>(bytes) / (1 << 20),
               static_cast<double>(bytes) / 1024 / static_cast<double>(r->size()), root.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // e.g. out of memory, or the root cannot be made
+    std::fprintf(stderr, "spdl-make-dataset: %s\n", e.what());
+    return 1;
+  }
 }

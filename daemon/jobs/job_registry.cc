@@ -96,6 +96,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(const config::SourceC
       }
     }
     std::vector<std::string> sidecars;
+    sidecars.reserve(extras.size());
     for (const config::ExtraOutputConfig& e : extras) sidecars.push_back(e.from);
     // The index (not the source, which holds the credentials) is shared by the same user's jobs.
     auto s = io::S3TarShardSource::Open(c.shards, c.extensions, c.label_extension, sidecars, *client, index_cache,
