@@ -274,6 +274,11 @@ std::optional<Delivery> StreamJob::TakeNext() {
   delivered_samples_ += batch.rows;
   if (batch.last) {
     ended_ = true;
+    // The session takes no Release after the job's end (the client keeps its mapping and reads what
+    // it was given): every batch delivered counts as consumed now, or Leave would hand the ones not
+    // yet released back to the group, and another consumer would get them a second time.
+    for (const auto& [leased_slot, offsets] : leased_) stream_->Ack(consumer_, offsets);
+    leased_.clear();
     proto::EpochEnd e;
     e.set_epoch(0);
     e.set_samples(delivered_samples_);
