@@ -6,55 +6,14 @@
 #include <numeric>
 #include <sstream>
 
+#include "io/rng.h"
+
 namespace spdl::io {
 namespace {
 
-// splitmix64 and xoshiro256** as in sampler.cc (public domain references by Vigna): the mix's own
-// streams, pinned by the tests (tests/unit/source_test.cc, "mix").
-uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-class Rng {
- public:
-  explicit Rng(uint64_t seed) {
-    for (uint64_t& w : s_) w = SplitMix64(&seed);
-  }
-  uint64_t Next() {
-    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = Rotl(s_[3], 45);
-    return result;
-  }
-  // Uniform in [0, bound), unbiased. REQUIRES: bound > 0.
-  uint64_t Below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-      const uint64_t r = Next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  uint64_t s_[4];
-};
-
-// Two splitmix64 steps over (a, b): unrelated streams for nearby inputs.
-uint64_t Mix2(uint64_t a, uint64_t b) {
-  uint64_t s = a;
-  uint64_t t = SplitMix64(&s) ^ b;
-  return SplitMix64(&t);
-}
+// The mix's own streams (io/rng.h), pinned by the tests (tests/unit/mix_test.cc).
+using Rng = Xoshiro256StarStar;
+uint64_t Mix2(uint64_t a, uint64_t b) { return MixSeeds(a, b); }
 
 constexpr uint64_t kDrawSalt = 0x6d69782d64726177ull;    // "mix-draw"
 constexpr uint64_t kSourceSalt = 0x6d69782d73726373ull;  // "mix-srcs"

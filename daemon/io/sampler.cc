@@ -4,57 +4,14 @@
 #include <numeric>
 #include <utility>
 
+#include "io/rng.h"
+
 namespace spdl::io {
 namespace {
 
-// splitmix64 (Steele, Lea, Flood; public domain reference by Vigna): one step of the sequence.
-uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-// xoshiro256** 1.0 (Blackman, Vigna; public domain reference), seeded with four splitmix64 draws.
-class Xoshiro256StarStar {
- public:
-  explicit Xoshiro256StarStar(uint64_t seed) {
-    for (uint64_t& w : s_) w = SplitMix64(&seed);
-  }
-  uint64_t Next() {
-    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = Rotl(s_[3], 45);
-    return result;
-  }
-  // Uniform in [0, bound) with no modulo bias: draws below 2^64 mod bound are rejected.
-  // REQUIRES: bound > 0.
-  uint64_t Below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;  // == 2^64 mod bound
-    for (;;) {
-      const uint64_t r = Next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  uint64_t s_[4];
-};
-
 // The generator's seed for (seed, epoch): two splitmix64 steps, so nearby seeds and epochs give
 // unrelated streams.
-uint64_t EpochSeed(uint64_t seed, uint64_t epoch) {
-  uint64_t s = seed;
-  uint64_t t = SplitMix64(&s) ^ epoch;
-  return SplitMix64(&t);
-}
+uint64_t EpochSeed(uint64_t seed, uint64_t epoch) { return MixSeeds(seed, epoch); }
 
 }  // namespace
 

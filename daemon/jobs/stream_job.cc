@@ -268,6 +268,10 @@ std::optional<Delivery> StreamJob::TakeNext() {
     r.set_resume_token(EncodeStreamToken(stream_->name(), spec_.config.source.stream.group, max_delivered_,
                                          batch_base_ + delivered_batches_ + 1));
   }
+  // The last batch ends the job with it: the session drops the job once it is delivered, so its
+  // release never comes. Acknowledge it now; left unacknowledged, Leave would hand its samples to
+  // another consumer of the group as well (duplicates at the tail of the stream).
+  if (batch.last) stream_->Ack(consumer_, batch.offsets);
   leased_[lease->slot] = std::move(batch.offsets);
   if (delivered_batches_ == 0) first_batch_seconds_ = SecondsSince(started_);
   ++delivered_batches_;

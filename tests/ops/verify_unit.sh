@@ -48,6 +48,9 @@ case "$(last ProtectHome)" in yes | true | tmpfs) fail "ProtectHome= hides data 
 # Reads with each job's user's rights: exactly CAP_SETUID and CAP_SETGID, nothing else.
 [ "$(last AmbientCapabilities)" = "CAP_SETUID CAP_SETGID" ] || fail "AmbientCapabilities= is not exactly CAP_SETUID CAP_SETGID"
 [ "$(last CapabilityBoundingSet)" = "CAP_SETUID CAP_SETGID" ] || fail "CapabilityBoundingSet= is not exactly CAP_SETUID CAP_SETGID"
+# The shard cache (config/spdld.yaml cache_dir: /var/cache/spdld/shards) is writable, and only spdld's.
+[ "$(last CacheDirectory)" = spdld ] || fail "CacheDirectory= is not spdld (the shard cache under ProtectSystem=strict)"
+[ "$(last CacheDirectoryMode)" = 0700 ] || fail "CacheDirectoryMode= is not 0700"
 [ "$(last LimitMEMLOCK)" = infinity ] || fail "LimitMEMLOCK= is not infinity (page-locked slots for GPU copies)"
 
 # The shipped drop-in that pins egress to named ranges is a valid drop-in of the unit.

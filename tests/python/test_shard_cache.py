@@ -322,7 +322,14 @@ def test_the_node_cache_stays_within_its_budget_and_refetches_a_damaged_file(tmp
     try:
         out, stats = run_ranks(d.sock, job("plain", shuffle=False), epochs=1, world=1)
         assert sorted(out[(0, 0)]) == all_keys(keys)
-        held = sum(p.stat().st_size for p in cached_files(cache))
+        # The job's shards stay pinned (never evicted while read) until the daemon has torn the job
+        # down, a moment after its last batch reached the client: wait for that, boundedly.
+        deadline = time.monotonic() + 10
+        while True:
+            held = sum(p.stat().st_size for p in cached_files(cache))
+            if held <= budget or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert 0 < held <= budget, (held, budget)
         # Damage the last shard's cached file in place (same size): the next job that uses it finds
         # the damage and fetches the shard again.

@@ -1373,6 +1373,7 @@ TEST_CASE("the shipped configs say what the docs say") {
   CHECK(d.config->memory_budget_bytes == (4ull << 30));
   CHECK(d.config->max_connections_per_uid == 128);
   CHECK(d.config->max_budget_share_per_uid == 0.5);
+  CHECK(d.config->cache_dir == "/var/cache/spdld/shards");  // systemd/spdld.service.in: CacheDirectory=spdld
 
   JobConfig j = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"));
   CHECK(j.source.root == "/var/lib/spdld/sample");
