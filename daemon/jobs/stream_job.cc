@@ -268,19 +268,17 @@ std::optional<Delivery> StreamJob::TakeNext() {
     r.set_resume_token(EncodeStreamToken(stream_->name(), spec_.config.source.stream.group, max_delivered_,
                                          batch_base_ + delivered_batches_ + 1));
   }
-  // The last batch ends the job with it: the session drops the job once it is delivered, so its
-  // release never comes. Acknowledge it now; left unacknowledged, Leave would hand its samples to
-  // another consumer of the group as well (duplicates at the tail of the stream).
-  if (batch.last) stream_->Ack(consumer_, batch.offsets);
   leased_[lease->slot] = std::move(batch.offsets);
   if (delivered_batches_ == 0) first_batch_seconds_ = SecondsSince(started_);
   ++delivered_batches_;
   delivered_samples_ += batch.rows;
   if (batch.last) {
     ended_ = true;
-    // The session takes no Release after the job's end (the client keeps its mapping and reads what
-    // it was given): every batch delivered counts as consumed now, or Leave would hand the ones not
-    // yet released back to the group, and another consumer would get them a second time.
+    // The last batch ends the job with it: the session drops the job once it is delivered, so no
+    // release comes for it, nor for an earlier batch the client has not released yet (the client
+    // keeps its mapping and reads what it was given). Every batch delivered counts as consumed now;
+    // left unacknowledged, Leave would hand their samples to another consumer of the group as well
+    // (duplicates at the tail of the stream).
     for (const auto& [leased_slot, offsets] : leased_) stream_->Ack(consumer_, offsets);
     leased_.clear();
     proto::EpochEnd e;
