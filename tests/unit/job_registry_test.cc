@@ -1,5 +1,5 @@
 // The job registry's roles, each alone: Admission (the budgets, as RAII leases), ShareGroups (live
-// groups by key), DevicePlacement (the daemon's GPU and backend of a copy: daemon job, on the fake
+// groups by key, with the decoded cache of the group's job held weakly), DevicePlacement (the daemon's GPU and backend of a copy: daemon job, on the fake
 // CUDA backend); then the registry's transactional Start: a failure injected after each step (and
 // real failures of the fake device's allocation and pinning) leaves no budget, device memory,
 // pinned host memory, job slot or share group behind.
@@ -24,6 +24,7 @@
 #include "cuda/fake_backend.h"
 #include "e2e/dataset.h"
 #include "jobs/admission.h"
+#include "jobs/decoded_cache.h"
 #include "jobs/device_placement.h"
 #include "jobs/share_groups.h"
 #include "jobs/shared_job.h"
@@ -148,6 +149,27 @@ TEST_CASE("admission: each limit refuses with its name and leaves the others' ac
   CHECK(a.live_jobs() == 0);
 }
 
+TEST_CASE("admission: what streams retain counts against the shared-memory budget") {
+  auto budget = std::make_shared<MemoryBudget>(0);
+  Admission a(Limits(100 * kMiB, 5), budget);
+  // Streams' retained samples and producers' put buffers (BudgetStreamAccount) share the budget.
+  REQUIRE(budget->TryChargeStreams(70 * kMiB));
+  auto over = a.Reserve(Ask(1000, 40 * kMiB));
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(over.status().message(), Catch::Contains("memory_budget"));
+  CHECK(a.bytes_in_use() == 0);
+  CHECK(a.live_jobs() == 0);
+  auto fits = a.Reserve(Ask(1000, 30 * kMiB));  // 70 + 30 fits exactly
+  REQUIRE(fits.ok());
+  // And the other way round: a stream may not take what the admitted job holds.
+  CHECK_FALSE(budget->TryChargeStreams(1));
+  budget->ReleaseStreams(70 * kMiB);
+  CHECK(a.Reserve(Ask(2000, 40 * kMiB)).ok());  // room again (then dropped)
+  *fits = Admission::Reservation{};
+  CHECK(a.bytes_in_use() == 0);
+}
+
 // A started job that hands out nothing (the share group's underlying job).
 class IdleJob final : public JobHandle {
  public:
@@ -193,6 +215,40 @@ TEST_CASE("share groups: found by key while joinable, gone with their group") {
   CHECK(groups.size() == 1);
   groups.DropExpired();
   CHECK(groups.size() == 0);
+}
+
+// A source of nothing: what a DecodedCacheSource wraps here (never read).
+class EmptySource final : public io::SampleSource {
+ public:
+  uint64_t size() const override { return 0; }
+  const io::SampleRef& sample(uint64_t) const override { return ref_; }
+  spdl::Status Read(uint64_t, std::vector<uint8_t>*) const override { return InvalidArgument("empty"); }
+  std::string Describe() const override { return "empty"; }
+  std::string Identity() const override { return "empty"; }
+
+ private:
+  io::SampleRef ref_;
+};
+
+TEST_CASE("share groups: a member gets the group job's decoded cache while the job holds it") {
+  ShareGroups groups;
+  auto group = std::make_shared<ShareGroup>(1);
+  group->SetJob(std::make_shared<IdleJob>());
+  config::DecodedCacheConfig dc;
+  dc.max_side = 64;
+  auto decoded = std::make_shared<const DecodedCacheSource>(
+      std::make_shared<EmptySource>(), std::make_shared<DecodedCache>(kMiB, nullptr), dc, config::DecodeConfig{}, nullptr);
+  groups.Add("k", group, nullptr, decoded);
+  auto found = groups.FindJoinable("k");
+  REQUIRE(found);
+  CHECK(found->decoded == decoded);
+  found.reset();
+  // Held weakly: the cache is the job's memory, freed with its pipeline; the group stays joinable.
+  decoded.reset();
+  found = groups.FindJoinable("k");
+  REQUIRE(found);
+  CHECK(found->decoded == nullptr);
+  CHECK(found->group == group);
 }
 
 config::OutputConfig CudaOut(int n, bool daemon_copy = true) {
