@@ -1,5 +1,6 @@
 // Admission: the job registry's budgets. A job is admitted against the node's shared-memory budget
-// (memory_budget_bytes, shared with decode scratch through MemoryBudget), the per-uid limits
+// (memory_budget_bytes, shared through MemoryBudget with decode scratch, the jobs' decoded caches
+// and what streams retain with their producers' put buffers), the per-uid limits
 // (max_jobs_per_client, max_budget_share_per_uid while other uids have or wait for jobs) and, for a
 // copy: daemon GPU job, the device's budget (device_memory_budget_bytes, of which spdld's own CUDA
 // context takes gpu_context_bytes, a fixed estimate per device). What it grants is held by RAII
