@@ -1,6 +1,7 @@
 #include "proto/job_stats_fields.h"
 
 #include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 
 namespace spdl::proto {
 namespace {
@@ -88,7 +89,76 @@ constexpr JobStatField kFields[] = {
      "Samples decoded and shrunk on their way into the decoded cache.", kAll},
 };
 
+// In proto order; only counters and occupancy go to Prometheus (it derives rates and quantiles).
+constexpr unsigned kStageAll = kMetrics | kSpdlctl;
+constexpr JobStatField kStageFields[] = {
+    {"tasks", "spdld_stage_tasks_total", "counter", "tasks", "Tasks run by the stage.", kStageAll},
+    {"failures", "spdld_stage_failures_total", "counter", "tasks", "Tasks of the stage that failed.", kStageAll},
+    {"busy_seconds", "spdld_stage_busy_seconds_total", "counter", "seconds", "Worker time spent in the stage.",
+     kStageAll},
+    {"concurrency", "", "gauge", "tasks", "The job's limit of tasks at once in the stage (0: the pool's).", kSpdlctl},
+    {"queue_capacity", "spdld_stage_queue_capacity", "gauge", "rows",
+     "Bound of the queue in front of the stage (0: bounded by the slot ring).", kStageAll},
+    {"queue_length", "spdld_stage_queue_length", "gauge", "rows",
+     "Rows waiting in the queue in front of the stage (occupancy).", kStageAll},
+    {"running", "spdld_stage_running", "gauge", "tasks", "Tasks of the stage running now.", kStageAll},
+    {"avg_ms", "", "gauge", "ms", "Mean task time over the job's life.", kSpdlctl},
+    {"p50_ms", "", "gauge", "ms", "Median task time over the job's life.", kSpdlctl},
+    {"p90_ms", "", "gauge", "ms", "90th percentile of the task time over the job's life.", kSpdlctl},
+    {"p99_ms", "", "gauge", "ms", "99th percentile of the task time over the job's life.", kSpdlctl},
+    {"put_wait_seconds", "spdld_stage_put_wait_seconds_total", "counter", "seconds",
+     "Time rows done here waited for room downstream.", kStageAll},
+    {"get_wait_seconds", "spdld_stage_queue_wait_seconds_total", "counter", "seconds",
+     "Time rows waited in the stage's queue.", kStageAll},
+    {"items_per_s", "", "gauge", "1/s", "Tasks per second over the job's life.", kSpdlctl},
+    {"window_seconds", "", "gauge", "seconds", "Length of the recent window the window_* figures cover.", kSpdlctl},
+    {"window_tasks", "", "gauge", "tasks", "Tasks run in the recent window.", kSpdlctl},
+    {"window_failures", "", "gauge", "tasks", "Tasks that failed in the recent window.", kSpdlctl},
+    {"window_avg_ms", "", "gauge", "ms", "Mean task time in the recent window.", kSpdlctl},
+    {"window_p50_ms", "", "gauge", "ms", "Median task time in the recent window.", kSpdlctl},
+    {"window_p90_ms", "", "gauge", "ms", "90th percentile of the task time in the recent window.", kSpdlctl},
+    {"window_p99_ms", "", "gauge", "ms", "99th percentile of the task time in the recent window.", kSpdlctl},
+    {"window_put_wait_seconds", "", "gauge", "seconds", "Put wait in the recent window.", kSpdlctl},
+    {"window_get_wait_seconds", "", "gauge", "seconds", "Queue wait in the recent window.", kSpdlctl},
+    {"window_items_per_s", "", "gauge", "1/s", "Tasks per second in the recent window.", kSpdlctl},
+    {"task_histogram", "spdld_stage_task_seconds", "histogram", "seconds", "Task times of the stage.", kStageAll},
+};
+
+// A scalar number field of `m` by name, as a double; 0 for anything else.
+double ScalarValue(const google::protobuf::Message& m, const char* name) {
+  const google::protobuf::FieldDescriptor* d = m.GetDescriptor()->FindFieldByName(name);
+  if (d == nullptr || d->is_repeated()) return 0;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  switch (d->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+      return static_cast<double>(r->GetUInt64(m, d));
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
+      return r->GetUInt32(m, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+      return static_cast<double>(r->GetInt64(m, d));
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+      return r->GetInt32(m, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+      return r->GetDouble(m, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
+      return r->GetFloat(m, d);
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
+
+std::span<const JobStatField> StageStatFields() { return kStageFields; }
+
+const JobStatField* FindStageStatField(std::string_view name) {
+  for (const auto& f : kStageFields) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+double StageStatValue(const StageStats& stats, const JobStatField& f) { return ScalarValue(stats, f.name); }
 
 std::span<const JobStatField> JobStatFields() { return kFields; }
 

@@ -57,4 +57,13 @@ std::vector<double> JobStatValues(const JobStats& stats, const JobStatField& f);
 // Whether `f` is an integer field (a count, an id): printed without a fraction.
 bool JobStatIsInteger(const JobStatField& f);
 
+// The per-stage statistics (proto::StageStats, one row per stage of a job) described the same way:
+// every field except `name` and `kind` (the series' labels), in proto order; `task_histogram` is
+// the stage's histogram (its sum: busy_seconds). Surfaces: kMetrics (spdld_stage_*, one series per
+// job and stage) and kSpdlctl (the proto as JSON). The client's StageStats and Python's stage dicts
+// are still typed by hand (CODING.md). REQUIRES for StageStatValue: f comes from StageStatFields().
+std::span<const JobStatField> StageStatFields();
+const JobStatField* FindStageStatField(std::string_view name);
+double StageStatValue(const StageStats& stats, const JobStatField& f);
+
 }  // namespace spdl::proto

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shipped-artifact check (CI: `make ci-release`): builds what ships — spdld, spdlctl,
-# spdl-client and the Python module — as a Release build without test seams
+# spdl-client, spdl-make-dataset and the Python module — as a Release build without test seams
 # (-DSPDL_TEST_HOOKS=OFF -DSPDL_BUILD_TESTS=OFF, CUDA as found) in its own directory, then checks
 # with tests/shipped/check_artifacts.sh that none of them carries a test seam ("test-only" text,
 # a fake GPU backend symbol, SPDL_TEST_FAKE_GPU_DIR, SPDLD_TEST_OPEN_GATE, the reference decode
@@ -15,11 +15,11 @@ py="${PYTHON:-/usr/bin/python3}"
 t0=$SECONDS
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPDL_TEST_HOOKS=OFF -DSPDL_BUILD_TESTS=OFF \
   -DPython3_EXECUTABLE="$py" >/dev/null
-targets=(spdld spdlctl spdl-client)
+targets=(spdld spdlctl spdl-client spdl-make-dataset)
 grep -q '^build spdl_python:' "$dir/build.ninja" && targets+=(spdl_python)
 cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
 echo "release_check: built ${targets[*]} in $(( SECONDS - t0 ))s"
-files=("$dir/bin/spdld" "$dir/bin/spdlctl" "$dir/bin/spdl-client")
+files=("$dir/bin/spdld" "$dir/bin/spdlctl" "$dir/bin/spdl-client" "$dir/bin/spdl-make-dataset")
 for so in "$dir"/python/spdl_client/_spdl_client*.so; do
   [ -f "$so" ] && files+=("$so")
 done

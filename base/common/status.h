@@ -101,7 +101,7 @@ class [[nodiscard]] Result {
 // `SPDL_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result, or returns its Status.
 #define SPDL_ASSIGN_OR_RETURN(lhs, rexpr) \
   SPDL_ASSIGN_OR_RETURN_IMPL_(SPDL_CONCAT_(spdl_result_, __LINE__), lhs, rexpr)
-#define SPDL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
-  auto tmp = (rexpr);                                \
-  if (!tmp.ok()) return tmp.status();                \
-  lhs = std::move(tmp).value()
+#define SPDL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) /* tmp is a name, lhs a declaration: no parentheses */ \
+  auto tmp = (rexpr);                 /* NOLINT(bugprone-macro-parentheses) */ \
+  if (!tmp.ok()) return tmp.status(); /* NOLINT(bugprone-macro-parentheses) */ \
+  lhs = std::move(tmp).value()        /* NOLINT(bugprone-macro-parentheses) */

@@ -41,31 +41,6 @@ class BudgetStreamAccount final : public streams::MemoryAccount {
   const std::shared_ptr<MemoryBudget> budget_;
 };
 
-proto::Error MakeError(proto::Error::Code code, std::string message) {
-  proto::Error e;
-  e.set_code(code);
-  e.set_message(std::move(message));
-  return e;
-}
-
-proto::Error::Code CodeFor(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kPermissionDenied: return proto::Error::PERMISSION_DENIED;
-    case StatusCode::kNotFound: return proto::Error::NOT_FOUND;
-    case StatusCode::kResourceExhausted: return proto::Error::RESOURCE_EXHAUSTED;
-    case StatusCode::kInvalidArgument: return proto::Error::INVALID_CONFIG;
-    // A bad dataset (a corrupt tar shard, a changed file) is the request's problem, not spdld's.
-    case StatusCode::kDataLoss:
-    case StatusCode::kFailedPrecondition:
-      return proto::Error::BAD_REQUEST;
-    case StatusCode::kUnavailable:
-      return proto::Error::RESOURCE_EXHAUSTED;
-    default: return proto::Error::INTERNAL;
-  }
-}
-
-std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
-
 // The job's S3 transport: the config's `s3:` settings, the endpoint and region from the config or
 // else the client's, the job's credentials (from its client; never logged).
 Result<std::shared_ptr<const io::S3Client>> MakeS3Client(const config::S3SourceConfig& c, const proto::S3Access& access,
@@ -133,6 +108,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(
       }
     }
     std::vector<std::string> sidecars;
+    sidecars.reserve(extras.size());
     for (const config::ExtraOutputConfig& e : extras) sidecars.push_back(e.from);
     if (!mask_from.empty()) sidecars.push_back(mask_from);  // the mask's member, as for local shards
     // Streamed through the node's shard cache (each job probes every shard with its own credentials
@@ -365,29 +341,7 @@ class DecodedCacheStatsJob final : public StatsAddingJob {
   const std::shared_ptr<const DecodedCacheSource> source_;
 };
 
-// Jobs that may share one pipeline: the same uid, config text and overrides, dataset fingerprint
-// (dataset, sampler, batching, rank, world size) and epochs.
-std::string ShareKey(const proto::SubmitJob& req, const PeerInfo& peer, uint64_t fingerprint, uint32_t epochs) {
-  std::string key =
-      std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
-  for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";
-  key += "\n";
-  key += req.config_yaml();
-  return key;
-}
-
 }  // namespace
-
-class JobRegistry::Lease final : public BudgetLease {
- public:
-  Lease(JobRegistry* r, uid_t uid, uint64_t bytes) : r_(r), uid_(uid), bytes_(bytes) {}
-  ~Lease() override { r_->Return(uid_, bytes_); }
-
- private:
-  JobRegistry* r_;
-  uid_t uid_;
-  uint64_t bytes_;
-};
 
 JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor* executor, int worker_threads,
                          pipeline::Executor* io_executor)
@@ -402,28 +356,55 @@ JobRegistry::JobRegistry(const config::DaemonConfig& config, pipeline::Executor*
       budget_(std::make_shared<MemoryBudget>(config.memory_budget_bytes)),
       stream_account_(std::make_unique<BudgetStreamAccount>(budget_)),
       streams_(std::make_shared<streams::StreamRegistry>(stream_account_.get())),
-      watches_(std::make_shared<WatchHub>(streams_.get())) {}
+      watches_(std::make_shared<WatchHub>(streams_.get())),
+      admission_(config, budget_),
+      pending_(std::make_shared<PendingStarts>()) {}
+
+// Started copy: daemon jobs between their continuation and their answer. Thread-safe (mu).
+struct JobRegistry::PendingStarts {
+  std::mutex mu;
+  uint64_t next = 1;                                    // guarded by mu
+  std::map<uint64_t, std::shared_ptr<JobHandle>> jobs;  // guarded by mu
+
+  uint64_t Add(std::shared_ptr<JobHandle> job) {
+    std::lock_guard lock(mu);
+    const uint64_t ticket = next++;
+    jobs[ticket] = std::move(job);
+    return ticket;
+  }
+  std::shared_ptr<JobHandle> Take(uint64_t ticket) {
+    std::lock_guard lock(mu);
+    auto it = jobs.find(ticket);
+    if (it == jobs.end()) return nullptr;
+    std::shared_ptr<JobHandle> job = std::move(it->second);
+    jobs.erase(it);
+    return job;
+  }
+  // Cancels and drops the job (outside mu: its teardown may take locks of its own).
+  void Drop(uint64_t ticket) {
+    if (std::shared_ptr<JobHandle> job = Take(ticket)) job->Cancel();
+  }
+  void DropAll() {
+    std::map<uint64_t, std::shared_ptr<JobHandle>> all;
+    {
+      std::lock_guard lock(mu);
+      all.swap(jobs);
+    }
+    for (auto& [ticket, job] : all) job->Cancel();
+  }
+};
 
 JobRegistry::~JobRegistry() {
+  pending_->DropAll();  // their leases return to admission_, which is still alive
   watches_->StopAll();
   streams_->CloseAll();
-  std::lock_guard lock(mu_);
-  if (live_jobs_ != 0) spdlog::error("job registry destroyed with {} live jobs", live_jobs_);
-}
-
-void JobRegistry::Return(uid_t uid, uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  bytes_in_use_ -= bytes;
-  budget_->SetSlotBytes(bytes_in_use_);
-  if ((bytes_per_uid_[uid] -= bytes) == 0) bytes_per_uid_.erase(uid);
-  if (--jobs_per_uid_[uid] == 0) jobs_per_uid_.erase(uid);
-  --live_jobs_;
+  if (const int live = admission_.live_jobs(); live != 0)
+    spdlog::error("job registry destroyed with {} live jobs", live);
 }
 
 void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_threads) {
-  std::lock_guard lock(mu_);  // Submit's admission block reads the budget under mu_
+  admission_.SetLimits(config);
   config_.memory_budget_bytes = config.memory_budget_bytes;
-  budget_->SetLimit(config.memory_budget_bytes);
   config_.max_pixels = config.max_pixels;
   config_.device_memory_budget_bytes = config.device_memory_budget_bytes;
   config_.gpu_context_bytes = config.gpu_context_bytes;
@@ -435,14 +416,15 @@ void JobRegistry::UpdateLimits(const config::DaemonConfig& config, int worker_th
   worker_threads_ = worker_threads;
 }
 
-uint64_t JobRegistry::bytes_in_use() const {
-  std::lock_guard lock(mu_);
-  return bytes_in_use_;
-}
+uint64_t JobRegistry::bytes_in_use() const { return admission_.bytes_in_use(); }
 
-int JobRegistry::live_jobs() const {
-  std::lock_guard lock(mu_);
-  return live_jobs_;
+int JobRegistry::live_jobs() const { return admission_.live_jobs(); }
+
+spdl::Status JobRegistry::Fault([[maybe_unused]] StartStep step) const {
+#if SPDL_TEST_HOOKS
+  if (start_fault_) return start_fault_(step);
+#endif
+  return spdl::Status::Ok();
 }
 
 namespace {
@@ -452,7 +434,8 @@ namespace {
 struct RegistryPrepared final : PreparedJob {
   proto::SubmitJob request;
   PeerInfo peer;
-  std::optional<proto::Error> error;
+  spdl::Status status;  // not OK: refused
+  std::vector<config::ConfigError> config_errors;
   MediaJobSpec spec;
   // source.type: stream: the stream (defined or opened by the Prepare task) and where to resume.
   std::shared_ptr<streams::Stream> stream;
@@ -463,44 +446,61 @@ struct RegistryPrepared final : PreparedJob {
   std::shared_ptr<const DecodedCacheSource> decoded;  // with cache.decoded
   // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
   // control thread: creating a CUDA context takes long).
-  int daemon_device = -1;
-  cuda::DeviceBackend* backend = nullptr;
+  DevicePlacement::Placement placement;
 };
 
-// copy: daemon jobs: finds the daemon's ordinal of the trainer's GPU (by SubmitJob.device_uuid; the
-// job's cuda:N when none is sent) and makes its backend (a CUDA context at the first job on the
-// device). Runs in the Prepare task; sets p->error on failure.
-void ResolveGpuBackend(RegistryPrepared* p, const JobRegistry::DeviceBackendFn& device_backends,
-                       const JobRegistry::DeviceFinderFn& device_finder) {
-  const MediaJobSpec& spec = p->spec;
-  const proto::SubmitJob& req = p->request;
-  const int cuda_device = spec.config.output.cuda_device;
-  if (cuda_device < 0 || spec.config.output.copy != config::OutputConfig::Copy::kDaemon || !device_backends) return;
-  int daemon_device = cuda_device;
-  if (!req.device_uuid().empty()) {
-    cuda::DeviceUuid uuid{};
-    if (req.device_uuid().size() != uuid.size()) {
-      p->error = MakeError(proto::Error::BAD_REQUEST, "SubmitJob.device_uuid is " +
-                                                          std::to_string(req.device_uuid().size()) +
-                                                          " bytes; a CUDA device UUID is " + std::to_string(uuid.size()));
-      return;
-    }
-    std::memcpy(uuid.data(), req.device_uuid().data(), uuid.size());
-    auto found = device_finder ? device_finder(uuid) : Result<int>(NotFound("no device lookup"));
-    if (!found.ok()) {
-      p->error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                           "output.device " + spec.config.output.device + ": the trainer's GPU " +
-                               cuda::FormatUuid(uuid) + " is not one spdld sees (" + found.status().message() +
-                               "): give spdld that GPU (its CUDA_VISIBLE_DEVICES must include it), or use "
-                               "output.copy: client or output.device: cpu");
-      return;
-    }
-    daemon_device = *found;
+// What a copy: daemon job's continuation hands back to Start: its ticket in the registry's pending
+// starts (the job, wrapped for GPU delivery), or why the GPU side could not be set up, and what
+// Finish needs. Dropped unstarted (the session went away): the ticket's job is cancelled and dropped.
+struct GpuStarted final : PreparedJob {
+  template <typename Pending>
+  explicit GpuStarted(const std::shared_ptr<Pending>& p)
+      : drop([weak = std::weak_ptr<Pending>(p)](uint64_t ticket) {
+          if (auto live = weak.lock()) live->Drop(ticket);
+        }) {}
+  ~GpuStarted() override {
+    if (ticket != 0) drop(ticket);
   }
-  p->daemon_device = daemon_device;
-  auto b = device_backends(daemon_device);
-  if (b.ok()) p->backend = *b;  // else Start asks again and reports why
-}
+  GpuStarted(const GpuStarted&) = delete;
+  GpuStarted& operator=(const GpuStarted&) = delete;
+
+  uint64_t ticket = 0;  // 0: none (failed, or taken by Start)
+  spdl::Status status;  // not OK: the GPU side failed (the job is already cancelled)
+  std::function<void(uint64_t)> drop;
+  proto::SubmitJob request;
+  PeerInfo peer;
+  std::string description;
+  uint64_t region_bytes = 0;
+  std::shared_ptr<const io::CachedSource> cached;
+  std::shared_ptr<const io::SampleSource> remote;     // an object storage source (stats), else null
+  std::shared_ptr<const DecodedCacheSource> decoded;  // with cache.decoded
+};
+
+// A started copy: daemon job waiting for its continuation: the job (cancelled if the continuation
+// is dropped unrun) and its GPU delivery options (holding the device lease).
+struct GpuPending {
+  std::shared_ptr<JobHandle> job;
+  cuda::DeviceBackend* backend = nullptr;
+  GpuDeliveryOptions options;
+  ~GpuPending() {
+    if (job) job->Cancel();
+  }
+};
+
+// Undoes a step of Start when the start fails after it: runs `undo` on destruction unless committed.
+class Rollback {
+ public:
+  explicit Rollback(std::function<void()> undo) : undo_(std::move(undo)) {}
+  ~Rollback() {
+    if (undo_) undo_();
+  }
+  Rollback(const Rollback&) = delete;
+  Rollback& operator=(const Rollback&) = delete;
+  void Commit() { undo_ = nullptr; }
+
+ private:
+  std::function<void()> undo_;
+};
 
 // A client's config name as it may appear in messages and logs: printable characters only (others
 // become '?'), at most 200 bytes.
@@ -532,7 +532,7 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, Wat
   const proto::SubmitJob& req = p->request;
   MediaJobSpec& spec = p->spec;
   const config::StreamSourceConfig& sc = spec.config.source.stream;
-  auto fail = [p](proto::Error::Code code, std::string message) { p->error = MakeError(code, std::move(message)); };
+  auto fail = [p](spdl::Status why) { p->status = std::move(why); };
   std::string problems;
   auto refuse = [&](const std::string& what) { problems += "\n  " + what; };
   if (spec.config.media != config::Media::kImage) refuse("media: a stream job decodes images only");
@@ -543,8 +543,8 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, Wat
   if (spec.config.output.cuda_device >= 0) refuse("output.device: stream jobs deliver to the CPU");
   if (req.world_size() > 1) refuse("world_size: ranks of a stream job share a consumer group (source.group)");
   if (req.start_epoch() > 0) refuse("start_epoch: a stream has no epochs");
-  if (!problems.empty()) return fail(proto::Error::INVALID_CONFIG, "invalid stream job:" + problems);
-  if (streams == nullptr) return fail(proto::Error::INTERNAL, "this daemon has no streams");
+  if (!problems.empty()) return fail(InvalidArgument("invalid stream job:" + problems));
+  if (streams == nullptr) return fail(Internal("this daemon has no streams"));
   streams::StreamConfig def;
   def.name = sc.name;
   def.max_samples = sc.retain_samples;
@@ -553,9 +553,9 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, Wat
   const bool watch = spec.config.source.type == config::SourceType::kWatch;
   if (watch) {
     if (spdl::Status servable = io::CheckServable(p->peer.uid); !servable.ok()) {
-      return fail(proto::Error::PERMISSION_DENIED, servable.message());
+      return fail(PermissionDenied(servable.message()));
     }
-    if (watches == nullptr) return fail(proto::Error::INTERNAL, "this daemon has no watches");
+    if (watches == nullptr) return fail(Internal("this daemon has no watches"));
     WatchSpec w;
     w.root = spec.config.source.root;
     w.options.extensions = spec.config.source.extensions;
@@ -567,21 +567,20 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, Wat
     w.identity = UserIdentity(p->peer);
     w.max_sample_bytes = std::min<uint64_t>(io::kDefaultMaxSampleBytes, sc.retain_bytes);
     auto stream = watches->Attach(w);
-    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.root: " + stream.status().message());
+    if (!stream.ok()) return fail(stream.status().WithPrefix("source.root"));
     p->stream = std::move(stream).value();
   } else {
     auto stream = streams->Define(def, p->peer.uid);
-    if (!stream.ok()) return fail(CodeFor(stream.status()), "source.name: " + stream.status().message());
+    if (!stream.ok()) return fail(stream.status().WithPrefix("source.name"));
     p->stream = std::move(stream).value();
   }
   const std::string& stream_name = p->stream->name();
   if (!req.resume_token().empty()) {
     auto token = DecodeStreamToken(req.resume_token());
-    if (!token.ok()) return fail(proto::Error::BAD_REQUEST, token.status().message());
+    if (!token.ok()) return fail(FailedPrecondition(token.status().message()));
     if (token->stream != stream_name || token->group != sc.group) {
-      return fail(proto::Error::BAD_REQUEST, "the resume token is of stream '" + token->stream + "' group '" +
-                                                 token->group + "', this job reads stream '" + stream_name +
-                                                 "' group '" + sc.group + "'");
+      return fail(FailedPrecondition("the resume token is of stream '" + token->stream + "' group '" + token->group +
+                                     "', this job reads stream '" + stream_name + "' group '" + sc.group + "'"));
     }
     p->resume_after = token->offset;
     p->first_batch = token->next_batch;
@@ -598,21 +597,14 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   const proto::SubmitJob& req = p->request;
   const PeerInfo& peer = p->peer;
   const std::string name = req.config_name().empty() ? "<config>" : CleanConfigName(req.config_name());
-  auto fail = [p](proto::Error::Code code, std::string message) { p->error = MakeError(code, std::move(message)); };
+  auto fail = [p](spdl::Status why) { p->status = std::move(why); };
 
   std::vector<config::Override> overrides;
   for (const auto& o : req.overrides()) overrides.push_back({o.path(), o.value()});
   config::JobConfigResult parsed = config::ParseJobConfig(req.config_yaml(), overrides);
   if (!parsed.config) {
-    fail(proto::Error::INVALID_CONFIG,
-         "invalid job config " + name + ":\n" + config::FormatConfigErrors(parsed.errors, name));
-    for (const auto& e : parsed.errors) {
-      auto* ce = p->error->add_config_errors();
-      ce->set_line(static_cast<uint32_t>(e.line));
-      ce->set_column(static_cast<uint32_t>(e.column));
-      ce->set_path(e.path);
-      ce->set_message(e.message);
-    }
+    fail(InvalidArgument("invalid job config " + name + ":\n" + config::FormatConfigErrors(parsed.errors, name)));
+    p->config_errors = std::move(parsed.errors);
     return;
   }
 
@@ -623,15 +615,15 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   spec.rank = req.rank();
   spec.epochs = req.epochs();
   if (spec.rank >= spec.world_size) {
-    return fail(proto::Error::BAD_REQUEST,
-                "rank " + std::to_string(spec.rank) + " is not below world_size " + std::to_string(spec.world_size));
+    return fail(FailedPrecondition("rank " + std::to_string(spec.rank) + " is not below world_size " +
+                                   std::to_string(spec.world_size)));
   }
   // decode.max_pixels may only lower the daemon's max_pixels, never raise it.
   config::JobConfig decode_config = spec.config;
   decode_config.decode.max_pixels = std::min<int64_t>(decode_config.decode.max_pixels, daemon.max_pixels);
   auto decoder = MakeSampleDecoder(decode_config, op_loader, budget);  // user ops: libraries loaded, `create` run
   if (!decoder.ok()) {
-    return fail(proto::Error::INVALID_CONFIG, "invalid job config " + name + ": " + decoder.status().message());
+    return fail(InvalidArgument("invalid job config " + name + ": " + decoder.status().message()));
   }
   spec.decoder = std::move(decoder).value();
 
@@ -642,15 +634,15 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   // Every file of the job is opened with its user's rights: the scan, list or index now, each
   // sample and sidecar later (io::UserSource), whichever thread reads.
   if (spdl::Status servable = io::CheckServable(peer.uid); !servable.ok()) {
-    return fail(proto::Error::PERMISSION_DENIED, servable.message());
+    return fail(PermissionDenied(servable.message()));
   }
   std::shared_ptr<const io::FsIdentity> identity = UserIdentity(peer);
   Result<std::shared_ptr<const io::SampleSource>> source = Internal("not opened");
   {
     io::ScopedFsIdentity as_user(identity.get());
     if (!as_user.ok())
-      return fail(proto::Error::INTERNAL,
-                  "spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message());
+      return fail(
+          Internal("spdld could not act as uid " + std::to_string(peer.uid) + ": " + as_user.status().message()));
     if (spec.config.sources.empty()) {
       source = OpenSource(spec.config.source, spec.config.extra_outputs, spec.config.mask.from, daemon, index_cache,
                           req.s3(), shard_cache);
@@ -660,7 +652,7 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   }
   // The credentials now live only in the job's S3 transport (if it has one), not in the request.
   p->request.clear_s3();
-  if (!source.ok()) return fail(CodeFor(source.status()), source.status().message());
+  if (!source.ok()) return fail(source.status());
   if (dynamic_cast<const io::S3TarShardSource*>(source->get()) != nullptr ||
       dynamic_cast<const io::S3ObjectSource*>(source->get()) != nullptr ||
       dynamic_cast<const io::MixedSource*>(source->get()) != nullptr) {  // a mix sums its sources' counters
@@ -682,28 +674,26 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && req.start_epoch() > 0) {
-    return fail(proto::Error::BAD_REQUEST, "give either a resume token or start_epoch, not both");
+    return fail(FailedPrecondition("give either a resume token or start_epoch, not both"));
   }
   if (!req.resume_token().empty() && spec.config.order == config::Order::kCompletion) {
-    return fail(proto::Error::BAD_REQUEST,
-                "a job in order: completion cannot be resumed (it delivers batches out of order and "
-                "hands out no state token); use order: sampler");
+    return fail(
+        FailedPrecondition("a job in order: completion cannot be resumed (it delivers batches out of order and "
+                           "hands out no state token); use order: sampler"));
   }
   if (!req.resume_token().empty()) {
     auto point = DecodeResumeToken(req.resume_token(), spec.fingerprint);
-    if (!point.ok()) return fail(proto::Error::BAD_REQUEST, point.status().message());
+    if (!point.ok()) return fail(FailedPrecondition(point.status().message()));
     if (spec.epochs != 0 && point->epoch >= spec.epochs) {
-      return fail(proto::Error::BAD_REQUEST, "the resume token is at epoch " + std::to_string(point->epoch) +
-                                                 ", past the last of the " + std::to_string(spec.epochs) +
-                                                 " epochs requested");
+      return fail(FailedPrecondition("the resume token is at epoch " + std::to_string(point->epoch) +
+                                     ", past the last of the " + std::to_string(spec.epochs) + " epochs requested"));
     }
     spec.resume = std::move(*point);
   }
   if (req.start_epoch() > 0) {
     if (spec.epochs != 0 && req.start_epoch() >= spec.epochs) {
-      return fail(proto::Error::BAD_REQUEST, "start_epoch " + std::to_string(req.start_epoch()) +
-                                                 " is past the last of the " + std::to_string(spec.epochs) +
-                                                 " epochs requested");
+      return fail(FailedPrecondition("start_epoch " + std::to_string(req.start_epoch()) + " is past the last of the " +
+                                     std::to_string(spec.epochs) + " epochs requested"));
     }
     pipeline::ResumePoint start;  // the start of that epoch: what the token after the epoch before says
     start.epoch = req.start_epoch();
@@ -717,22 +707,24 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
   const uint64_t per_rank =
       spec.mix ? io::MixSamplesPerRank(*spec.mix, so) : io::SamplesPerRank(spec.source->size(), so);
   if (io::BatchesPerEpoch(per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last) == 0) {
-    return fail(proto::Error::INVALID_CONFIG, "the dataset has " + std::to_string(spec.source->size()) + " samples, " +
-                                                  std::to_string(per_rank) + " for this rank: not one batch of " +
-                                                  std::to_string(spec.config.batch.size) + " with drop_last");
+    return fail(InvalidArgument("the dataset has " + std::to_string(spec.source->size()) + " samples, " +
+                                std::to_string(per_rank) + " for this rank: not one batch of " +
+                                std::to_string(spec.config.batch.size) + " with drop_last"));
   }
   if (spec.resume) {
     // A point with nothing left to deliver, or outside the epoch, would start a job that never ends.
     spdl::Status valid = pipeline::CheckResumePoint(
         *spec.resume, per_rank, static_cast<uint32_t>(spec.config.batch.size), spec.config.batch.drop_last);
-    if (!valid.ok()) return fail(proto::Error::BAD_REQUEST, valid.message());
+    if (!valid.ok()) return fail(FailedPrecondition(valid.message()));
   }
 }
 
 }  // namespace
 
 SubmitResult JobRegistry::Submit(const proto::SubmitJob& req, const PeerInfo& peer, std::function<void()> notify) {
-  return Start(Prepare(req, peer)(), std::move(notify));
+  SubmitResult r = Start(Prepare(req, peer)(), notify);
+  while (r.continuation) r = Start(r.continuation(), notify);  // inline: the caller asked to wait
+  return r;
 }
 
 PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo& peer) {
@@ -744,24 +736,34 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          shards = shard_cache_, hook = prepare_hook_, backends = device_backends_, finder = device_finder_,
-          streams = streams_, watches = watches_]() -> std::shared_ptr<PreparedJob> {
+          shards = shard_cache_, hook = prepare_hook_, placement = placement_, streams = streams_,
+          watches = watches_]() -> std::shared_ptr<PreparedJob> {
     if (hook) hook(p->request);
     PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), shards, streams.get(), watches.get());
-    if (!p->error) ResolveGpuBackend(p.get(), backends, finder);
+    if (p->status.ok()) {
+      auto placed = placement->Resolve(p->spec.config.output, p->request.device_uuid());
+      if (placed.ok()) {
+        p->placement = *placed;
+      } else {
+        p->status = placed.status();
+      }
+    }
     return p;
   };
 }
 
+// The steps, each after the reservations it needs are held: (1) limits and device placement
+// (nothing held yet), (2) a share group to join (returns a member; nothing held) or to start,
+// (3) admission (Admission::Reservation holds the budgets), (4) the job (holds the shared-memory
+// lease; cancelled by a Rollback unless the start commits), (5) the GPU wrapper (holds the device
+// lease), (6) the share group recorded, the job recorded. A failure anywhere drops what is held.
 SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
-  SubmitResult out;
+  if (dynamic_cast<GpuStarted*>(prepared.get()) != nullptr) return FinishGpuStart(prepared.get(), notify);
   auto* p = dynamic_cast<RegistryPrepared*>(prepared.get());
-  if (p == nullptr) {
-    out.error = MakeError(proto::Error::INTERNAL, "a prepared job of another job service");
-    return out;
-  }
-  if (p->error) {
-    out.error = std::move(*p->error);
+  if (p == nullptr) return SubmitResult::Refused(Internal("a prepared job of another job service"));
+  if (!p->status.ok()) {
+    SubmitResult out = SubmitResult::Refused(std::move(p->status));
+    out.config_errors = std::move(p->config_errors);
     return out;
   }
   const proto::SubmitJob& req = p->request;
@@ -772,166 +774,79 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
   std::shared_ptr<streams::Stream> stream = std::move(p->stream);
   std::shared_ptr<const DecodedCacheSource> decoded = std::move(p->decoded);
 
+  // (1) Limits of the job itself, and its device.
   if (spec.config.prefetch > config_.max_slots_per_job) {
-    out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                          "prefetch " + std::to_string(spec.config.prefetch) + " exceeds the daemon's max_slots_per_job " +
-                              std::to_string(config_.max_slots_per_job));
-    return out;
+    return SubmitResult::Refused(ResourceExhausted("prefetch " + std::to_string(spec.config.prefetch) +
+                                                   " exceeds the daemon's max_slots_per_job " +
+                                                   std::to_string(config_.max_slots_per_job)));
   }
-
-  // GPU delivery (copy: daemon): the device's backend (made lazily by the daemon) and its budget.
-  // cuda:N is the trainer's ordinal; the daemon's own ordinal for that GPU is found by the UUID the
-  // client sends (CUDA_VISIBLE_DEVICES may number the GPUs differently in the two processes). A
-  // client that sends none gets the daemon's cuda:N, and refuses it itself if its UUID differs.
-  const int cuda_device = spec.config.output.cuda_device;
-  const bool daemon_copy = cuda_device >= 0 && spec.config.output.copy == config::OutputConfig::Copy::kDaemon;
-  int daemon_device = cuda_device;
-  cuda::DeviceBackend* backend = nullptr;
+  const config::OutputConfig output = spec.config.output;
+  const bool daemon_copy = DevicePlacement::DaemonCopies(output);
+  DevicePlacement::Placement placed;
   uint64_t device_bytes = 0;
   if (daemon_copy) {
-    if (!device_backends_) {
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "output.device " + spec.config.output.device +
-                                ": this spdld was built without CUDA, so it cannot copy batches to a GPU; use "
-                                "output.copy: client (the client copies) or output.device: cpu");
-      return out;
-    }
-    daemon_device = p->daemon_device;  // found and made by the Prepare task (ResolveGpuBackend)
-    auto b = p->backend ? Result<cuda::DeviceBackend*>(p->backend) : device_backends_(daemon_device);
-    if (!b.ok()) {
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "output.device " + spec.config.output.device + ": " + b.status().message() +
-                                "; use output.copy: client or output.device: cpu");
-      return out;
-    }
-    backend = *b;
-    if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "output.device " + spec.config.output.device + ": " + sticky.message() +
-                                " (restart spdld); use output.copy: client or output.device: cpu meanwhile");
-      return out;
-    }
+    auto checked = placement_->Check(output, p->placement);
+    if (!checked.ok()) return SubmitResult::Refused(checked.status());
+    placed = *checked;
     const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
     device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
   }
+  if (spdl::Status s = Fault(StartStep::kPlaced); !s.ok()) return SubmitResult::Refused(std::move(s));
 
-  // Identical jobs decode once: join a group that has not started yet, or start one below.
+  // (2) Identical jobs decode once: join a group that has not started yet, or start one below.
   std::shared_ptr<ShareGroup> group;
   std::string share_key;
-  if (spec.config.share && !spec.resume && cuda_device < 0) {  // a GPU job is never shared
-    share_key = ShareKey(req, peer, spec.fingerprint.whole, spec.epochs);
-    auto it = groups_.find(share_key);
-    group = it == groups_.end() ? nullptr : it->second.group.lock();
-    if (group && group->joinable()) {
+  std::chrono::steady_clock::duration share_wait{};
+  uint32_t share_members = 1;
+  if (spec.config.share && !spec.resume && output.cuda_device < 0) {  // a GPU job is never shared
+    share_key = ShareGroups::Key(req, peer, spec.fingerprint.whole, spec.epochs);
+    if (std::optional<ShareGroups::Entry> joinable = groups_.FindJoinable(share_key)) {
       const uint64_t member_id = next_job_id_.fetch_add(1);
-      std::shared_ptr<JobHandle> member = group->Join(member_id, std::move(notify));
-      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, group->job_id(),
-                   group->members());
+      std::shared_ptr<JobHandle> member = joinable->group->Join(member_id, std::move(notify));
+      spdlog::info("job {}: joins the share group of job {} ({} members)", member_id, joinable->group->job_id(),
+                   joinable->group->members());
       const uint64_t region_bytes = member->accepted().region_bytes();
-      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), it->second.cached,
-                    it->second.decoded.lock());
+      return Finish(req, peer, spec.source->Describe(), region_bytes, std::move(member), joinable->cached,
+                    joinable->decoded);
     }
-    const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+    share_wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(spec.config.share_wait_seconds));
-    group = std::make_shared<ShareGroup>(static_cast<uint32_t>(spec.config.share_members), wait);
-    if (schedule_ && spec.config.share_members > 1) {
-      schedule_(wait + std::chrono::milliseconds(1), [weak = std::weak_ptr<ShareGroup>(group)] {
-        if (auto g = weak.lock()) g->Notify();  // the members look again: the wait is over
-      });
-    }
+    share_members = static_cast<uint32_t>(spec.config.share_members);
+    group = std::make_shared<ShareGroup>(share_members, share_wait);
   }
 
-  // Admission: reserve the budget before allocating anything, so a refused job is never half-started.
-  const uint64_t bytes = MediaJob::LayoutFor(spec).region_bytes;
-  {
-    std::lock_guard lock(mu_);
-    if (jobs_per_uid_[peer.uid] >= config_.max_jobs_per_client) {
-      if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "uid " + std::to_string(peer.uid) + " already has " + std::to_string(config_.max_jobs_per_client) +
-                                " jobs (max_jobs_per_client)");
-      return out;
-    }
-    // A fair share of the budget: while another uid has jobs, or was refused for memory lately
-    // (it waits), one uid may hold at most max_budget_share_per_uid of the budget.
-    const auto now = std::chrono::steady_clock::now();
-    std::erase_if(refused_for_budget_, [&](const auto& r) { return now - r.second > kBudgetWaitMemory; });
-    bool others = false;
-    for (const auto& [uid, n] : jobs_per_uid_) others = others || (uid != peer.uid && n > 0);
-    for (const auto& r : refused_for_budget_) others = others || r.first != peer.uid;
-    const auto share =
-        static_cast<uint64_t>(config_.max_budget_share_per_uid * static_cast<double>(config_.memory_budget_bytes));
-    const uint64_t held = bytes_per_uid_.count(peer.uid) ? bytes_per_uid_[peer.uid] : 0;
-    if (others && config_.max_budget_share_per_uid < 1.0 && held + bytes > share) {
-      if (held == 0) refused_for_budget_[peer.uid] = now;  // a uid with no job yet waits for memory too
-      if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "the job needs " + MiB(bytes) + " of shared memory and uid " + std::to_string(peer.uid) +
-                                " already holds " + MiB(held) + ": while other users have or wait for jobs, one uid " +
-                                "may hold at most " + MiB(share) + " (max_budget_share_per_uid " +
-                                std::to_string(config_.max_budget_share_per_uid).substr(0, 4) + " of the " +
-                                MiB(config_.memory_budget_bytes) + " memory_budget)");
-      return out;
-    }
-    // Scratch of large decodes running now is part of the same budget (memory_budget.h).
-    const uint64_t scratch = budget_->scratch_bytes();
-    if (bytes_in_use_ + scratch + budget_->stream_bytes() + bytes > config_.memory_budget_bytes) {
-      refused_for_budget_[peer.uid] = now;
-      if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
-      out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                            "the job needs " + MiB(bytes) + " of shared memory (" + std::to_string(spec.config.prefetch) +
-                                " slots) but only " + MiB(config_.memory_budget_bytes > bytes_in_use_ ? config_.memory_budget_bytes - bytes_in_use_ : 0) + " of the daemon's memory_budget of " +
-                                MiB(config_.memory_budget_bytes) + " is free");
-      return out;
-    }
-    if (daemon_copy) {
-      // spdld's own CUDA context on the device (gpu_context_bytes, an estimate) counts too.
-      const uint64_t used = device_bytes_in_use_[daemon_device] + config_.gpu_context_bytes;
-      if (used + device_bytes > config_.device_memory_budget_bytes) {
-        if (jobs_per_uid_[peer.uid] == 0) jobs_per_uid_.erase(peer.uid);
-        out.error = MakeError(proto::Error::RESOURCE_EXHAUSTED,
-                              "the job needs " + MiB(device_bytes) + " of GPU memory on " + spec.config.output.device +
-                                  " but only " + MiB(config_.device_memory_budget_bytes > used
-                                                         ? config_.device_memory_budget_bytes - used
-                                                         : 0) +
-                                  " of the daemon's device_memory_budget_bytes of " +
-                                  MiB(config_.device_memory_budget_bytes) + " is free (spdld's CUDA context counts " +
-                                  MiB(config_.gpu_context_bytes) + ", gpu_context_bytes)");
-        return out;
-      }
-      device_bytes_in_use_[daemon_device] += device_bytes;
-      ++gpu_jobs_[daemon_device];
-      gpu_backends_[daemon_device] = backend;
-    }
-    bytes_in_use_ += bytes;
-    budget_->SetSlotBytes(bytes_in_use_);
-    bytes_per_uid_[peer.uid] += bytes;
-    refused_for_budget_.erase(peer.uid);  // admitted: no longer waiting
-    ++jobs_per_uid_[peer.uid];
-    ++live_jobs_;
+  // (3) Admission: reserve every budget before allocating anything.
+  Admission::Request ask;
+  ask.uid = peer.uid;
+  ask.shm_bytes = MediaJob::LayoutFor(spec).region_bytes;
+  ask.slots = spec.config.prefetch;
+  if (daemon_copy) {
+    ask.device = placed.device;
+    ask.device_name = output.device;
+    ask.device_bytes = device_bytes;
   }
-  auto lease = std::make_unique<Lease>(this, peer.uid, bytes);
+  auto reserved = admission_.Reserve(ask);
+  if (!reserved.ok()) return SubmitResult::Refused(reserved.status());
+  Admission::Reservation reservation = std::move(reserved).value();
+  if (daemon_copy) placement_->NoteUsed(placed.device, placed.backend);
+  if (spdl::Status s = Fault(StartStep::kAdmitted); !s.ok()) return SubmitResult::Refused(std::move(s));
+
+  // (4) The job, holding the shared-memory lease.
   const std::string description =
       stream ? "stream " + stream->name() + " group " + spec.config.source.stream.group : spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
-  if (stream) {  // ---- source.type: stream ----
-    auto sj =
-        StreamJob::Start(std::move(spec), stream, p->resume_after, p->first_batch, std::move(lease), std::move(notify));
-    if (!sj.ok()) {
-      out.error = MakeError(CodeFor(sj.status()), "starting the job: " + sj.status().message());
-      return out;
-    }
-    return Finish(req, peer, description, bytes, std::move(sj).value(), nullptr, nullptr);
+  if (stream) {  // source.type: stream or watch: no share group, no GPU (PrepareStreamJob refused both)
+    auto sj = StreamJob::Start(std::move(spec), stream, p->resume_after, p->first_batch, reservation.TakeShmLease(),
+                               std::move(notify));
+    if (!sj.ok()) return SubmitResult::Refused(sj.status().WithPrefix("starting the job"));
+    std::shared_ptr<JobHandle> handle = std::move(sj).value();
+    Rollback cancel_job([inner = std::weak_ptr<JobHandle>(handle)] {
+      if (auto j = inner.lock()) j->Cancel();
+    });
+    if (spdl::Status s = Fault(StartStep::kJobStarted); !s.ok()) return SubmitResult::Refused(std::move(s));
+    cancel_job.Commit();
+    return Finish(req, peer, description, ask.shm_bytes, std::move(handle), nullptr, nullptr);
   }
-  // Leaked device memory (a copy that never drained) is not returned: it stays used, and shows.
-  auto return_device = [this, daemon_device, device_bytes](uint64_t leaked) {
-    if (device_bytes == 0) return;
-    std::lock_guard lock(mu_);
-    device_bytes_in_use_[daemon_device] -= device_bytes - std::min(leaked, device_bytes);
-    leaked_device_bytes_[daemon_device] += std::min(leaked, device_bytes);
-    if (gpu_jobs_[daemon_device] > 0) --gpu_jobs_[daemon_device];
-  };
-  const config::OutputConfig output = spec.config.output;
   std::function<void()> gpu_notify = output.cuda_device >= 0 ? notify : nullptr;
   std::function<void()> member_notify;
   if (group) {
@@ -941,48 +856,106 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     };
   }
   // The pools serve users in turn, then each user's jobs by weight (pipeline/thread_pool.h).
-  auto job = MediaJob::Start(std::move(spec), executor_->ForGroup(peer.uid), std::move(lease), std::move(notify),
-                             io_executor_->ForGroup(peer.uid));
-  if (!job.ok()) {
-    return_device(0);
-    out.error = MakeError(CodeFor(job.status()), "starting the job: " + job.status().message());
-    return out;
-  }
+  auto job = MediaJob::Start(std::move(spec), executor_->ForGroup(peer.uid), reservation.TakeShmLease(),
+                             std::move(notify), io_executor_->ForGroup(peer.uid));
+  if (!job.ok()) return SubmitResult::Refused(job.status().WithPrefix("starting the job"));
   std::shared_ptr<JobHandle> handle = std::move(job).value();
-  if (group) {
-    group->SetJob(std::move(handle));
-    groups_[share_key] = GroupEntry{group, cached, decoded};
-    handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
-    spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
-  }
+  Rollback cancel_job([inner = std::weak_ptr<JobHandle>(handle)] {
+    if (auto j = inner.lock()) j->Cancel();
+  });
+  if (spdl::Status s = Fault(StartStep::kJobStarted); !s.ok()) return SubmitResult::Refused(std::move(s));
+
+  // (5) GPU delivery, holding the device lease (returned once the device memory is freed).
   if (output.cuda_device >= 0) {
     GpuDeliveryOptions g;
     g.output = output;
     g.notify = std::move(gpu_notify);
-    g.on_close = return_device;
+    if (std::shared_ptr<Admission::DeviceLease> lease = reservation.TakeDeviceLease()) {
+      g.on_close = [lease = std::move(lease)](uint64_t leaked) { lease->Close(leaked); };
+    }
     g.teardown = &gpu_teardown_;
     g.consumer_timeout = gpu_consumer_timeout_;
     g.drain_timeout = gpu_drain_timeout_;
-    auto wrapped = WrapGpuJob(std::move(handle), backend, std::move(g));
-    if (!wrapped.ok()) {
-      SubmitResult refused;
-      refused.error = MakeError(CodeFor(wrapped.status()), wrapped.status().message());
-      return refused;
+    if (daemon_copy) {
+      // Mapping, pinning (cudaHostRegister), device memory and IPC export wait on CUDA: they run
+      // in the continuation, off the control thread, which answers the job when they are done.
+      auto pending = std::make_shared<GpuPending>();
+      pending->job = std::move(handle);
+      pending->backend = placed.backend;
+      pending->options = std::move(g);
+      auto started = std::make_shared<GpuStarted>(pending_);
+      started->request = req;
+      started->peer = peer;
+      started->description = description;
+      started->region_bytes = ask.shm_bytes;
+      started->cached = std::move(cached);
+      started->remote = std::move(remote);
+      started->decoded = std::move(decoded);
+      cancel_job.Commit();  // `pending` cancels the job if the continuation never runs
+      SubmitResult later;
+      later.continuation = [pending, started, tickets = pending_]() -> std::shared_ptr<PreparedJob> {
+        if (!pending->job) {
+          started->status = Internal("a GPU job's continuation ran twice");
+          return started;
+        }
+        auto wrapped = WrapGpuJob(std::move(pending->job), pending->backend, std::move(pending->options));
+        if (!wrapped.ok()) {
+          started->status = wrapped.status();  // the job is cancelled, its device lease returned
+          return started;
+        }
+        started->ticket = tickets->Add(std::move(wrapped).value());
+        return started;
+      };
+      return later;
     }
+    auto wrapped = WrapGpuJob(handle, placed.backend, std::move(g));  // copy: client: no CUDA call here
+    if (!wrapped.ok()) return SubmitResult::Refused(wrapped.status());
     handle = std::move(wrapped).value();
+    if (spdl::Status s = Fault(StartStep::kGpuWrapped); !s.ok()) return SubmitResult::Refused(std::move(s));
+  }
+
+  // (6) Committed: nothing below fails.
+  cancel_job.Commit();
+  if (group) {
+    group->SetJob(std::move(handle));
+    groups_.Add(share_key, group, cached, decoded);
+    if (schedule_ && share_members > 1) {
+      schedule_(share_wait + std::chrono::milliseconds(1), [weak = std::weak_ptr<ShareGroup>(group)] {
+        if (auto g = weak.lock()) g->Notify();  // the members look again: the wait is over
+      });
+    }
+    handle = group->Join(next_job_id_.fetch_add(1), std::move(member_notify));
+    spdlog::info("job {}: starts the share group of job {}", handle->accepted().job_id(), group->job_id());
   }
   if (remote) handle = std::make_shared<RemoteStatsJob>(std::move(handle), std::move(remote), shard_cache_);
-  return Finish(req, peer, description, bytes, std::move(handle), cached, decoded);
+  return Finish(req, peer, description, ask.shm_bytes, std::move(handle), cached, decoded);
+}
+
+SubmitResult JobRegistry::FinishGpuStart(PreparedJob* prepared, const std::function<void()>& notify) {
+  auto* started = static_cast<GpuStarted*>(prepared);
+  if (!started->status.ok()) return SubmitResult::Refused(started->status);
+  std::shared_ptr<JobHandle> handle = pending_->Take(started->ticket);
+  started->ticket = 0;
+  if (!handle) return SubmitResult::Refused(Internal("a started GPU job was answered twice"));
+  Rollback cancel_job([&handle] { handle->Cancel(); });
+  if (spdl::Status s = Fault(StartStep::kGpuWrapped); !s.ok()) return SubmitResult::Refused(std::move(s));
+  cancel_job.Commit();
+  if (started->remote) {
+    handle = std::make_shared<RemoteStatsJob>(std::move(handle), std::move(started->remote), shard_cache_);
+  }
+  SubmitResult out = Finish(started->request, started->peer, started->description, started->region_bytes,
+                            std::move(handle), std::move(started->cached), std::move(started->decoded));
+  // The job ran while its GPU side was set up: what it signalled meanwhile found no session to take
+  // it. One more signal (it schedules the session's look on the control thread, after this answer).
+  if (notify) notify();
+  return out;
 }
 
 SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
                                  uint64_t region_bytes, std::shared_ptr<JobHandle> job,
                                  std::shared_ptr<const io::CachedSource> cached,
                                  std::shared_ptr<const DecodedCacheSource> decoded) {
-  // Drop expired share groups now and then (the map is only read by Submit).
-  for (auto it = groups_.begin(); it != groups_.end();) {
-    it = it->second.group.expired() ? groups_.erase(it) : std::next(it);
-  }
+  groups_.DropExpired();  // now and then (the map is only read by Start)
   SubmitResult out;
   if (cached) job = std::make_shared<CacheStatsJob>(std::move(job), std::move(cached));
   if (decoded) job = std::make_shared<DecodedCacheStatsJob>(std::move(job), std::move(decoded));
@@ -1003,15 +976,13 @@ SubmitResult JobRegistry::Finish(const proto::SubmitJob& req, const PeerInfo& pe
 
 std::vector<JobRegistry::GpuDeviceState> JobRegistry::GpuDevices() const {
   std::vector<GpuDeviceState> out;
-  std::lock_guard lock(mu_);
-  for (const auto& [device, backend] : gpu_backends_) {
+  for (const auto& [device, backend] : placement_->Used()) {
     GpuDeviceState d;
     d.device = device;
     if (spdl::Status sticky = backend->sticky_error(); !sticky.ok()) {
       d.poisoned = sticky.message().empty() ? std::string("a sticky CUDA error") : sticky.message();
     }
-    auto it = gpu_jobs_.find(device);
-    d.jobs = it == gpu_jobs_.end() ? 0 : it->second;
+    d.jobs = admission_.device_jobs(device);
     out.push_back(std::move(d));
   }
   return out;
@@ -1058,12 +1029,7 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
       og->set_next_offset(g.next_offset);
     }
   }
-  {
-    std::lock_guard lock(mu_);
-    uint64_t leaked = 0;
-    for (const auto& [device, bytes] : leaked_device_bytes_) leaked += bytes;
-    st.set_gpu_leaked_device_bytes(leaked);
-  }
+  st.set_gpu_leaked_device_bytes(admission_.leaked_device_bytes_total());
   for (const GpuDeviceState& d : GpuDevices()) {
     auto* g = st.add_gpu_devices();
     g->set_device("cuda:" + std::to_string(d.device));

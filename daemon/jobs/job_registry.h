@@ -12,9 +12,16 @@
 // instead of starting its own pipeline; a member that joins takes no memory budget and does not
 // count against max_jobs_per_client (the group's one job holds both). Resumed jobs never share.
 //
+// Roles, each its own class: Admission (jobs/admission.h: the budgets, granted as RAII leases),
+// ShareGroups (jobs/share_groups.h: the live share groups by key) and DevicePlacement
+// (jobs/device_placement.h: the daemon's GPU and backend of a copy: daemon job). Start is
+// transactional: every step that can fail runs after the reservations it needs are held by RAII
+// guards, so a failure at any step returns the budget, cancels a started job and registers no group.
+// Errors leave the jobs layer as Status (SubmitResult); the server turns them into wire errors.
+//
 // Thread-safe: Submit, Prepare and Start run on the control thread, Prepare's task on any thread (the
 // control server runs it on its own pool, so a large folder scan or tar index does not delay the
-// other sessions); budget leases are returned from whichever thread destroys a job (guarded by mu_).
+// other sessions); budget leases are returned from whichever thread destroys a job (Admission is thread-safe).
 #pragma once
 
 #include <atomic>
@@ -27,10 +34,13 @@
 #include "io/sample_cache.h"
 #include "io/shard_cache.h"
 #include "io/source_index_cache.h"
+#include "jobs/admission.h"
 #include "jobs/decoded_cache.h"
+#include "jobs/device_placement.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
+#include "jobs/share_groups.h"
 #include "jobs/watch_feeder.h"
 #include "pipeline/executor.h"
 #include "plugins/op_loader.h"
@@ -70,13 +80,13 @@ class JobRegistry final : public JobService {
   // the registry); an error says why there is none. Called from Prepare tasks (any thread: making
   // a CUDA context is slow, so it happens there, off the control thread), so it must be thread-safe. Unset (a daemon built without CUDA): output.device
   // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
-  using DeviceBackendFn = std::function<Result<cuda::DeviceBackend*>(int device)>;
-  void SetDeviceBackends(DeviceBackendFn fn) { device_backends_ = std::move(fn); }
+  using DeviceBackendFn = DevicePlacement::BackendFn;
+  void SetDeviceBackends(DeviceBackendFn fn) { placement_->SetBackends(std::move(fn)); }
   // GPU delivery: the daemon's ordinal of the device with a UUID (the trainer's GPU, from
   // SubmitJob.device_uuid); an error when the daemon does not see it. Before the first Submit;
   // called from Prepare tasks (any thread).
-  using DeviceFinderFn = std::function<Result<int>(const cuda::DeviceUuid& uuid)>;
-  void SetDeviceFinder(DeviceFinderFn fn) { device_finder_ = std::move(fn); }
+  using DeviceFinderFn = DevicePlacement::FinderFn;
+  void SetDeviceFinder(DeviceFinderFn fn) { placement_->SetFinder(std::move(fn)); }
   // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how
   // long a batch waits for the trainer's consumer-done event before its job fails, and how long a
   // teardown waits for queued copies before it leaks the device memory. Before the first Submit.
@@ -85,18 +95,10 @@ class JobRegistry final : public JobService {
     gpu_drain_timeout_ = drain;
   }
   // Device bytes held by live copy: daemon jobs on CUDA device N.
-  uint64_t device_bytes_in_use(int device) const {
-    std::lock_guard lock(mu_);
-    auto it = device_bytes_in_use_.find(device);
-    return it == device_bytes_in_use_.end() ? 0 : it->second;
-  }
+  uint64_t device_bytes_in_use(int device) const { return admission_.device_bytes_in_use(device); }
   // Device bytes on CUDA device N that GPU jobs could not free (their copies never drained): still
   // counted in device_bytes_in_use (not returned to the budget) and shown by Status / metrics.
-  uint64_t leaked_device_bytes(int device) const {
-    std::lock_guard lock(mu_);
-    auto it = leaked_device_bytes_.find(device);
-    return it == leaked_device_bytes_.end() ? 0 : it->second;
-  }
+  uint64_t leaked_device_bytes(int device) const { return admission_.leaked_device_bytes(device); }
 
   // The CUDA devices copy: daemon jobs have used (the daemon's ordinals), each with its sticky error
   // (empty: healthy) and the jobs whose device side is still held on it. Any thread.
@@ -117,7 +119,15 @@ class JobRegistry final : public JobService {
   // process; Prepare tasks hold a reference, so it outlives them). Unset: every open scans. Before
   // the first Submit.
   void SetSourceIndexCache(std::shared_ptr<io::SourceIndexCache> cache) { index_cache_ = std::move(cache); }
+  // Start's steps after which it can fail: the device placed, the budgets reserved, the job
+  // started, the job wrapped for GPU delivery (GPU jobs only).
+  enum class StartStep { kPlaced, kAdmitted, kJobStarted, kGpuWrapped };
 #if SPDL_TEST_HOOKS
+  // A test seam: Start calls `fn` after each of its steps that can fail; a non-OK answer fails the
+  // start there (as that step failing would), so tests prove every step's rollback. Before the
+  // first Submit.
+  using StartFaultFn = std::function<spdl::Status(StartStep)>;
+  void SetStartFaultForTests(StartFaultFn fn) { start_fault_ = std::move(fn); }
   // A test seam: for each prepared job, `fn` returns the MediaJobSpec::stage_hook it runs with
   // (empty: none). Before the first Submit.
   using StageHookFn = std::function<std::function<void(uint32_t, uint64_t)>(const proto::SubmitJob&)>;
@@ -136,13 +146,16 @@ class JobRegistry final : public JobService {
   int live_jobs() const;
 
  private:
-  class Lease;
   // Wraps `job` for its session (cache stats) and records it for Status / Cancel.
   SubmitResult Finish(const proto::SubmitJob& req, const PeerInfo& peer, const std::string& description,
                       uint64_t region_bytes, std::shared_ptr<JobHandle> job,
                       std::shared_ptr<const io::CachedSource> cached,
                       std::shared_ptr<const DecodedCacheSource> decoded);
-  void Return(uid_t uid, uint64_t bytes);
+  // The test seam's answer at `step` (OK without test hooks).
+  spdl::Status Fault(StartStep step) const;
+  // The control thread's last step of a copy: daemon job whose GPU side was set up by its
+  // continuation (jobs/job_registry.cc GpuStarted); signals `notify` once it is answered.
+  SubmitResult FinishGpuStart(PreparedJob* started, const std::function<void()>& notify);
 
   // Written by UpdateLimits and read by Submit/Status, all on the control thread.
   config::DaemonConfig config_;
@@ -151,14 +164,13 @@ class JobRegistry final : public JobService {
   pipeline::Executor* const io_executor_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
-  DeviceBackendFn device_backends_;  // set before the first Submit
-  DeviceFinderFn device_finder_;     // set before the first Submit
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
   std::chrono::milliseconds gpu_drain_timeout_{10000};
   PrepareHook prepare_hook_;         // set before the first Submit
   std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
 #if SPDL_TEST_HOOKS
   StageHookFn stage_hooks_;  // set before the first Submit
+  StartFaultFn start_fault_;  // set before the first Submit
 #endif
   ScheduleFn schedule_;              // set before the first Submit
 
@@ -167,7 +179,7 @@ class JobRegistry final : public JobService {
   // User ops from plugin_dirs (as at construction: a change takes a restart); shared with the
   // Prepare tasks, which make each job's ops. Thread-safe.
   const std::shared_ptr<plugins::OpLoader> op_loader_;
-  // memory_budget_bytes as one account of job slots (bytes_in_use_, mirrored) and decode scratch.
+  // memory_budget_bytes as one account of job slots (admission_, mirrored) and decode scratch.
   const std::shared_ptr<MemoryBudget> budget_;
   // The streams (issue 21), their retained bytes charged to budget_ (through stream_account_).
   // Shared with Prepare tasks, which define and open streams.
@@ -177,33 +189,22 @@ class JobRegistry final : public JobService {
   // Shared with Prepare tasks, which attach to them; stopped before the streams close.
   std::shared_ptr<WatchHub> watches_;
 
+  // The budgets (thread-safe; leases are returned from whichever thread destroys a job).
+  Admission admission_;
+  // GPU placement; shared with the Prepare tasks (thread-safe).
+  const std::shared_ptr<DevicePlacement> placement_ = std::make_shared<DevicePlacement>();
+  // copy: daemon jobs whose GPU side is set up (by their continuation) and not yet answered, by
+  // ticket; the tickets hold it weakly, so a ticket dropped after the registry touches nothing.
+  struct PendingStarts;
+  const std::shared_ptr<PendingStarts> pending_;
+
   // Control thread only: live jobs for Status / Cancel (expired entries are dropped lazily).
   std::map<uint64_t, std::shared_ptr<JobRecord>> records_;
-  // Control thread only: share groups by their key (see Submit), each with the cached source its
-  // job reads (for the members' cache figures; nullptr without a cache). Expired entries are dropped.
-  struct GroupEntry {
-    std::weak_ptr<ShareGroup> group;
-    std::shared_ptr<const io::CachedSource> cached;
-    // Weak: a job's decoded cache is its memory, freed when the group's pipeline ends.
-    std::weak_ptr<const DecodedCacheSource> decoded;
-  };
-  std::map<std::string, GroupEntry> groups_;
+  // Control thread only: share groups by their key (each with its job's cached source and, weakly,
+  // its decoded-sample cache).
+  ShareGroups groups_;
 
   std::atomic<uint64_t> next_job_id_{1};
-  mutable std::mutex mu_;
-  // Guarded by mu_.
-  uint64_t bytes_in_use_ = 0;
-  std::map<uid_t, int> jobs_per_uid_;
-  std::map<uid_t, uint64_t> bytes_per_uid_;  // shared-memory bytes of each uid's live jobs
-  // Uids refused for lack of memory budget, and when: they count as waiting for kBudgetWaitMemory
-  // (max_budget_share_per_uid applies to the others meanwhile).
-  std::map<uid_t, std::chrono::steady_clock::time_point> refused_for_budget_;
-  static constexpr std::chrono::seconds kBudgetWaitMemory{60};
-  std::map<int, uint64_t> device_bytes_in_use_;  // per CUDA device
-  std::map<int, uint64_t> leaked_device_bytes_;  // per CUDA device, part of device_bytes_in_use_
-  std::map<int, uint32_t> gpu_jobs_;             // per CUDA device: jobs holding device memory
-  std::map<int, cuda::DeviceBackend*> gpu_backends_;  // per CUDA device used (owned by the daemon)
-  int live_jobs_ = 0;
 
   // GPU jobs are torn down here (frees synchronize with the GPU), off the control thread. Declared
   // last: destroyed (finishing what is queued, which returns device budget above) first.

@@ -15,8 +15,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
+#include "config/config_error.h"
 #include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
 #include "streams/stream.h"
@@ -97,11 +99,28 @@ struct JobRecord {
   std::weak_ptr<JobHandle> job;
 };
 
+class PreparedJob;
+
+// The answer to a submit: the job, or why not as a Status (the server turns it into the wire's
+// Error: kInvalidArgument is an invalid config, kFailedPrecondition and kDataLoss a bad request,
+// kResourceExhausted and kUnavailable a limit, kPermissionDenied and kNotFound as named, else
+// internal). An invalid config also lists every problem found, with its line.
 struct SubmitResult {
   std::shared_ptr<JobHandle> job;  // set on success
   std::shared_ptr<JobRecord> record;  // set on success
-  proto::Error error;              // set (code != UNKNOWN or message non-empty) on failure
+  spdl::Status status;                // not OK on failure
+  std::vector<config::ConfigError> config_errors;  // kInvalidArgument from the config: each problem
+  // Set (job null, status OK) when the start is not done yet: its slow rest (a GPU job's device
+  // memory, host pinning and IPC export, which wait on CUDA) must not run on the control thread.
+  // Run it once on any thread, then Start what it returns on the control thread. Dropping it, or
+  // what it returns, undoes the start.
+  std::function<std::shared_ptr<PreparedJob>()> continuation;
   bool ok() const { return job != nullptr; }
+  static SubmitResult Refused(spdl::Status why) {
+    SubmitResult r;
+    r.status = std::move(why);
+    return r;
+  }
 };
 
 // A submitted job whose slow part (config validation, opening its source: a folder scan, a list,
@@ -126,7 +145,8 @@ class JobService {
   // Submit in two steps, so that opening a large source does not hold up the control thread:
   // Prepare (control thread) snapshots what the job needs and returns a task; the task may run on
   // any thread, touches no state of the service and may outlive it; Start (control thread) admits
-  // the prepared job against the limits as they are then and starts it. A prepared job that is
+  // the prepared job against the limits as they are then and starts it, or returns a continuation
+  // (SubmitResult::continuation) to run like a Prepare task and Start again. A prepared job that is
   // never started is simply dropped. The defaults (for services without a slow part, e.g. test
   // fakes) defer everything to Submit.
   virtual PrepareTask Prepare(const proto::SubmitJob& request, const PeerInfo& peer);
@@ -160,13 +180,8 @@ inline PrepareTask JobService::Prepare(const proto::SubmitJob& request, const Pe
 }
 
 inline SubmitResult JobService::Start(std::shared_ptr<PreparedJob> prepared, std::function<void()> notify) {
-  auto* d = dynamic_cast<internal::DeferredSubmit*>(prepared.get());
-  if (d == nullptr) {
-    SubmitResult r;
-    r.error.set_code(proto::Error::INTERNAL);
-    r.error.set_message("a prepared job of another job service");
-    return r;
-  }
+  const auto d = std::dynamic_pointer_cast<internal::DeferredSubmit>(std::move(prepared));
+  if (d == nullptr) return SubmitResult::Refused(Internal("a prepared job of another job service"));
   return Submit(d->request, d->peer, std::move(notify));
 }
 

@@ -93,7 +93,7 @@ Result<std::shared_ptr<StreamJob>> StreamJob::Start(MediaJobSpec spec, std::shar
   header->slot_stride = layout.slot_stride;
   header->region_bytes = layout.region_bytes;
   SPDL_ASSIGN_OR_RETURN(streams::ConsumerId consumer, stream->Join(spec.config.source.stream.group, resume_after));
-  auto job = std::make_shared<StreamJob>(std::move(spec), stream, consumer, std::move(region), layout,
+  auto job = std::make_shared<StreamJob>(std::move(spec), std::move(stream), consumer, std::move(region), layout,
                                          std::move(budget), std::move(notify));
   job->batch_base_ = first_batch;
   const MediaJobSpec& s = job->spec_;

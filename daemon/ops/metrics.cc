@@ -117,36 +117,11 @@ struct JobMetric {
   const char* help;
   double (*get)(const proto::JobSummary&);
 };
-struct StageMetric {
-  const char* name;
-  const char* type;
-  const char* help;
-  double (*get)(const proto::StageStats&);
-};
 
 // The job series that are not JobStats fields (those come from proto::JobStatFields(), by name).
 const JobMetric kJobMetrics[] = {
     {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
      [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
-};
-// One line per exported StageStats field: extend here.
-const StageMetric kStageMetrics[] = {
-    {"spdld_stage_tasks_total", "counter", "Tasks run by the stage.",
-     [](const proto::StageStats& s) { return double(s.tasks()); }},
-    {"spdld_stage_failures_total", "counter", "Tasks of the stage that failed.",
-     [](const proto::StageStats& s) { return double(s.failures()); }},
-    {"spdld_stage_busy_seconds_total", "counter", "Worker time spent in the stage.",
-     [](const proto::StageStats& s) { return s.busy_seconds(); }},
-    {"spdld_stage_queue_wait_seconds_total", "counter", "Time rows waited in the stage's queue.",
-     [](const proto::StageStats& s) { return s.get_wait_seconds(); }},
-    {"spdld_stage_put_wait_seconds_total", "counter", "Time rows done here waited for room downstream.",
-     [](const proto::StageStats& s) { return s.put_wait_seconds(); }},
-    {"spdld_stage_queue_length", "gauge", "Rows waiting in the queue in front of the stage (occupancy).",
-     [](const proto::StageStats& s) { return double(s.queue_length()); }},
-    {"spdld_stage_queue_capacity", "gauge", "Bound of the queue in front of the stage (0: bounded by the slot ring).",
-     [](const proto::StageStats& s) { return double(s.queue_capacity()); }},
-    {"spdld_stage_running", "gauge", "Tasks of the stage running now.",
-     [](const proto::StageStats& s) { return double(s.running()); }},
 };
 
 // One scrape: read the request, answer, close.
@@ -301,14 +276,18 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   for (const auto& j : st.jobs()) {
     for (const auto& s : j.stats().stages()) {
       const Labels labels = {{"job_id", std::to_string(j.job_id())}, {"stage", s.name()}};
-      for (const auto& m : kStageMetrics) e.Add(m.name, m.type, m.help, labels, m.get(s));
+      // The StageStats fields, from their one description (proto/job_stats_fields.h), by name.
+      for (const auto& f : proto::StageStatFields()) {
+        if ((f.surfaces & proto::kMetrics) == 0 || std::string_view(f.type) == "histogram") continue;
+        e.Add(f.metric, f.type, f.help, labels, proto::StageStatValue(s, f));
+      }
     }
   }
+  const proto::JobStatField* task_times = proto::FindStageStatField("task_histogram");
   for (const auto& j : st.jobs()) {
     for (const auto& s : j.stats().stages()) {
       const Labels labels = {{"job_id", std::to_string(j.job_id())}, {"stage", s.name()}};
-      e.AddHistogram("spdld_stage_task_seconds", "Task times of the stage.", labels, s.task_histogram(),
-                     s.busy_seconds());
+      e.AddHistogram(task_times->metric, task_times->help, labels, s.task_histogram(), s.busy_seconds());
     }
   }
   return e.Text();

@@ -31,6 +31,43 @@ std::string EscapeForLog(std::string_view text, size_t max_bytes) {
   return out;
 }
 
+proto::Error RefusalError(const jobs::SubmitResult& refused) {
+  proto::Error e;
+  switch (refused.status.code()) {
+    case StatusCode::kInvalidArgument:
+      e.set_code(proto::Error::INVALID_CONFIG);
+      break;
+    case StatusCode::kPermissionDenied:
+      e.set_code(proto::Error::PERMISSION_DENIED);
+      break;
+    case StatusCode::kNotFound:
+      e.set_code(proto::Error::NOT_FOUND);
+      break;
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kUnavailable:
+      e.set_code(proto::Error::RESOURCE_EXHAUSTED);
+      break;
+    // A bad dataset (a corrupt tar shard, a changed file) is the request's problem, not spdld's.
+    case StatusCode::kDataLoss:
+    case StatusCode::kFailedPrecondition:
+      e.set_code(proto::Error::BAD_REQUEST);
+      break;
+    default:
+      e.set_code(proto::Error::INTERNAL);
+      break;
+  }
+  e.set_message(refused.status.ok() ? std::string("the job was refused without a reason (a bug)")
+                                    : refused.status.message());
+  for (const config::ConfigError& c : refused.config_errors) {
+    auto* ce = e.add_config_errors();
+    ce->set_line(static_cast<uint32_t>(c.line));
+    ce->set_column(static_cast<uint32_t>(c.column));
+    ce->set_path(c.path);
+    ce->set_message(c.message);
+  }
+  return e;
+}
+
 SessionLogic::SessionLogic(jobs::JobService* jobs, jobs::PeerInfo peer, std::function<void()> notify,
                            DaemonControl* control)
     : jobs_(jobs), peer_(peer), notify_(std::move(notify)), control_(control) {}
@@ -410,12 +447,22 @@ Output SessionLogic::OnSubmitPrepared(uint64_t seq, std::shared_ptr<jobs::Prepar
 
 Output SessionLogic::StartPrepared(std::shared_ptr<jobs::PreparedJob> prepared) {
   jobs::SubmitResult r = jobs_->Start(std::move(prepared), notify_);
+  if (r.continuation) {
+    // The start's slow rest (a GPU job's pinning and device memory) runs off the control thread,
+    // like the preparation; its result comes back to OnSubmitPrepared, which starts it.
+    if (!control_ || !control_->async_submit) return StartPrepared(r.continuation());
+    Output out;
+    state_ = State::kSubmitting;
+    out.prepare = PendingSubmit{++submit_seq_, std::move(r.continuation)};
+    return out;
+  }
   Output out;
   if (!r.ok()) {
-    if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(r.error.code()), &note)) {
-      spdlog::info("{}: job refused: {}{}", Who(), EscapeForLog(r.error.message()), note);
+    proto::Error error = RefusalError(r);
+    if (std::string note; MayLog("job refused: " + proto::Error::Code_Name(error.code()), &note)) {
+      spdlog::info("{}: job refused: {}{}", Who(), EscapeForLog(error.message()), note);
     }
-    *out.messages.emplace_back().message.mutable_error() = r.error;
+    *out.messages.emplace_back().message.mutable_error() = std::move(error);
     return out;  // the client may fix its config and submit again
   }
   job_ = std::move(r.job);

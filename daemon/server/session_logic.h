@@ -11,7 +11,10 @@
 // SubmitJob, a Release or a CudaConsumerEvents (nothing was accepted yet) close it. EndJob abandons
 // the pending submit (its result is dropped, nothing is started). A disconnect drops it too. The
 // limits (budget, max jobs, share groups) and draining are checked when the result comes back.
-// Without async_submit the task runs inline in OnFrame (unit tests, tools).
+// A start may hand back a continuation (jobs::SubmitResult::continuation: a GPU job's pinning and
+// device memory, which wait on CUDA): it goes out as Output::prepare too, and the session stays
+// submitting until its result comes back and is started. Without async_submit these tasks run
+// inline in OnFrame (unit tests, tools).
 //
 // A Release in a session that never had a job accepted is a protocol violation (closes it); after
 // a job ended, late Releases are ignored.
@@ -80,6 +83,12 @@ struct PendingSubmit {
 // ANSI sequences, CR, NUL) "\xNN", and it is cut at `max_bytes`. Config names, paths and errors
 // that carry a client's text go through it before they reach the log.
 std::string EscapeForLog(std::string_view text, size_t max_bytes = 4096);
+
+// The wire's Error for a refused submit (jobs::SubmitResult's Status and config problems): the
+// error code by the Status code (kInvalidArgument: INVALID_CONFIG; kFailedPrecondition, kDataLoss:
+// BAD_REQUEST; kResourceExhausted, kUnavailable: RESOURCE_EXHAUSTED; kPermissionDenied,
+// kNotFound: the same; else INTERNAL), the message whole, every config problem with its line.
+proto::Error RefusalError(const jobs::SubmitResult& refused);
 
 struct Output {
   std::vector<Outgoing> messages;

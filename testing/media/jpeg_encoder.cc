@@ -1,7 +1,5 @@
 #include "media/jpeg_encoder.h"
 
-#include <turbojpeg.h>
-
 // clang-format off
 #include <csetjmp>
 #include <cstdio>
@@ -9,55 +7,32 @@
 // clang-format on
 
 #include <cstdlib>
-#include <memory>
 #include <string>
+
+#include "datagen/jpeg_writer.h"
 
 namespace spdl::media {
 namespace {
 
-struct TjDeleter {
-  void operator()(void* h) const noexcept { tjDestroy(h); }
-};
-
-int ToTjSamp(ChromaSubsampling s) {
+datagen::Subsampling ToWriter(ChromaSubsampling s) {
   switch (s) {
-    case ChromaSubsampling::k444: return TJSAMP_444;
-    case ChromaSubsampling::k422: return TJSAMP_422;
-    case ChromaSubsampling::k420: return TJSAMP_420;
-    case ChromaSubsampling::kGray: return TJSAMP_GRAY;
+    case ChromaSubsampling::k444:
+      return datagen::Subsampling::k444;
+    case ChromaSubsampling::k422:
+      return datagen::Subsampling::k422;
+    case ChromaSubsampling::k420:
+      return datagen::Subsampling::k420;
+    case ChromaSubsampling::kGray:
+      return datagen::Subsampling::kGray;
   }
-  return TJSAMP_420;
+  return datagen::Subsampling::k420;
 }
 
 }  // namespace
 
 Result<std::vector<uint8_t>> EncodeJpeg(const uint8_t* rgb, int width, int height, int quality,
                                         ChromaSubsampling subsampling) {
-  if (rgb == nullptr || width <= 0 || height <= 0) {
-    return InvalidArgument("EncodeJpeg: bad image " + std::to_string(width) + "x" +
-                           std::to_string(height));
-  }
-  if (quality < 1 || quality > 100) {
-    return InvalidArgument("EncodeJpeg: quality " + std::to_string(quality) +
-                           " is outside [1, 100]");
-  }
-  std::unique_ptr<void, TjDeleter> tj(tjInitCompress());
-  if (!tj) return Internal(std::string("tjInitCompress: ") + tjGetErrorStr2(nullptr));
-  const int samp = ToTjSamp(subsampling);
-  // tjBufSize is the worst case, so the compressor never has to reallocate our buffer.
-  const unsigned long cap = tjBufSize(width, height, samp);
-  if (cap == static_cast<unsigned long>(-1)) {
-    return InvalidArgument(std::string("EncodeJpeg: ") + tjGetErrorStr2(nullptr));
-  }
-  std::vector<uint8_t> out(cap);
-  unsigned char* buf = out.data();
-  unsigned long size = cap;
-  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, samp, quality,
-                  TJFLAG_NOREALLOC) != 0) {
-    return Internal(std::string("tjCompress2: ") + tjGetErrorStr2(tj.get()));
-  }
-  out.resize(size);
-  return out;
+  return datagen::CompressJpeg(rgb, width, height, quality, ToWriter(subsampling));
 }
 
 namespace {

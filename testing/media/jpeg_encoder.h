@@ -1,4 +1,4 @@
-// EncodeJpeg: RGB pixels -> JPEG bytes, with libjpeg-turbo. For tests and dataset generation; the
+// EncodeJpeg: RGB pixels -> JPEG bytes, for tests (datagen::CompressJpeg, tools/datagen, underneath); the
 // daemon itself only decodes.
 //
 // A pure function: safe to call from any thread (each call uses its own compressor).

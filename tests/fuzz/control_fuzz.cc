@@ -122,11 +122,8 @@ class FuzzService : public jobs::JobService {
                             std::function<void()>) override {
     jobs::SubmitResult r;
     if (refuse_ || request.config_yaml().empty()) {
-      r.error.set_code(proto::Error::INVALID_CONFIG);
-      r.error.set_message("invalid job config");
-      auto* e = r.error.add_config_errors();
-      e->set_line(1);
-      e->set_message("bogus: unknown key");
+      r.status = InvalidArgument("invalid job config");
+      r.config_errors.push_back(config::ConfigError{1, 0, "", "bogus: unknown key"});
       return r;
     }
     auto job = std::make_shared<FuzzJob>(jobs_.size() + 1, total_);

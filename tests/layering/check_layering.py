@@ -14,11 +14,12 @@ The parts, by include root, and what each may include (itself always):
     server, ops                 the above (not each other)
     daemon    daemon/*.cc|h     everything above
     client    client/           base, proto, gpu
-    testing   testing/          base, proto, config, io, media, shm, gpu (test code only)
+    testing   testing/          base, proto, config, io, media, shm, gpu, datagen (test code only)
+    datagen   tools/datagen     base (spdl-make-dataset's writer: it ships, so never testing/)
 
 A lower part never includes a higher one, the client never includes the daemon, and testing/ (fakes,
 encoders for tests) is included by the product only inside `#if SPDL_TEST_HOOKS` blocks. tests/,
-bench/ and tools may include anything and are not scanned.
+bench/ and the rest of tools/ may include anything and are not scanned.
 
 An include is resolved the way the compiler would: next to the including file, then in each include
 root (base/, gpu/, testing/, daemon/, the repository root for proto/, client/**/include/), by which
@@ -54,7 +55,8 @@ ALLOWED = {
     "streams": {"base", "proto", "config"},
     "gpu": {"base", "proto"},
     "client": {"base", "proto", "gpu"},
-    "testing": {"base", "proto", "config", "io", "media", "shm", "gpu"},
+    "testing": {"base", "proto", "config", "io", "media", "shm", "gpu", "datagen"},
+    "datagen": {"base"},
 }
 DAEMON_PARTS = ["config", "io", "media", "shm", "streams", "pipeline", "jobs", "server", "ops"]
 SCANNED_EXT = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh")
@@ -83,6 +85,9 @@ def part_of(root, path):
         return "testing"
     if top == "client":
         return "client"
+    if top == "tools":
+        parts = rel.split("/")
+        return "datagen" if len(parts) > 2 and parts[1] == "datagen" else None
     if top == "daemon":
         parts = rel.split("/")
         if len(parts) == 2:
@@ -94,7 +99,7 @@ def part_of(root, path):
 def include_roots(root):
     roots = [("base", os.path.join(root, "base")), ("gpu", os.path.join(root, "gpu")),
              ("testing", os.path.join(root, "testing")), ("daemon", os.path.join(root, "daemon")),
-             ("root", root)]
+             ("tools", os.path.join(root, "tools")), ("root", root)]
     client = os.path.join(root, "client")
     for dirpath, dirnames, _ in os.walk(client):
         if os.path.basename(dirpath) == "include":
@@ -123,6 +128,8 @@ def resolve(root, roots, including, inc):
         return "client"
     if first in DAEMON_PARTS:
         return first
+    if first == "datagen":
+        return "datagen"
     return None
 
 
@@ -162,7 +169,7 @@ def check(root):
     root = os.path.abspath(root)
     roots = include_roots(root)
     violations = []
-    for top in ("base", "proto", "gpu", "testing", "client", "daemon"):
+    for top in ("base", "proto", "gpu", "testing", "client", "daemon", "tools"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in sorted(files):
                 if not name.endswith(SCANNED_EXT):
@@ -207,11 +214,15 @@ def self_test():
         "client/include/spdl/client.h": '#include "common/status.h"\n',             # fine
         "client/bad.cc": '#include "spdl/client.h"\n#include "jobs/job_registry.h"\n',  # client -> daemon part
         "client/cuda/bad2.cc": '#include "daemon.h"\n',                             # client -> daemon/daemon.h
+        "tools/datagen/bad.cc": '#include "media/jpeg_encoder.h"\n',              # shipped writer -> testing
+        "tools/datagen/ok.cc": '#include "common/status.h"\n',                    # fine
+        "testing/media/jpeg_encoder.h": '#include "datagen/ok.h"\n',              # fine
+        "tools/datagen/ok.h": '\n',
         "client/cuda/fine.cc": '#include "nothere.h"\n#include "spdl/client.h"\n',   # unresolved: not ours
     }
     expected = {"base/common/bad_up.h:1", "gpu/cuda/bad.cc:1", "daemon/io/bad.cc:1", "daemon/jobs/bad_fake.cc:1",
                 "daemon/server/bad.cc:1", "daemon/bad_else.cc:3", "client/bad.cc:2",
-                "client/cuda/bad2.cc:1"}
+                "client/cuda/bad2.cc:1", "tools/datagen/bad.cc:1"}
     with tempfile.TemporaryDirectory() as tmp:
         for rel, text in files.items():
             p = os.path.join(tmp, rel)

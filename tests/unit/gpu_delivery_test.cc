@@ -79,7 +79,7 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     JobRegistry reg(cfg, pool.get(), 2);
     SubmitResult r = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(r.ok());
-    CHECK(r.error.message() ==
+    CHECK(r.status.message() ==
           "output.device cuda:0: this spdld was built without CUDA, so it cannot copy batches to a GPU; use "
           "output.copy: client (the client copies) or output.device: cpu");
     r = reg.Submit(Job(root, "{device: cuda:0, copy: client}"), peer, [] {});
@@ -120,7 +120,7 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
 
     SubmitResult other = reg.Submit(Job(root, "{device: cuda:1}"), peer, [] {});
     REQUIRE_FALSE(other.ok());
-    CHECK(other.error.message() == "output.device cuda:1: no cuda:1; use output.copy: client or output.device: cpu");
+    CHECK(other.status.message() == "output.device cuda:1: no cuda:1; use output.copy: client or output.device: cpu");
 
     reg.UpdateLimits([&] {
       config::DaemonConfig c = cfg;
@@ -131,9 +131,9 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
     }(), 2);
     SubmitResult refused = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(refused.ok());
-    CHECK(refused.error.code() == proto::Error::RESOURCE_EXHAUSTED);
-    CHECK_THAT(refused.error.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0") &&
-                                            Catch::Contains("gpu_context_bytes"));
+    CHECK(refused.status.code() == StatusCode::kResourceExhausted);
+    CHECK_THAT(refused.status.message(), Catch::Contains("device_memory_budget_bytes") && Catch::Contains("cuda:0") &&
+                                             Catch::Contains("gpu_context_bytes"));
     CHECK(reg.device_bytes_in_use(0) == bytes);
 
     r.job->Cancel();
@@ -441,8 +441,8 @@ TEST_CASE("gpu delivery: a sticky CUDA error fails the device's job, new jobs ar
 
     SubmitResult again = reg.Submit(Job(dir.path + "/data", "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(again.ok());
-    CHECK_THAT(again.error.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
-                                          Catch::Contains("output.copy: client"));
+    CHECK_THAT(again.status.message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld") &&
+                                           Catch::Contains("output.copy: client"));
     // Status and metrics show the poisoned GPU, and the job that still holds it (the daemon exits
     // only once none does).
     const PeerInfo root{0, 0, 0};
@@ -491,6 +491,8 @@ TEST_CASE("gpu delivery: the device backend is made in the Prepare task, off the
     const std::thread::id preparer_id = preparer.get_id();
     preparer.join();
     SubmitResult r = reg.Start(prepared, [] {});
+    REQUIRE(r.continuation);  // the device side is set up off the control thread
+    r = reg.Start(r.continuation(), [] {});
     REQUIRE(r.ok());
     {
       std::lock_guard lock(mu);

@@ -105,9 +105,8 @@ class FakeService : public jobs::JobService {
     jobs::SubmitResult r;
     last_uid = peer.uid;
     if (refuse) {
-      r.error.set_code(proto::Error::INVALID_CONFIG);
-      r.error.set_message("bad config");
-      r.error.add_config_errors()->set_line(3);
+      r.status = InvalidArgument("bad config");
+      r.config_errors.push_back(config::ConfigError{3, 0, "", ""});
       return r;
     }
     job = std::make_shared<FakeJob>();
@@ -364,6 +363,38 @@ TEST_CASE("a refused job reports its errors and the session stays usable") {
   svc.refuse = false;
   o = s.OnFrame(Frame(Submit()));
   CHECK(o.messages[0].message.has_accepted());
+}
+
+TEST_CASE("a refusal's Status becomes the wire's error code at the server, its message whole") {
+  const std::vector<std::pair<StatusCode, proto::Error::Code>> map = {
+      {StatusCode::kInvalidArgument, proto::Error::INVALID_CONFIG},
+      {StatusCode::kFailedPrecondition, proto::Error::BAD_REQUEST},
+      {StatusCode::kDataLoss, proto::Error::BAD_REQUEST},
+      {StatusCode::kResourceExhausted, proto::Error::RESOURCE_EXHAUSTED},
+      {StatusCode::kUnavailable, proto::Error::RESOURCE_EXHAUSTED},
+      {StatusCode::kPermissionDenied, proto::Error::PERMISSION_DENIED},
+      {StatusCode::kNotFound, proto::Error::NOT_FOUND},
+      {StatusCode::kInternal, proto::Error::INTERNAL},
+      {StatusCode::kCancelled, proto::Error::INTERNAL},
+  };
+  for (const auto& [code, wire] : map) {
+    INFO(StatusCodeName(code));
+    jobs::SubmitResult r = jobs::SubmitResult::Refused(Status(code, "why: it says"));
+    const proto::Error e = RefusalError(r);
+    CHECK(e.code() == wire);
+    CHECK(e.message() == "why: it says");
+    CHECK(e.config_errors_size() == 0);
+  }
+  jobs::SubmitResult bad = jobs::SubmitResult::Refused(InvalidArgument("invalid job config"));
+  bad.config_errors.push_back(config::ConfigError{4, 7, "batch.size", "must be at least 1 (got 0)"});
+  bad.config_errors.push_back(config::ConfigError{0, 0, "--set prefetch", "not a number"});
+  const proto::Error e = RefusalError(bad);
+  REQUIRE(e.config_errors_size() == 2);
+  CHECK(e.config_errors(0).line() == 4);
+  CHECK(e.config_errors(0).column() == 7);
+  CHECK(e.config_errors(0).path() == "batch.size");
+  CHECK(e.config_errors(0).message() == "must be at least 1 (got 0)");
+  CHECK(e.config_errors(1).path() == "--set prefetch");
 }
 
 TEST_CASE("a failed job tells the client why, after the batches that were ready") {

@@ -443,15 +443,15 @@ TEST_CASE("start_epoch: past the requested epochs, or with a resume token, is re
   past.set_start_epoch(2);
   auto r = reg.Submit(past, Me(), [] {});
   REQUIRE_FALSE(r.ok());
-  CHECK(r.error.code() == proto::Error::BAD_REQUEST);
-  CHECK_THAT(r.error.message(), Catch::Contains("start_epoch 2 is past the last of the 2 epochs"));
+  CHECK(r.status.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(r.status.message(), Catch::Contains("start_epoch 2 is past the last of the 2 epochs"));
   proto::SubmitJob both = Request(f, "");
   both.set_start_epoch(1);
   both.set_resume_token("x");
   r = reg.Submit(both, Me(), [] {});
   REQUIRE_FALSE(r.ok());
-  CHECK(r.error.code() == proto::Error::BAD_REQUEST);
-  CHECK_THAT(r.error.message(), Catch::Contains("not both"));
+  CHECK(r.status.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(r.status.message(), Catch::Contains("not both"));
   proto::SubmitJob endless = Request(f, "");
   endless.set_epochs(0);  // until ended: any start epoch
   endless.set_start_epoch(7);

@@ -170,5 +170,87 @@ TEST_CASE("the client's final stats carry every job statistic described for clie
   CHECK(c.source_samples == std::vector<uint64_t>{70, 30});
 }
 
+// A stage whose every scalar field has a value of its own, like FilledJob's.
+proto::StageStats FilledStage() {
+  proto::StageStats st;
+  const google::protobuf::Descriptor* d = proto::StageStats::descriptor();
+  const google::protobuf::Reflection* r = st.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(&st, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(&st, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&st, f, i + 2.5);
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(&st, f, f->name() == "name" ? "decode" : "cpu");
+        break;
+      default:
+        FAIL("StageStats field " << f->name() << " has a type this test does not fill");
+        break;
+    }
+  }
+  for (int b = 0; b < 128; ++b) st.add_task_histogram(b == 40 ? 5 : 0);
+  return st;
+}
+
+TEST_CASE("every StageStats field is described once (but its labels), and every description names one") {
+  const google::protobuf::Descriptor* d = proto::StageStats::descriptor();
+  std::vector<std::string> proto_fields;
+  for (int i = 0; i < d->field_count(); ++i) {
+    if (d->field(i)->name() != "name" && d->field(i)->name() != "kind") proto_fields.push_back(d->field(i)->name());
+  }
+  std::vector<std::string> described;
+  std::set<std::string> metrics;
+  for (const auto& f : proto::StageStatFields()) {
+    CAPTURE(f.name);
+    described.push_back(f.name);
+    const std::string type = f.type;
+    CHECK((type == "counter" || type == "gauge" || type == "histogram"));
+    CHECK(std::string(f.help).size() > 10);
+    CHECK(std::string(f.unit).size() > 0);
+    CHECK((f.surfaces & proto::kClient) == 0);  // the client's stage struct is still typed by hand
+    CHECK(((f.surfaces & proto::kMetrics) != 0) == (std::string(f.metric).size() > 0));
+    if (f.surfaces & proto::kMetrics) {
+      CHECK(metrics.insert(f.metric).second);
+      CHECK(std::string(f.metric).rfind("spdld_stage_", 0) == 0);
+    }
+    CHECK(proto::FindStageStatField(f.name) == &f);
+    CHECK(proto::FindJobStatField(f.name) == nullptr);  // the two tables do not mix
+  }
+  CHECK(described == proto_fields);
+}
+
+TEST_CASE("the metrics endpoint and spdlctl --json show every stage statistic described for them") {
+  proto::DaemonStatus status;
+  proto::JobSummary* job = status.add_jobs();
+  *job = FilledJob();
+  *job->mutable_stats()->add_stages() = FilledStage();
+  const proto::StageStats& st = job->stats().stages(0);
+  const std::string text = ops::RenderPrometheus(status);
+  const std::string labels = "{job_id=\"3\",stage=\"decode\"}";
+  const std::string json = client::OperatorJson(*job);
+  for (const auto& f : proto::StageStatFields()) {
+    CAPTURE(f.name, f.metric);
+    if (f.surfaces & proto::kMetrics) {
+      const std::string metric = f.metric;
+      CHECK_THAT(text, Catch::Contains("# TYPE " + metric + " " + f.type + "\n"));
+      if (std::string(f.type) == "histogram") {
+        CHECK_THAT(text, Catch::Contains(metric + "_count" + labels + " 5\n"));
+        CHECK_THAT(text, Catch::Contains(metric + "_sum" + labels + " " + Number(st.busy_seconds()) + "\n"));
+      } else {
+        CHECK_THAT(text, Catch::Contains(metric + labels + " " + Number(proto::StageStatValue(st, f)) + "\n"));
+      }
+    }
+    if (f.surfaces & proto::kSpdlctl) CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+  }
+}
+
 }  // namespace
 }  // namespace spdl

@@ -2,14 +2,17 @@
 // its seed), for the demo and the benchmarks.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 
-#include "e2e/dataset.h"
+#include "datagen/dataset.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   CLI::App app{"spdl-make-dataset: write a sample image-folder dataset of JPEG files"};
   app.set_version_flag("--version", std::string("spdl-make-dataset ") + SPDLD_VERSION);
   std::string root;
-  spdl::testdata::DatasetOptions o;
+  spdl::datagen::DatasetOptions o;
   app.add_option("root", root, "directory to write (class sub-folders go below it)")->required();
   app.add_option("--classes", o.classes, "number of classes")->check(CLI::Range(1, 100000));
   app.add_option("--per-class", o.images_per_class, "images per class")->check(CLI::Range(1, 10000000));
@@ -22,7 +25,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "spdl-make-dataset: --min-side must not exceed --max-side\n");
     return 2;
   }
-  auto r = spdl::testdata::MakeImageFolder(root, o);
+  auto r = spdl::datagen::MakeImageFolder(root, o);
   if (!r.ok()) {
     std::fprintf(stderr, "spdl-make-dataset: %s\n", r.status().message().c_str());
     return 1;
@@ -30,7 +33,18 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   for (auto& g : *r) bytes += g.bytes;
   std::printf("wrote %zu JPEG files (%d classes, %.1f MiB, mean %.0f KiB) to %s\n", r->size(), o.classes,
-              static_cast<double>(bytes) / (1 << 20), static_cast<double>(bytes) / 1024 / static_cast<double>(r->size()),
-              root.c_str());
+              static_cast<double>(bytes) / (1 << 20),
+              static_cast<double>(bytes) / 1024 / static_cast<double>(r->size()), root.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // e.g. out of memory, or the root cannot be made
+    std::fprintf(stderr, "spdl-make-dataset: %s\n", e.what());
+    return 1;
+  }
 }

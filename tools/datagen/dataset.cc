@@ -1,4 +1,4 @@
-#include "e2e/dataset.h"
+#include "datagen/dataset.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "media/jpeg_encoder.h"
+#include "datagen/jpeg_writer.h"
 
-namespace spdl::testdata {
+namespace spdl::datagen {
 namespace {
 
 // splitmix64: a small, well-mixed generator whose output is the same everywhere.
@@ -89,7 +89,7 @@ Result<std::vector<GeneratedImage>> MakeImageFolder(const std::string& root, con
       g.label = c;
       const uint64_t index = static_cast<uint64_t>(c) * o.images_per_class + i;
       auto rgb = SynthesizeImage(o.seed, index, g.width, g.height, o.noise);
-      auto jpeg = media::EncodeJpeg(rgb.data(), g.width, g.height, o.quality);
+      auto jpeg = CompressJpeg(rgb.data(), g.width, g.height, o.quality);
       if (!jpeg.ok()) return jpeg.status();
       std::ofstream f(fs::path(root) / g.path, std::ios::binary);
       f.write(reinterpret_cast<const char*>(jpeg->data()), static_cast<std::streamsize>(jpeg->size()));
@@ -102,4 +102,4 @@ Result<std::vector<GeneratedImage>> MakeImageFolder(const std::string& root, con
   return out;
 }
 
-}  // namespace spdl::testdata
+}  // namespace spdl::datagen
