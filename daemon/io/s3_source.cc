@@ -27,14 +27,22 @@ namespace spdl::io {
 
 namespace {
 
-std::string Normalize(const std::string& ext) {
-  return AsciiLower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext);
+// The object-storage figures every S3 source reports.
+SourceCounters S3Counters(const S3Stats& st) {
+  SourceCounters c;
+  c.fetched_bytes = st.bytes;
+  c.requests = st.requests;
+  c.retries = st.retries;
+  c.errors_4xx = st.errors_4xx;
+  c.errors_5xx = st.errors_5xx;
+  c.errors_network = st.errors_network;
+  return c;
 }
 
 bool EndsWithAny(const std::string& name, const std::vector<std::string>& exts) {
   const std::string lower = AsciiLower(name);
   for (const std::string& e : exts) {
-    const std::string dotted = "." + Normalize(e);
+    const std::string dotted = "." + NormalizeExtension(e);
     if (lower.size() >= dotted.size() && lower.compare(lower.size() - dotted.size(), dotted.size(), dotted) == 0) {
       return true;
     }
@@ -134,17 +142,7 @@ std::string S3ObjectSource::Describe() const {
          (classes_.empty() ? "" : " (" + std::to_string(classes_.size()) + " classes)");
 }
 
-SourceCounters S3ObjectSource::Counters() const {
-  const S3Stats st = client_->stats();
-  SourceCounters c;
-  c.fetched_bytes = st.bytes;
-  c.requests = st.requests;
-  c.retries = st.retries;
-  c.errors_4xx = st.errors_4xx;
-  c.errors_5xx = st.errors_5xx;
-  c.errors_network = st.errors_network;
-  return c;
-}
+SourceCounters S3ObjectSource::Counters() const { return S3Counters(client_->stats()); }
 
 // ---- S3TarShardSource ----
 
@@ -228,9 +226,9 @@ Result<std::unique_ptr<S3TarShardSource>> S3TarShardSource::Open(S3TarShardOptio
     }
   }
   if (src->shards_.size() > std::numeric_limits<uint32_t>::max()) return InvalidArgument("s3 tar: too many shards");
-  for (const std::string& e : o.image_extensions) src->image_exts_.push_back(Normalize(e));
-  src->label_ext_ = Normalize(o.label_extension);
-  for (const std::string& e : o.sidecar_extensions) src->sidecar_exts_.push_back(Normalize(e));
+  for (const std::string& e : o.image_extensions) src->image_exts_.push_back(NormalizeExtension(e));
+  src->label_ext_ = NormalizeExtension(o.label_extension);
+  for (const std::string& e : o.sidecar_extensions) src->sidecar_exts_.push_back(NormalizeExtension(e));
   src->max_sample_bytes_ = o.max_sample_bytes;
   src->node_cache_ = o.node_cache;
   src->stream_ = ShardCache::InMemory(o.stream_buffer_bytes);
@@ -454,13 +452,10 @@ Status S3TarShardSource::Ensure(size_t s, uint64_t pos) const {
       std::vector<Group> groups;
       std::unordered_map<std::string, size_t> where;
       for (TarMember& m : members) {
-        const size_t slash = m.name.rfind('/');
-        const size_t base = slash == std::string::npos ? 0 : slash + 1;
-        if (base >= m.name.size() || m.name[base] == '.') continue;
-        const size_t dot = m.name.find('.', base);
-        if (dot == std::string::npos) continue;
-        const std::string ext = AsciiLower(m.name.substr(dot + 1));
-        std::string key = m.name.substr(0, dot);
+        std::optional<MemberKey> split = SplitMemberKey(m.name);
+        if (!split) continue;
+        const std::string& ext = split->ext;
+        std::string key = std::move(split->key);
         auto [it, inserted] = where.try_emplace(key, groups.size());
         if (inserted) {
           groups.push_back(
@@ -587,19 +582,10 @@ std::optional<std::string> S3TarShardSource::DatasetDigest() const {
 }
 
 SourceCounters S3TarShardSource::Counters() const {
-  const S3Stats st = client_->stats();
-  SourceCounters c;
-  {
-    std::lock_guard lock(open_mu_);
-    c.shard_cache_hits = hits_;
-    c.shard_cache_misses = misses_;
-  }
-  c.fetched_bytes = st.bytes;
-  c.requests = st.requests;
-  c.retries = st.retries;
-  c.errors_4xx = st.errors_4xx;
-  c.errors_5xx = st.errors_5xx;
-  c.errors_network = st.errors_network;
+  SourceCounters c = S3Counters(client_->stats());
+  std::lock_guard lock(open_mu_);
+  c.shard_cache_hits = hits_;
+  c.shard_cache_misses = misses_;
   return c;
 }
 
@@ -648,7 +634,7 @@ Status S3TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
 Status S3TarShardSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
   out->clear();
   if (index >= size()) return InvalidArgument("s3 tar: sample " + std::to_string(index) + " is out of range");
-  const std::string ext = Normalize(extension);
+  const std::string ext = NormalizeExtension(extension);
   const auto [s, pos] = Locate(index);
   for (size_t j = 0; j < sidecar_exts_.size(); ++j) {
     if (sidecar_exts_[j] == ext) return ReadMember(index, s, pos, static_cast<int>(j), out);

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/ascii.h"
+
 namespace spdl::io {
 namespace {
 
@@ -226,6 +228,19 @@ Status ListTarMembers(int fd, uint64_t file_size, const std::string& name, std::
     off = has_data ? data + RoundUp(size) : data;
   }
   return Status::Ok();
+}
+
+std::optional<MemberKey> SplitMemberKey(const std::string& name) {
+  const size_t slash = name.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  if (base >= name.size() || name[base] == '.') return std::nullopt;
+  const size_t dot = name.find('.', base);
+  if (dot == std::string::npos) return std::nullopt;
+  return MemberKey{name.substr(0, dot), AsciiLower(name.substr(dot + 1))};
+}
+
+std::string NormalizeExtension(const std::string& ext) {
+  return AsciiLower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext);
 }
 
 }  // namespace spdl::io

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,19 @@ struct TarMember {
 // unparsable size or pax record. An I/O error -> its errno's code.
 // REQUIRES: members != nullptr.
 Status ListTarMembers(int fd, uint64_t file_size, const std::string& name, std::vector<TarMember>* members);
+
+// A member's place in a WebDataset sample: `key` is its name up to the first '.' of its last path
+// component, `ext` the lower-cased rest ("a/b.Seg.PNG" -> {"a/b", "seg.png"}).
+struct MemberKey {
+  std::string key;
+  std::string ext;
+};
+
+// The member's key and extension, or nothing when it belongs to no sample: its last path
+// component is empty, starts with '.' (a hidden file) or has no '.'.
+std::optional<MemberKey> SplitMemberKey(const std::string& name);
+
+// An extension as the sources compare them: lower-cased, without a leading '.' (".JPG" -> "jpg").
+std::string NormalizeExtension(const std::string& ext);
 
 }  // namespace spdl::io

@@ -26,10 +26,6 @@ namespace {
 
 constexpr uint64_t kMaxLabelBytes = 4096;
 
-std::string Normalize(const std::string& ext) {
-  return AsciiLower(!ext.empty() && ext[0] == '.' ? ext.substr(1) : ext);
-}
-
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
@@ -88,11 +84,11 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
   if (options.shards.empty()) return InvalidArgument("tar shards: no shard given");
   if (options.image_extensions.empty()) return InvalidArgument("tar shards: no image extension given");
   std::vector<std::string> image_exts;
-  for (const std::string& e : options.image_extensions) image_exts.push_back(Normalize(e));
-  const std::string label_ext = Normalize(options.label_extension);
+  for (const std::string& e : options.image_extensions) image_exts.push_back(NormalizeExtension(e));
+  const std::string label_ext = NormalizeExtension(options.label_extension);
 
   std::unique_ptr<TarShardSource> src(new TarShardSource());
-  for (const std::string& e : options.sidecar_extensions) src->sidecar_exts_.push_back(Normalize(e));
+  for (const std::string& e : options.sidecar_extensions) src->sidecar_exts_.push_back(NormalizeExtension(e));
   src->max_sample_bytes_ = options.max_sample_bytes;
   src->allowed_ = RootSet::Open(options.allowed_roots);
   std::vector<std::string> paths;
@@ -191,13 +187,10 @@ Result<std::shared_ptr<const TarShardSource::Index>> TarShardSource::Scan(
     std::vector<std::string> keys;
     std::unordered_map<std::string, Pending> groups;
     for (TarMember& m : members) {
-      const size_t slash = m.name.rfind('/');
-      const size_t base = slash == std::string::npos ? 0 : slash + 1;
-      if (base >= m.name.size() || m.name[base] == '.') continue;
-      const size_t dot = m.name.find('.', base);
-      if (dot == std::string::npos) continue;
-      const std::string ext = AsciiLower(m.name.substr(dot + 1));
-      std::string key = m.name.substr(0, dot);
+      std::optional<MemberKey> split = SplitMemberKey(m.name);
+      if (!split) continue;
+      const std::string& ext = split->ext;
+      std::string key = std::move(split->key);
       int rank = -1;
       for (size_t i = 0; i < image_exts.size(); ++i) {
         if (ext == image_exts[i]) {
@@ -309,7 +302,7 @@ Status TarShardSource::Read(uint64_t index, std::vector<uint8_t>* out) const {
 Status TarShardSource::ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const {
   out->clear();
   if (index >= size()) return Read(index, out);  // its out-of-range error
-  const std::string ext = Normalize(extension);
+  const std::string ext = NormalizeExtension(extension);
   const auto it = std::find(sidecar_exts_.begin(), sidecar_exts_.end(), ext);
   const Member* m =
       it == sidecar_exts_.end()

@@ -786,6 +786,23 @@ std::string WriteShard(const TempDir& t, const std::string& name,
   return t.Write(name, w.bytes());
 }
 
+TEST_CASE("SplitMemberKey: WebDataset key and extension, hidden and extensionless members") {
+  using spdl::io::SplitMemberKey;
+  const auto k = SplitMemberKey("train/n01/abc.Seg.PNG");
+  REQUIRE(k.has_value());
+  CHECK(k->key == "train/n01/abc");
+  CHECK(k->ext == "seg.png");  // everything after the first dot of the last component, lower-cased
+  const auto dotted_dir = SplitMemberKey("a.b/c.jpg");
+  REQUIRE(dotted_dir.has_value());
+  CHECK(dotted_dir->key == "a.b/c");  // dots in folders do not split
+  CHECK(dotted_dir->ext == "jpg");
+  CHECK_FALSE(SplitMemberKey("a/.hidden.jpg").has_value());
+  CHECK_FALSE(SplitMemberKey("a/noext").has_value());
+  CHECK_FALSE(SplitMemberKey("a/").has_value());
+  CHECK(spdl::io::NormalizeExtension(".JPG") == "jpg");
+  CHECK(spdl::io::NormalizeExtension("cls") == "cls");
+}
+
 TEST_CASE("TarShardSource: WebDataset grouping, labels, brace patterns, reads") {
   TempDir t;
   WriteShard(t, "data/shard-000000.tar",
