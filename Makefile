@@ -70,23 +70,31 @@ fuzz:
 sanitize:
 	scripts/sanitize.sh
 
-# CI only (.ci/run runs `make test`, then this): each fuzz target from its seed corpus (build-fuzz)
-# for CI_FUZZ_SECONDS, or for its own :N seconds in CI_FUZZ_TARGETS (the step stays under ~5
-# minutes with the clang build), a subset of the tests under ASan+UBSan (build-asan) and the concurrency
-# tests under TSan (build-tsan); see scripts/sanitize.sh for the subsets and .ci/README.md for
-# the time each step takes.
-CI_FUZZ_SECONDS ?= 20
-CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz video_fuzz:15 http_fuzz:15
+# CI only (.ci/run runs `make test`, then this): each fuzz target from its seed corpus for
+# CI_FUZZ_SECONDS, or for its own :N seconds in CI_FUZZ_TARGETS, a subset of the tests under
+# ASan+UBSan and the concurrency tests under TSan (build-tsan, gcc); see scripts/sanitize.sh for the
+# subsets and .ci/README.md for the time each step takes. With CI_ASAN_BUILD=fuzz (the default) the
+# fuzzing and the ASan+UBSan tests share one clang build (build-fuzz-asan,
+# cmake/clang-asan-fuzz.cmake): ci-fuzz builds the instrumented libraries and the fuzz targets,
+# ci-sanitize adds the test executables to the same build. CI_ASAN_BUILD=gcc: the standalone clang
+# fuzz build (build-fuzz) and a separate gcc ASan+UBSan build (build-asan), as before.
+CI_FUZZ_SECONDS ?= 12
+CI_FUZZ_TARGETS ?= control_fuzz config_fuzz resume_fuzz tar_fuzz image_fuzz audio_fuzz video_fuzz http_fuzz
+CI_ASAN_BUILD ?= fuzz
+ifeq ($(CI_ASAN_BUILD),fuzz)
+CI_FUZZ_ENV = FUZZ_WITH_TESTS=1 FUZZ_BUILD_DIR=build-fuzz-asan
+endif
 ci-extra: ci-fuzz ci-sanitize ci-release
 
 # A fixed seed: CI replays the corpus and the same mutations each run (a gate, not a search: a
 # finding there is a regression, not luck of the draw); `make fuzz` searches with fresh seeds.
 CI_FUZZ_SEED ?= 1
 ci-fuzz:
-	FUZZ_TARGETS="$(CI_FUZZ_TARGETS)" FUZZ_ARGS="-seed=$(CI_FUZZ_SEED) $(FUZZ_ARGS)" scripts/fuzz.sh $(CI_FUZZ_SECONDS)
+	$(CI_FUZZ_ENV) FUZZ_TARGETS="$(CI_FUZZ_TARGETS)" FUZZ_ARGS="-seed=$(CI_FUZZ_SEED) $(FUZZ_ARGS)" \
+	  scripts/fuzz.sh $(CI_FUZZ_SECONDS)
 
 ci-sanitize:
-	SANITIZE_SUBSET=ci scripts/sanitize.sh asan tsan
+	SANITIZE_ASAN_BUILD=$(CI_ASAN_BUILD) SANITIZE_SUBSET=ci scripts/sanitize.sh asan tsan
 
 # What ships (spdld, spdlctl, spdl-client, the Python module) built Release with SPDL_TEST_HOOKS=OFF
 # in build-release, and checked for test seams (strings / symbols): scripts/release_check.sh.

@@ -11,6 +11,11 @@
 #                               for its own :N seconds (default: all eight)
 #   FUZZ_ARGS="-max_len=8192"   extra libFuzzer flags for every target
 #   JOBS=N                      build parallelism (default nproc)
+#   FUZZ_WITH_TESTS=1           configure the whole project instead (cmake -C
+#                               cmake/clang-asan-fuzz.cmake: SPDL_FUZZ=ON, tests on), so that the
+#                               same build directory then builds the ASan+UBSan unit tests from the
+#                               same instrumented libraries (CI: make ci-fuzz, then make ci-sanitize
+#                               with SANITIZE_ASAN_BUILD=fuzz); only the fuzz targets are built here
 #
 # Per-target flags (below): dictionaries for tar and http; the media targets run with
 # -malloc_limit_mb=512 (what a decoder may allocate by design is bounded by the target's
@@ -45,7 +50,11 @@ fi
 
 # ---- build ----
 t0=$(date +%s)
-cmake -S tests/fuzz -B "$build_dir" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+if [ -n "${FUZZ_WITH_TESTS:-}" ]; then
+  cmake -S . -B "$build_dir" -G Ninja -C cmake/clang-asan-fuzz.cmake >/dev/null
+else
+  cmake -S tests/fuzz -B "$build_dir" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+fi
 build_targets=("${targets[@]}")
 [[ " ${targets[*]} " == *" control_fuzz "* ]] && build_targets+=(make_control_corpus)
 cmake --build "$build_dir" -j "$jobs" --target "${build_targets[@]}"

@@ -15,6 +15,12 @@
 #   ASAN_TESTS, TSAN_TESTS   test executables to build and run ("all" = every test, asan only)
 #   JOBS=N                   build and ctest parallelism (default nproc)
 #   ASAN_BUILD_DIR, TSAN_BUILD_DIR         (default build-asan, build-tsan)
+#   SANITIZE_ASAN_BUILD=fuzz the asan part in clang's fuzzing build instead (cmake -C
+#                            cmake/clang-asan-fuzz.cmake; default dir build-fuzz-asan, the one
+#                            `FUZZ_WITH_TESTS=1 scripts/fuzz.sh` builds): the libraries it already
+#                            compiled with fuzzer-no-link,address,undefined at -O1 are reused, only
+#                            the tests' own sources (-O0) and what the fuzz targets do not use are
+#                            compiled. CI does this (make ci-sanitize after make ci-fuzz).
 #   CTEST_ARGS="-R config_test"            extra ctest arguments for both parts
 #   SANITIZE_OPT="-O1 -g"    optimisation and debug flags (default "-O0 -g": a third of -O1's compile time
 #                            under the sanitizers, which is most of this script's time; the tests run a
@@ -25,7 +31,12 @@ cd "$(dirname "$0")/.."
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(asan tsan)
 jobs="${JOBS:-$(nproc)}"
-asan_dir="${ASAN_BUILD_DIR:-build-asan}"
+asan_build="${SANITIZE_ASAN_BUILD:-gcc}"
+case "$asan_build" in
+  gcc) asan_dir="${ASAN_BUILD_DIR:-build-asan}" ;;
+  fuzz) asan_dir="${ASAN_BUILD_DIR:-build-fuzz-asan}" ;;
+  *) echo "SANITIZE_ASAN_BUILD is gcc or fuzz, not $asan_build" >&2; exit 2 ;;
+esac
 tsan_dir="${TSAN_BUILD_DIR:-build-tsan}"
 opt="${SANITIZE_OPT:--O0 -g}"
 if [ "${SANITIZE_SUBSET:-}" = ci ]; then
@@ -79,6 +90,10 @@ timed() {
 }
 
 configure() {  # DIR SANITIZERS
+  if [ "$2" = address,undefined ] && [ "$asan_build" = fuzz ]; then
+    cmake -S . -B "$1" -G Ninja -C cmake/clang-asan-fuzz.cmake >/dev/null
+    return
+  fi
   cmake -S . -B "$1" -G Ninja -DSPDL_SANITIZE="$2" -DSPDL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" >/dev/null
 }
@@ -120,7 +135,7 @@ check_reports() {  # DIR PART
 for part in "${parts[@]}"; do
   case "$part" in
     asan)
-      echo "sanitize: asan: building ${asan_tests[*]} in $asan_dir (address,undefined)"
+      echo "sanitize: asan: building ${asan_tests[*]} in $asan_dir (address,undefined; $asan_build)"
       timed "asan configure" configure "$asan_dir" address,undefined || failed=1
       if [ "${asan_tests[*]}" = all ]; then
         timed "asan build" cmake --build "$asan_dir" -j "$jobs" || failed=1

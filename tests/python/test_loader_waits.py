@@ -163,8 +163,13 @@ def test_open_times_out_on_a_daemon_that_never_answers(tmp_path):
 # KeyboardInterrupt arrived, the batches it still held and its open sockets after closing the loader.
 CHILD = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, signal, sys, time
     import spdl_client
+
+    # A process started with SIGINT ignored (a background job of a non-interactive shell, as CI
+    # may start the suite) inherits that, and Python then installs no KeyboardInterrupt handler:
+    # restore Python's own so that the test does not depend on how the suite was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def sockets():
         n = 0
