@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <span>
+#include <string_view>
 
 #include "common/unique_fd.h"
 #include "proto/control.pb.h"
@@ -792,45 +795,116 @@ std::string OperatorJson(const google::protobuf::Message& m) {
   return out;
 }
 
+std::string OperatorStatusText(const proto::DaemonStatus& s) {
+  std::string out = "spdld " + s.daemon_version() + "\n";
+  char line[160];
+  // Every DaemonStatus figure described for spdlctl (proto/job_stats_fields.h), by name.
+  for (const auto& f : proto::DaemonStatFields()) {
+    if (!(f.surfaces & proto::kSpdlctl)) continue;
+    const double v = proto::DaemonStatValue(s, f);
+    char value[48];
+    if (proto::StatIsInteger(s, f)) {
+      std::snprintf(value, sizeof(value), "%llu", static_cast<unsigned long long>(v));
+    } else {
+      std::snprintf(value, sizeof(value), "%.1f", v);
+    }
+    std::string unit = f.unit;
+    if (unit == "bytes") {
+      char mib[48];
+      std::snprintf(mib, sizeof(mib), " (%.1f MiB)", v / (1 << 20));
+      unit += mib;
+    }
+    std::snprintf(line, sizeof(line), "  %-26s %16s %s\n", f.name, value, unit.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "yours", s.jobs_size());
+  out += line;
+  if (s.gpu_leaked_device_bytes() > 0) {
+    out +=
+        "GPU device memory leaked: copies that never drained; not returned to the device budget until spdld "
+        "restarts\n";
+  }
+  for (const auto& g : s.gpu_devices()) {
+    if (!g.poisoned()) continue;
+    std::snprintf(line, sizeof(line), "GPU %s POISONED: ", g.device().c_str());
+    out += line + g.error();
+    std::snprintf(line, sizeof(line),
+                  "; %u job(s) still hold it; new GPU jobs on it are refused until spdld restarts\n", g.jobs());
+    out += line;
+  }
+  return out;
+}
+
+namespace {
+
+// The typed fields of JobStats and StageStats: views of rows of the stats tables
+// (proto/job_stats_fields.h), set by name from the values filled from those rows.
+template <typename T>
+struct TypedView {
+  const char* name;
+  uint64_t T::*count = nullptr;  // one of the two
+  double T::*real = nullptr;
+};
+const TypedView<JobStats> kJobViews[] = {
+    {"samples", &JobStats::samples},
+    {"batches", &JobStats::batches},
+    {"skipped", &JobStats::skipped},
+    {"seconds", nullptr, &JobStats::seconds},
+    {"first_batch_seconds", nullptr, &JobStats::first_batch_seconds},
+    {"client_wait_seconds", nullptr, &JobStats::client_wait_seconds},
+    {"cache_hits", &JobStats::cache_hits},
+    {"cache_misses", &JobStats::cache_misses},
+    {"cache_evictions", &JobStats::cache_evictions},
+    {"cache_bytes", &JobStats::cache_bytes},
+    {"cache_budget_bytes", &JobStats::cache_budget_bytes},
+};
+const TypedView<StageStats> kStageViews[] = {
+    {"tasks", &StageStats::tasks},
+    {"failures", &StageStats::failures},
+    {"busy_seconds", nullptr, &StageStats::busy_seconds},
+    {"avg_ms", nullptr, &StageStats::avg_ms},
+    {"p50_ms", nullptr, &StageStats::p50_ms},
+    {"p90_ms", nullptr, &StageStats::p90_ms},
+    {"p99_ms", nullptr, &StageStats::p99_ms},
+    {"put_wait_seconds", nullptr, &StageStats::put_wait_seconds},
+    {"get_wait_seconds", nullptr, &StageStats::get_wait_seconds},
+    {"items_per_s", nullptr, &StageStats::items_per_s},
+};
+
+// Appends every kClient row of `table` on `m` to `values` (a repeated count as NAME.0, NAME.1,
+// ...), and sets the typed view of each scalar row `views` has.
+template <typename T, size_t N>
+void FillByName(const google::protobuf::Message& m, std::span<const proto::JobStatField> table,
+                const TypedView<T> (&views)[N], T* out, std::vector<NamedStatValue>* values) {
+  for (const auto& f : table) {
+    if (!(f.surfaces & proto::kClient)) continue;
+    if (f.per != nullptr) {
+      const std::vector<double> each = proto::StatValues(m, f);
+      for (size_t i = 0; i < each.size(); ++i)
+        values->push_back({std::string(f.name) + "." + std::to_string(i), each[i], true});
+      continue;
+    }
+    const double v = proto::StatValue(m, f);
+    values->push_back({f.name, v, proto::StatIsInteger(m, f)});
+    for (const auto& view : views) {
+      if (std::string_view(view.name) != f.name) continue;
+      if (view.count != nullptr) out->*view.count = static_cast<uint64_t>(v);
+      if (view.real != nullptr) out->*view.real = v;
+    }
+  }
+}
+
+}  // namespace
+
 JobStats JobStatsFromProto(const proto::JobStats& js) {
   JobStats stats;
-  stats.samples = js.samples();
-  stats.batches = js.batches();
-  stats.skipped = js.skipped();
-  stats.seconds = js.seconds();
-  stats.first_batch_seconds = js.first_batch_seconds();
-  stats.client_wait_seconds = js.client_wait_seconds();
+  FillByName(js, proto::JobStatFields(), kJobViews, &stats, &stats.values);
   for (const auto& st : js.stages()) {
     StageStats s;
     s.name = st.name();
-    s.tasks = st.tasks();
-    s.failures = st.failures();
-    s.busy_seconds = st.busy_seconds();
     s.kind = st.kind();
-    s.avg_ms = st.avg_ms();
-    s.p50_ms = st.p50_ms();
-    s.p90_ms = st.p90_ms();
-    s.p99_ms = st.p99_ms();
-    s.put_wait_seconds = st.put_wait_seconds();
-    s.get_wait_seconds = st.get_wait_seconds();
-    s.items_per_s = st.items_per_s();
+    FillByName(st, proto::StageStatFields(), kStageViews, &s, &s.values);
     stats.stages.push_back(std::move(s));
-  }
-  stats.cache_hits = js.cache_hits();
-  stats.cache_misses = js.cache_misses();
-  stats.cache_evictions = js.cache_evictions();
-  stats.cache_bytes = js.cache_bytes();
-  stats.cache_budget_bytes = js.cache_budget_bytes();
-  for (const auto& f : proto::JobStatFields()) {
-    if (!(f.surfaces & proto::kClient)) continue;
-    if (f.per == nullptr) {
-      stats.values.push_back({f.name, proto::JobStatValue(js, f), proto::JobStatIsInteger(f)});
-      continue;
-    }
-    const std::vector<double> values = proto::JobStatValues(js, f);  // NAME.0, NAME.1, ...
-    for (size_t i = 0; i < values.size(); ++i) {
-      stats.values.push_back({std::string(f.name) + "." + std::to_string(i), values[i], true});
-    }
   }
   stats.source_samples.assign(js.source_samples().begin(), js.source_samples().end());
   return stats;

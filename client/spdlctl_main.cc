@@ -24,32 +24,9 @@ int Fail(const std::string& message) {
 
 void PrintJson(const google::protobuf::Message& m) { std::cout << spdl::client::OperatorJson(m); }
 
-std::string MiB(uint64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "%.0f MiB", static_cast<double>(bytes) / (1 << 20));
-  return b;
-}
-
 double Rate(const JobSummary& j) { return j.stats().seconds() > 0 ? j.stats().samples() / j.stats().seconds() : 0; }
 
-void PrintStatus(const DaemonStatus& s) {
-  std::printf("spdld %s, up %.0f s, %u worker threads\n", s.daemon_version().c_str(), s.uptime_seconds(),
-              s.worker_threads());
-  std::printf("shared memory %s of %s in use, %u live jobs (%d yours)\n", MiB(s.memory_in_use_bytes()).c_str(),
-              MiB(s.memory_budget_bytes()).c_str(), s.live_jobs(), s.jobs_size());
-  if (s.gpu_leaked_device_bytes() > 0) {
-    std::printf(
-        "GPU device memory leaked: %s (copies that never drained; not returned to the device budget until "
-        "spdld restarts)\n",
-        MiB(s.gpu_leaked_device_bytes()).c_str());
-  }
-  for (const auto& g : s.gpu_devices()) {
-    if (!g.poisoned()) continue;
-    std::printf("GPU %s POISONED: %s; %u job(s) still hold it; new GPU jobs on it are refused until spdld "
-                "restarts\n",
-                g.device().c_str(), g.error().c_str(), g.jobs());
-  }
-}
+void PrintStatus(const DaemonStatus& s) { std::cout << spdl::client::OperatorStatusText(s); }
 
 // The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of
 // its own below the row (cut in the middle, "...", past 100 columns).

@@ -90,38 +90,62 @@ constexpr JobStatField kFields[] = {
 };
 
 // In proto order; only counters and occupancy go to Prometheus (it derives rates and quantiles).
-constexpr unsigned kStageAll = kMetrics | kSpdlctl;
+// The client's final stats carry every figure but the live ones (queue_length, running: 0 once the
+// job has ended) and the histogram (spdlctl --json and the metrics have it).
+constexpr unsigned kStageAll = kMetrics | kSpdlctl | kClient;
+constexpr unsigned kStageReport = kSpdlctl | kClient;
 constexpr JobStatField kStageFields[] = {
     {"tasks", "spdld_stage_tasks_total", "counter", "tasks", "Tasks run by the stage.", kStageAll},
     {"failures", "spdld_stage_failures_total", "counter", "tasks", "Tasks of the stage that failed.", kStageAll},
     {"busy_seconds", "spdld_stage_busy_seconds_total", "counter", "seconds", "Worker time spent in the stage.",
      kStageAll},
-    {"concurrency", "", "gauge", "tasks", "The job's limit of tasks at once in the stage (0: the pool's).", kSpdlctl},
+    {"concurrency", "", "gauge", "tasks", "The job's limit of tasks at once in the stage (0: the pool's).",
+     kStageReport},
     {"queue_capacity", "spdld_stage_queue_capacity", "gauge", "rows",
      "Bound of the queue in front of the stage (0: bounded by the slot ring).", kStageAll},
     {"queue_length", "spdld_stage_queue_length", "gauge", "rows",
-     "Rows waiting in the queue in front of the stage (occupancy).", kStageAll},
-    {"running", "spdld_stage_running", "gauge", "tasks", "Tasks of the stage running now.", kStageAll},
-    {"avg_ms", "", "gauge", "ms", "Mean task time over the job's life.", kSpdlctl},
-    {"p50_ms", "", "gauge", "ms", "Median task time over the job's life.", kSpdlctl},
-    {"p90_ms", "", "gauge", "ms", "90th percentile of the task time over the job's life.", kSpdlctl},
-    {"p99_ms", "", "gauge", "ms", "99th percentile of the task time over the job's life.", kSpdlctl},
+     "Rows waiting in the queue in front of the stage (occupancy).", kMetrics | kSpdlctl},
+    {"running", "spdld_stage_running", "gauge", "tasks", "Tasks of the stage running now.", kMetrics | kSpdlctl},
+    {"avg_ms", "", "gauge", "ms", "Mean task time over the job's life.", kStageReport},
+    {"p50_ms", "", "gauge", "ms", "Median task time over the job's life.", kStageReport},
+    {"p90_ms", "", "gauge", "ms", "90th percentile of the task time over the job's life.", kStageReport},
+    {"p99_ms", "", "gauge", "ms", "99th percentile of the task time over the job's life.", kStageReport},
     {"put_wait_seconds", "spdld_stage_put_wait_seconds_total", "counter", "seconds",
      "Time rows done here waited for room downstream.", kStageAll},
     {"get_wait_seconds", "spdld_stage_queue_wait_seconds_total", "counter", "seconds",
      "Time rows waited in the stage's queue.", kStageAll},
-    {"items_per_s", "", "gauge", "1/s", "Tasks per second over the job's life.", kSpdlctl},
-    {"window_seconds", "", "gauge", "seconds", "Length of the recent window the window_* figures cover.", kSpdlctl},
-    {"window_tasks", "", "gauge", "tasks", "Tasks run in the recent window.", kSpdlctl},
-    {"window_failures", "", "gauge", "tasks", "Tasks that failed in the recent window.", kSpdlctl},
-    {"window_avg_ms", "", "gauge", "ms", "Mean task time in the recent window.", kSpdlctl},
-    {"window_p50_ms", "", "gauge", "ms", "Median task time in the recent window.", kSpdlctl},
-    {"window_p90_ms", "", "gauge", "ms", "90th percentile of the task time in the recent window.", kSpdlctl},
-    {"window_p99_ms", "", "gauge", "ms", "99th percentile of the task time in the recent window.", kSpdlctl},
-    {"window_put_wait_seconds", "", "gauge", "seconds", "Put wait in the recent window.", kSpdlctl},
-    {"window_get_wait_seconds", "", "gauge", "seconds", "Queue wait in the recent window.", kSpdlctl},
-    {"window_items_per_s", "", "gauge", "1/s", "Tasks per second in the recent window.", kSpdlctl},
-    {"task_histogram", "spdld_stage_task_seconds", "histogram", "seconds", "Task times of the stage.", kStageAll},
+    {"items_per_s", "", "gauge", "1/s", "Tasks per second over the job's life.", kStageReport},
+    {"window_seconds", "", "gauge", "seconds", "Length of the recent window the window_* figures cover.", kStageReport},
+    {"window_tasks", "", "gauge", "tasks", "Tasks run in the recent window.", kStageReport},
+    {"window_failures", "", "gauge", "tasks", "Tasks that failed in the recent window.", kStageReport},
+    {"window_avg_ms", "", "gauge", "ms", "Mean task time in the recent window.", kStageReport},
+    {"window_p50_ms", "", "gauge", "ms", "Median task time in the recent window.", kStageReport},
+    {"window_p90_ms", "", "gauge", "ms", "90th percentile of the task time in the recent window.", kStageReport},
+    {"window_p99_ms", "", "gauge", "ms", "99th percentile of the task time in the recent window.", kStageReport},
+    {"window_put_wait_seconds", "", "gauge", "seconds", "Put wait in the recent window.", kStageReport},
+    {"window_get_wait_seconds", "", "gauge", "seconds", "Queue wait in the recent window.", kStageReport},
+    {"window_items_per_s", "", "gauge", "1/s", "Tasks per second in the recent window.", kStageReport},
+    {"task_histogram", "spdld_stage_task_seconds", "histogram", "seconds", "Task times of the stage.",
+     kMetrics | kSpdlctl},
+};
+
+// In proto order. daemon_version is spdld_build_info's label; the lists are not rows.
+constexpr unsigned kDaemonAll = kMetrics | kSpdlctl;
+constexpr JobStatField kDaemonFields[] = {
+    {"uptime_seconds", "spdld_uptime_seconds", "gauge", "seconds", "Seconds since spdld started.", kDaemonAll},
+    {"worker_threads", "spdld_worker_threads", "gauge", "threads", "Decode/transform worker threads.", kDaemonAll},
+    {"memory_budget_bytes", "spdld_memory_budget_bytes", "gauge", "bytes", "Shared-memory budget for all jobs.",
+     kDaemonAll},
+    {"memory_in_use_bytes", "spdld_memory_in_use_bytes", "gauge", "bytes", "Shared memory held by live jobs.",
+     kDaemonAll},
+    {"live_jobs", "spdld_jobs", "gauge", "jobs", "Live jobs (all users).", kDaemonAll},
+    {"source_index_scans", "spdld_source_index_scans_total", "counter", "scans",
+     "Dataset index scans run by the node's source index cache (folder scans, list parses, tar header scans).",
+     kDaemonAll},
+    {"source_index_shared", "spdld_source_index_shared_total", "counter", "opens",
+     "Job opens that shared a dataset index (live or being scanned) instead of scanning again.", kDaemonAll},
+    {"gpu_leaked_device_bytes", "spdld_gpu_leaked_device_bytes", "gauge", "bytes",
+     "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", kDaemonAll},
 };
 
 // A scalar number field of `m` by name, as a double; 0 for anything else.
@@ -147,65 +171,19 @@ double ScalarValue(const google::protobuf::Message& m, const char* name) {
   }
 }
 
+const JobStatField* Find(std::span<const JobStatField> table, std::string_view name) {
+  for (const JobStatField& f : table) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-std::span<const JobStatField> StageStatFields() { return kStageFields; }
+double StatValue(const google::protobuf::Message& m, const JobStatField& f) { return ScalarValue(m, f.name); }
 
-const JobStatField* FindStageStatField(std::string_view name) {
-  for (const auto& f : kStageFields) {
-    if (name == f.name) return &f;
-  }
-  return nullptr;
-}
-
-double StageStatValue(const StageStats& stats, const JobStatField& f) { return ScalarValue(stats, f.name); }
-
-std::span<const JobStatField> JobStatFields() { return kFields; }
-
-const JobStatField* FindJobStatField(std::string_view name) {
-  for (const JobStatField& f : kFields) {
-    if (name == f.name) return &f;
-  }
-  return nullptr;
-}
-
-double JobStatValue(const JobStats& stats, const JobStatField& f) {
-  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
-  if (d == nullptr || d->is_repeated()) return 0;
-  const google::protobuf::Reflection* r = stats.GetReflection();
-  switch (d->cpp_type()) {
-    case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
-      return static_cast<double>(r->GetUInt64(stats, d));
-    case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
-      return r->GetUInt32(stats, d);
-    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
-      return static_cast<double>(r->GetInt64(stats, d));
-    case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
-      return r->GetInt32(stats, d);
-    case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
-      return r->GetDouble(stats, d);
-    case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
-      return r->GetFloat(stats, d);
-    default:
-      return 0;
-  }
-}
-
-std::vector<double> JobStatValues(const JobStats& stats, const JobStatField& f) {
-  std::vector<double> out;
-  if (f.per == nullptr) return out;
-  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
-  if (d == nullptr || !d->is_repeated() || d->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
-    return out;
-  }
-  const google::protobuf::Reflection* r = stats.GetReflection();
-  for (int i = 0; i < r->FieldSize(stats, d); ++i)
-    out.push_back(static_cast<double>(r->GetRepeatedUInt64(stats, d, i)));
-  return out;
-}
-
-bool JobStatIsInteger(const JobStatField& f) {
-  const google::protobuf::FieldDescriptor* d = JobStats::descriptor()->FindFieldByName(f.name);
+bool StatIsInteger(const google::protobuf::Message& m, const JobStatField& f) {
+  const google::protobuf::FieldDescriptor* d = m.GetDescriptor()->FindFieldByName(f.name);
   if (d == nullptr) return false;
   switch (d->cpp_type()) {
     case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
@@ -217,5 +195,39 @@ bool JobStatIsInteger(const JobStatField& f) {
       return false;
   }
 }
+
+std::span<const JobStatField> StageStatFields() { return kStageFields; }
+
+const JobStatField* FindStageStatField(std::string_view name) { return Find(kStageFields, name); }
+
+double StageStatValue(const StageStats& stats, const JobStatField& f) { return ScalarValue(stats, f.name); }
+
+std::span<const JobStatField> DaemonStatFields() { return kDaemonFields; }
+
+const JobStatField* FindDaemonStatField(std::string_view name) { return Find(kDaemonFields, name); }
+
+double DaemonStatValue(const DaemonStatus& status, const JobStatField& f) { return ScalarValue(status, f.name); }
+
+std::span<const JobStatField> JobStatFields() { return kFields; }
+
+const JobStatField* FindJobStatField(std::string_view name) { return Find(kFields, name); }
+
+double JobStatValue(const JobStats& stats, const JobStatField& f) { return ScalarValue(stats, f.name); }
+
+std::vector<double> StatValues(const google::protobuf::Message& m, const JobStatField& f) {
+  std::vector<double> out;
+  if (f.per == nullptr) return out;
+  const google::protobuf::FieldDescriptor* d = m.GetDescriptor()->FindFieldByName(f.name);
+  if (d == nullptr || !d->is_repeated() || d->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
+    return out;
+  }
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < r->FieldSize(m, d); ++i) out.push_back(static_cast<double>(r->GetRepeatedUInt64(m, d, i)));
+  return out;
+}
+
+std::vector<double> JobStatValues(const JobStats& stats, const JobStatField& f) { return StatValues(stats, f); }
+
+bool JobStatIsInteger(const JobStatField& f) { return StatIsInteger(JobStats::default_instance(), f); }
 
 }  // namespace spdl::proto

@@ -187,15 +187,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& facts) {
   Exposition e;
   e.Add("spdld_build_info", "gauge", "The running spdld's version (value 1).", {{"version", SPDLD_VERSION}}, 1);
-  e.Add("spdld_uptime_seconds", "gauge", "Seconds since spdld started.", {}, st.uptime_seconds());
-  e.Add("spdld_worker_threads", "gauge", "Decode/transform worker threads.", {}, st.worker_threads());
-  e.Add("spdld_memory_budget_bytes", "gauge", "Shared-memory budget for all jobs.", {},
-        double(st.memory_budget_bytes()));
-  e.Add("spdld_memory_in_use_bytes", "gauge", "Shared memory held by live jobs.", {}, double(st.memory_in_use_bytes()));
-  e.Add("spdld_jobs", "gauge", "Live jobs (all users).", {}, st.live_jobs());
-  e.Add("spdld_gpu_leaked_device_bytes", "gauge",
-        "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", {},
-        double(st.gpu_leaked_device_bytes()));
+  // The DaemonStatus fields, from their one description (proto/job_stats_fields.h), by name.
+  for (const auto& f : proto::DaemonStatFields()) {
+    if (f.surfaces & proto::kMetrics) e.Add(f.metric, f.type, f.help, {}, proto::DaemonStatValue(st, f));
+  }
   for (const auto& g : st.gpu_devices()) {
     e.Add("spdld_gpu_device_poisoned", "gauge",
           "1 when a sticky CUDA error poisoned spdld's context on the GPU (jobs there fail; spdld restarts).",

@@ -9,6 +9,7 @@
 //   spdld_build_info{version} (gauge, 1), spdld_uptime_seconds, spdld_worker_threads,
 //   spdld_memory_budget_bytes, spdld_memory_in_use_bytes, spdld_jobs, spdld_draining,
 //   spdld_gpu_leaked_device_bytes (device memory a hung GPU kept; not returned to the budget)   (gauges)
+//   spdld_source_index_{scans,shared}_total (the node's source index cache)            (counters)
 //   spdld_gpu_device_poisoned{device} (1: a sticky CUDA error poisoned that GPU for spdld)     (gauge)
 //   spdld_cache_bytes, spdld_cache_budget_bytes (gauges), spdld_cache_evictions_total   (node-wide
 //     sample cache; present while a job runs, the figures are node-wide)
@@ -25,8 +26,8 @@
 //   spdld_stage_{queue,put}_wait_seconds_total                                          (counters)
 //   spdld_stage_queue_length, spdld_stage_queue_capacity, spdld_stage_running          (gauges)
 //   spdld_stage_task_seconds{job_id,stage} (histogram: task times)
-// The JobStats series come from their one description, proto/job_stats_fields.h (by field name);
-// a new StageStats field is one line in kStageMetrics in metrics.cc.
+// The DaemonStatus, JobStats and StageStats series come from their one description,
+// proto/job_stats_fields.h (by field name): a new field is a row there, no line here.
 //
 // RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one
 // io_context thread it is given; handlers never throw.

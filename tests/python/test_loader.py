@@ -277,3 +277,32 @@ def test_final_stats_values_carry_every_figure_described_for_clients(make_loader
     assert values["samples_tried"] >= values["samples"] and values["weight"] >= 1
     assert values["client_wait_seconds"] == stats["client_wait_seconds"]
     assert "batches_ready" not in values  # a live figure, 0 at the end: not described for clients
+
+
+def test_final_stats_follow_the_one_description_of_every_figure(make_loader):
+    # The job's `values` and every stage dict are filled by name from the daemon's tables
+    # (proto/job_stats_fields.h, listed by stat_fields()): each row described for clients is there,
+    # in the daemon's order (counts as int), and no other figure is.
+    tables = spdl_client._spdl_client.stat_fields()
+    assert set(tables) == {"job", "stage", "daemon"}
+    for table, rows in tables.items():
+        assert rows, table
+        for r in rows:
+            assert set(r) == {"name", "metric", "type", "unit", "help", "surfaces", "per"}
+            assert set(r["surfaces"]) <= {"metrics", "spdlctl", "client"} and r["surfaces"], r
+    assert not any("client" in r["surfaces"] for r in tables["daemon"])
+    loader = make_loader(batch=8, epochs=1)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    job_rows = [r for r in tables["job"] if "client" in r["surfaces"] and r["per"] is None]
+    assert list(stats["values"]) == [r["name"] for r in job_rows]  # one source: no source_samples.N
+    stage_rows = [r for r in tables["stage"] if "client" in r["surfaces"]]
+    assert {"tasks", "avg_ms", "window_items_per_s", "concurrency"} <= {r["name"] for r in stage_rows}
+    assert stats["stages"]
+    for s in stats["stages"]:
+        assert list(s) == ["name", "kind"] + [r["name"] for r in stage_rows], s
+        assert all(isinstance(s[r["name"]], (int, float)) for r in stage_rows)
+        assert isinstance(s["tasks"], int) and isinstance(s["window_tasks"], int) and isinstance(s["avg_ms"], float)
+    decode = next(s for s in stats["stages"] if s["name"] == "decode")
+    assert decode["tasks"] >= N and decode["window_tasks"] <= decode["tasks"]

@@ -1,11 +1,15 @@
-// The job statistics reach every surface from their one description (proto/job_stats_fields.h):
-// every proto::JobStats field has a row, and each surface a row names shows that figure — the
-// metrics endpoint (RenderPrometheus), spdlctl --json (OperatorJson, what spdlctl prints), and the
-// client's final stats (JobStatsFromProto: client::JobStats::values, from which Python's stats()
-// and spdl-client --json are written). A field added to the proto without a row, or a row whose
-// surface drops it, fails here.
+// The statistics reach every surface from their one description (proto/job_stats_fields.h): every
+// field of proto::JobStats, StageStats and DaemonStatus has a row (a proto field added without one
+// fails here, which a copy of the schema with one more field proves below), and each surface a row
+// names shows that figure — the metrics endpoint (RenderPrometheus), spdlctl --json (OperatorJson,
+// what spdlctl prints) and the `spdlctl status` text (OperatorStatusText), and the client's final
+// stats (JobStatsFromProto: client::JobStats::values and each stage's StageStats::values, from which
+// Python's stats(), its stage dicts and spdl-client --json are written). A row whose surface drops
+// it fails here.
 #include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <set>
 #include <sstream>
@@ -61,11 +65,56 @@ std::string Number(double v) {
   return o.str();
 }
 
+// The fields of message `d` that no row of `table` describes, but those in `not_rows` (labels and
+// lists, which a table leaves out by design), in proto order.
+std::vector<std::string> Undescribed(const google::protobuf::Descriptor* d, std::span<const proto::JobStatField> table,
+                                     const std::set<std::string>& not_rows) {
+  std::vector<std::string> out;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string& name = d->field(i)->name();
+    if (not_rows.count(name)) continue;
+    if (std::none_of(table.begin(), table.end(), [&](const auto& f) { return name == f.name; })) out.push_back(name);
+  }
+  return out;
+}
+
+// The fields each table leaves out by design (the lists and labels its header names).
+const std::set<std::string> kJobNotRows = {"stages"};
+const std::set<std::string> kStageNotRows = {"name", "kind"};
+const std::set<std::string> kDaemonNotRows = {"daemon_version", "jobs", "gpu_devices", "streams"};
+
+TEST_CASE("a proto stats field added without a row is caught, in each of the three messages") {
+  // control.proto as built, and a copy with one more field in each stats message: the check that
+  // guards the real schema (below) finds exactly the new field, and nothing in the real one.
+  google::protobuf::FileDescriptorProto file;
+  proto::JobStats::descriptor()->file()->CopyTo(&file);
+  for (auto& m : *file.mutable_message_type()) {
+    if (m.name() != "JobStats" && m.name() != "StageStats" && m.name() != "DaemonStatus") continue;
+    int number = 0;
+    for (const auto& f : m.field()) number = std::max(number, f.number());
+    auto* f = m.add_field();
+    f->set_name("a_new_figure");
+    f->set_number(number + 1);
+    f->set_type(google::protobuf::FieldDescriptorProto::TYPE_UINT64);
+    f->set_label(google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
+  }
+  google::protobuf::DescriptorPool pool;
+  const google::protobuf::FileDescriptor* grown = pool.BuildFile(file);
+  REQUIRE(grown != nullptr);
+  const std::vector<std::string> one = {"a_new_figure"};
+  CHECK(Undescribed(grown->FindMessageTypeByName("JobStats"), proto::JobStatFields(), kJobNotRows) == one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("StageStats"), proto::StageStatFields(), kStageNotRows) == one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("DaemonStatus"), proto::DaemonStatFields(), kDaemonNotRows) == one);
+  CHECK(Undescribed(proto::JobStats::descriptor(), proto::JobStatFields(), kJobNotRows).empty());
+  CHECK(Undescribed(proto::StageStats::descriptor(), proto::StageStatFields(), kStageNotRows).empty());
+  CHECK(Undescribed(proto::DaemonStatus::descriptor(), proto::DaemonStatFields(), kDaemonNotRows).empty());
+}
+
 TEST_CASE("every JobStats field is described once, and every description names a JobStats field") {
   const google::protobuf::Descriptor* d = proto::JobStats::descriptor();
   std::vector<std::string> proto_fields;
   for (int i = 0; i < d->field_count(); ++i) {
-    if (d->field(i)->name() != "stages") proto_fields.push_back(d->field(i)->name());
+    if (!kJobNotRows.count(d->field(i)->name())) proto_fields.push_back(d->field(i)->name());
   }
   std::vector<std::string> described;
   std::set<std::string> metrics;
@@ -204,7 +253,7 @@ TEST_CASE("every StageStats field is described once (but its labels), and every 
   const google::protobuf::Descriptor* d = proto::StageStats::descriptor();
   std::vector<std::string> proto_fields;
   for (int i = 0; i < d->field_count(); ++i) {
-    if (d->field(i)->name() != "name" && d->field(i)->name() != "kind") proto_fields.push_back(d->field(i)->name());
+    if (!kStageNotRows.count(d->field(i)->name())) proto_fields.push_back(d->field(i)->name());
   }
   std::vector<std::string> described;
   std::set<std::string> metrics;
@@ -215,7 +264,8 @@ TEST_CASE("every StageStats field is described once (but its labels), and every 
     CHECK((type == "counter" || type == "gauge" || type == "histogram"));
     CHECK(std::string(f.help).size() > 10);
     CHECK(std::string(f.unit).size() > 0);
-    CHECK((f.surfaces & proto::kClient) == 0);  // the client's stage struct is still typed by hand
+    // A repeated field (the histogram) has no one value for the client.
+    if (f.surfaces & proto::kClient) CHECK(std::string(f.type) != "histogram");
     CHECK(((f.surfaces & proto::kMetrics) != 0) == (std::string(f.metric).size() > 0));
     if (f.surfaces & proto::kMetrics) {
       CHECK(metrics.insert(f.metric).second);
@@ -249,6 +299,153 @@ TEST_CASE("the metrics endpoint and spdlctl --json show every stage statistic de
       }
     }
     if (f.surfaces & proto::kSpdlctl) CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+  }
+}
+
+TEST_CASE("each stage of the client's final stats carries every stage statistic described for clients") {
+  proto::JobSummary job = FilledJob();
+  *job.mutable_stats()->add_stages() = FilledStage();
+  const proto::StageStats& st = job.stats().stages(0);
+  const client::JobStats c = client::JobStatsFromProto(job.stats());
+  REQUIRE(c.stages.size() == 1);
+  const client::StageStats& s = c.stages[0];
+  CHECK(s.name == "decode");
+  CHECK(s.kind == "cpu");
+  size_t at = 0;
+  for (const auto& f : proto::StageStatFields()) {
+    if (!(f.surfaces & proto::kClient)) continue;
+    CAPTURE(f.name);
+    REQUIRE(at < s.values.size());
+    CHECK(s.values[at].name == f.name);
+    CHECK(s.values[at].value == proto::StageStatValue(st, f));
+    CHECK(s.values[at].value != 0);  // FilledStage gave it a value of its own
+    CHECK(s.values[at].integer == proto::StatIsInteger(st, f));
+    ++at;
+  }
+  CHECK(at == s.values.size());
+  CHECK(at >= 20);  // the lifetime and window figures
+  // The typed fields are views of those values.
+  CHECK(s.tasks == st.tasks());
+  CHECK(s.failures == st.failures());
+  CHECK(s.busy_seconds == st.busy_seconds());
+  CHECK(s.avg_ms == st.avg_ms());
+  CHECK(s.p50_ms == st.p50_ms());
+  CHECK(s.p90_ms == st.p90_ms());
+  CHECK(s.p99_ms == st.p99_ms());
+  CHECK(s.put_wait_seconds == st.put_wait_seconds());
+  CHECK(s.get_wait_seconds == st.get_wait_seconds());
+  CHECK(s.items_per_s == st.items_per_s());
+  // And the job's typed fields of theirs.
+  const proto::JobStats& js = job.stats();
+  CHECK(c.samples == js.samples());
+  CHECK(c.batches == js.batches());
+  CHECK(c.skipped == js.skipped());
+  CHECK(c.seconds == js.seconds());
+  CHECK(c.first_batch_seconds == js.first_batch_seconds());
+  CHECK(c.client_wait_seconds == js.client_wait_seconds());
+  CHECK(c.cache_hits == js.cache_hits());
+  CHECK(c.cache_misses == js.cache_misses());
+  CHECK(c.cache_evictions == js.cache_evictions());
+  CHECK(c.cache_bytes == js.cache_bytes());
+  CHECK(c.cache_budget_bytes == js.cache_budget_bytes());
+}
+
+// A daemon status whose every scalar field has a value of its own, like FilledJob's.
+proto::DaemonStatus FilledStatus() {
+  proto::DaemonStatus st;
+  const google::protobuf::Descriptor* d = proto::DaemonStatus::descriptor();
+  const google::protobuf::Reflection* r = st.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(&st, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(&st, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&st, f, i + 2.5);
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(&st, f, "9.8.7");
+        break;
+      default:
+        FAIL("DaemonStatus field " << f->name() << " has a type this test does not fill");
+        break;
+    }
+  }
+  return st;
+}
+
+TEST_CASE("every DaemonStatus field is described once (but its label and lists), and every description names one") {
+  const google::protobuf::Descriptor* d = proto::DaemonStatus::descriptor();
+  std::vector<std::string> proto_fields;
+  for (int i = 0; i < d->field_count(); ++i) {
+    if (!kDaemonNotRows.count(d->field(i)->name())) proto_fields.push_back(d->field(i)->name());
+  }
+  std::vector<std::string> described;
+  std::set<std::string> metrics;
+  for (const auto& f : proto::DaemonStatFields()) {
+    CAPTURE(f.name);
+    described.push_back(f.name);
+    const std::string type = f.type;
+    CHECK((type == "counter" || type == "gauge"));
+    CHECK(std::string(f.help).size() > 10);
+    CHECK(std::string(f.unit).size() > 0);
+    CHECK((f.surfaces & proto::kClient) == 0);  // no client surface asks for the daemon's status
+    CHECK(f.per == nullptr);
+    CHECK(((f.surfaces & proto::kMetrics) != 0) == (std::string(f.metric).size() > 0));
+    if (f.surfaces & proto::kMetrics) {
+      CHECK(metrics.insert(f.metric).second);
+      CHECK(std::string(f.metric).rfind("spdld_", 0) == 0);
+      CHECK(std::string(f.metric).rfind("spdld_job_", 0) != 0);  // not to be taken for a job's series
+      CHECK(std::string(f.metric).rfind("spdld_stage_", 0) != 0);
+      if (type == "counter") CHECK_THAT(std::string(f.metric), Catch::EndsWith("_total"));
+    }
+    CHECK(proto::FindDaemonStatField(f.name) == &f);
+    CHECK(proto::FindJobStatField(f.name) == nullptr);  // the tables do not mix
+    CHECK(proto::FindStageStatField(f.name) == nullptr);
+  }
+  CHECK(described == proto_fields);
+  // The fields left out are the version (a label) and the lists.
+  for (const std::string& name : kDaemonNotRows) {
+    const FieldDescriptor* f = d->FindFieldByName(name);
+    REQUIRE(f != nullptr);
+    CHECK((f->is_repeated() || f->cpp_type() == FieldDescriptor::CPPTYPE_STRING));
+  }
+}
+
+TEST_CASE("the metrics endpoint, spdlctl --json and spdlctl status show every daemon statistic described for them") {
+  const proto::DaemonStatus status = FilledStatus();
+  const std::string text = ops::RenderPrometheus(status);
+  const std::string json = client::OperatorJson(status);
+  const std::string table = client::OperatorStatusText(status);
+  CHECK_THAT(text, Catch::Contains("spdld_build_info{version=\""));
+  CHECK_THAT(table, Catch::StartsWith("spdld 9.8.7\n"));
+  for (const auto& f : proto::DaemonStatFields()) {
+    CAPTURE(f.name, f.metric);
+    const double v = proto::DaemonStatValue(status, f);
+    CHECK(v != 0);  // FilledStatus gave it a value of its own
+    if (f.surfaces & proto::kMetrics) {
+      CHECK_THAT(text, Catch::Contains("# TYPE " + std::string(f.metric) + " " + f.type + "\n"));
+      CHECK_THAT(text, Catch::Contains("\n" + std::string(f.metric) + " " + Number(v) + "\n"));
+    }
+    if (f.surfaces & proto::kSpdlctl) {
+      CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+      // One line of the text: the name, then its value (an integer without a fraction).
+      const std::string value = proto::StatIsInteger(status, f) ? std::to_string(static_cast<uint64_t>(v)) : [&] {
+        char b[32];
+        std::snprintf(b, sizeof(b), "%.1f", v);
+        return std::string(b);
+      }();
+      const size_t line = table.find("  " + std::string(f.name) + " ");
+      REQUIRE(line != std::string::npos);
+      const std::string row = table.substr(line, table.find('\n', line) - line);
+      CHECK_THAT(row, Catch::Contains(" " + value + " " + f.unit));
+      CHECK(row.size() <= 100);
+    }
   }
 }
 

@@ -88,19 +88,30 @@ struct EpochEnd {
   double seconds = 0;    // the epoch's wall time on the daemon
 };
 
+// One figure of the daemon's stats by name, as described for clients (proto/job_stats_fields.h).
+struct NamedStatValue {
+  std::string name;
+  double value = 0;
+  bool integer = false;  // a count (print without a fraction)
+};
+
+// One pipeline stage's totals. `values` holds every stage figure the daemon describes for clients
+// (proto/job_stats_fields.h, kClient rows of StageStatFields), by name, in the daemon's order; the
+// typed fields are views of some of them (filled from the same values).
 struct StageStats {
   std::string name;
   uint64_t tasks = 0;
   uint64_t failures = 0;
   double busy_seconds = 0;
-  std::string kind;               // "io" or "cpu"
-  double avg_ms = 0;              // task time
+  std::string kind;   // "io" or "cpu"
+  double avg_ms = 0;  // task time
   double p50_ms = 0;
   double p90_ms = 0;
   double p99_ms = 0;
-  double put_wait_seconds = 0;    // rows done here waited for room in the next stage's queue
-  double get_wait_seconds = 0;    // rows waited in this stage's queue
-  double items_per_s = 0;         // tasks per second of the job's life
+  double put_wait_seconds = 0;  // rows done here waited for room in the next stage's queue
+  double get_wait_seconds = 0;  // rows waited in this stage's queue
+  double items_per_s = 0;       // tasks per second of the job's life
+  std::vector<NamedStatValue> values;
 };
 
 // The job's totals, sent once when the job is done. As an Event it means "no more events".
@@ -122,14 +133,10 @@ struct JobStats {
   // one source. In `values` as source_samples.0, source_samples.1, ...
   std::vector<uint64_t> source_samples;
   // Every job figure the daemon describes for clients (proto/job_stats_fields.h, kClient rows),
-  // by name, in the daemon's order: the fields above and those without a field of their own
-  // (samples_tried, samples_failed, samples_per_s, weight, share_members, ...). Python's stats()
-  // and spdl-client --json show these.
-  struct NamedValue {
-    std::string name;
-    double value = 0;
-    bool integer = false;  // a count (print without a fraction)
-  };
+  // by name, in the daemon's order: the fields above (views of these values) and those without a
+  // field of their own (samples_tried, samples_failed, samples_per_s, weight, share_members, ...).
+  // Python's stats() and spdl-client --json show these.
+  using NamedValue = NamedStatValue;
   std::vector<NamedValue> values;
 };
 

@@ -20,8 +20,13 @@ Result<proto::DaemonMessage> ControlCall(const std::string& socket_path, const p
 // too), indented.
 std::string OperatorJson(const google::protobuf::Message& m);
 
+// `spdlctl status` as text: the version, then one line per DaemonStatus figure described for
+// spdlctl (proto/job_stats_fields.h, by name: name, value, unit), the caller's job count, and a
+// line per poisoned GPU. Lines fit 100 columns (but a GPU's error text).
+std::string OperatorStatusText(const proto::DaemonStatus& status);
+
 // The client's view of a job's stats (what Loader::Next returns at the job's end): the typed
-// fields, and `values` filled from proto/job_stats_fields.h by name.
+// fields, and `values` (the job's, and each stage's) filled from proto/job_stats_fields.h by name.
 JobStats JobStatsFromProto(const proto::JobStats& s);
 
 }  // namespace spdl::client

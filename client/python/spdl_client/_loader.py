@@ -597,14 +597,16 @@ class Loader:
         Once the job is done (:attr:`finished`): the daemon's final figures — ``samples``,
         ``batches``, ``skipped``, ``seconds`` (since the daemon accepted the job),
         ``first_batch_seconds``, ``client_wait_seconds``, ``stages`` (per pipeline stage: ``name``,
-        ``kind`` ("io" or "cpu"), ``tasks``, ``failures``, ``busy_seconds``, task time ``avg_ms``,
+        ``kind`` ("io" or "cpu"), then every stage figure the daemon describes for clients, by name:
+        ``tasks``, ``failures``, ``busy_seconds``, ``concurrency``, task time ``avg_ms``,
         ``p50_ms``, ``p90_ms``, ``p99_ms``, ``put_wait_seconds``, ``get_wait_seconds``,
-        ``items_per_s``), ``cache`` (the node's sample cache: ``hits`` and ``misses`` of this job,
+        ``items_per_s``, the recent window's ``window_*``, ...), ``cache`` (the node's sample cache: ``hits`` and ``misses`` of this job,
         node-wide ``evictions``, ``bytes``, ``budget_bytes``; all 0 without a cache), ``values``
         (every figure the daemon describes for clients, by name: the above and ``samples_tried``,
         ``samples_failed``, ``samples_per_s``, ``window_samples_per_s``, ``weight``,
         ``share_members``, ``share_group_job_id``, ...; a mix of sources adds ``source_samples.N``,
-        the samples delivered from its N-th source) — plus ``epochs`` (the per-epoch summaries)
+        the samples delivered from its N-th source; ``spdl_client._spdl_client.stat_fields()`` lists
+        every figure with its unit and help) — plus ``epochs`` (the per-epoch summaries)
         and ``finished: True``.
 
         Before that, the daemon has sent nothing but per-epoch summaries, so ``samples`` and

@@ -32,11 +32,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "proto/job_stats_fields.h"
 #include "spdl/client.h"
 #if SPDL_PY_GPU
 #include "spdl/cuda/gpu_loader.h"
@@ -311,6 +313,17 @@ py::dict EpochEndDict(const client::EpochEnd& e) {
   return d;
 }
 
+// `values` into `d` by name: counts as int, the rest as float.
+void AddNamedValues(const std::vector<client::NamedStatValue>& values, py::dict* d) {
+  for (const auto& v : values) {
+    if (v.integer) {
+      (*d)[py::str(v.name)] = static_cast<uint64_t>(v.value);
+    } else {
+      (*d)[py::str(v.name)] = v.value;
+    }
+  }
+}
+
 py::dict JobStatsDict(const client::JobStats& s) {
   py::dict d;
   d["samples"] = s.samples;
@@ -320,19 +333,10 @@ py::dict JobStatsDict(const client::JobStats& s) {
   d["first_batch_seconds"] = s.first_batch_seconds;
   py::list stages;
   for (const auto& st : s.stages) {
-    py::dict sd;
+    py::dict sd;  // name, kind, then every stage figure described for clients, by name
     sd["name"] = st.name;
-    sd["tasks"] = st.tasks;
-    sd["failures"] = st.failures;
-    sd["busy_seconds"] = st.busy_seconds;
     sd["kind"] = st.kind;
-    sd["avg_ms"] = st.avg_ms;
-    sd["p50_ms"] = st.p50_ms;
-    sd["p90_ms"] = st.p90_ms;
-    sd["p99_ms"] = st.p99_ms;
-    sd["put_wait_seconds"] = st.put_wait_seconds;
-    sd["get_wait_seconds"] = st.get_wait_seconds;
-    sd["items_per_s"] = st.items_per_s;
+    AddNamedValues(st.values, &sd);
     stages.append(sd);
   }
   d["stages"] = stages;
@@ -346,13 +350,7 @@ py::dict JobStatsDict(const client::JobStats& s) {
   d["cache"] = cache;
   // Every figure the daemon describes for clients, by name (proto/job_stats_fields.h).
   py::dict values;
-  for (const auto& v : s.values) {
-    if (v.integer) {
-      values[py::str(v.name)] = static_cast<uint64_t>(v.value);
-    } else {
-      values[py::str(v.name)] = v.value;
-    }
-  }
+  AddNamedValues(s.values, &values);
   d["values"] = values;
   return d;
 }
@@ -826,6 +824,38 @@ PYBIND11_MODULE(_spdl_client, m) {
            py::arg("metadata") = py::bytes(), py::arg("block") = true, py::arg("key") = "")
       .def("close", &spdl::python::ProducerCore::Close, py::arg("end_stream") = false)
       .def_property_readonly("info", &spdl::python::ProducerCore::Info);
+
+  m.def(
+      "stat_fields",
+      [] {
+        py::dict tables;
+        const std::pair<const char*, std::span<const spdl::proto::JobStatField>> all[] = {
+            {"job", spdl::proto::JobStatFields()},
+            {"stage", spdl::proto::StageStatFields()},
+            {"daemon", spdl::proto::DaemonStatFields()}};
+        for (const auto& [table, rows] : all) {
+          py::list l;
+          for (const auto& f : rows) {
+            py::list surfaces;
+            if (f.surfaces & spdl::proto::kMetrics) surfaces.append("metrics");
+            if (f.surfaces & spdl::proto::kSpdlctl) surfaces.append("spdlctl");
+            if (f.surfaces & spdl::proto::kClient) surfaces.append("client");
+            py::dict r;
+            r["name"] = f.name;
+            r["metric"] = f.metric;
+            r["type"] = f.type;
+            r["unit"] = f.unit;
+            r["help"] = f.help;
+            r["surfaces"] = surfaces;
+            r["per"] = f.per == nullptr ? py::object(py::none()) : py::object(py::str(f.per));
+            l.append(r);
+          }
+          tables[table] = l;
+        }
+        return tables;
+      },
+      "the daemon's statistics as described once (proto/job_stats_fields.h): {'job', 'stage', 'daemon'}: "
+      "rows with name, metric, type, unit, help, surfaces ('metrics', 'spdlctl', 'client'), per");
 
   m.def(
       "cuda_device_uuid",
