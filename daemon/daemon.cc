@@ -19,7 +19,12 @@
 #if SPDL_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
+#if SPDL_HAVE_NVJPEG
+#include "cuda/image_kernels.h"
+#include "cuda/nvjpeg_backend.h"
+#endif
 #if SPDL_TEST_HOOKS
+#include "cuda/fake_nvjpeg.h"
 #include "cuda/shm_fake_backend.h"
 #endif
 #include "io/fs_identity.h"
@@ -192,6 +197,16 @@ Status Daemon::Start() {
         spdlog::warn("TEST ONLY: cuda:{} is a fake device in {} (--test-only-fake-gpu)", device, fake_gpu_dir_);
         return (device_backends_[device] = std::move(backend)).get();
       });
+      registry_->SetGpuDecodeParts([this](int device, cuda::DeviceBackend* backend) -> Result<jobs::GpuDecodeParts> {
+        std::lock_guard lock(device_backends_mu_);
+        DecodeParts& parts = decode_parts_[device];
+        if (!parts.jpeg) {
+          parts.jpeg = std::make_unique<cuda::FakeNvjpeg>(*backend);
+          parts.kernels = std::make_unique<cuda::FakeImageKernels>(*backend);
+          spdlog::warn("TEST ONLY: GPU decode on cuda:{} is a fake nvJPEG (libjpeg-turbo on the host)", device);
+        }
+        return jobs::GpuDecodeParts{backend, parts.jpeg.get(), parts.kernels.get()};
+      });
       registry_->SetDeviceFinder([this](const cuda::DeviceUuid& uuid) -> Result<int> {
         const int n = cuda::ShmFakeBackend::VisibleCount();
         for (int i = 0; i < n; ++i) {
@@ -226,6 +241,22 @@ Status Daemon::Start() {
       return (device_backends_[device] = std::move(backend)).get();
     });
     registry_->SetDeviceFinder([](const cuda::DeviceUuid& uuid) { return cuda::FindCudaDevice(uuid); });
+#if SPDL_HAVE_NVJPEG
+    registry_->SetGpuDecodeParts([this](int device, cuda::DeviceBackend* backend) -> Result<jobs::GpuDecodeParts> {
+      // Called from a job's GPU setup (off the control thread): loading nvJPEG takes a while.
+      std::lock_guard lock(device_backends_mu_);
+      DecodeParts& parts = decode_parts_[device];
+      if (!parts.jpeg) {
+        cuda::NvjpegBackend::Options o;
+        o.device = device;
+        SPDL_ASSIGN_OR_RETURN(parts.jpeg, cuda::NvjpegBackend::Create(std::move(o)));
+        parts.kernels = std::make_unique<cuda::CudaImageKernels>(device);
+        spdlog::info("GPU JPEG decode on cuda:{} ready ({})", device,
+                     parts.jpeg->hardware() ? "hardware decoder" : "CUDA decoder");
+      }
+      return jobs::GpuDecodeParts{backend, parts.jpeg.get(), parts.kernels.get()};
+    });
+#endif
 #endif
     return Status::Ok();
   }));

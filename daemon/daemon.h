@@ -21,14 +21,15 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <memory>
 #include <string>
 
 #include "common/status.h"
 #include "config/daemon_config.h"
 #include "cuda/device_backend.h"
+#include "cuda/jpeg_decode.h"
 #include "ops/metrics.h"
 #include "ops/notifier.h"
 #include "proto/control.pb.h"
@@ -104,7 +105,15 @@ class Daemon {
   // GPU delivery: one backend per CUDA device, made on the first job that asks for it (control
   // thread); declared first so it outlives every job (its device slot pools borrow it).
   std::map<int, std::unique_ptr<cuda::DeviceBackend>> device_backends_;
-  std::mutex device_backends_mu_;  // guards device_backends_ (made on the prepare pool's threads)
+  std::mutex device_backends_mu_;  // guards device_backends_ and decode_parts_ (made on the prepare pool's threads)
+  // GPU JPEG decode (decode.device: cuda): per device, its nvJPEG and resize kernels, made on the
+  // first job that asks (off the control thread); they borrow the device's backend, so they are
+  // declared after it (destroyed before it) and before every job.
+  struct DecodeParts {
+    std::unique_ptr<cuda::JpegDecodeBackend> jpeg;
+    std::unique_ptr<cuda::ImageKernels> kernels;
+  };
+  std::map<int, DecodeParts> decode_parts_;
   std::unique_ptr<pipeline::ThreadPool> pool_;
   std::unique_ptr<pipeline::ThreadPool> io_pool_;  // io stages (reads); joined before pool_
   // Opens submitted jobs' sources (folder scans, lists, tar indexes) off the control thread;

@@ -87,6 +87,21 @@ constexpr JobStatField kFields[] = {
      "Samples decoded but not cached: over cache.decoded.max_bytes or the memory budget.", kAll},
     {"decoded_cache_shrinks", "spdld_job_decoded_cache_shrinks_total", "counter", "samples",
      "Samples decoded and shrunk on their way into the decoded cache.", kAll},
+    {"gpu_decode_batches", "spdld_job_gpu_decode_batches_total", "counter", "batches",
+     "Batches decoded on the GPU (decode.device: cuda).", kAll},
+    {"gpu_decoded", "spdld_job_gpu_decoded_total", "counter", "samples", "Samples nvJPEG decoded on the GPU.", kAll},
+    {"gpu_decode_fallbacks", "spdld_job_gpu_decode_fallbacks_total", "counter", "samples",
+     "Samples of a GPU decode job decoded on the CPU instead (all reasons).", kAll},
+    {"gpu_decode_fallback_header", "spdld_job_gpu_decode_fallback_header_total", "counter", "samples",
+     "CPU fallbacks because nvJPEG refused the header (not a JPEG it reads, e.g. PNG).", kAll},
+    {"gpu_decode_fallback_unsupported", "spdld_job_gpu_decode_fallback_unsupported_total", "counter", "samples",
+     "CPU fallbacks for CMYK / YCCK JPEGs, sides over the decoder's limit, or plans the GPU lacks.", kAll},
+    {"gpu_decode_fallback_decode", "spdld_job_gpu_decode_fallback_decode_total", "counter", "samples",
+     "CPU fallbacks because nvJPEG failed on the image itself (progressive, corrupt).", kAll},
+    {"gpu_decode_batch_retries", "spdld_job_gpu_decode_batch_retries_total", "counter", "batches",
+     "GPU decode batches nvJPEG failed as a whole, retried image by image.", kAll},
+    {"gpu_decode_failed", "spdld_job_gpu_decode_failed_total", "counter", "samples",
+     "Samples of a GPU decode job that failed on the CPU path too (handled per on_error).", kAll},
 };
 
 // In proto order; only counters and occupancy go to Prometheus (it derives rates and quantiles).

@@ -39,7 +39,10 @@ class GpuJob final : public JobHandle {
     // teardown thread, never here (the control thread). The work owns the only reference to the
     // pool, so its destructor cannot run here by accident.
     auto work = [pool = std::shared_ptr<cuda::DeviceSlotPool>(std::move(pool_)), mapped = mapped_,
-                 bytes = mapped_bytes_, on_close = options_.on_close]() mutable {
+                 bytes = mapped_bytes_, on_close = options_.on_close, decode = options_.gpu_decode]() mutable {
+      // The GPU decode first: it waits for a running batch and frees its own device memory, before
+      // the slots it writes go.
+      if (decode) decode->Detach();
       uint64_t leaked = 0;
       if (pool) {
         (void)pool->Shutdown();  // reported through the backend when it leaks
@@ -77,10 +80,28 @@ class GpuJob final : public JobHandle {
     po.num_slots = accepted_.num_slots();
     po.register_host = options_.register_host;
     po.drain_timeout = options_.drain_timeout;
+    if (options_.gpu_decode) {
+      // The image tensor (the first) is decoded on the device: the copies skip it.
+      if (accepted_.tensors_size() < 2 || accepted_.tensors(0).offset() != 0) {
+        return Internal("GPU decode: the job's slot layout does not start with its image tensor");
+      }
+      po.copy_offset = accepted_.tensors(1).offset();
+    }
     auto pool = cuda::DeviceSlotPool::Create(*backend, po);
     if (!pool.ok()) return pool.status();
     pool_ = std::move(pool).value();
     work_has_pool_ = true;
+    if (options_.gpu_decode) {
+      GpuBatchDecode::Target t;
+      t.device = backend->device();
+      t.backend = backend;
+      cuda::DeviceSlotPool* pool_ptr = pool_.get();  // Detach runs before the pool goes
+      t.images = [pool_ptr](uint32_t slot) { return pool_ptr->device_slot(slot); };
+      t.stream = pool_->copy_stream();
+      t.slot_free = [pool_ptr](uint32_t slot) { return pool_ptr->ConsumerDone(slot); };
+      t.consumer_timeout = options_.consumer_timeout;
+      SPDL_RETURN_IF_ERROR(options_.gpu_decode->Attach(std::move(t)).WithPrefix("decode.device: cuda"));
+    }
     cuda::BuildCudaHandles(pool_->handles(), &handles_);
     waiter_ = std::thread([this] { WaitLoopCaught(); });
     return Status::Ok();

@@ -49,6 +49,7 @@
 #include "common/status.h"
 #include "config/job_config.h"
 #include "cuda/device_backend.h"
+#include "jobs/gpu_batch_decode.h"
 #include "jobs/job_service.h"
 
 namespace spdl::jobs {
@@ -99,6 +100,10 @@ struct GpuDeliveryOptions {
   std::chrono::milliseconds consumer_timeout{60000};
   // How long the teardown waits for queued copies before it leaks the device memory.
   std::chrono::milliseconds drain_timeout{10000};
+  // decode.device: cuda: the job's batch decode, attached to the device slots here (its images go
+  // straight into them; the slot copy skips the image tensor) and detached at teardown before the
+  // slots are freed. Null: the job decodes on the CPU.
+  std::shared_ptr<GpuBatchDecode> gpu_decode;
   // Where a teardown that would wait for the GPU runs (borrowed; must outlive the job). Null: inline,
   // on the thread that drops the job (tests; bounded by the pool's drain timeout).
   GpuTeardownQueue* teardown = nullptr;

@@ -791,6 +791,28 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     const proto::SlotLayout layout = MediaJob::LayoutFor(spec);
     device_bytes = cuda::DeviceSlotPool::DeviceBytes(layout.slot_stride, layout.num_slots);
   }
+  // decode.device: cuda: the batch decode on the job's device (its parts are made with the device
+  // slots, in the continuation).
+  std::shared_ptr<GpuBatchDecode> gpu_decode;
+  if (spec.config.media == config::Media::kImage && spec.config.decode.device == config::DecodeDevice::kCuda) {
+    if (!daemon_copy) {
+      return SubmitResult::Refused(
+          FailedPrecondition("decode.device: cuda needs output.device: cuda:N with copy: daemon"));
+    }
+    if (!gpu_decode_parts_) {
+      return SubmitResult::Refused(FailedPrecondition(
+          "decode.device: cuda: this spdld has no GPU JPEG decode (built without CUDA or nvJPEG); use "
+          "decode.device: cpu (the default) with output.device: " +
+          output.device));
+    }
+    if (decoded) {
+      return SubmitResult::Refused(FailedPrecondition(
+          "decode.device: cuda decodes the files themselves: it cannot read from cache.decoded (turn one off)"));
+    }
+    if (spdl::Status s = GpuBatchDecode::Check(*spec.decoder); !s.ok()) return SubmitResult::Refused(std::move(s));
+    gpu_decode = std::make_shared<GpuBatchDecode>(spec.config, spec.decoder, gpu_decode_parts_);
+    spec.gpu_decode = gpu_decode;
+  }
   if (spdl::Status s = Fault(StartStep::kPlaced); !s.ok()) return SubmitResult::Refused(std::move(s));
 
   // (2) Identical jobs decode once: join a group that has not started yet, or start one below.
@@ -876,6 +898,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     g.teardown = &gpu_teardown_;
     g.consumer_timeout = gpu_consumer_timeout_;
     g.drain_timeout = gpu_drain_timeout_;
+    g.gpu_decode = gpu_decode;
     if (daemon_copy) {
       // Mapping, pinning (cudaHostRegister), device memory and IPC export wait on CUDA: they run
       // in the continuation, off the control thread, which answers the job when they are done.

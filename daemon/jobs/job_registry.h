@@ -37,6 +37,7 @@
 #include "jobs/admission.h"
 #include "jobs/decoded_cache.h"
 #include "jobs/device_placement.h"
+#include "jobs/gpu_batch_decode.h"
 #include "jobs/gpu_delivery.h"
 #include "jobs/job_service.h"
 #include "jobs/memory_budget.h"
@@ -87,6 +88,10 @@ class JobRegistry final : public JobService {
   // called from Prepare tasks (any thread).
   using DeviceFinderFn = DevicePlacement::FinderFn;
   void SetDeviceFinder(DeviceFinderFn fn) { placement_->SetFinder(std::move(fn)); }
+  // GPU JPEG decode (decode.device: cuda): the decode parts (nvJPEG, the resize kernels) of the
+  // daemon's device N, made when a job first needs them (off the control thread). Unset: such jobs
+  // are refused, saying this spdld has no GPU decode. Thread-safe. Before the first Submit.
+  void SetGpuDecodeParts(GpuDecodePartsFn fn) { gpu_decode_parts_ = std::move(fn); }
   // GPU delivery's bounds (jobs/gpu_delivery.h GpuDeliveryOptions; defaults 60 s and 10 s): how
   // long a batch waits for the trainer's consumer-done event before its job fails, and how long a
   // teardown waits for queued copies before it leaks the device memory. Before the first Submit.
@@ -165,6 +170,7 @@ class JobRegistry final : public JobService {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int worker_threads_;  // control thread only (UpdateLimits)
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
+  GpuDecodePartsFn gpu_decode_parts_;  // set before the first Submit
   std::chrono::milliseconds gpu_drain_timeout_{10000};
   PrepareHook prepare_hook_;         // set before the first Submit
   std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null

@@ -89,15 +89,14 @@ MediaJob::~MediaJob() {
 Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::Executor* executor,
                                                   std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
                                                   pipeline::Executor* io_executor) {
-  if (spec.config.media == config::Media::kImage && spec.config.decode.device == config::DecodeDevice::kCuda) {
-    // The GPU decode's parts (gpu/cuda/jpeg_decode.h: nvJPEG batches, CPU fallback, the resize
-    // kernels) are built and tested, but the job pipeline does not run them yet: refuse rather than
-    // decode on the CPU while the config says cuda.
-    return FailedPrecondition(
-        "decode.device: cuda: GPU JPEG decode is not wired into spdld's job pipeline yet; use decode.device: cpu "
-        "(the default) with output.device: " +
-        spec.config.output.device);
+  const bool gpu_decode =
+      spec.config.media == config::Media::kImage && spec.config.decode.device == config::DecodeDevice::kCuda;
+  if (gpu_decode && !spec.gpu_decode) {
+    // Never decode on the CPU while the config says cuda.
+    return FailedPrecondition("decode.device: cuda: this job has no GPU decode set up (output.device " +
+                              spec.config.output.device + ", copy: daemon is required)");
   }
+  if (!gpu_decode) spec.gpu_decode = nullptr;
   proto::SlotLayout layout = LayoutFor(spec);
   SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
                         shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes,
@@ -117,6 +116,7 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   const uint64_t per_rank = s.mix ? io::MixSamplesPerRank(*s.mix, sampler) : io::SamplesPerRank(n, sampler);
   if (s.mix) job->source_samples_.assign(s.mix->components.size(), 0);
   const uint32_t b = static_cast<uint32_t>(s.config.batch.size);
+  if (s.gpu_decode) job->gpu_rows_.assign(layout.num_slots, std::vector<GpuRow>(b));
 
   proto::JobAccepted& a = job->accepted_;
   a.set_job_id(s.job_id);
@@ -213,7 +213,13 @@ Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   // so a rerun or a resumed job delivers the same values.
   const uint64_t seed = spec_.decoder->random() ? media::SampleSeed(spec_.config.sampler.seed, t.epoch, t.index) : 0;
   const std::span<const uint8_t> bytes(t.bytes.data(), t.bytes.size());
-  if (!targets_.empty() && spec_.decoder->image_ops() != nullptr) {
+  if (spec_.gpu_decode) {
+    // ---- decode.device: cuda: the batch stage decodes the whole batch on the GPU ----
+    GpuRow& g = gpu_rows_[t.slot][t.row];
+    g.bytes = std::move(t.bytes);
+    g.index = t.index;
+    g.seed = seed;
+  } else if (!targets_.empty() && spec_.decoder->image_ops() != nullptr) {
     // ---- targets: the decoder reports its geometry, the boxes / mask follow it ----
     media::ImageInfo info;
     Status s = spec_.decoder->DecodeImage(bytes, seed, rows, &info);
@@ -287,6 +293,45 @@ void MediaJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
     const uint64_t row = tensors_[i].row_bytes;
     std::memcpy(t + to * row, t + from * row, row);
   }
+  if (spec_.gpu_decode) gpu_rows_[slot][to] = std::move(gpu_rows_[slot][from]);
+}
+
+Status MediaJob::BatchStage(uint32_t slot, uint32_t rows, std::vector<BatchRowFailure>* failed) {
+  if (!spec_.gpu_decode) return Status::Ok();
+  std::vector<GpuRow>& g = gpu_rows_[slot];
+  // alive[k]: the batch row (as given) now at row k. A pass that fails some rows packs the rest to
+  // the front and decodes them again into their new rows (rare: a file the CPU cannot decode either).
+  std::vector<uint32_t> alive(rows);
+  for (uint32_t r = 0; r < rows; ++r) alive[r] = r;
+  Status result;
+  while (!alive.empty()) {
+    std::vector<std::span<const uint8_t>> jpegs;
+    std::vector<uint64_t> seeds;
+    for (size_t k = 0; k < alive.size(); ++k) {
+      jpegs.emplace_back(g[k].bytes.data(), g[k].bytes.size());
+      seeds.push_back(g[k].seed);
+    }
+    auto st = spec_.gpu_decode->DecodeBatch(slot, jpegs, seeds);
+    if (!st.ok()) {
+      result = st.status().WithPrefix("GPU decode");
+      break;
+    }
+    std::vector<uint32_t> kept;
+    uint32_t write = 0;
+    for (uint32_t k = 0; k < alive.size(); ++k) {
+      if (!(*st)[k].ok()) {
+        failed->push_back({alive[k], (*st)[k].WithPrefix(spec_.source->sample(g[k].index).path)});
+        continue;
+      }
+      if (k != write) MoveRow(slot, k, write);
+      kept.push_back(alive[k]);
+      ++write;
+    }
+    if (kept.size() == alive.size()) break;
+    alive = std::move(kept);
+  }
+  for (GpuRow& r : g) r.bytes = {};  // the device has run the batch: the files' bytes may go
+  return result;
 }
 
 void MediaJob::BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epoch, uint32_t rows) {
@@ -386,7 +431,10 @@ Status MediaJob::Release(uint32_t slot, uint64_t generation) {
   return Status::Ok();
 }
 
-void MediaJob::Cancel() { pipeline_->Cancel(); }
+void MediaJob::Cancel() {
+  if (spec_.gpu_decode) spec_.gpu_decode->Cancel();  // a batch waiting for its device slot gives up
+  pipeline_->Cancel();
+}
 
 namespace {
 
@@ -442,6 +490,7 @@ proto::JobStats MediaJob::Stats() const {
   st.set_samples_failed(ps.samples_failed);
   st.set_samples_tried(ps.samples_tried);
   for (uint64_t n : source_samples_) st.add_source_samples(n);
+  if (spec_.gpu_decode) spec_.gpu_decode->FillStats(&st);
   for (size_t i = 0; i < ps.stages.size(); ++i) {
     FillStageStats(ps.stages[i], ps.window[i], seconds, ps.window_seconds, st.add_stages());
   }

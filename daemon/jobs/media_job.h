@@ -18,6 +18,7 @@
 #include "config/job_config.h"
 #include "io/mixed_source.h"
 #include "io/sample_source.h"
+#include "jobs/gpu_batch_decode.h"
 #include "jobs/job_service.h"
 #include "jobs/resume_token.h"
 #include "jobs/sample_decoder.h"
@@ -45,6 +46,10 @@ struct MediaJobSpec {
   PeerInfo owner;
   Fingerprint fingerprint;                      // JobFingerprint(): ties resume tokens to this job
   std::optional<pipeline::ResumePoint> resume;  // continue from a resume token
+  // decode.device: cuda: the batch decode on the job's GPU (its device slots attached by the GPU
+  // delivery); null for a CPU decode. The decode stage then only keeps each row's file bytes, and
+  // the batch stage decodes the whole batch into the device slot.
+  std::shared_ptr<GpuBatchDecode> gpu_decode;
 #if SPDL_TEST_HOOKS
   // A test seam: called at the start of every stage of every sample (stage, sample index), on the
   // stage's thread; it may throw, to test that an exception in a task fails only that sample.
@@ -88,6 +93,9 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   }
   Status RunStage(uint32_t stage, pipeline::RowTask& t) override;
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override;
+  // decode.device: cuda: the batch's kept file bytes decoded on the GPU into the device slot (rows
+  // that fail there are packed out and reported).
+  Status BatchStage(uint32_t slot, uint32_t rows, std::vector<BatchRowFailure>* failed) override;
   // mix: the batch's images and soft labels mixed (media/mix.h), drawn from (seed, epoch, batch).
   void BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epoch, uint32_t rows) override;
   // The decoder's user-op figures ("op:NAME" rows, their time part of decode's).
@@ -119,6 +127,16 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;
   std::unique_ptr<pipeline::BatchPipeline> pipeline_;
+
+  // decode.device: cuda: per slot and row, the file's bytes (and the sample) kept by the decode
+  // stage for the batch stage. Sized at Start; a row's entry is touched only by the thread that
+  // runs that row's stage, then by the batch stage (after every row of the slot is done).
+  struct GpuRow {
+    std::vector<uint8_t> bytes;
+    uint64_t index = 0;
+    uint64_t seed = 0;
+  };
+  std::vector<std::vector<GpuRow>> gpu_rows_;
 
   // Control thread only.
   uint64_t delivered_samples_ = 0;

@@ -471,10 +471,70 @@ void BatchPipeline::FinishBatch(uint32_t slot) {
     rows = write;
   }
   for (auto [from, to] : moves) processor_->MoveRow(slot, from, to);
+  if (rows > 0 && !BatchStageDone(slot, &rows)) return;
   processor_->BatchWritten(slot, epoch, batch_in_epoch, rows);
   Status s = ring_->MarkReady(slot);
   (void)s;  // the slot was acquired by Pump() and is filling: cannot fail
   notify_();
+}
+
+bool BatchPipeline::BatchStageDone(uint32_t slot, uint32_t* rows) {
+  std::vector<RowProcessor::BatchRowFailure> failed;
+  Status s;
+  try {
+    s = processor_->BatchStage(slot, *rows, &failed);
+  } catch (const std::exception& e) {
+    s = Internal(std::string("the batch stage threw: ") + e.what());
+  } catch (...) {
+    s = Internal("the batch stage threw an exception of unknown type");
+  }
+  if (s.ok() && failed.empty()) return true;
+  std::vector<uint32_t> finished;
+  bool stop = !s.ok();
+  {
+    std::lock_guard lock(mu_);
+    InFlight& f = slots_.at(slot);
+    const uint32_t last_stage = static_cast<uint32_t>(specs_.size() - 1);
+    std::vector<uint8_t> dropped(f.meta.indices.size(), 0);
+    for (const RowProcessor::BatchRowFailure& r : failed) {
+      if (stop || r.row >= dropped.size() || dropped[r.row]) continue;
+      dropped[r.row] = 1;
+      ++failed_;
+      Status why = r.status.code() == StatusCode::kUnavailable
+                       ? Status(r.status.code(), r.status.message() + " (stage '" + specs_[last_stage].name +
+                                                     "': a resource error fails the job; it is not a bad sample)")
+                       : CountFailureLocked(last_stage, r.status);
+      if (!why.ok()) {
+        s = std::move(why);
+        stop = true;
+        continue;
+      }
+      ++epochs_.at(f.meta.epoch).skipped;
+      skipped_total_.fetch_add(1);
+    }
+    if (stop) {
+      if (failure_.ok()) failure_ = s;
+      CancelLocked(&finished);
+    } else {
+      std::vector<uint64_t> kept;
+      for (size_t r = 0; r < f.meta.indices.size(); ++r) {
+        if (!dropped[r]) kept.push_back(f.meta.indices[r]);
+      }
+      f.meta.indices = std::move(kept);
+      f.meta.rows = static_cast<uint32_t>(f.meta.indices.size());
+      *rows = f.meta.rows;
+    }
+  }
+  if (!stop) return true;
+  // The job fails: this batch is abandoned like every other one in flight.
+  {
+    std::lock_guard lock(mu_);
+    slots_.erase(slot);
+  }
+  (void)ring_->Abandon(slot);
+  for (uint32_t other : finished) FinishBatch(other);
+  notify_();
+  return false;
 }
 
 void BatchPipeline::Cancel() {

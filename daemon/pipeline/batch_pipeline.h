@@ -80,6 +80,22 @@ class RowProcessor {
   virtual Status RunStage(uint32_t stage, RowTask& t) = 0;
   // Copies row `from` of `slot` over row `to` (to pack a short batch). REQUIRES: to < from.
   virtual void MoveRow(uint32_t slot, uint32_t from, uint32_t to) = 0;
+  // ---- batch stage (GPU decode) ----
+  // Called once all rows of a batch are written and packed (`rows` valid rows, at the front),
+  // before BatchWritten; on the thread that finished its last row, never twice at once for one
+  // slot. A step over the whole batch (decode.device: cuda decodes the batch here). Rows it fails
+  // go into *failed (row index in the batch as given, and why, naming the sample): the pipeline
+  // counts each as a failed sample of the last stage (on_error, max_failures) and drops it from the
+  // batch, which comes out short (no spare replaces it here); the processor has already packed its
+  // rows (the survivors at the front, in order). A non-OK return fails the job (the step itself
+  // failed: a device, not a sample). Default: nothing.
+  struct BatchRowFailure {
+    uint32_t row = 0;
+    Status status;
+  };
+  virtual Status BatchStage(uint32_t /*slot*/, uint32_t /*rows*/, std::vector<BatchRowFailure>* /*failed*/) {
+    return Status::Ok();
+  }
   // ---- batch-level transforms (mix) ----
   // Called once all rows of a batch are written and packed (`rows` valid rows, at the front),
   // before it is marked ready; on the thread that finished its last row, never twice at once for
@@ -301,6 +317,9 @@ class BatchPipeline {
   // Under mu_: the next unused sample of `epoch`, if any.
   std::optional<uint64_t> TakeSpareLocked(uint32_t epoch, uint64_t taker_seq);
   void FinishBatch(uint32_t slot);
+  // FinishBatch's call of the processor's BatchStage: counts its failed rows and drops them from
+  // the batch (*rows updated). False when the job failed (the slot is abandoned, nothing to do).
+  bool BatchStageDone(uint32_t slot, uint32_t* rows);
   void Fail(Status status);
 
   // Constant after construction.

@@ -34,6 +34,10 @@ Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& ba
   if (o.host_base == nullptr || o.num_slots == 0 || o.slot_stride == 0) {
     return InvalidArgument("device slot pool: no host region, no slots or an empty slot");
   }
+  if (o.copy_offset >= o.slot_stride) {
+    return InvalidArgument("device slot pool: copy offset " + std::to_string(o.copy_offset) +
+                           " is not inside the slot of " + std::to_string(o.slot_stride) + " bytes");
+  }
   if (o.slot_stride % kDeviceSlotAlign != 0) {
     return InvalidArgument("device slot pool: slot stride " + std::to_string(o.slot_stride) +
                            " is not a multiple of 256");
@@ -97,11 +101,15 @@ Status DeviceSlotPool::Shutdown() {
   shut_down_ = true;
   Stop();
   Status result;
-  if (!Drain()) {
+  Status query;
+  if (!Drain(&query)) {
     leaked_bytes_ = device_.get().bytes;
-    result = Internal("device slot pool on device " + std::to_string(backend_.device()) +
-                      ": copies still queued after " + std::to_string(options_.drain_timeout.count()) +
-                      " ms (a hung GPU?); leaking " + std::to_string(leaked_bytes_) +
+    // Say what happened: a query that failed gave up at once; only a timeout waited drain_timeout.
+    const std::string why =
+        query.ok() ? "copies still queued after " + std::to_string(options_.drain_timeout.count()) + " ms (a hung GPU?)"
+                   : "could not tell whether the queued copies have run (" + query.message() + ")";
+    result = Internal("device slot pool on device " + std::to_string(backend_.device()) + ": " + why + "; leaking " +
+                      std::to_string(leaked_bytes_) +
                       " bytes of device memory and the host registration rather than freeing them under a copy");
     backend_.ReportTeardownError(result);
     device_.release();
@@ -120,7 +128,7 @@ Status DeviceSlotPool::Shutdown() {
   return result;
 }
 
-bool DeviceSlotPool::Drain() {
+bool DeviceSlotPool::Drain(Status* query) {
   const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
   for (;;) {
     bool pending = false;
@@ -134,8 +142,8 @@ bool DeviceSlotPool::Drain() {
         } else {
           pending = true;
           if (!done.ok()) {
-            // A failed query will not get better: report it and stop waiting.
-            backend_.ReportTeardownError(done.status().WithPrefix("draining " + SlotName(i)));
+            // A failed query will not get better: stop waiting, and say why.
+            *query = done.status().WithPrefix("querying the copy of " + SlotName(i));
             return false;
           }
         }
@@ -198,8 +206,12 @@ Status DeviceSlotPool::Submit(uint32_t slot, uint64_t bytes) {
   }
   const auto* src = static_cast<const uint8_t*>(options_.host_base) + options_.slots_offset +
                     uint64_t{slot} * options_.slot_stride;
-  SPDL_RETURN_IF_ERROR(backend_.MemcpyH2DAsync(device_slot(slot), src, bytes, stream)
-                           .WithPrefix("Submit of " + SlotName(slot) + ": copying to the device"));
+  if (bytes > options_.copy_offset) {
+    const uint64_t skip = options_.copy_offset;
+    SPDL_RETURN_IF_ERROR(
+        backend_.MemcpyH2DAsync(static_cast<uint8_t*>(device_slot(slot)) + skip, src + skip, bytes - skip, stream)
+            .WithPrefix("Submit of " + SlotName(slot) + ": copying to the device"));
+  }
   SPDL_RETURN_IF_ERROR(backend_.RecordEvent(ready_events_[slot].get(), stream)
                            .WithPrefix("Submit of " + SlotName(slot) + ": recording its ready event"));
   s.state = DeviceSlotState::kCopying;

@@ -75,6 +75,10 @@ struct DeviceSlotPoolOptions {
   uint64_t slots_offset = 0;   // of slot 0 in the region
   uint64_t slot_stride = 0;    // bytes per slot; a multiple of 256 (the layout makes it of 4096)
   uint32_t num_slots = 0;
+  // Bytes at the start of every slot that Submit never copies: the job writes them on the device
+  // itself (decode.device: cuda decodes the image tensor straight into the device slot). 0: all.
+  // A multiple of 256, below slot_stride.
+  uint64_t copy_offset = 0;
   // Page-lock the host region (cudaHostRegister). Turn off only when it is registered already.
   bool register_host = true;
   // How long teardown waits for queued copies before it leaks the device memory instead of
@@ -106,8 +110,8 @@ class DeviceSlotPool {
   // kInvalidArgument. On failure nothing is kept (it may be retried with other handles).
   Status ImportConsumerEvents(const std::vector<IpcEventHandle>& done_events);
 
-  // free|released -> copying: enqueues the copy of the first `bytes` bytes of host slot `slot`
-  // (0 = the whole slot) into its device slot, after the consumer-done wait for a released slot,
+  // free|released -> copying: enqueues the copy of bytes [copy_offset, bytes) of host slot `slot`
+  // (bytes 0 = the whole slot) into its device slot, after the consumer-done wait for a released slot,
   // and records the slot's ready event. REQUIRES: the host slot is filled (ready in the ring).
   // Errors: out of range / too many bytes -> kInvalidArgument; wrong state, Stop() called, or a
   // released slot whose consumer-done event has not completed (ConsumerDone) -> kFailedPrecondition; a backend failure
@@ -184,8 +188,9 @@ class DeviceSlotPool {
   Status CheckRange(uint32_t slot, const char* op) const;
   // REQUIRES: mu_ held. ConsumerDone.
   Result<bool> ConsumerDoneLocked(uint32_t slot);
-  // Waits (polling, up to drain_timeout) until no copy is pending. False on timeout.
-  bool Drain();
+  // Waits (polling, up to drain_timeout) until no copy is pending. False on timeout, or at once when
+  // a query fails (*query gets its Status; it stays OK on a timeout).
+  bool Drain(Status* query);
 
   // Constant after construction.
   DeviceBackend& backend_;

@@ -17,9 +17,12 @@
 // checks for a device.
 #include <signal.h>
 #include <sys/wait.h>
+#include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -34,6 +37,7 @@
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
+#include "media/image_encoder.h"
 #include "proto/control.pb.h"
 #include "skip.h"
 #include "spdl/client.h"
@@ -385,24 +389,242 @@ TEST_CASE(NAME("the plain Loader still refuses a cuda job, pointing at the GPU l
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
-#if !SPDL_REAL_GPU
-// decode.device: cuda parses (its config rules: config_test) but the job pipeline does not run the
-// GPU decode yet: spdld refuses the job, saying so, instead of decoding on the CPU behind the
-// config's back; the session serves on.
-TEST_CASE(NAME("decode.device: cuda is refused clearly until the pipeline runs it"), GPU_TAGS) {
-  Fixture f;
-  client::Options o = f.Job("{device: cuda:0}");
-  o.config_yaml += "decode: {device: cuda}\n";
+// decode.device: cuda through the real daemon: the read stage reads the files, the batch stage
+// decodes each batch with GpuJpegBatchDecoder (on the fake device: the fake nvJPEG, libjpeg-turbo on
+// the host, and the fake kernels running gpu/cuda/image_math.h) straight into the job's device
+// slots, the CPU path taking what nvJPEG cannot (a CMYK JPEG, a PNG), and the trainer gets the
+// batches through the same IPC path. Stated tolerance: on the fake device the pixels equal the CPU
+// path's exactly (the same decoder); on a GPU (gpu_daemon_test) nvJPEG's IDCT differs, and the image
+// tensor must stay within tests/gpu/nvjpeg_test.cc's bound (mean |GPU - CPU| <= 1.5 levels and the
+// 99.9th percentile <= 16), the labels exact.
+
+// One batch as the client saw it: its tensors' bytes (device ones read back), by tensor.
+using TensorBatches = std::map<std::pair<uint32_t, uint64_t>, std::vector<std::string>>;
+
+struct GpuRun {
+  TensorBatches batches;
+  std::map<std::string, double> stats;  // the job's final stats by name
+  std::string error;                    // the first error the client saw (empty: none)
+};
+
+// In this process (the fake device needs no fork): runs `o` on a GpuLoader to the end or the first
+// error.
+GpuRun RunGpuJob(const Fixture& f, const client::Options& o) {
+  GpuRun run;
   auto l = client::GpuLoader::Open(o, ClientGpu(f));
-  REQUIRE_FALSE(l.ok());
-  CHECK_THAT(l.status().message(), Catch::Contains("decode.device: cuda") && Catch::Contains("not wired"));
-  auto ok = client::GpuLoader::Open(f.Job("{device: cuda:0}"), ClientGpu(f));
-  REQUIRE(ok.ok());
-  ok->reset();
-  CHECK(SettlesTo([&] { return f.LiveJobs() == 0; }));
+  if (!l.ok()) {
+    run.error = l.status().ToString();
+    return run;
+  }
+  for (;;) {
+    auto ev = (*l)->Next();
+    if (!ev.ok()) {
+      run.error = ev.status().ToString();
+      break;
+    }
+    if (auto* st = std::get_if<client::JobStats>(&*ev)) {
+      for (const auto& v : st->values) run.stats[v.name] = v.value;
+      break;
+    }
+    auto* b = std::get_if<client::GpuBatch>(&*ev);
+    if (!b) continue;
+    std::vector<std::string> tensors;
+    for (const auto& t : b->tensors()) {
+      std::string host(t.bytes, '\0');
+      cuda::DeviceBackend& dev = (*l)->backend();
+      if (!dev.MemcpyD2HAsync(host.data(), t.data, t.bytes, (*l)->consumer_stream()).ok() ||
+          !dev.SynchronizeStream((*l)->consumer_stream()).ok()) {
+        run.error = "reading a batch back failed";
+        return run;
+      }
+      tensors.push_back(std::move(host));
+    }
+    run.batches[{b->host().epoch(), b->host().batch_in_epoch()}] = std::move(tensors);
+  }
+  return run;
+}
+
+TensorBatches CpuTensorBatches(const client::Options& o) {
+  auto l = client::Loader::Open(o);
+  REQUIRE(l.ok());
+  TensorBatches out;
+  for (;;) {
+    auto ev = (*l)->Next();
+    REQUIRE(ev.ok());
+    if (std::holds_alternative<client::JobStats>(*ev)) break;
+    auto* b = std::get_if<client::Batch>(&*ev);
+    if (!b) continue;
+    std::vector<std::string> tensors;
+    for (const auto& t : b->tensors()) tensors.emplace_back(static_cast<const char*>(t.data), t.bytes);
+    out[{b->epoch(), b->batch_in_epoch()}] = std::move(tensors);
+  }
+  return out;
+}
+
+// The image tensors of two runs against the stated tolerance, the other tensors exactly.
+void CheckWithinTolerance(const TensorBatches& gpu, const TensorBatches& cpu) {
+  REQUIRE(gpu.size() == cpu.size());
+  double worst_mean = 0;
+  int worst_p999 = 0;
+  for (const auto& [key, want] : cpu) {
+    INFO("epoch " << key.first << " batch " << key.second);
+    REQUIRE(gpu.count(key) == 1);
+    const std::vector<std::string>& got = gpu.at(key);
+    REQUIRE(got.size() == want.size());
+    for (size_t t = 1; t < want.size(); ++t) CHECK(got[t] == want[t]);
+    REQUIRE(got[0].size() == want[0].size());
+#if SPDL_REAL_GPU
+    std::vector<int> diff(want[0].size());
+    double sum = 0;
+    for (size_t i = 0; i < diff.size(); ++i) {
+      diff[i] = std::abs(int{static_cast<uint8_t>(got[0][i])} - int{static_cast<uint8_t>(want[0][i])});
+      sum += diff[i];
+    }
+    std::sort(diff.begin(), diff.end());
+    worst_mean = std::max(worst_mean, sum / static_cast<double>(diff.size()));
+    worst_p999 = std::max(worst_p999, diff[static_cast<size_t>(0.999 * static_cast<double>(diff.size() - 1))]);
+#else
+    CHECK(got[0] == want[0]);  // the fake nvJPEG is libjpeg-turbo: exact
+#endif
+  }
+  std::printf("gpu decode vs cpu: worst batch mean |diff| %.3f, p99.9 %d levels\n", worst_mean, worst_p999);
+  CHECK(worst_mean <= 1.5);
+  CHECK(worst_p999 <= 16);
+}
+
+std::vector<uint8_t> PatternRgb(int w, int h, int salt) {
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>((x * (3 + c) + y * (5 - c) + salt * 40) & 0xFF);
+  return px;
+}
+
+// A CMYK JPEG (nvJPEG does not decode it: the CPU path does), written with TurboJPEG.
+void WriteCmykJpeg(const std::string& path, int w, int h) {
+  const std::vector<uint8_t> rgb = PatternRgb(w, h, 3);
+  std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    for (int c = 0; c < 3; ++c) cmyk[4 * i + c] = static_cast<uint8_t>(255 - rgb[3 * i + c]);
+    cmyk[4 * i + 3] = 255;
+  }
+  tjhandle tj = tjInitCompress();
+  REQUIRE(tj != nullptr);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(tj, cmyk.data(), w, 0, h, TJPF_CMYK, &buf, &size, TJSAMP_444, 90, 0);
+  tjDestroy(tj);
+  REQUIRE(rc == 0);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(size));
+  tjFree(buf);
+}
+
+void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Every file of class 0 of the fixture's dataset, sorted.
+std::vector<std::string> ClassFiles(const Fixture& f) {
+  std::vector<std::string> files;
+  for (const auto& dir : std::filesystem::directory_iterator(f.root())) {
+    if (!dir.is_directory()) continue;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path())) files.push_back(e.path().string());
+    break;
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+client::Options DecodeJob(const Fixture& f, const std::string& output, const std::string& decode_device,
+                          const std::string& extra = "") {
+  client::Options o = f.Job(output);
+  o.config_yaml = "source: {type: image_folder, root: " + f.root() +
+                  ", extensions: [.jpg, .jpeg, .png]}\nsampler: {shuffle: true, seed: 11}\nbatch: {size: 4}\n"
+                  "transforms: [{resize: {height: 24, width: 32}}]\nprefetch: 2\ndecode: {device: " +
+                  decode_device + "}\n" + (output.empty() ? "" : "output: " + output + "\n") + extra;
+  return o;
+}
+
+TEST_CASE(NAME("decode.device: cuda delivers the CPU path's pixels, CMYK and PNG on the CPU, counted"), GPU_TAGS) {
+  if (!HaveGpu()) return;
+  Fixture f;
+  {
+    // One sample of class 0 becomes a CMYK JPEG, another a PNG (same names' stems: the dataset keeps its size).
+    const std::vector<std::string> files = ClassFiles(f);
+    REQUIRE(files.size() >= 2);
+    std::filesystem::remove(files[0]);
+    WriteCmykJpeg(files[0], 70, 50);
+    std::filesystem::remove(files[1]);
+    media::RawImage png{media::RawPixels::kRgb24, 60, 45, PatternRgb(60, 45, 7), {}};
+    auto encoded = media::EncodeImage(media::ImageFormat::kPng, png);
+    REQUIRE(encoded.ok());
+    WriteFile(files[1].substr(0, files[1].rfind('.')) + ".png", *encoded);
+  }
+  const TensorBatches cpu = CpuTensorBatches(DecodeJob(f, "", "cpu"));
+  REQUIRE(cpu.size() == 3 * kEpochs);
+  const GpuRun gpu = RunGpuJob(f, DecodeJob(f, "{device: cuda:0, copy: daemon}", "cuda"));
+  REQUIRE(gpu.error.empty());
+  CheckWithinTolerance(gpu.batches, cpu);
+  // Per epoch: 10 samples, 3 batches; the CMYK one (unsupported) and the PNG (its header is not a
+  // JPEG's) on the CPU path, the other 8 by nvJPEG.
+  CHECK(gpu.stats.at("gpu_decode_batches") == 3 * kEpochs);
+  CHECK(gpu.stats.at("gpu_decoded") == 8 * kEpochs);
+  CHECK(gpu.stats.at("gpu_decode_fallbacks") == 2 * kEpochs);
+  CHECK(gpu.stats.at("gpu_decode_fallback_unsupported") == kEpochs);
+  CHECK(gpu.stats.at("gpu_decode_fallback_header") == kEpochs);
+  CHECK(gpu.stats.at("gpu_decode_failed") == 0);
+  CHECK(gpu.stats.at("samples_failed") == 0);
+  // The job's device memory (slots, the decoder's scratch) is freed once it ends.
+  CHECK(SettlesTo([&] { return f.LiveJobs() == 0 && f.DeviceAllocations() <= 0; }));
+  CHECK(f.daemon->Running());
   CHECK(f.daemon->Stop() == std::optional<int>(0));
 }
 
+TEST_CASE(NAME("decode.device: cuda: a file no decoder reads fails per on_error, the daemon serves on"), GPU_TAGS) {
+  if (!HaveGpu()) return;
+  Fixture f;
+  std::string bad;
+  {
+    // A JPEG cut in half: its header is whole, so nvJPEG takes it into the batch, which fails; the
+    // file alone fails on the GPU and then on the CPU path.
+    const std::vector<std::string> files = ClassFiles(f);
+    REQUIRE_FALSE(files.empty());
+    bad = files[0];
+    const std::vector<uint8_t> whole = testing::ReadBytes(bad);
+    WriteFile(bad, std::vector<uint8_t>(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(whole.size() / 2)));
+  }
+  const std::string bad_name = std::filesystem::path(bad).filename().string();
+  {
+    INFO("on_error: skip");
+    const GpuRun gpu = RunGpuJob(f, DecodeJob(f, "{device: cuda:0}", "cuda", "on_error: skip\n"));
+    REQUIRE(gpu.error.empty());
+    // The bad sample is dropped from its batch each epoch (no spare replaces it after the batch
+    // stage): 9 of 10 samples delivered per epoch.
+    CHECK(gpu.stats.at("samples") == 9 * kEpochs);
+    CHECK(gpu.stats.at("samples_failed") == kEpochs);
+    CHECK(gpu.stats.at("gpu_decode_failed") == kEpochs);
+    CHECK(gpu.stats.at("gpu_decode_fallback_decode") == kEpochs);
+    CHECK(gpu.stats.at("gpu_decode_batch_retries") == kEpochs);
+  }
+  {
+    INFO("on_error: fail");
+    const GpuRun gpu = RunGpuJob(f, DecodeJob(f, "{device: cuda:0}", "cuda", "on_error: fail\n"));
+    CHECK_THAT(gpu.error, Catch::Contains(bad_name) && Catch::Contains("on_error: fail"));
+  }
+  // Not supported: refused at once, saying what (copy: client has no device slots of spdld's).
+  {
+    const GpuRun client_copy = RunGpuJob(f, DecodeJob(f, "{device: cuda:0, copy: client}", "cuda"));
+    CHECK_THAT(client_copy.error, Catch::Contains("decode.device") && Catch::Contains("copy: daemon"));
+  }
+  CHECK(SettlesTo([&] { return f.LiveJobs() == 0 && f.DeviceAllocations() <= 0; }));
+  CHECK(f.daemon->Running());
+  CHECK(f.daemon->Stop() == std::optional<int>(0));
+}
+
+#if !SPDL_REAL_GPU
 // Python tensors kept after loader.close() are GpuBatches that outlive their GpuLoader: they share
 // the device side, so the daemon keeps the device memory they read until the last of them goes
 // (the client then closes its mapping and says so: CudaMappingClosed). Freeing it at EndJob, as
@@ -489,6 +711,50 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
       CHECK(f.daemon->Stop() == std::optional<int>(0));
     }
   }
+}
+
+// exit_on_gpu_poison never pulls device memory from under a trainer: when the poisoned GPU fails
+// the trainer's job while the trainer still holds a batch (its IPC mapping open), spdld waits until
+// the trainer has closed its mapping (the batch gone: CudaMappingClosed), and only then exits.
+TEST_CASE(NAME("a poisoned GPU's exit waits until the trainer whose job failed has closed its mapping"), GPU_TAGS) {
+  Fixture f;
+  client::GpuOptions g = ClientGpu(f);
+  g.device = 0;
+  auto l = client::GpuLoader::Open(f.Job("{device: cuda:0}", 0), g);
+  REQUIRE(l.ok());
+  std::vector<client::GpuBatch> held;
+  while (held.size() < 2) {
+    auto ev = (*l)->Next();
+    REQUIRE(ev.ok());
+    if (auto* b = std::get_if<client::GpuBatch>(&*ev)) held.push_back(std::move(*b));
+  }
+  {
+    std::FILE* poison =
+        std::fopen((f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0-" + std::to_string(f.daemon->pid())).c_str(), "w");
+    REQUIRE(poison != nullptr);
+    std::fputs("cudaErrorIllegalAddress: an illegal memory access was encountered (test)", poison);
+    std::fclose(poison);
+  }
+  CHECK(SettlesTo([&] {
+    const proto::DaemonStatus st = f.Status();
+    return st.gpu_devices_size() == 1 && st.gpu_devices(0).poisoned();
+  }));
+  // One batch goes back: the daemon's next CUDA call for the job fails, and so does the job.
+  held.pop_back();
+  bool failed = false;
+  for (int i = 0; i < 50 && !failed; ++i) {
+    auto ev = (*l)->Next();
+    failed = !ev.ok();
+    if (failed) CHECK_THAT(ev.status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+  }
+  CHECK(failed);
+  l->reset();  // the loader goes; the batch it delivered is still held, and so is its mapping
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(f.daemon->Running());
+  CHECK(f.Status().gpu_devices(0).jobs() == 1);
+  held.clear();  // the last batch goes: the mapping is closed, and the daemon told
+  CHECK(SettlesTo([&] { return !f.daemon->Running(); }));
+  CHECK(f.daemon->exit_code() == std::optional<int>(3));
 }
 
 // The GpuLoader's own logic against the in-process FakeBackend (its call log shows the order of

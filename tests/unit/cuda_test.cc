@@ -1069,6 +1069,21 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: teardown order", "[cuda]") {
     CHECK(job.dev.live().allocations == 1);    // leaked on purpose (the fake frees it at the end)
     CHECK(job.dev.live().registrations == 1);
   }
+  SECTION("a query that fails gives up at once and says so, not that it waited") {
+    Job job(2);
+    REQUIRE(job.pool->Submit(0).ok());
+    job.daemon.SetEventPending(job.pool->ready_event(0), true);
+    job.pool->Stop();
+    job.view.reset();
+    job.daemon.FailNext(FakeOp::kQuery, Internal("cudaEventQuery: cudaErrorLaunchFailure"));
+    job.pool.reset();
+    auto errors = job.daemon.teardown_errors();
+    REQUIRE(errors.size() == 1);
+    CHECK_THAT(errors[0].message(), Catch::Contains("could not tell whether the queued copies have run") &&
+                                        Catch::Contains("cudaErrorLaunchFailure") && Catch::Contains("leaking"));
+    CHECK_THAT(errors[0].message(), !Catch::Contains("after 50 ms"));
+    CHECK(job.dev.live().allocations == 1);  // leaked on purpose, as for a timeout
+  }
 }
 
 TEST_CASE("DeviceSlotPool: pipeline threads submit while the control thread leases and releases",

@@ -39,7 +39,27 @@ class FakeProcessor : public RowProcessor {
     return Status::Ok();
   }
   void MoveRow(uint32_t slot, uint32_t from, uint32_t to) override { rows_[slot][to] = rows_[slot][from]; }
+  // The batch stage: fails the rows holding an index of `batch_bad` and packs the rest (as the GPU
+  // decode does); `batch_error` fails the step itself.
+  Status BatchStage(uint32_t slot, uint32_t rows, std::vector<BatchRowFailure>* failed) override {
+    ++batch_stages;
+    if (!batch_error.ok()) return batch_error;
+    uint32_t write = 0;
+    for (uint32_t r = 0; r < rows; ++r) {
+      const auto index = static_cast<uint64_t>(rows_[slot][r]);
+      if (batch_bad.count(index)) {
+        failed->push_back({r, DataLoss("sample " + std::to_string(index) + " failed in the batch stage")});
+        continue;
+      }
+      if (r != write) MoveRow(slot, r, write);
+      ++write;
+    }
+    return Status::Ok();
+  }
   int64_t at(uint32_t slot, uint32_t row) const { return rows_[slot][row]; }
+  std::set<uint64_t> batch_bad;
+  Status batch_error;
+  int batch_stages = 0;
   std::set<uint64_t> bad;
   std::set<uint64_t> bad_read;
   int delay_us = 0;
@@ -265,6 +285,43 @@ TEST_CASE("on_error: fail stops the job with the sample's error") {
   CHECK(h.pipe->failure().message() == "sample 2 is bad (stage 'decode', on_error: fail)");
   CHECK(h.pipe->cancelled());
   CHECK(h.notified > 0);
+}
+
+TEST_CASE("the batch stage drops the rows it fails (counted, per on_error) or fails the job") {
+  InlineExecutor inline_ex;
+  PipelineOptions o;
+  o.batch_size = 4;
+  SECTION("on_error: skip: the batch comes out short, the sample counted as failed") {
+    Harness h(2, 10, o, &inline_ex);
+    h.proc.batch_bad = {1, 6};
+    h.pipe->Pump();
+    auto metas = h.Drain();  // checks every delivered row against its meta
+    REQUIRE(metas.size() == 3);
+    CHECK(metas[0].rows == 3);
+    CHECK(metas[0].indices == std::vector<uint64_t>{0, 2, 3});
+    CHECK(metas[1].indices == std::vector<uint64_t>{4, 5, 7});
+    CHECK(metas[2].rows == 2);
+    CHECK(h.proc.batch_stages == 3);
+    CHECK(h.pipe->Stats().samples_failed == 2);
+    CHECK(h.pipe->EpochSkipped(0) == 2);
+    CHECK(h.pipe->failure().ok());
+  }
+  SECTION("on_error: fail: the job fails with the sample's error") {
+    o.fail_on_error = true;
+    Harness h(2, 10, o, &inline_ex);
+    h.proc.batch_bad = {2};
+    h.pipe->Pump();
+    CHECK(h.pipe->failure().code() == StatusCode::kDataLoss);
+    CHECK(h.pipe->failure().message() == "sample 2 failed in the batch stage (stage 'decode', on_error: fail)");
+    CHECK(h.pipe->cancelled());
+  }
+  SECTION("a failed step (the device) fails the job whatever on_error says") {
+    Harness h(2, 10, o, &inline_ex);
+    h.proc.batch_error = Unavailable("GPU decode: the device is gone");
+    h.pipe->Pump();
+    CHECK(h.pipe->failure().code() == StatusCode::kUnavailable);
+    CHECK(h.pipe->cancelled());
+  }
 }
 
 TEST_CASE("a resource error (kUnavailable) fails the job even under on_error: skip") {
