@@ -7,7 +7,10 @@ sample's number, its put time kept here) and one stream job (batch 16, max_batch
 by a Loader in another thread: the latency of a sample is from the start of its put to the moment
 the trainer holds the batch that carries it (same clock, one process).
 
-    /usr/bin/python3 bench/stream_bench.py [--build build] [--seconds 5] [--rates 100,1000]
+    /usr/bin/python3 bench/stream_bench.py [--build build] [--seconds 5] [--rates 100,1000] [--put-many 64]
+
+With --put-many K the producer sends the samples that are due (at most K) with one
+Producer.put_many (pipelined puts, not one round trip each); without it, one put per sample.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def jpeg(i: int, side: int = 32) -> bytes:
     return out.getvalue()
 
 
-def run(spdl_client, sock: str, name: str, rate: float, seconds: float, images: list) -> dict:
+def run(spdl_client, sock: str, name: str, rate: float, seconds: float, images: list, put_many: int = 0) -> dict:
     """Puts at `rate` samples/s (0: as fast as it goes) for `seconds`; returns the figures."""
     yaml_text = (f"source: {{type: stream, name: {name}, group: bench}}\nbatch: {{size: 16}}\n"
                  "max_batch_delay_ms: 5\ntransforms:\n  - resize: {shorter: 32}\n  - center_crop: {size: 32}\n"
@@ -63,6 +66,15 @@ def run(spdl_client, sock: str, name: str, rate: float, seconds: float, images: 
             due = start + i / rate
             if due > now:
                 time.sleep(due - now)
+        if put_many > 0:
+            # The samples due now (all K at the highest rate), put with one put_many.
+            n = put_many if rate <= 0 else max(1, min(put_many, int((time.perf_counter() - start) * rate) - i + 1))
+            t0 = time.perf_counter()
+            for k in range(i, i + n):
+                put_at[k] = t0
+            producer.put_many([images[k % len(images)] for k in range(i, i + n)], labels=list(range(i, i + n)))
+            i += n
+            continue
         put_at[i] = time.perf_counter()
         producer.put(images[i % len(images)], label=i)
         i += 1
@@ -86,6 +98,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rates", default="100,1000")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--put-many", type=int, default=0, help="send up to K due samples per put_many (0: put)")
     a = ap.parse_args()
     build = Path(a.build).resolve()
     sys.path.insert(0, str(build / "python"))
@@ -104,7 +117,9 @@ def main() -> int:
             time.sleep(0.1)
             rows = []
             for n, rate in enumerate([float(r) for r in a.rates.split(",")] + [0.0]):
-                rows.append(run(spdl_client, sock, f"bench{n}", rate, a.seconds, images))
+                rows.append(run(spdl_client, sock, f"bench{n}", rate, a.seconds, images, a.put_many))
+            print(f"puts: {'put_many of up to ' + str(a.put_many) if a.put_many else 'one put per sample'}; "
+                  f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
             print(f"{'put rate':>10} {'samples':>8} {'received':>8} {'put/s':>8} {'delivered/s':>11} "
                   f"{'p50 ms':>8} {'p99 ms':>8}")
             for r in rows:

@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -978,6 +979,110 @@ Producer::~Producer() {
   if (conn_) conn_->Close();
 }
 
+namespace {
+
+constexpr size_t kInlinePut = 4096;  // smaller samples ride in the message: no buffer round trip
+
+// A PutDone's result: the offset, or the error it carries (as Put returns it).
+Result<uint64_t> PutResult(const proto::DaemonMessage& reply, const std::string& stream) {
+  if (reply.has_error()) return FromDaemonError(reply.error(), "stream '" + stream + "'");
+  if (!reply.has_put_done()) return ProtocolError("expected PutDone, got message #" + std::to_string(reply.msg_case()));
+  const proto::PutDone& d = reply.put_done();
+  if (d.has_error() && (d.error().code() != proto::Error::UNKNOWN || !d.error().message().empty())) {
+    const std::string& msg = d.error().message();
+    switch (d.error().code()) {
+      case proto::Error::RESOURCE_EXHAUSTED:
+        return ResourceExhausted(msg);
+      default:
+        if (msg.find("is closed") != std::string::npos) return FailedPrecondition(msg);
+        return InvalidArgument(msg);
+    }
+  }
+  return d.offset();
+}
+
+}  // namespace
+
+Result<std::vector<uint64_t>> Producer::PutMany(const std::vector<Item>& items, bool block) {
+  if (closed_) return FailedPrecondition("the producer of stream '" + info_.stream + "' is closed");
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].size > buffer_size_) {
+      return InvalidArgument("item " + std::to_string(i) + ": a sample of " + std::to_string(items[i].size) +
+                             " bytes is larger than the put buffer of " + std::to_string(buffer_size_) +
+                             " bytes (ProducerOptions::buffer_bytes); nothing was put");
+    }
+  }
+  struct InFlight {
+    size_t item;
+    bool in_buffer;  // its bytes are in the put buffer (else inline in the message)
+  };
+  std::deque<InFlight> flight;  // answered in order (the daemon's PutDones follow its puts)
+  std::vector<uint64_t> offsets(items.size(), 0);
+  size_t next = 0, put = 0;
+  Status first_error;
+  size_t failed_item = 0;
+  // Reads the oldest put's answer.
+  auto answer = [&]() -> Status {
+    proto::DaemonMessage reply;
+    // A blocking put waits as long as the stream stays full (the daemon's death still ends it: EOF).
+    SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "waiting for PutDone"));
+    const InFlight f = flight.front();
+    flight.pop_front();
+    Result<uint64_t> r = PutResult(reply, info_.stream);
+    if (r.ok()) {
+      offsets[f.item] = *r;
+      ++put;
+      ++puts_;
+    } else if (first_error.ok()) {
+      first_error = r.status();
+      failed_item = f.item;
+    }
+    if (reply.has_error()) return r.status();  // the session's error: nothing more will come
+    return Status::Ok();
+  };
+  // The put buffer holds one sample at a time: one over kInlinePut waits until the previous one's
+  // answer came (the daemon copies the bytes out before it answers); inline ones do not wait.
+  auto buffer_busy = [&] {
+    for (const InFlight& f : flight) {
+      if (f.in_buffer) return true;
+    }
+    return false;
+  };
+  while ((next < items.size() && first_error.ok()) || !flight.empty()) {
+    if (next < items.size() && first_error.ok() && flight.size() < kPutWindow) {
+      const Item& it = items[next];
+      const bool in_buffer = it.size > kInlinePut;
+      if (!in_buffer || !buffer_busy()) {
+        proto::ClientMessage m;
+        auto* p = m.mutable_put_sample();
+        if (in_buffer) {
+          std::memcpy(buffer_, it.data, it.size);  // the daemon copies it out before it answers
+          p->set_buffer_length(it.size);
+        } else {
+          p->set_data(static_cast<const char*>(it.data), it.size);
+        }
+        const InFlight f{next, in_buffer};
+        p->set_label(it.label);
+        p->set_metadata(it.metadata);
+        p->set_key(it.key);
+        p->set_block(block);
+        SPDL_RETURN_IF_ERROR(conn_->Send(m));
+        flight.push_back(f);
+        ++next;
+        continue;
+      }
+    }
+    SPDL_RETURN_IF_ERROR(answer());  // the window or the buffer is full, or all is sent: the oldest answer
+  }
+  if (!first_error.ok()) {
+    std::string what = "put_many: item " + std::to_string(failed_item) + " of " + std::to_string(items.size()) +
+                       " failed (" + std::to_string(put) + " of the items were put";
+    if (next < items.size()) what += "; items " + std::to_string(next) + " on were not sent";
+    return first_error.WithPrefix(what + ")");
+  }
+  return offsets;
+}
+
 Result<uint64_t> Producer::Put(const void* data, size_t size, int64_t label, const std::string& metadata, bool block,
                                const std::string& key) {
   if (closed_) return FailedPrecondition("the producer of stream '" + info_.stream + "' is closed");
@@ -985,10 +1090,9 @@ Result<uint64_t> Producer::Put(const void* data, size_t size, int64_t label, con
     return InvalidArgument("a sample of " + std::to_string(size) + " bytes is larger than the put buffer of " +
                            std::to_string(buffer_size_) + " bytes (ProducerOptions::buffer_bytes)");
   }
-  constexpr size_t kInline = 4096;  // smaller samples ride in the message: no buffer round trip
   proto::ClientMessage m;
   auto* put = m.mutable_put_sample();
-  if (size <= kInline) {
+  if (size <= kInlinePut) {
     put->set_data(static_cast<const char*>(data), size);
   } else {
     std::memcpy(buffer_, data, size);  // the daemon copies it out before it answers
@@ -1002,21 +1106,9 @@ Result<uint64_t> Producer::Put(const void* data, size_t size, int64_t label, con
   proto::DaemonMessage reply;
   // A blocking put waits as long as the stream stays full (the daemon's death still ends it: EOF).
   SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "waiting for PutDone"));
-  if (reply.has_error()) return FromDaemonError(reply.error(), "stream '" + info_.stream + "'");
-  if (!reply.has_put_done()) return ProtocolError("expected PutDone, got message #" + std::to_string(reply.msg_case()));
-  const proto::PutDone& d = reply.put_done();
-  if (d.has_error() && (d.error().code() != proto::Error::UNKNOWN || !d.error().message().empty())) {
-    const std::string& msg = d.error().message();
-    switch (d.error().code()) {
-      case proto::Error::RESOURCE_EXHAUSTED:
-        return ResourceExhausted(msg);
-      default:
-        if (msg.find("is closed") != std::string::npos) return FailedPrecondition(msg);
-        return InvalidArgument(msg);
-    }
-  }
+  SPDL_ASSIGN_OR_RETURN(uint64_t offset, PutResult(reply, info_.stream));
   ++puts_;
-  return d.offset();
+  return offset;
 }
 
 Status Producer::Flush() { return Status::Ok(); }

@@ -858,8 +858,9 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
       stream ? "stream " + stream->name() + " group " + spec.config.source.stream.group : spec.source->Describe();
   spec.job_id = next_job_id_.fetch_add(1);
   if (stream) {  // source.type: stream or watch: no share group, no GPU (PrepareStreamJob refused both)
+    // Decodes on the shared worker pool, in the user's turn, like a file job's (pipeline/thread_pool.h).
     auto sj = StreamJob::Start(std::move(spec), stream, p->resume_after, p->first_batch, reservation.TakeShmLease(),
-                               std::move(notify));
+                               std::move(notify), executor_->ForGroup(peer.uid));
     if (!sj.ok()) return SubmitResult::Refused(sj.status().WithPrefix("starting the job"));
     std::shared_ptr<JobHandle> handle = std::move(sj).value();
     Rollback cancel_job([inner = std::weak_ptr<JobHandle>(handle)] {

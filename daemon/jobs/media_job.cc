@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "io/sampler.h"
+#include "jobs/job_region.h"
 #include "jobs/resume_token.h"
 #include "media/mix.h"
 #include "media/sample_random.h"
@@ -98,16 +99,9 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   }
   if (!gpu_decode) spec.gpu_decode = nullptr;
   proto::SlotLayout layout = LayoutFor(spec);
-  SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
-                        shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes,
-                                                  layout.SlotOffset(std::min(layout.num_slots, kInitialSlots))));
-  auto* header = reinterpret_cast<proto::RegionHeader*>(region.data());
-  header->magic = proto::kRegionMagic;
-  header->protocol_version = proto::kProtocolVersion;
-  header->num_slots = layout.num_slots;
-  header->slots_offset = layout.slots_offset;
-  header->slot_stride = layout.slot_stride;
-  header->region_bytes = layout.region_bytes;
+  SPDL_ASSIGN_OR_RETURN(
+      shm::SharedRegion region,
+      CreateJobRegion(spec.job_id, layout, layout.SlotOffset(std::min(layout.num_slots, kInitialSlots))));
 
   auto job = std::make_shared<MediaJob>(std::move(spec), std::move(region), layout, std::move(budget));
   const auto& s = job->spec_;
@@ -120,25 +114,11 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
 
   proto::JobAccepted& a = job->accepted_;
   a.set_job_id(s.job_id);
-  a.set_num_slots(layout.num_slots);
-  a.set_slots_offset(layout.slots_offset);
-  a.set_slot_stride(layout.slot_stride);
-  a.set_region_bytes(layout.region_bytes);
-  a.set_batch_size(b);
   a.set_batches_per_epoch(io::BatchesPerEpoch(per_rank, b, s.config.batch.drop_last));
   a.set_samples_per_epoch(per_rank);
   a.set_dataset_size(n);
   for (std::string& c : s.source->ClassNames()) a.add_classes(std::move(c));
-  for (size_t i = 0; i < job->tensors_.size(); ++i) {
-    const RowTensor& t = job->tensors_[i];
-    auto* out = a.add_tensors();
-    out->set_name(t.name);
-    out->set_dtype(t.dtype);
-    out->add_shape(b);
-    for (int64_t d : t.row_shape) out->add_shape(d);
-    out->set_offset(layout.tensor_offsets[i]);
-    out->set_bytes(uint64_t{b} * t.row_bytes);
-  }
+  DescribeSlots(layout, job->tensors_, b, &a);
   pipeline::PipelineOptions popts;
   popts.batch_size = b;
   popts.drop_last = s.config.batch.drop_last;

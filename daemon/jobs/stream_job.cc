@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "jobs/job_region.h"
 #include "media/sample_random.h"
 #include "proto/framing.h"
 
@@ -54,7 +55,7 @@ Result<StreamToken> DecodeStreamToken(const std::string& token) {
 
 StreamJob::StreamJob(MediaJobSpec spec, std::shared_ptr<streams::Stream> stream, streams::ConsumerId consumer,
                      shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget,
-                     std::function<void()> notify)
+                     std::function<void()> notify, pipeline::Executor* executor)
     : budget_(std::move(budget)),
       spec_(std::move(spec)),
       stream_(std::move(stream)),
@@ -63,7 +64,8 @@ StreamJob::StreamJob(MediaJobSpec spec, std::shared_ptr<streams::Stream> stream,
       layout_(std::move(layout)),
       notify_(std::move(notify)),
       started_(Clock::now()),
-      ring_(layout_.num_slots) {
+      ring_(layout_.num_slots),
+      queue_(executor->NewQueue(spec_.config.weight)) {
   tensors_ = spec_.decoder->tensors();
   tensors_.push_back({"label", proto::INT64, {}, sizeof(int64_t)});
 }
@@ -81,20 +83,14 @@ StreamJob::~StreamJob() {
 
 Result<std::shared_ptr<StreamJob>> StreamJob::Start(MediaJobSpec spec, std::shared_ptr<streams::Stream> stream,
                                                     std::optional<uint64_t> resume_after, uint64_t first_batch,
-                                                    std::unique_ptr<BudgetLease> budget, std::function<void()> notify) {
+                                                    std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
+                                                    pipeline::Executor* executor) {
+  if (executor == nullptr) return Internal("stream job: no worker pool to decode on");
   proto::SlotLayout layout = LayoutFor(spec);
-  SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region,
-                        shm::SharedRegion::Create("spdld-job-" + std::to_string(spec.job_id), layout.region_bytes));
-  auto* header = reinterpret_cast<proto::RegionHeader*>(region.data());
-  header->magic = proto::kRegionMagic;
-  header->protocol_version = proto::kProtocolVersion;
-  header->num_slots = layout.num_slots;
-  header->slots_offset = layout.slots_offset;
-  header->slot_stride = layout.slot_stride;
-  header->region_bytes = layout.region_bytes;
+  SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region, CreateJobRegion(spec.job_id, layout));
   SPDL_ASSIGN_OR_RETURN(streams::ConsumerId consumer, stream->Join(spec.config.source.stream.group, resume_after));
   auto job = std::make_shared<StreamJob>(std::move(spec), std::move(stream), consumer, std::move(region), layout,
-                                         std::move(budget), std::move(notify));
+                                         std::move(budget), std::move(notify), executor);
   job->batch_base_ = first_batch;
   const MediaJobSpec& s = job->spec_;
   const auto b = static_cast<uint32_t>(s.config.batch.size);
@@ -104,24 +100,10 @@ Result<std::shared_ptr<StreamJob>> StreamJob::Start(MediaJobSpec spec, std::shar
   }
   proto::JobAccepted& a = job->accepted_;
   a.set_job_id(s.job_id);
-  a.set_num_slots(layout.num_slots);
-  a.set_slots_offset(layout.slots_offset);
-  a.set_slot_stride(layout.slot_stride);
-  a.set_region_bytes(layout.region_bytes);
-  a.set_batch_size(b);
   a.set_batches_per_epoch(0);  // unbounded
   a.set_samples_per_epoch(0);
   a.set_dataset_size(0);
-  for (size_t i = 0; i < job->tensors_.size(); ++i) {
-    const RowTensor& t = job->tensors_[i];
-    auto* out = a.add_tensors();
-    out->set_name(t.name);
-    out->set_dtype(t.dtype);
-    out->add_shape(b);
-    for (int64_t d : t.row_shape) out->add_shape(d);
-    out->set_offset(layout.tensor_offsets[i]);
-    out->set_bytes(uint64_t{b} * t.row_bytes);
-  }
+  DescribeSlots(layout, job->tensors_, b, &a);
   spdlog::info("job {}: started for uid {} pid {}: stream '{}' group '{}'{}, batches of {}, {} slots ({} MiB)",
                s.job_id, s.owner.uid, s.owner.pid, job->stream_->name(), s.config.source.stream.group,
                resume_after ? " resuming after offset " + std::to_string(*resume_after) : std::string(), b,
@@ -158,81 +140,171 @@ void StreamJob::Fail(Status reason) {
   if (notify_) notify_();
 }
 
+void StreamJob::Completions::Report(uint32_t row, Status st, bool ran) {
+  std::lock_guard<std::mutex> lock(mu);
+  done.push_back({row, std::move(st), ran});
+  cv.notify_all();
+}
+
+void StreamJob::MoveRow(uint32_t slot, uint32_t from, uint32_t to) {
+  uint8_t* base = region_.data() + layout_.SlotOffset(slot);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const uint64_t n = tensors_[i].row_bytes;
+    std::memmove(base + layout_.tensor_offsets[i] + to * n, base + layout_.tensor_offsets[i] + from * n, n);
+  }
+}
+
+namespace {
+
+// Owned by one posted decode task: reports the row once, also when the pool drops the task without
+// running it (a pool that stopped at shutdown), so the dispatcher never waits for it forever.
+class RowReport {
+ public:
+  explicit RowReport(std::function<void(Status, bool)> report) : report_(std::move(report)) {}
+  ~RowReport() {
+    if (report_) report_(Unavailable("the worker pool stopped before the sample was decoded"), false);
+  }
+  RowReport(const RowReport&) = delete;
+  RowReport& operator=(const RowReport&) = delete;
+  void Done(Status st) {
+    report_(std::move(st), true);
+    report_ = nullptr;
+  }
+
+ private:
+  std::function<void(Status, bool)> report_;
+};
+
+}  // namespace
+
 void StreamJob::Fill() {
   const auto b = static_cast<uint32_t>(spec_.config.batch.size);
   const auto delay = std::chrono::milliseconds(spec_.config.max_batch_delay_ms);
   const uint64_t max_samples = spec_.config.source.stream.max_samples;
   const bool fail_on_error = spec_.config.on_error == config::OnError::kFail;
   uint64_t good = 0;  // samples written into batches so far
-  while (!stop_) {
+  bool end = false;   // the stream ended (or max_samples): the batch being filled is the last
+  while (!stop_ && !end) {
     std::optional<shm::SlotRing::Acquired> acquired = ring_.TryAcquire();
     if (!acquired) {
       ring_.WaitForFree(std::chrono::milliseconds(100));
       continue;
     }
     const uint32_t slot = acquired->slot;
-    Batch batch;
+    // The slot's rows: the sample each holds (null: free). A failed decode frees its row.
+    std::vector<streams::SamplePtr> rows(b);
+    std::vector<uint32_t> free_rows;
+    for (uint32_t r = b; r > 0; --r) free_rows.push_back(r - 1);
+    uint32_t live = 0;     // rows holding a sample (decoded, or being decoded)
+    uint32_t pending = 0;  // decodes posted and not reported yet
+    auto completions = std::make_shared<Completions>();
     bool have_first = false;
     Clock::time_point first;
-    while (batch.rows < b && !stop_) {
-      if (max_samples > 0 && good + batch.rows >= max_samples) {
-        batch.last = true;
-        break;
+    // Takes the reports of finished decodes; waits up to `wait` for one when none is there.
+    auto collect = [&](std::chrono::milliseconds wait) {
+      std::vector<Completions::Done> done;
+      {
+        std::unique_lock<std::mutex> lock(completions->mu);
+        if (completions->done.empty() && wait.count() > 0) {
+          completions->cv.wait_for(lock, wait, [&] { return !completions->done.empty(); });
+        }
+        done.swap(completions->done);
       }
-      uint64_t want = b - batch.rows;
-      if (max_samples > 0) want = std::min<uint64_t>(want, max_samples - good - batch.rows);
+      for (auto& [row, st, ran] : done) {
+        --pending;
+        if (st.ok()) continue;
+        const streams::SamplePtr s = std::move(rows[row]);
+        free_rows.push_back(row);
+        --live;
+        if (!ran) {  // not decoded at all: not consumed, Leave hands it back
+          Fail(std::move(st));
+          continue;
+        }
+        ++failed_;
+        stream_->Ack(consumer_, {s->offset});  // consumed: a bad sample is not redelivered
+        if (fail_on_error) {
+          Fail(st.WithPrefix("on_error: fail"));
+          continue;
+        }
+        spdlog::warn("job {}: skipped {}", spec_.job_id, st.message());
+      }
+    };
+    while (!stop_) {
+      collect(std::chrono::milliseconds(0));
+      if (stop_) break;
+      const bool full = live >= b;
+      const bool at_max = max_samples > 0 && good + live >= max_samples;
+      bool late = false;
       auto wait = std::chrono::milliseconds(100);
       if (have_first && delay.count() > 0) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(first + delay - Clock::now());
-        if (left.count() <= 0) break;
-        wait = std::min(wait, left);
+        late = left.count() <= 0;
+        wait = std::min(wait, std::max(left, std::chrono::milliseconds(0)));
       }
+      if (late && live == 0 && pending == 0) {  // every sample so far failed: wait for the next one
+        have_first = false;
+        late = false;
+      }
+      if (full || at_max || late || end) {
+        if (pending == 0) {
+          if (at_max) end = true;
+          break;  // the batch is complete
+        }
+        collect(std::chrono::milliseconds(100));  // its last decodes; a failure may free rows
+        continue;
+      }
+      uint64_t want = b - live;
+      if (max_samples > 0) want = std::min<uint64_t>(want, max_samples - good - live);
       Result<streams::Stream::Taken> taken = stream_->Take(consumer_, static_cast<size_t>(want), wait);
       if (!taken.ok()) {
         if (taken.status().code() != StatusCode::kCancelled) Fail(taken.status());
         break;
       }
-      for (const streams::SamplePtr& s : taken->samples) {
+      for (streams::SamplePtr& s : taken->samples) {
         if (!have_first) {
           have_first = true;
           first = Clock::now();
         }
         ++tried_;
-        Status st = DecodeInto(*s, slot, batch.rows);
-        if (!st.ok()) {
-          ++failed_;
-          stream_->Ack(consumer_, {s->offset});  // consumed: a bad sample is not redelivered
-          if (fail_on_error) {
-            Fail(st.WithPrefix("on_error: fail"));
-            break;
-          }
-          spdlog::warn("job {}: skipped {}", spec_.job_id, st.message());
-          continue;
-        }
-        batch.offsets.push_back(s->offset);
-        batch.keys.push_back(s->key);
-        batch.labels.push_back(s->label);
-        batch.metadata.push_back(s->metadata);
-        ++batch.rows;
+        const uint32_t row = free_rows.back();
+        free_rows.pop_back();
+        rows[row] = s;
+        ++live;
+        ++pending;
+        auto report = std::make_shared<RowReport>(
+            [completions, row](Status st, bool ran) { completions->Report(row, std::move(st), ran); });
+        queue_->Post(
+            [this, report, sample = std::move(s), slot, row] { report->Done(DecodeInto(*sample, slot, row)); });
       }
-      if (taken->end) {
-        batch.last = true;
-        break;
-      }
+      if (taken->end) end = true;
     }
     if (stop_) {
-      (void)ring_.Abandon(slot);  // its samples are not acknowledged: Leave hands them back
+      // The slot's decodes still write into it: wait for them, then give the slot up. Its samples
+      // are not acknowledged: Leave hands them back to the group.
+      while (pending > 0) collect(std::chrono::milliseconds(100));
+      (void)ring_.Abandon(slot);
       break;
     }
+    // Move the decoded rows together (in row order) over the rows freed by failures.
+    Batch batch;
+    for (uint32_t r = 0; r < b; ++r) {
+      if (!rows[r]) continue;
+      if (r != batch.rows) MoveRow(slot, r, batch.rows);
+      const streams::StreamSample& s = *rows[r];
+      batch.offsets.push_back(s.offset);
+      batch.keys.push_back(s.key);
+      batch.labels.push_back(s.label);
+      batch.metadata.push_back(s.metadata);
+      ++batch.rows;
+    }
+    batch.last = end;
     good += batch.rows;
-    const bool last = batch.last;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_[slot] = std::move(batch);
     }
     (void)ring_.MarkReady(slot);
     if (notify_) notify_();
-    if (last) break;
   }
 }
 

@@ -13,14 +13,21 @@
 // on_error: fail, fails the job. BatchReady.resume_token is a stream token (EncodeStreamToken): the
 // highest offset the job has delivered.
 //
-// Threading: JobHandle methods run on the control thread. One filler thread per job takes samples
-// (waiting at most 100 ms at a time, so Cancel is seen at once) and decodes them into slot rows;
-// the ring's free slots are its backpressure. The destructor (control thread, or whichever drops
-// the last reference) stops and joins it, then leaves the group.
+// Threading: JobHandle methods run on the control thread. Decoding and transforms run on the
+// daemon's shared worker pool (the executor given to Start, through the job's own weighted queue,
+// like a file job's decode stage), so stream jobs share the node's thread budget with every other
+// job. One light dispatcher thread per job takes samples from the stream (waiting at most 100 ms
+// at a time, so Cancel is seen at once), gives each a row of the slot being filled and posts its
+// decode; it closes the batch (full, max_batch_delay_ms, the end, max_samples) once the batch's
+// decodes are done, moving rows together over failed ones, and a failed sample frees its row for
+// the next one, so a full batch stays full. The ring's free slots are its backpressure. The
+// destructor (control thread, or whichever drops the last reference) stops and joins the
+// dispatcher, which first waits for its posted decodes, then leaves the group.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +38,7 @@
 
 #include "jobs/job_service.h"
 #include "jobs/media_job.h"
+#include "pipeline/executor.h"
 #include "proto/shm_layout.h"
 #include "shm/shared_region.h"
 #include "shm/slot_ring.h"
@@ -57,9 +65,12 @@ class StreamJob final : public JobHandle {
   // starts the filler. spec.config.source.type is stream; spec.source is unused (null).
   // Errors: Stream::Join's (an evicted resume point: kDataLoss), the region's.
   // A resumed job's first batch is numbered `first_batch` (its token's next_batch).
+  // Decodes run on `executor` (the daemon's worker pool, or its group for the job's uid).
+  // REQUIRES: executor != nullptr and it outlives the job.
   static Result<std::shared_ptr<StreamJob>> Start(MediaJobSpec spec, std::shared_ptr<streams::Stream> stream,
                                                   std::optional<uint64_t> resume_after, uint64_t first_batch,
-                                                  std::unique_ptr<BudgetLease> budget, std::function<void()> notify);
+                                                  std::unique_ptr<BudgetLease> budget, std::function<void()> notify,
+                                                  pipeline::Executor* executor);
   // The region a job with this spec needs: the decoder's tensors and the label (MediaJob's layout
   // for a job without extra outputs, targets or mix, which stream jobs refuse).
   static proto::SlotLayout LayoutFor(const MediaJobSpec& spec) { return MediaJob::LayoutFor(spec); }
@@ -76,7 +87,7 @@ class StreamJob final : public JobHandle {
 
   StreamJob(MediaJobSpec spec, std::shared_ptr<streams::Stream> stream, streams::ConsumerId consumer,
             shm::SharedRegion region, proto::SlotLayout layout, std::unique_ptr<BudgetLease> budget,
-            std::function<void()> notify);
+            std::function<void()> notify, pipeline::Executor* executor);
 
  private:
   struct Batch {
@@ -87,9 +98,24 @@ class StreamJob final : public JobHandle {
     std::vector<int64_t> labels;
     std::vector<std::string> metadata;
   };
-  void Fill();  // the filler thread
-  // Decodes `s` into row `row` of `slot`. Errors name the sample's key.
+  // What the decode tasks of the slot being filled report back to the dispatcher (shared with
+  // the tasks, so a task that finishes after the dispatcher moved on touches only this).
+  struct Completions {
+    std::mutex mu;
+    std::condition_variable cv;
+    struct Done {
+      uint32_t row;
+      Status status;
+      bool ran;  // false: the pool dropped the task (it stopped), the sample was not decoded
+    };
+    std::vector<Done> done;  // guarded by mu
+    void Report(uint32_t row, Status st, bool ran);
+  };
+  void Fill();  // the dispatcher thread
+  // Decodes `s` into row `row` of `slot` (a worker thread). Errors name the sample's key.
   Status DecodeInto(const streams::StreamSample& s, uint32_t slot, uint32_t row);
+  // Copies row `from` of `slot` over row `to` (every tensor, the label included).
+  void MoveRow(uint32_t slot, uint32_t from, uint32_t to);
   void Fail(Status reason);
 
   // Constant after construction (teardown order: the thread is joined in the destructor first).
@@ -104,6 +130,7 @@ class StreamJob final : public JobHandle {
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;
+  std::unique_ptr<pipeline::Executor> queue_;  // this job's queue on the shared worker pool
 
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> failed_{0};
@@ -123,7 +150,7 @@ class StreamJob final : public JobHandle {
   double first_batch_seconds_ = -1;
   bool ended_ = false;
 
-  std::thread filler_;  // last: started when everything above is built
+  std::thread filler_;  // last: started when everything above is built (the dispatcher)
 };
 
 }  // namespace spdl::jobs

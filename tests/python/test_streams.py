@@ -289,3 +289,86 @@ def test_max_batch_delay_sends_a_partial_batch(daemon, jpegs):
     assert it.next(timeout=10) is None  # the stream ended: the epoch (and the job) ends
     print(f"max_batch_delay_ms 100: a 5-row batch after {waited * 1e3:.0f} ms")
     loader.close()
+
+
+def test_put_many_pipelines_puts_in_order_each_once(daemon, jpegs):
+    """put_many: small samples inline and large ones through the put buffer, in one call; offsets
+    in order and contiguous; the job receives each exactly once with its label and metadata."""
+    name = "put-many"
+    big = [_jpeg(10_000 + i, side=96) for i in range(20)]  # over 4 KiB: through the put buffer
+    assert all(len(b) > 4096 for b in big)
+    data = list(jpegs[:300])
+    for k, b in enumerate(big):
+        data.insert(15 * k + 7, b)
+    n = len(data)
+    producer = spdl_client.Producer(name, socket=daemon.socket, max_samples=4096)
+    loader = open_loader(daemon, stream_yaml(name, "g", batch=8))
+    got: list = []
+    errors: list = []
+    t = threading.Thread(target=consume_with_metadata, args=(loader, got, errors))
+    t.start()
+    offsets = producer.put_many(data, labels=list(range(n)), metadata=[b"m%d" % i for i in range(n)])
+    assert offsets == list(range(offsets[0], offsets[0] + n))
+    with pytest.raises(spdl_client.SpdlError, match="2 labels for 3 samples"):
+        producer.put_many(data[:3], labels=[0, 1])
+    producer.close(end_stream=True)
+    t.join(60)
+    assert not errors, errors
+    assert sorted(got) == list(range(n)), "each sample of the put_many exactly once"
+    loader.close()
+
+
+def _watch_yaml(root: str) -> str:
+    return (f"source: {{type: watch, root: {root}, group: g}}\nbatch: {{size: 2}}\nmax_batch_delay_ms: 50\n"
+            "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\nprefetch: 2\non_error: fail\n")
+
+
+def _take_paths(it, want: set, got: list, quiet: float = 0.6, limit: float = 20) -> None:
+    """Appends the paths of every batch to `got` until `want` all arrived and then `quiet` seconds
+    brought nothing (a duplicate would show)."""
+    deadline = time.monotonic() + limit
+    done_at = None
+    while time.monotonic() < deadline:
+        if done_at is None and want <= set(got):
+            done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > quiet:
+            return
+        try:
+            batch = it.next(timeout=0.1)
+        except spdl_client.SpdlTimeoutError:
+            continue
+        assert batch is not None, "the watch job ended"
+        got.extend(batch.paths)
+        del batch
+
+
+def test_watch_resume_within_retention_misses_nothing_and_repeats_nothing(daemon, jpegs):
+    """The rule (README "Watching a folder"): a watch job resumed from its token while its watch
+    still runs (a group keeps the watch for group_retention, 60 s, without a consumer) continues the
+    group: the files completed while no job ran arrive, each once, and none delivered before again."""
+    root = daemon.tmp / "watched-resume"
+    (root / "a").mkdir(parents=True)
+    for i in range(4):
+        (root / "a" / f"first{i}.jpg").write_bytes(jpegs[i])
+    yaml_text = _watch_yaml(str(root))
+    loader = open_loader(daemon, yaml_text)
+    it = iter(loader)
+    before: list = []
+    _take_paths(it, {f"a/first{i}.jpg" for i in range(4)}, before)
+    state = loader.state_dict()
+    loader.close()
+    # While no job runs: written in place, and renamed into place.
+    for i in range(3):
+        (root / "a" / f"down{i}.jpg").write_bytes(jpegs[10 + i])
+    for i in range(3):
+        tmp = root / "a" / f".down-r{i}.tmp"
+        tmp.write_bytes(jpegs[20 + i])
+        tmp.rename(root / "a" / f"down-r{i}.jpg")
+    resumed = open_loader(daemon, yaml_text)
+    resumed.load_state_dict(state)
+    after: list = []
+    want = {f"a/down{i}.jpg" for i in range(3)} | {f"a/down-r{i}.jpg" for i in range(3)}
+    _take_paths(iter(resumed), want, after)
+    resumed.close()
+    assert sorted(before) == sorted(f"a/first{i}.jpg" for i in range(4)), before
+    assert sorted(after) == sorted(want), f"after the resume: {sorted(after)}"

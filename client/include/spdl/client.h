@@ -423,8 +423,24 @@ class Producer {
   // BatchReady.paths ("" = none).
   Result<uint64_t> Put(const void* data, size_t size, int64_t label = -1, const std::string& metadata = "",
                        bool block = true, const std::string& key = "");
-  // Every Put has returned when it was acknowledged: nothing is buffered on this side. OK unless the
-  // connection failed.
+  // One sample of PutMany. `data` must stay valid until PutMany returns.
+  struct Item {
+    const void* data = nullptr;
+    size_t size = 0;
+    int64_t label = -1;
+    std::string metadata;
+    std::string key;
+  };
+  // Puts `items` in order, with up to kPutWindow puts in flight, so small samples are not bound by
+  // one round trip each (samples up to 4 KiB ride in their message; larger ones go through the put
+  // buffer, which holds one at a time: such a put waits for the previous one's answer); returns their
+  // offsets (in order) once the daemon holds every one. On the first failed put no more are sent;
+  // the error names the item and how many of the items were put (those before it, and any sent
+  // after it before its answer came, keep their places in the stream). Errors as Put's.
+  Result<std::vector<uint64_t>> PutMany(const std::vector<Item>& items, bool block = true);
+  static constexpr size_t kPutWindow = 128;  // the daemon accepts up to 256 puts without answers
+  // Every Put and PutMany has returned when it was acknowledged: nothing is buffered on this side.
+  // OK unless the connection failed.
   Status Flush();
   // Stops producing; with end_stream the stream is closed too (its jobs drain it and end). Idempotent.
   Status Close(bool end_stream);

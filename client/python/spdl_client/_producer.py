@@ -59,6 +59,25 @@ class Producer:
             raise SpdlError(f"the producer of stream '{self._name}' is closed", "FAILED_PRECONDITION")
         return self._core.put(data, int(label), bytes(metadata), bool(block), str(key))
 
+    def put_many(self, data: Sequence, labels: Optional[Sequence[int]] = None,
+                 metadata: Optional[Sequence[bytes]] = None, *, block: bool = True,
+                 keys: Optional[Sequence[str]] = None) -> list:
+        """Puts several samples in order and returns their offsets once the daemon holds every one.
+        Up to 128 puts are in flight at once (not one round trip each), so small samples are not
+        bound by the round trip. ``labels`` / ``metadata`` / ``keys``, when given, have one entry per
+        sample. On the first failed put no more are sent; the ``SpdlError`` names the item and how
+        many of the items were put (the items put keep their places in the stream)."""
+        if self._closed:
+            raise SpdlError(f"the producer of stream '{self._name}' is closed", "FAILED_PRECONDITION")
+        data = list(data)
+        n = len(data)
+        for what, seq in (("labels", labels), ("metadata", metadata), ("keys", keys)):
+            if seq is not None and len(seq) != n:
+                raise SpdlError(f"put_many: {len(seq)} {what} for {n} samples", "INVALID_ARGUMENT")
+        return self._core.put_many(data, [int(x) for x in labels] if labels is not None else [],
+                                   [bytes(m) for m in metadata] if metadata is not None else [],
+                                   [str(k) for k in keys] if keys is not None else [], bool(block))
+
     def put_file(self, path: str, label: int = -1, metadata: bytes = b"", *, block: bool = True) -> int:
         """Puts a file's bytes (read here, with this process's rights), keyed by its path."""
         with open(path, "rb") as f:

@@ -716,6 +716,36 @@ class ProducerCore {
     return *r;
   }
 
+  // put_many: every buffer is held (its buffer_info) while the GIL is released.
+  std::vector<uint64_t> PutMany(const std::vector<py::buffer>& data, const std::vector<int64_t>& labels,
+                                const std::vector<py::bytes>& metadata, const std::vector<std::string>& keys,
+                                bool block) {
+    std::vector<py::buffer_info> held;
+    held.reserve(data.size());
+    std::vector<client::Producer::Item> items(data.size());
+    for (size_t i = 0; i < data.size(); ++i) {
+      held.push_back(data[i].request());
+      const py::buffer_info& b = held.back();
+      if (!IsContiguous(b)) {
+        ThrowError("put_many: item " + std::to_string(i) + ": the data must be a C-contiguous buffer",
+                   "INVALID_ARGUMENT");
+      }
+      items[i].data = b.ptr;
+      items[i].size = static_cast<size_t>(b.size * b.itemsize);
+      if (i < labels.size()) items[i].label = labels[i];
+      if (i < metadata.size()) items[i].metadata = metadata[i];
+      if (i < keys.size()) items[i].key = keys[i];
+    }
+    Result<std::vector<uint64_t>> r = [&] {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!producer_) return Result<std::vector<uint64_t>>(FailedPrecondition("the producer is closed"));
+      return producer_->PutMany(items, block);
+    }();
+    if (!r.ok()) ThrowStatus(r.status());
+    return std::move(r).value();
+  }
+
   void Close(bool end_stream) {
     Status s = [&] {
       py::gil_scoped_release nogil;
@@ -822,6 +852,8 @@ PYBIND11_MODULE(_spdl_client, m) {
                   py::arg("client_name") = "")
       .def("put", &spdl::python::ProducerCore::Put, py::arg("data"), py::arg("label") = -1,
            py::arg("metadata") = py::bytes(), py::arg("block") = true, py::arg("key") = "")
+      .def("put_many", &spdl::python::ProducerCore::PutMany, py::arg("data"), py::arg("labels"), py::arg("metadata"),
+           py::arg("keys"), py::arg("block") = true)
       .def("close", &spdl::python::ProducerCore::Close, py::arg("end_stream") = false)
       .def_property_readonly("info", &spdl::python::ProducerCore::Info);
 

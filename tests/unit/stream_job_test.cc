@@ -1,0 +1,269 @@
+// StreamJob (jobs/stream_job.h) through the real JobRegistry, a real ThreadPool, a real stream and
+// real JPEG files: stream jobs decode on the daemon's shared worker pool (the pool held busy holds
+// two stream jobs' decodes in its queue, and they go on with a file job once it is free), a
+// garbage sample fails per on_error without stalling the stream (a full batch stays full), and
+// max_batch_delay_ms sends a partial batch.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/daemon_config.h"
+#include "e2e/dataset.h"
+#include "jobs/job_registry.h"
+#include "pipeline/thread_pool.h"
+#include "streams/stream.h"
+
+namespace spdl::jobs {
+namespace {
+
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// A folder of real JPEGs (2 classes x 4), read back as bytes for the producer.
+struct Data {
+  Data() {
+    char t[] = "/tmp/spdl-stream-job-XXXXXX";
+    REQUIRE(mkdtemp(t) != nullptr);
+    path = t;
+    testdata::DatasetOptions o;
+    o.classes = 2;
+    o.images_per_class = 4;
+    o.min_side = 40;
+    o.max_side = 80;
+    REQUIRE(testdata::MakeImageFolder(path + "/data", o).ok());
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path + "/data")) {
+      if (e.is_regular_file()) files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      jpegs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    REQUIRE(jpegs.size() == 8);
+  }
+  ~Data() { std::filesystem::remove_all(path); }
+  std::string path;
+  std::vector<std::vector<uint8_t>> jpegs;
+};
+
+proto::SubmitJob Yaml(const std::string& source, const std::string& extra = "") {
+  proto::SubmitJob r;
+  r.set_config_yaml("source: " + source + "\nbatch: {size: 4}\ntransforms: [{resize: {height: 32, width: 32}}]\n" +
+                    "prefetch: 2\n" + extra);
+  r.set_config_name("job.yaml");
+  r.set_epochs(1);  // a file job's one epoch (a stream job has none: it ends with its stream)
+  return r;
+}
+
+// Holds every thread of a pool busy until Open().
+class PoolGate {
+ public:
+  PoolGate(pipeline::ThreadPool* pool, int threads) {
+    for (int i = 0; i < threads; ++i) {
+      pool->Post([this] {
+        std::unique_lock<std::mutex> lock(mu_);
+        ++entered_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return open_; });
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_ == threads; });
+  }
+  ~PoolGate() { Open(); }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int entered_ = 0;
+  bool open_ = false;
+};
+
+// Takes every batch the job delivers until its last (or `limit`), releasing each; returns the rows
+// of each batch.
+std::vector<uint32_t> Drain(JobHandle& job, bool* ended, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  std::vector<uint32_t> rows;
+  *ended = false;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!*ended && std::chrono::steady_clock::now() < until && job.failure().ok()) {
+    std::optional<Delivery> d = job.TakeNext();
+    if (!d) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    rows.push_back(d->batch.rows());
+    if (d->job_end) {
+      *ended = true;
+    } else {
+      REQUIRE(job.Release(d->batch.slot(), d->batch.generation()).ok());
+    }
+  }
+  return rows;
+}
+
+uint32_t Sum(const std::vector<uint32_t>& v) {
+  uint32_t n = 0;
+  for (uint32_t x : v) n += x;
+  return n;
+}
+
+TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
+  Data data;
+  config::DaemonConfig cfg;
+  cfg.allowed_roots = {data.path};
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    streams::StreamConfig sc;
+    sc.name = "pool-test";
+    auto stream = reg.streams()->Define(sc, me.uid);
+    REQUIRE(stream.ok());
+    SubmitResult a = reg.Submit(Yaml("{type: stream, name: pool-test, group: a}"), me, [] {});
+    SubmitResult b = reg.Submit(Yaml("{type: stream, name: pool-test, group: b}"), me, [] {});
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    {
+      // Every pool thread busy: the stream jobs' decodes wait in the pool's queue, nothing decodes
+      // them anywhere else (no batch comes out).
+      PoolGate gate(pool.get(), 2);
+      for (size_t i = 0; i < data.jpegs.size(); ++i) {
+        REQUIRE((*stream)->Put(data.jpegs[i], static_cast<int64_t>(i), "").ok());
+      }
+      // Each job's dispatcher fills one slot of 4 rows and waits for its decodes.
+      CHECK(WaitFor([&] { return pool->queued() >= 8; }));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CHECK_FALSE(a.job->TakeNext().has_value());
+      CHECK_FALSE(b.job->TakeNext().has_value());
+      INFO("pool tasks queued while its threads were held: " << pool->queued());
+      CHECK(pool->queued() >= 8);
+      // A file job submitted meanwhile queues on the same pool.
+      SubmitResult file = reg.Submit(Yaml("{type: image_folder, root: " + data.path + "/data}"), me, [] {});
+      REQUIRE(file.ok());
+      gate.Open();
+      bool ended = false;
+      CHECK(Sum(Drain(*file.job, &ended)) == 8);
+      CHECK(ended);
+    }
+    (*stream)->Close();
+    for (SubmitResult* r : {&a, &b}) {
+      bool ended = false;
+      const std::vector<uint32_t> rows = Drain(*r->job, &ended);
+      CHECK(ended);
+      CHECK(Sum(rows) == 8);  // each group sees every sample
+      CHECK(r->job->failure().ok());
+      CHECK(r->job->Stats().samples_tried() == 8);
+    }
+    a = SubmitResult{};
+    b = SubmitResult{};
+    pool->Join();  // the daemon's order: the pool joins before the registry goes
+  }
+}
+
+TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still fills") {
+  Data data;
+  config::DaemonConfig cfg;
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    streams::StreamConfig sc;
+    sc.name = "garbage-test";
+    auto stream = reg.streams()->Define(sc, me.uid);
+    REQUIRE(stream.ok());
+    SubmitResult skip =
+        reg.Submit(Yaml("{type: stream, name: garbage-test, group: skip}", "on_error: skip\n"), me, [] {});
+    SubmitResult fail =
+        reg.Submit(Yaml("{type: stream, name: garbage-test, group: fail}", "on_error: fail\n"), me, [] {});
+    REQUIRE(skip.ok());
+    REQUIRE(fail.ok());
+    const std::vector<uint8_t> garbage(300, 0x5a);
+    for (size_t i = 0; i < 3; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
+    REQUIRE((*stream)->Put(garbage, 0, "").ok());
+    for (size_t i = 3; i < 8; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
+    (*stream)->Close();
+    bool ended = false;
+    const std::vector<uint32_t> rows = Drain(*skip.job, &ended);
+    CHECK(ended);
+    CHECK(skip.job->failure().ok());
+    REQUIRE(rows.size() >= 2);
+    CHECK(rows[0] == 4);  // the garbage sample's row was filled by the next sample
+    CHECK(rows[1] == 4);
+    CHECK(Sum(rows) == 8);
+    CHECK(skip.job->Stats().samples_failed() == 1);
+    CHECK(skip.job->Stats().samples_tried() == 9);
+    // on_error: fail: the job fails naming why; the stream is not stuck for the other group.
+    CHECK(WaitFor([&] { return !fail.job->failure().ok(); }));
+    CHECK_THAT(fail.job->failure().message(), Catch::Contains("on_error: fail"));
+    skip = SubmitResult{};
+    fail = SubmitResult{};
+    pool->Join();
+  }
+}
+
+TEST_CASE("stream job: max_batch_delay_ms sends the rows it has") {
+  Data data;
+  config::DaemonConfig cfg;
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    streams::StreamConfig sc;
+    sc.name = "delay-test";
+    auto stream = reg.streams()->Define(sc, me.uid);
+    REQUIRE(stream.ok());
+    SubmitResult j =
+        reg.Submit(Yaml("{type: stream, name: delay-test, group: g}", "max_batch_delay_ms: 20\n"), me, [] {});
+    REQUIRE(j.ok());
+    REQUIRE((*stream)->Put(data.jpegs[0], 0, "").ok());
+    REQUIRE((*stream)->Put(data.jpegs[1], 1, "").ok());
+    std::optional<Delivery> d;
+    CHECK(WaitFor([&] { return (d = j.job->TakeNext()).has_value(); }));
+    REQUIRE(d.has_value());
+    CHECK(d->batch.rows() == 2);
+    CHECK_FALSE(d->job_end.has_value());
+    REQUIRE(d->batch.offsets_size() == 2);
+    CHECK(d->batch.offsets(0) == 0);
+    CHECK(d->batch.offsets(1) == 1);
+    CHECK(j.job->Release(d->batch.slot(), d->batch.generation()).ok());
+    (*stream)->Close();
+    bool ended = false;
+    CHECK(Sum(Drain(*j.job, &ended)) == 0);
+    CHECK(ended);
+    // Acknowledged on release: the group has nothing in flight.
+    const streams::StreamStats st = (*stream)->Stats();
+    REQUIRE(st.groups.size() == 1);
+    CHECK(st.groups[0].in_flight == 0);
+    CHECK(st.groups[0].lag == 0);
+    j = SubmitResult{};
+    pool->Join();
+  }
+}
+
+}  // namespace
+}  // namespace spdl::jobs
