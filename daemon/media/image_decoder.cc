@@ -909,15 +909,19 @@ Status ImageDecoder::Impl::DecodeExact(std::span<const uint8_t> data, const Imag
   req.window_y = g.keep_y;
   req.window_width = g.keep_width;
   req.window_height = g.keep_height;
+  // The random horizontal flip is folded into the resampler's horizontal pass (the same values,
+  // written right to left), and the kept window lands where the flip puts it.
+  req.mirror = plan.flipped;
+  ResizeCropPlan placed = g;
+  if (plan.flipped) placed.dst_x = g.out_width - g.dst_x - g.keep_width;
 
   // Straight into the destination when nothing is left to do; else into the scratch image, then
-  // the output pass (flip, dtype, normalization, layout).
-  const bool direct = ops.raw_output() && !plan.flipped;
-  if (direct) {
-    uint8_t* target = static_cast<uint8_t*>(out.data) + static_cast<size_t>(g.dst_y) * out.row_stride +
-                      static_cast<size_t>(g.dst_x) * ops.channels;
+  // the output pass (dtype, normalization, layout).
+  if (ops.raw_output()) {
+    uint8_t* target = static_cast<uint8_t*>(out.data) + static_cast<size_t>(placed.dst_y) * out.row_stride +
+                      static_cast<size_t>(placed.dst_x) * ops.channels;
     SPDL_RETURN_IF_ERROR(resampler.Resample(img, req, target, out.row_stride));
-    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, g, ops.channels);
+    ZeroPadding(static_cast<uint8_t*>(out.data), out.row_stride, placed, ops.channels);
     return Status::Ok();
   }
   const size_t target_stride = AlignUp(static_cast<size_t>(g.keep_width) * pixel, kPlaneAlign);
@@ -931,9 +935,7 @@ Status ImageDecoder::Impl::DecodeExact(std::span<const uint8_t> data, const Imag
   src.height = g.keep_height;
   src.channels = ops.channels;
   src.wide = wide;
-  const Orientation final = plan.flipped ? MirrorHorizontally(Orientation{}) : Orientation{};
-  const int place_x = plan.flipped ? g.out_width - g.dst_x - g.keep_width : g.dst_x;
-  ConvertInto(src, final, place_x, g.dst_y, table, out);
+  ConvertInto(src, Orientation{}, placed.dst_x, placed.dst_y, table, out);
   return Status::Ok();
 }
 

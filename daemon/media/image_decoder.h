@@ -20,8 +20,10 @@
 //      PIL's separable filters (resample.h), computing only the kept window of the resized image
 //      (a random resized crop: its rectangle resized as an image of its own, as torchvision's
 //      resized_crop). Gray output is PIL's convert("L") of the RGB image (a gray JPEG's own
-//      samples). It writes straight into the destination when the output is uint8 NHWC and
-//      nothing is mirrored; else through the output pass (step 6).
+//      samples). The random horizontal flip is folded into the resampler's horizontal pass
+//      (ResampleRequest::mirror: the same values, written right to left). It writes straight into
+//      the destination when the output is uint8 NHWC, flipped or not; else through the output pass
+//      (step 6).
 //   5. Resample::kFast: JPEG (libjpeg-turbo): when the target is at most half that rectangle,
 //      decodes at 1/2, 1/4 or 1/8 scale in the DCT domain (3/4 and 7/8 measured slower than a
 //      full decode, so they are never used); decodes to Y/Cb/Cr planes (JpegDecodePath::kYuvPlanes,
@@ -40,7 +42,7 @@
 //      never decoded: corrupt entropy data there goes unnoticed (a file cut short is still
 //      kDataLoss, jpeg_window.h).
 //   6. Otherwise the resampled image goes to a scratch image (per decoder, so per thread), and one
-//      pass (pixel_convert.h) turns it upright (fast path), mirrors it (random horizontal flip),
+//      pass (pixel_convert.h) turns it upright (fast path), mirrors it (random horizontal flip, fast path),
 //      pads, normalizes, converts to the output dtype and lays it out HWC or CHW into the
 //      destination.
 // CMYK/YCCK and RGB-coded JPEGs are decoded through RGB on either path (CMYK converted as

@@ -230,6 +230,105 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int 
   }
 }
 
+// Eight fixed-point sums to eight samples in 32-bit lanes: drop the fraction bits, clip to [lo, hi].
+__attribute__((target("avx2"))) inline __m256i ClipLanes(__m256i v, __m256i lo, __m256i hi) {
+  return _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(v, kResamplePrecisionBits), lo), hi);
+}
+
+// The most taps an output may have for HorizontalGather3 (beyond it, HorizontalAvx2<3>: a gather per
+// tap and eight outputs costs more than two taps per vector when there are many).
+constexpr int kGatherMaxTaps = 12;
+
+// Horizontal, 8-bit, RGB, eight outputs at a time: per tap, one gather loads the eight outputs'
+// source pixels as 32-bit words (R, G, B and one byte more, masked off), and each channel sums in
+// eight lanes. The same integer arithmetic as the scalar code (32-bit wrap-around sums, then shift
+// and clip), so the same values. `lanes` holds per group of eight outputs and per tap the eight
+// byte offsets then the eight weights (taps past an output's count: its first pixel, weight 0);
+// `safe` says whether a group's loads stay inside the row (a 32-bit load at the row's last pixel
+// reads one byte past it: such a group takes the scalar code).
+__attribute__((target("avx2"))) void HorizontalGather3(const PackedImage& src, int y0, int rows, const AxisWeights& w,
+                                                       uint8_t* dst, size_t dst_stride, std::vector<int32_t>& lanes,
+                                                       std::vector<uint8_t>& safe) {
+  constexpr int kLanes = 8;
+  const int n = static_cast<int>(w.first.size());
+  const int groups = n / kLanes;
+  const int taps = w.taps;
+  const size_t group_ints = static_cast<size_t>(taps) * 2 * kLanes;
+  lanes.assign(static_cast<size_t>(groups) * group_ints, 0);
+  safe.assign(static_cast<size_t>(groups), 0);
+  const int row_bytes = src.width * 3;
+  std::vector<int> group_taps(static_cast<size_t>(groups), 0);
+  for (int g = 0; g < groups; ++g) {
+    int32_t* d = lanes.data() + static_cast<size_t>(g) * group_ints;
+    bool ok = true;
+    int most = 0;
+    for (int l = 0; l < kLanes; ++l) {
+      const int i = g * kLanes + l;
+      const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
+      most = std::max(most, w.count[i]);
+      ok = ok && (w.first[i] + std::max(w.count[i], 1) - 1) * 3 + 4 <= row_bytes;
+      for (int t = 0; t < taps; ++t) {
+        const bool used = t < w.count[i];
+        d[t * 2 * kLanes + l] = (w.first[i] + (used ? t : 0)) * 3;
+        d[t * 2 * kLanes + kLanes + l] = used ? k[t] : 0;
+      }
+    }
+    safe[g] = ok ? 1 : 0;
+    group_taps[g] = most;
+  }
+  constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
+  const __m256i h = _mm256_set1_epi32(half);
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  const __m256i zero = _mm256_setzero_si256();
+  // Per 128-bit half: four RGBx words to twelve RGB bytes.
+  const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8,
+                                        9, 10, 12, 13, 14, -1, -1, -1, -1);
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
+    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
+    for (int g = 0; g < groups; ++g) {
+      if (safe[g] == 0) {
+        for (int i = g * kLanes; i < (g + 1) * kLanes; ++i) {
+          const uint8_t* p = in + static_cast<size_t>(w.first[i]) * 3;
+          const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
+          for (int c = 0; c < 3; ++c) {
+            int32_t sum = half;
+            for (int t = 0; t < w.count[i]; ++t) sum += p[t * 3 + c] * k[t];
+            out[i * 3 + c] = ClipSample<uint8_t, int32_t>(sum);
+          }
+        }
+        continue;
+      }
+      const int32_t* d = lanes.data() + static_cast<size_t>(g) * group_ints;
+      __m256i r = h, gr = h, b = h;
+      for (int t = 0; t < group_taps[g]; ++t) {
+        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + t * 2 * kLanes));
+        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + t * 2 * kLanes + kLanes));
+        const __m256i px = _mm256_i32gather_epi32(reinterpret_cast<const int*>(in), idx, 1);
+        r = _mm256_add_epi32(r, _mm256_mullo_epi32(_mm256_and_si256(px, byte), kv));
+        gr = _mm256_add_epi32(gr, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 8), byte), kv));
+        b = _mm256_add_epi32(b, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 16), byte), kv));
+      }
+      const __m256i words = _mm256_or_si256(
+          ClipLanes(r, zero, byte),
+          _mm256_or_si256(_mm256_slli_epi32(ClipLanes(gr, zero, byte), 8), _mm256_slli_epi32(ClipLanes(b, zero, byte), 16)));
+      alignas(32) uint8_t bytes[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_shuffle_epi8(words, pack));
+      std::memcpy(out + g * kLanes * 3, bytes, 12);
+      std::memcpy(out + g * kLanes * 3 + 12, bytes + 16, 12);
+    }
+    for (int i = groups * kLanes; i < n; ++i) {
+      const uint8_t* p = in + static_cast<size_t>(w.first[i]) * 3;
+      const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
+      for (int c = 0; c < 3; ++c) {
+        int32_t sum = half;
+        for (int t = 0; t < w.count[i]; ++t) sum += p[t * 3 + c] * k[t];
+        out[i * 3 + c] = ClipSample<uint8_t, int32_t>(sum);
+      }
+    }
+  }
+}
+
 // Eight 32-bit sums to eight clipped bytes, in order, in the low 64 bits.
 __attribute__((target("avx2"))) inline __m256i PackSums(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i ab =
@@ -288,7 +387,10 @@ __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_s
 void Horizontal8(bool simd, const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst,
                  size_t dst_stride, std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (simd && HaveAvx2() && src.channels == 3) return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2() && src.channels == 3) {
+    if (w.taps <= kGatherMaxTaps) return HorizontalGather3(src, y0, rows, w, dst, dst_stride, wide, safe);
+    return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  }
   if (simd && HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
 #endif
   (void)simd;
@@ -408,6 +510,31 @@ bool Rebase(std::vector<int>& first, const std::vector<int>* count, int origin, 
   return true;
 }
 
+// Identity weights (one tap of weight 1.0) for outputs [out_begin, out_end) of an axis that keeps
+// its size: what a pass over it computes is a copy (sum = sample << bits + half, shifted back).
+void IdentityAxisWeights(int out_begin, int out_end, AxisWeights* w) {
+  const int n = out_end - out_begin;
+  w->taps = 1;
+  w->first_output = out_begin;
+  w->first.resize(n);
+  w->count.assign(n, 1);
+  w->weights.assign(n, int32_t{1} << kResamplePrecisionBits);
+  for (int i = 0; i < n; ++i) w->first[i] = out_begin + i;
+}
+
+// Reverses the order of the outputs: output i takes what output n - 1 - i had.
+void MirrorAxisWeights(AxisWeights* w) {
+  const size_t n = w->first.size();
+  const auto taps = static_cast<size_t>(w->taps);
+  std::reverse(w->first.begin(), w->first.end());
+  std::reverse(w->count.begin(), w->count.end());
+  for (size_t i = 0; i < n / 2; ++i) {
+    std::swap_ranges(w->weights.begin() + static_cast<ptrdiff_t>(i * taps),
+                     w->weights.begin() + static_cast<ptrdiff_t>((i + 1) * taps),
+                     w->weights.begin() + static_cast<ptrdiff_t>((n - 1 - i) * taps));
+  }
+}
+
 }  // namespace
 
 Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uint8_t* dst, size_t dst_stride) {
@@ -440,6 +567,7 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     if (!Rebase(index_x_, nullptr, r.src_x, src.width) || !Rebase(index_y_, nullptr, r.src_y, src.height)) {
       return outside();
     }
+    if (r.mirror) std::reverse(index_x_.begin(), index_x_.end());
     if (src.wide) {
       Nearest<uint16_t>(src, index_x_, index_y_, dst, dst_stride);
     } else {
@@ -448,8 +576,10 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     return Status::Ok();
   }
 
-  // A pass is needed when its axis changes size (PIL's rule); else that axis is copied.
-  const bool need_h = r.out_width != in_width;
+  // A pass is needed when its axis changes size (PIL's rule); else that axis is copied. A mirrored
+  // window always takes the horizontal pass (identity weights when the width is kept).
+  const bool keep_width = r.out_width == in_width;
+  const bool need_h = !keep_width || r.mirror;
   const bool need_v = r.out_height != in_height;
   const int n = r.window_width * src.channels;  // samples per output row
   // The window's first column and row in the part's coordinates (an axis that is not resampled).
@@ -478,8 +608,13 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     }
     return Status::Ok();
   }
-  ComputeAxisWeights(in_width, r.out_width, r.filter, r.window_x, r.window_x + r.window_width, &horizontal_);
+  if (keep_width) {
+    IdentityAxisWeights(r.window_x, r.window_x + r.window_width, &horizontal_);
+  } else {
+    ComputeAxisWeights(in_width, r.out_width, r.filter, r.window_x, r.window_x + r.window_width, &horizontal_);
+  }
   if (!Rebase(horizontal_.first, &horizontal_.count, r.src_x, src.width)) return outside();
+  if (r.mirror) MirrorAxisWeights(&horizontal_);
   if (!need_v) {
     // Horizontal only, straight into the destination.
     PackedImage rows = src;

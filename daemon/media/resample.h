@@ -25,7 +25,12 @@
 // 16-bit samples (wide) go through the same weights with 64-bit sums (PIL has no such mode: this
 // keeps a 16-bit source's precision for floating-point outputs).
 // Speed: the 8-bit passes run eight 32-bit lanes at a time with AVX2 when the CPU has it (chosen at
-// run time; the same integer arithmetic, so the same values), else portable scalar code.
+// run time; the same integer arithmetic, so the same values), else portable scalar code. The
+// horizontal pass of RGB rows computes eight output pixels per step (their source pixels gathered
+// tap by tap) when an output has at most 12 taps (upscaling, or downscaling up to ~5x bilinear),
+// else one output pixel per step, two taps per vector.
+// A horizontal flip of the window (ResampleRequest::mirror) costs nothing: the horizontal pass
+// writes its outputs in reverse order.
 #pragma once
 
 #include <cstddef>
@@ -88,6 +93,11 @@ struct ResampleRequest {
   int src_y = 0;
   int full_width = 0;
   int full_height = 0;
+  // Write the window mirrored left to right (a horizontal flip folded into the horizontal pass:
+  // output column j gets what column window_width - 1 - j would; the values are the unmirrored
+  // window's, bit for bit). An axis that keeps its size is then still passed through horizontally,
+  // with identity weights.
+  bool mirror = false;
 };
 
 // The source samples [*begin, *end) that outputs [out_begin, out_end) of an in_size -> out_size

@@ -2084,6 +2084,78 @@ TEST_CASE("Resample: a window equals the same crop of the whole resize, for ever
   }
 }
 
+TEST_CASE("Resample: a mirrored window is the window reversed, value for value") {
+  uint64_t state = 777;
+  auto next = [&state](int lo, int hi) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + static_cast<int>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int trial = 0; trial < 144; ++trial) {
+    const int c = trial % 4 == 0 ? 1 : trial % 4 == 1 ? 4 : 3;
+    const int w = next(1, 160), h = next(1, 70);
+    std::vector<uint8_t> src(static_cast<size_t>(w) * h * c);
+    for (auto& v : src) v = static_cast<uint8_t>(next(0, 255));
+    // Every third trial keeps the width (no horizontal resize: identity weights), every sixth the
+    // height too (a plain copy without the mirror).
+    const int ow = trial % 3 == 0 ? w : next(1, 120);
+    const int oh = trial % 6 == 0 ? h : next(1, 120);
+    const int wx = next(0, ow - 1), wy = next(0, oh - 1);
+    const int ww = next(1, ow - wx), wh = next(1, oh - wy);
+    const auto f = static_cast<ResampleFilter>(trial % 6);
+    const bool simd = trial % 2 == 0;
+    INFO(w << "x" << h << "x" << c << " -> " << ow << "x" << oh << " window " << ww << "x" << wh << "+" << wx << "+"
+           << wy << " filter " << static_cast<int>(f) << " simd " << simd);
+    const std::vector<uint8_t> plain = ResampleWindow(src, w, h, c, ow, oh, f, wx, wy, ww, wh, simd);
+    PackedImage img;
+    img.data = src.data();
+    img.stride = static_cast<size_t>(w) * c;
+    img.width = w;
+    img.height = h;
+    img.channels = c;
+    ResampleRequest r{ow, oh, wx, wy, ww, wh, f};
+    r.mirror = true;
+    std::vector<uint8_t> mirrored(static_cast<size_t>(ww) * wh * c);
+    Resampler rs(simd);
+    REQUIRE(rs.Resample(img, r, mirrored.data(), static_cast<size_t>(ww) * c).ok());
+    bool same = true;
+    for (int y = 0; y < wh && same; ++y) {
+      for (int x = 0; x < ww && same; ++x) {
+        same = std::memcmp(mirrored.data() + (static_cast<size_t>(y) * ww + x) * c,
+                           plain.data() + (static_cast<size_t>(y) * ww + (ww - 1 - x)) * c, c) == 0;
+      }
+    }
+    CHECK(same);
+  }
+  // 16-bit samples too.
+  std::vector<uint16_t> wide(37 * 11 * 3);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  PackedImage img;
+  img.data = reinterpret_cast<const uint8_t*>(wide.data());
+  img.stride = 37 * 3 * 2;
+  img.width = 37;
+  img.height = 11;
+  img.channels = 3;
+  img.wide = true;
+  for (const int ow : {37, 20, 53}) {
+    ResampleRequest r{ow, 9, 0, 0, ow, 9, ResampleFilter::kBicubic};
+    std::vector<uint16_t> plain(static_cast<size_t>(ow) * 9 * 3), mirrored(plain.size());
+    Resampler rs;
+    REQUIRE(rs.Resample(img, r, reinterpret_cast<uint8_t*>(plain.data()), static_cast<size_t>(ow) * 6).ok());
+    r.mirror = true;
+    REQUIRE(rs.Resample(img, r, reinterpret_cast<uint8_t*>(mirrored.data()), static_cast<size_t>(ow) * 6).ok());
+    bool same = true;
+    for (int y = 0; y < 9; ++y) {
+      for (int x = 0; x < ow; ++x) {
+        for (int k = 0; k < 3; ++k) {
+          same = same && mirrored[(static_cast<size_t>(y) * ow + x) * 3 + k] ==
+                             plain[(static_cast<size_t>(y) * ow + (ow - 1 - x)) * 3 + k];
+        }
+      }
+    }
+    CHECK(same);
+  }
+}
+
 TEST_CASE("Resample: identity is a copy, constant images stay constant, 16-bit keeps its precision") {
   std::vector<uint8_t> src(7 * 5 * 3);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37);
