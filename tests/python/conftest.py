@@ -8,6 +8,7 @@ build. Set SPDL_TEST_INSTALLED=1 to test an installed spdl_client (pip) instead 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket as socketlib
@@ -87,6 +88,45 @@ def _connectable(path: str) -> bool:
         return False
     finally:
         s.close()
+
+
+class SpdldProcess:
+    """A spdld of a test module's own, started from a config file, for settings the session's
+    `daemon` lacks (allowed URL prefixes, caches...): allowed the root `tmp`, with the given
+    settings; its files in tmp: NAME.sock, NAME-spdld.yaml, spdld-NAME.log (appended to: a restart
+    under the same name keeps the earlier log). Not thread-safe.
+    REQUIRES: url_prefixes are URLs (written as a JSON list: YAML reads it)."""
+
+    def __init__(self, tmp: Path, name: str, url_prefixes: tuple = (), *, worker_threads: int = 2,
+                 io_threads: int = 4, log_level: str = "info", extra: str = "") -> None:
+        self.sock = str(tmp / f"{name}.sock")
+        self.logpath = tmp / f"spdld-{name}.log"
+        cfg = tmp / f"{name}-spdld.yaml"
+        cfg.write_text(f"socket_path: {self.sock}\nallowed_roots: [{tmp}]\n"
+                       f"allowed_url_prefixes: {json.dumps(list(url_prefixes))}\nworker_threads: {worker_threads}\n"
+                       f"io_threads: {io_threads}\nlog_level: {log_level}\n{extra}")
+        self.log = open(self.logpath, "ab")
+        self.proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while not _connectable(self.sock):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                self.log.close()
+                raise AssertionError(f"spdld {name} did not start (exit {self.proc.returncode}):\n"
+                                     f"{self.logpath.read_text()}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """SIGTERM; asserts a clean exit (0) within 20 s, killing it otherwise."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            assert self.proc.wait(timeout=20) == 0, self.logpath.read_text()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
 
 
 @pytest.fixture(scope="session")

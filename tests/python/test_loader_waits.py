@@ -17,7 +17,7 @@ import time
 import pytest
 
 import spdl_client
-from conftest import BUILD, SPDLD, _connectable, subprocess_env
+from conftest import BUILD, SpdldProcess, subprocess_env
 
 SPDLCTL = BUILD / "bin" / "spdlctl"
 
@@ -75,32 +75,17 @@ def stalled(tmp_root):
     prefix = f"http://{host}:{port}"
     urls = tmp_root / "stalled-urls.txt"
     urls.write_text("".join(f"{prefix}/img{i}.jpg,{i % 2}\n" for i in range(4)))
-    sock = str(tmp_root / "stalled.sock")
-    cfg = tmp_root / "stalled-spdld.yaml"
-    cfg.write_text(
-        f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\nallowed_url_prefixes: [{prefix}]\n"
-        "worker_threads: 1\nio_threads: 4\nlog_level: warn\ndrain_seconds: 10\n"
-    )
-    log = open(tmp_root / "spdld-stalled.log", "wb")
-    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not _connectable(sock):
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_root / "spdld-stalled.log").read_text()
-        time.sleep(0.01)
+    d = SpdldProcess(tmp_root, "stalled", [prefix], worker_threads=1, io_threads=4, log_level="warn",
+                     extra="drain_seconds: 10\n")
     job = (
         f"source: {{type: http, list: {urls}, timeout_ms: 5000, max_attempts: 1}}\n"
         "batch: {size: 2}\nprefetch: 2\n"
         "transforms:\n  - resize: {shorter: 64}\n  - center_crop: {size: 56}\n"
     )
-    yield sock, job
-    proc.send_signal(signal.SIGTERM)
+    yield d.sock, job
     try:
-        assert proc.wait(timeout=20) == 0, (tmp_root / "spdld-stalled.log").read_text()
+        d.stop()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
         server.close()
 
 

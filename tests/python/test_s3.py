@@ -6,40 +6,30 @@ No test touches an address other than 127.0.0.1."""
 
 from __future__ import annotations
 
-import io
 import json
-import signal
 import socket as socketlib
 import subprocess
-import tarfile
-import threading
 import time
 
 import pytest
 
 import spdl_client
-from conftest import BUILD, SPDLD, _connectable
+from conftest import BUILD, SpdldProcess
+from s3_server import BUCKET, Moto, Proxy, content_length, dataset_shard, read_head, require_moto, \
+    use_trainer_credentials
 
-boto3 = pytest.importorskip("boto3", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-pytest.importorskip("moto", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-from s3_server import BUCKET, Moto  # noqa: E402 (needs boto3)
+require_moto()
 
 SPDLCTL = BUILD / "bin" / "spdlctl"
 SHARDS = 4
 
 
-class CuttingProxy:
+class CuttingProxy(Proxy):
     """An HTTP proxy to `upstream` (127.0.0.1) that answers one request per connection and cuts the
     first response for each path (with a body over 2 KiB) after half its body: every object is cut
     once mid-transfer, the resumed Range request goes through."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.sock = socketlib.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.cut_paths: set = set()
         self.cuts = 0
         self.ranged = 0
@@ -48,81 +38,48 @@ class CuttingProxy:
         self.stall = False  # instead of cutting, send half the body and then nothing (for 20 s)
         self.corrupt = False  # flip a byte a quarter into every whole-object body
         self.if_match = 0  # requests that carried If-Match
-        self.lock = threading.Lock()
-        self._stop = False
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(upstream_port)
 
-    def _serve(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _read_head(s) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
+    def handle(self, conn) -> None:
+        req = read_head(conn)
+        if not req:
+            return
+        line = req.split(b"\r\n", 1)[0].decode()
+        path = line.split(" ")[1]
+        # A 1-byte probe (Range: bytes=0-0: a job checking it may read a shard) is not a ranged read.
+        probe = b"\r\nrange: bytes=0-0\r\n" in req.lower()
+        ranged = b"\r\nrange:" in req.lower() and not probe
+        up = self.upstream()
+        up.sendall(req)
+        resp = read_head(up)
+        head, _, body = resp.partition(b"\r\n\r\n")
+        length = content_length(head)
+        while len(body) < length:
+            chunk = up.recv(65536)
             if not chunk:
-                return data
-            data += chunk
-        return data
-
-    def _handle(self, conn) -> None:
-        try:
-            req = self._read_head(conn)
-            if not req:
-                return
-            line = req.split(b"\r\n", 1)[0].decode()
-            path = line.split(" ")[1]
-            # A 1-byte probe (Range: bytes=0-0: a job checking it may read a shard) is not a ranged read.
-            probe = b"\r\nrange: bytes=0-0\r\n" in req.lower()
-            ranged = b"\r\nrange:" in req.lower() and not probe
-            up = socketlib.create_connection(("127.0.0.1", self.upstream_port))
-            up.sendall(req)
-            resp = self._read_head(up)
-            head, _, body = resp.partition(b"\r\n\r\n")
-            length = 0
-            for h in head.split(b"\r\n")[1:]:
-                k, _, v = h.partition(b":")
-                if k.strip().lower() == b"content-length":
-                    length = int(v.strip())
-            while len(body) < length:
-                chunk = up.recv(65536)
-                if not chunk:
-                    break
-                body += chunk
-            up.close()
-            with self.lock:
-                self.ranged += ranged
-                if ranged:
-                    self.ranged_by_path[path] = self.ranged_by_path.get(path, 0) + 1
-                if not ranged and not probe and line.startswith("GET"):
-                    self.full[path] = self.full.get(path, 0) + 1
-                self.if_match += b"\r\nif-match:" in req.lower()
-                if self.corrupt and not ranged and length > 0 and line.startswith("GET") and "list-type" not in path:
-                    at = length // 4  # before any cut
-                    body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
-                cut = length > 2048 and path not in self.cut_paths and line.startswith("GET")
-                if cut:
-                    self.cut_paths.add(path)
-                    self.cuts += 1
-            head += b"\r\nConnection: close"
-            conn.sendall(head + b"\r\n\r\n" + (body[: length // 2] if cut else body))
-            if cut and self.stall:
-                deadline = time.monotonic() + 20
-                while not self._stop and time.monotonic() < deadline:
-                    time.sleep(0.1)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._stop = True
-        self.sock.close()
+                break
+            body += chunk
+        up.close()
+        with self.lock:
+            self.ranged += ranged
+            if ranged:
+                self.ranged_by_path[path] = self.ranged_by_path.get(path, 0) + 1
+            if not ranged and not probe and line.startswith("GET"):
+                self.full[path] = self.full.get(path, 0) + 1
+            self.if_match += b"\r\nif-match:" in req.lower()
+            if self.corrupt and not ranged and length > 0 and line.startswith("GET") and "list-type" not in path:
+                at = length // 4  # before any cut
+                body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
+            cut = length > 2048 and path not in self.cut_paths and line.startswith("GET")
+            if cut:
+                self.cut_paths.add(path)
+                self.cuts += 1
+        head += b"\r\nConnection: close"
+        conn.sendall(head + b"\r\n\r\n" + (body[: length // 2] if cut else body))
+        if cut and self.stall:
+            deadline = time.monotonic() + 20
+            while not self._stop and time.monotonic() < deadline:
+                time.sleep(0.1)
 
 
 class Silent:
@@ -138,17 +95,6 @@ class Silent:
         self.sock.close()
 
 
-def make_tar(members: list) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def store(tmp_root, dataset):
     """(moto, proxy, silent, keys): the dataset uploaded three ways: as SHARDS tar shards under
@@ -157,15 +103,10 @@ def store(tmp_root, dataset):
     proxy = CuttingProxy(moto.port)
     silent = Silent()
     per = len(dataset.files) // SHARDS
-    keys = []
+    keys = [rel.rsplit(".", 1)[0] for rel in dataset.files[:SHARDS * per]]
     for s in range(SHARDS):
-        members = []
-        for rel in dataset.files[s * per:(s + 1) * per]:
-            key = rel.rsplit(".", 1)[0]
-            keys.append(key)
-            members.append((key + ".jpg", (dataset.root / rel).read_bytes()))
-            members.append((key + ".cls", str(dataset.label_of[rel]).encode()))
-        moto.s3.put_object(Bucket=BUCKET, Key=f"shards/train-{s:03d}.tar", Body=make_tar(members))
+        moto.s3.put_object(Bucket=BUCKET, Key=f"shards/train-{s:03d}.tar",
+                           Body=dataset_shard(dataset, dataset.files[s * per:(s + 1) * per]))
     for rel in dataset.files:
         moto.s3.put_object(Bucket=BUCKET, Key=f"folder/{rel}", Body=(dataset.root / rel).read_bytes())
     yield moto, proxy, silent, keys
@@ -179,43 +120,16 @@ def s3d(tmp_root, store):
     """(socket, log path): a spdld allowed the bucket on moto and through the proxy, and the silent
     server; logging at debug level so that the no-secret check sees the most."""
     moto, proxy, silent, _ = store
-    sock = str(tmp_root / "s3.sock")
-    cfg = tmp_root / "s3-spdld.yaml"
-    cfg.write_text(
-        f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\n"
-        f"allowed_url_prefixes: [{moto.url}/{BUCKET}, {proxy.url}/{BUCKET}, {silent.url}/{BUCKET}]\n"
-        "worker_threads: 2\nio_threads: 4\nlog_level: debug\n"
-    )
-    logpath = tmp_root / "spdld-s3.log"
-    log = open(logpath, "wb")
-    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not _connectable(sock):
-        assert proc.poll() is None and time.monotonic() < deadline, logpath.read_text()
-        time.sleep(0.01)
-    yield sock, logpath
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=20) == 0, logpath.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    d = SpdldProcess(tmp_root, "s3", [f"{u}/{BUCKET}" for u in (moto.url, proxy.url, silent.url)], log_level="debug")
+    yield d.sock, d.logpath
+    d.stop()
 
 
 @pytest.fixture
 def creds(store, monkeypatch, tmp_path):
     """The trainer's environment: the moto key, endpoint and region; no credentials file."""
     moto = store[0]
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto.key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws/credentials of the machine's user
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    use_trainer_credentials(monkeypatch, moto, tmp_path)
     return moto
 
 
@@ -311,11 +225,7 @@ def test_s3_shards_of_different_sizes_keep_uneven_exact(s3d, store, creds, datas
     files = dataset.files[:sum(sizes)]
     start = 0
     for i, n in enumerate(sizes):
-        members = []
-        for rel in files[start:start + n]:
-            members.append((rel, (dataset.root / rel).read_bytes()))
-            members.append((rel.rsplit(".", 1)[0] + ".cls", str(dataset.label_of[rel]).encode()))
-        moto.s3.put_object(Bucket=BUCKET, Key=f"odd/part-{i}.tar", Body=make_tar(members))
+        moto.s3.put_object(Bucket=BUCKET, Key=f"odd/part-{i}.tar", Body=dataset_shard(dataset, files[start:start + n]))
         start += n
     cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/odd/part-{{0..2}}.tar'}}").replace(
         "sampler: {shuffle: true, seed: 3}", f"sampler: {{shuffle: true, seed: 3, uneven: {uneven}}}")
@@ -357,15 +267,7 @@ def test_s3_tar_shards_resume_exactly_mid_epoch(s3d, creds):
 def test_temporary_credentials_with_a_session_token(s3d, creds, monkeypatch):
     sock, _ = s3d
     moto = creds
-    kw = dict(endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
-              aws_secret_access_key=moto.secret)
-    iam = boto3.client("iam", **kw)
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
-                                                     "Action": "sts:AssumeRole"}]}
-    arn = iam.create_role(RoleName="reader", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    iam.put_role_policy(RoleName="reader", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    tmp = boto3.client("sts", **kw).assume_role(RoleArn=arn, RoleSessionName="train")["Credentials"]
+    tmp = moto.temporary_credentials("reader", "train")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", tmp["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", tmp["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", tmp["SessionToken"])
@@ -516,30 +418,13 @@ def s3d_cached(tmp_root, store):
     """A spdld with the node-wide sample cache (cache_bytes) and shard cache (cache_dir) on, allowed
     the proxy."""
     _, proxy, _, _ = store
-    sock = str(tmp_root / "s3c.sock")
-    cfg = tmp_root / "s3c-spdld.yaml"
-    cfg.write_text(
-        f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\nallowed_url_prefixes: [{proxy.url}/{BUCKET}]\n"
-        "worker_threads: 2\nio_threads: 4\nlog_level: debug\ncache_bytes: 67108864\n"
-        f"cache_dir: {tmp_root / 's3c-shard-cache'}\n"
-    )
-    logpath = tmp_root / "spdld-s3c.log"
-    log = open(logpath, "wb")
-    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not _connectable(sock):
-        assert proc.poll() is None and time.monotonic() < deadline, logpath.read_text()
-        time.sleep(0.01)
-    yield sock, logpath
-    proc.send_signal(signal.SIGTERM)
+    d = SpdldProcess(tmp_root, "s3c", [f"{proxy.url}/{BUCKET}"], log_level="debug",
+                     extra=f"cache_bytes: 67108864\ncache_dir: {tmp_root / 's3c-shard-cache'}\n")
+    yield d.sock, d.logpath
     try:
-        assert proc.wait(timeout=20) == 0, logpath.read_text()
+        d.stop()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-        LOGS.append(logpath)
+        LOGS.append(d.logpath)
 
 
 def test_with_the_shard_cache_4_ranks_fetch_each_shard_once_per_node(s3d_cached, store, creds, dataset,
@@ -552,11 +437,8 @@ def test_with_the_shard_cache_4_ranks_fetch_each_shard_once_per_node(s3d_cached,
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     per = len(dataset.files) // SHARDS
     for s in range(SHARDS):
-        members = []
-        for rel in dataset.files[s * per:(s + 1) * per]:
-            members.append((rel, (dataset.root / rel).read_bytes()))
-            members.append((rel.rsplit(".", 1)[0] + ".cls", str(dataset.label_of[rel]).encode()))
-        moto.s3.put_object(Bucket=BUCKET, Key=f"cached/part-{s}.tar", Body=make_tar(members))
+        moto.s3.put_object(Bucket=BUCKET, Key=f"cached/part-{s}.tar",
+                           Body=dataset_shard(dataset, dataset.files[s * per:(s + 1) * per]))
     before_ranged = proxy.ranged_by_path.copy()
     cfg = job(f"{{type: tar, shards: 's3://{BUCKET}/cached/part-{{0..{SHARDS - 1}}}.tar'}}", batch=4)
     expected = {rel.rsplit(".", 1)[0]: dataset.label_of[rel] for rel in dataset.files}

@@ -7,21 +7,16 @@ local shards. No test touches an address other than 127.0.0.1."""
 from __future__ import annotations
 
 import io
-import signal
-import subprocess
-import tarfile
-import time
 
 import numpy as np
 import pytest
 from PIL import Image
 
 import spdl_client
-from conftest import SPDLD, _connectable
+from conftest import SpdldProcess
+from s3_server import BUCKET, Moto, make_tar, require_moto, use_trainer_credentials
 
-pytest.importorskip("boto3", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-pytest.importorskip("moto", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-from s3_server import BUCKET, Moto  # noqa: E402 (needs boto3)
+require_moto()
 
 N = 6
 
@@ -30,34 +25,28 @@ def _shard() -> tuple:
     """A tar shard of N samples: KEY.jpg, KEY.cls (label), KEY.png (an 8-bit mask of the image's size)."""
     rng = np.random.default_rng(4)
     masks, labels = {}, {}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(N):
-            w, h = 40 + 4 * i, 30 + 2 * i
-            key = f"m/{i:04d}"
-            img = io.BytesIO()
-            Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(img, format="JPEG", quality=90)
-            m = rng.integers(0, 7, size=(h, w), dtype=np.uint8)
-            png = io.BytesIO()
-            Image.fromarray(m, mode="L").save(png, format="PNG")
-            masks[key], labels[key] = m, i % 3
-            for name, data in ((key + ".jpg", img.getvalue()), (key + ".cls", str(i % 3).encode()),
-                               (key + ".png", png.getvalue())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                info.mtime = 0
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), masks, labels
+    members = []
+    for i in range(N):
+        w, h = 40 + 4 * i, 30 + 2 * i
+        key = f"m/{i:04d}"
+        img = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(img, format="JPEG", quality=90)
+        m = rng.integers(0, 7, size=(h, w), dtype=np.uint8)
+        png = io.BytesIO()
+        Image.fromarray(m, mode="L").save(png, format="PNG")
+        masks[key], labels[key] = m, i % 3
+        members += [(key + ".jpg", img.getvalue()), (key + ".cls", str(i % 3).encode()),
+                    (key + ".png", png.getvalue())]
+    return make_tar(members), masks, labels
 
 
 @pytest.fixture(scope="module")
 def vstore(tmp_root):
     (tmp_root / "vmoto").mkdir(exist_ok=True)
-    moto = Moto(tmp_root / "vmoto")
-    data, masks, labels = _shard()
-    moto.s3.put_object(Bucket=BUCKET, Key="vshards/shard-0.tar", Body=data)
-    yield moto, masks, labels
-    moto.close()
+    with Moto(tmp_root / "vmoto") as moto:
+        data, masks, labels = _shard()
+        moto.s3.put_object(Bucket=BUCKET, Key="vshards/shard-0.tar", Body=data)
+        yield moto, masks, labels
 
 
 @pytest.fixture(scope="module")
@@ -65,39 +54,16 @@ def vdaemon(tmp_root, vstore):
     """A spdld allowed only the virtual-hosted URL of the bucket (http://spdl-test.localhost:PORT):
     a path-style request (http://127.0.0.1:PORT/spdl-test/...) would be refused by its prefixes."""
     moto = vstore[0]
-    sock = str(tmp_root / "s3v.sock")
-    cfg = tmp_root / "s3v-spdld.yaml"
-    cfg.write_text(f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\n"
-                   f"allowed_url_prefixes: ['http://{BUCKET}.localhost:{moto.port}']\n"
-                   "worker_threads: 2\nio_threads: 2\n")
-    logpath = tmp_root / "spdld-s3v.log"
-    log = open(logpath, "wb")
-    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not _connectable(sock):
-        assert proc.poll() is None and time.monotonic() < deadline, logpath.read_text()
-        time.sleep(0.01)
-    yield sock
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=20) == 0, logpath.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    d = SpdldProcess(tmp_root, "s3v", [f"http://{BUCKET}.localhost:{moto.port}"], io_threads=2)
+    yield d.sock
+    d.stop()
 
 
 @pytest.fixture
 def vcreds(vstore, monkeypatch, tmp_path):
     moto = vstore[0]
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto.key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://localhost:{moto.port}")  # virtual: bucket.localhost
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
+    # Virtual-hosted: the client addresses bucket.localhost.
+    use_trainer_credentials(monkeypatch, moto, tmp_path, endpoint=f"http://localhost:{moto.port}")
     return moto
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket as socketlib
 import subprocess
 import threading
 import time
@@ -19,120 +17,64 @@ from pathlib import Path
 import pytest
 
 import spdl_client
-from conftest import SPDLD, _connectable
+from conftest import SPDLD, SpdldProcess
+from s3_server import BUCKET, Moto, Proxy, dataset_shard, read_head, require_moto, use_trainer_credentials
 
-pytest.importorskip("boto3", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-pytest.importorskip("moto", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-from s3_server import BUCKET, Moto  # noqa: E402 (needs boto3)
-from test_s3 import make_tar  # noqa: E402
+require_moto()
 
 SHARDS = 4
 
 
-class CountingProxy:
+class CountingProxy(Proxy):
     """An HTTP proxy to moto on 127.0.0.1, one request per connection, that counts per path the GETs
     of whole objects, the 1-byte probes (Range: bytes=0-0) and other ranged GETs, and can hold the
     GETs of some paths until released."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.sock = socketlib.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.full: dict = {}
         self.probes: dict = {}
         self.ranged: dict = {}
         self.held: dict = {}  # path -> threading.Event: whole GETs of it wait until set
-        self.lock = threading.Lock()
-        self._stop = False
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(upstream_port)
 
     def reset(self) -> None:
         with self.lock:
             self.full, self.probes, self.ranged = {}, {}, {}
 
-    def _serve(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _read_head(s) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
+    def handle(self, conn) -> None:
+        req = read_head(conn)
+        if not req:
+            return
+        line = req.split(b"\r\n", 1)[0].decode()
+        path = line.split(" ")[1].split("?")[0]
+        lower = req.lower()
+        probe = b"\r\nrange: bytes=0-0" in lower
+        ranged = b"\r\nrange:" in lower
+        if line.startswith("GET"):
+            with self.lock:
+                counter = self.probes if probe else self.ranged if ranged else self.full
+                counter[path] = counter.get(path, 0) + 1
+                hold = None if ranged else self.held.get(path)
+            if hold is not None:
+                hold.wait(30)
+        up = self.upstream()
+        up.sendall(req)
+        while True:
+            chunk = up.recv(65536)
             if not chunk:
-                return data
-            data += chunk
-        return data
-
-    def _handle(self, conn) -> None:
-        try:
-            req = self._read_head(conn)
-            if not req:
-                return
-            line = req.split(b"\r\n", 1)[0].decode()
-            path = line.split(" ")[1].split("?")[0]
-            lower = req.lower()
-            probe = b"\r\nrange: bytes=0-0" in lower
-            ranged = b"\r\nrange:" in lower
-            if line.startswith("GET"):
-                with self.lock:
-                    counter = self.probes if probe else self.ranged if ranged else self.full
-                    counter[path] = counter.get(path, 0) + 1
-                    hold = None if ranged else self.held.get(path)
-                if hold is not None:
-                    hold.wait(30)
-            up = socketlib.create_connection(("127.0.0.1", self.upstream_port))
-            up.sendall(req)
-            while True:
-                chunk = up.recv(65536)
-                if not chunk:
-                    break
-                conn.sendall(chunk)
-            up.close()
-        except OSError:
-            pass
-        finally:
-            conn.close()
+                break
+            conn.sendall(chunk)
+        up.close()
 
     def close(self) -> None:
-        self._stop = True
         for e in self.held.values():
             e.set()
-        self.sock.close()
+        super().close()
 
 
-class Spdld:
+def start_spdld(tmp: Path, name: str, proxy_url: str, extra: str = "") -> SpdldProcess:
     """A spdld process with the given extra config lines, allowed the proxy's bucket."""
-
-    def __init__(self, tmp: Path, name: str, proxy_url: str, extra: str = "") -> None:
-        self.sock = str(tmp / f"{name}.sock")
-        self.logpath = tmp / f"spdld-{name}.log"
-        cfg = tmp / f"{name}-spdld.yaml"
-        cfg.write_text(f"socket_path: {self.sock}\nallowed_roots: [{tmp}]\n"
-                       f"allowed_url_prefixes: [{proxy_url}/{BUCKET}]\nworker_threads: 2\nio_threads: 4\n"
-                       f"log_level: info\n{extra}")
-        self.log = open(self.logpath, "ab")
-        self.proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while not _connectable(self.sock):
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.logpath.read_text()
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            assert self.proc.wait(timeout=20) == 0, self.logpath.read_text()
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
+    return SpdldProcess(tmp, name, [f"{proxy_url}/{BUCKET}"], extra=extra)
 
 
 @pytest.fixture(scope="module")
@@ -145,14 +87,9 @@ def store(tmp_root, dataset):
     manifest = {"format": "spdl-shard", "version": 1, "shards": []}
     keys = []
     for s in range(SHARDS):
-        members = []
-        keys.append([])
-        for rel in dataset.files[s * per:(s + 1) * per]:
-            key = rel.rsplit(".", 1)[0]
-            keys[s].append(key)
-            members.append((key + ".jpg", (dataset.root / rel).read_bytes()))
-            members.append((key + ".cls", str(dataset.label_of[rel]).encode()))
-        body = make_tar(members)
+        rels = dataset.files[s * per:(s + 1) * per]
+        keys.append([rel.rsplit(".", 1)[0] for rel in rels])
+        body = dataset_shard(dataset, rels)
         for prefix in ("streamed", "plain"):
             moto.s3.put_object(Bucket=BUCKET, Key=f"{prefix}/data-{s:06d}.tar", Body=body)
         manifest["shards"].append({"file": f"data-{s:06d}.tar", "samples": per, "bytes": len(body)})
@@ -166,13 +103,7 @@ def store(tmp_root, dataset):
 @pytest.fixture
 def creds(store, monkeypatch, tmp_path):
     moto, proxy, _ = store
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto.key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
+    use_trainer_credentials(monkeypatch, moto, tmp_path, endpoint=proxy.url)
     proxy.reset()
     return moto
 
@@ -219,7 +150,7 @@ def test_with_a_manifest_the_first_batch_comes_before_the_other_shards(tmp_root,
     the first shard's samples meanwhile (no full download before the first sample); then the whole
     epoch, each sample once, each shard fetched whole once."""
     _, proxy, keys = store
-    d = Spdld(tmp_root, "stream", proxy.url)
+    d = start_spdld(tmp_root, "stream", proxy.url)
     last = shard_paths("streamed")[-1]
     proxy.held[last] = threading.Event()
     try:
@@ -243,7 +174,7 @@ def test_with_a_manifest_the_first_batch_comes_before_the_other_shards(tmp_root,
 
 def test_streamed_shards_2_ranks_2_epochs_exactly_once_and_resume_exact(tmp_root, store, creds):
     _, proxy, keys = store
-    d = Spdld(tmp_root, "stream2", proxy.url)
+    d = start_spdld(tmp_root, "stream2", proxy.url)
     try:
         out, _ = run_ranks(d.sock, job("streamed"), epochs=2, world=2)
         for e in range(2):
@@ -281,7 +212,7 @@ def test_streamed_shards_2_ranks_2_epochs_exactly_once_and_resume_exact(tmp_root
 def test_the_node_cache_fetches_each_shard_once_for_4_ranks_and_survives_a_restart(tmp_root, store, creds):
     _, proxy, keys = store
     cache = tmp_root / "shard-cache-a"
-    d = Spdld(tmp_root, "cache-a", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: 64MiB\n")
+    d = start_spdld(tmp_root, "cache-a", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: 64MiB\n")
     try:
         out, stats = run_ranks(d.sock, job("plain"), epochs=2, world=4)
         for e in range(2):
@@ -302,7 +233,7 @@ def test_the_node_cache_fetches_each_shard_once_for_4_ranks_and_survives_a_resta
     finally:
         d.stop()
     proxy.reset()
-    d = Spdld(tmp_root, "cache-a", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: 64MiB\n")
+    d = start_spdld(tmp_root, "cache-a", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: 64MiB\n")
     try:
         out, stats = run_ranks(d.sock, job("plain"), epochs=1, world=2)
         assert sorted(out[(0, 0)] + out[(0, 1)]) == all_keys(keys)
@@ -318,7 +249,7 @@ def test_the_node_cache_stays_within_its_budget_and_refetches_a_damaged_file(tmp
     cache = tmp_root / "shard-cache-b"
     shard_bytes = moto.s3.head_object(Bucket=BUCKET, Key="plain/data-000000.tar")["ContentLength"]
     budget = int(shard_bytes * 2.5)
-    d = Spdld(tmp_root, "cache-b", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: {budget}\n")
+    d = start_spdld(tmp_root, "cache-b", proxy.url, f"cache_dir: {cache}\ncache_dir_bytes: {budget}\n")
     try:
         out, stats = run_ranks(d.sock, job("plain", shuffle=False), epochs=1, world=1)
         assert sorted(out[(0, 0)]) == all_keys(keys)
@@ -365,7 +296,7 @@ def test_an_unwritable_cache_dir_leaves_jobs_streaming_with_one_warning(tmp_root
         ro.mkdir(exist_ok=True)
         ro.chmod(0o500)
         bad = ro / "cache"
-    d = Spdld(tmp_root, "cache-c", proxy.url, f"cache_dir: {bad}\n")
+    d = start_spdld(tmp_root, "cache-c", proxy.url, f"cache_dir: {bad}\n")
     try:
         out, stats = run_ranks(d.sock, job("plain"), epochs=1, world=2)
         assert sorted(out[(0, 0)] + out[(0, 1)]) == all_keys(keys)
@@ -381,17 +312,12 @@ def test_a_cached_shard_is_not_served_to_credentials_that_cannot_read_it(tmp_roo
     of the object succeeds; a key denied the object gets the store's 403 with the shard's URL, and
     nothing from the cache."""
     moto, proxy, keys = store
-    boto3 = pytest.importorskip("boto3")
-    iam = boto3.client("iam", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
-                       aws_secret_access_key=moto.secret)
-    iam.create_user(UserName="other")
-    iam.put_user_policy(UserName="other", PolicyName="not-plain", PolicyDocument=json.dumps({
+    other = moto.add_user("other", {
         "Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": "*", "Resource": "*"},
-            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{BUCKET}/plain/*"}]}))
-    other = iam.create_access_key(UserName="other")["AccessKey"]
+            {"Effect": "Deny", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{BUCKET}/plain/*"}]})
     cache = tmp_root / "shard-cache-d"
-    d = Spdld(tmp_root, "cache-d", proxy.url, f"cache_dir: {cache}\n")
+    d = start_spdld(tmp_root, "cache-d", proxy.url, f"cache_dir: {cache}\n")
     try:
         out, _ = run_ranks(d.sock, job("plain"), epochs=1, world=1)  # the trainer's key fills the cache
         assert sorted(out[(0, 0)]) == all_keys(keys)

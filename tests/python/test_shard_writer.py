@@ -15,12 +15,9 @@ import hashlib
 import io
 import json
 import os
-import signal
-import socket as socketlib
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
 
@@ -28,7 +25,8 @@ import numpy as np
 import pytest
 
 import spdl_client
-from conftest import REPO, SPDLD, _connectable, subprocess_env
+from conftest import REPO, SpdldProcess, subprocess_env
+from s3_server import BUCKET, OTHER_AWS_VARS, Moto, Proxy, read_message, require_moto, use_trainer_credentials
 
 TOOL = REPO / "tools" / "spdl_shard.py"
 sys.path.insert(0, str(TOOL.parent))
@@ -300,53 +298,28 @@ def test_credentials_resolution_matches_the_client(tmp_path):
 
 @pytest.fixture(scope="module")
 def moto_store(tmp_path_factory):
-    pytest.importorskip("boto3", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-    pytest.importorskip("moto", reason="the s3 tests need moto[server] (scripts/install-deps.sh installs it)")
-    from s3_server import Moto
-
-    moto = Moto(tmp_path_factory.mktemp("moto-shard"))
-    yield moto
-    moto.close()
+    require_moto()
+    with Moto(tmp_path_factory.mktemp("moto-shard")) as moto:
+        yield moto
 
 
 @pytest.fixture(scope="module")
 def s3_daemon(tmp_root, moto_store):
     """A spdld allowed the test bucket on moto."""
-    from s3_server import BUCKET
-
-    sock = str(tmp_root / "shard-s3.sock")
-    cfg = tmp_root / "shard-s3.yaml"
-    cfg.write_text(f"socket_path: {sock}\nallowed_roots: [{tmp_root}]\n"
-                   f"allowed_url_prefixes: [{moto_store.url}/{BUCKET}]\nworker_threads: 2\nio_threads: 2\n")
-    log = open(tmp_root / "spdld-shard-s3.log", "wb")
-    proc = subprocess.Popen([str(SPDLD), "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not _connectable(sock):
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_root / "spdld-shard-s3.log").read_text()
-        time.sleep(0.01)
-    yield sock
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    d = SpdldProcess(tmp_root, "shard-s3", [f"{moto_store.url}/{BUCKET}"], io_threads=2)
+    yield d.sock
+    d.stop()
 
 
 def moto_env(moto, tmp_path, **extra) -> dict:
     env = subprocess_env(**dict({"AWS_ENDPOINT_URL": moto.url, "AWS_REGION": "us-east-1", "HOME": tmp_path}, **extra))
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-              "AWS_ENDPOINT_URL_S3", "AWS_SHARED_CREDENTIALS_FILE"):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", *OTHER_AWS_VARS, "AWS_SHARED_CREDENTIALS_FILE"):
         if k not in extra:
             env.pop(k, None)
     return env
 
 
 def test_write_to_s3_then_a_job_reads_the_shards(moto_store, s3_daemon, dataset, tmp_path, monkeypatch):
-    from s3_server import BUCKET
-
     moto = moto_store
     # The credentials from the shared credentials file (the trainer's), not the environment.
     (tmp_path / ".aws").mkdir()
@@ -370,21 +343,13 @@ def test_write_to_s3_then_a_job_reads_the_shards(moto_store, s3_daemon, dataset,
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.startswith("ok: 4 shards, 48 samples"), r.stderr
     # A job reads them from the store with the trainer's credentials.
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto.key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
+    use_trainer_credentials(monkeypatch, moto, tmp_path)
     recs = records(s3_daemon, job(f"{{type: tar, shards: 's3://{BUCKET}/written/train/{manifest['pattern']}'}}"))
     assert [(p, label) for p, label, _ in recs] == [(rel.rsplit(".", 1)[0], dataset.label_of[rel])
                                                    for rel in dataset.files]
 
 
 def test_write_to_s3_with_bad_credentials_fails_clearly(moto_store, dataset, tmp_path):
-    from s3_server import BUCKET
-
     env = moto_env(moto_store, tmp_path, AWS_ACCESS_KEY_ID=moto_store.key_id,
                    AWS_SECRET_ACCESS_KEY="not-the-secret-" + "x" * 20)
     r = run_tool(f"s3://{BUCKET}/bad", "--folder", dataset.root, env=env, check=False)
@@ -393,81 +358,37 @@ def test_write_to_s3_with_bad_credentials_fails_clearly(moto_store, dataset, tmp
     assert "not-the-secret" not in r.stderr + r.stdout
 
 
-class SlowDownProxy:
+class SlowDownProxy(Proxy):
     """An HTTP proxy to moto (127.0.0.1) that answers the first PUT of each path with 503 SlowDown
     (after reading its body) and forwards everything else; one request per connection."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.sock = socketlib.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.refused: dict = {}  # path -> 503s sent
         self.forwarded: dict = {}  # path -> PUTs forwarded
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(upstream_port, backlog=16)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _read_message(s) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
-        head = data.split(b"\r\n\r\n", 1)[0]
-        length = 0
-        for h in head.split(b"\r\n")[1:]:
-            k, _, v = h.partition(b":")
-            if k.strip().lower() == b"content-length":
-                length = int(v.strip())
-        while len(data) < len(head) + 4 + length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        return data
-
-    def _handle(self, conn) -> None:
-        try:
-            req = self._read_message(conn)
-            if not req:
-                return
-            method, path = req.split(b" ", 2)[:2]
-            path = path.decode()
-            if method == b"PUT" and path not in self.refused:
-                self.refused[path] = 1
-                body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                conn.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Length: " + str(len(body)).encode() +
-                             b"\r\nConnection: close\r\n\r\n" + body)
-                return
-            if method == b"PUT":
-                self.forwarded[path] = self.forwarded.get(path, 0) + 1
-            up = socketlib.create_connection(("127.0.0.1", self.upstream_port))
-            up.sendall(req)
-            resp = self._read_message(up)
-            up.close()
-            conn.sendall(resp)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
+    def handle(self, conn) -> None:
+        req = read_message(conn)
+        if not req:
+            return
+        method, path = req.split(b" ", 2)[:2]
+        path = path.decode()
+        if method == b"PUT" and path not in self.refused:
+            self.refused[path] = 1
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            conn.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Length: " + str(len(body)).encode() +
+                         b"\r\nConnection: close\r\n\r\n" + body)
+            return
+        if method == b"PUT":
+            self.forwarded[path] = self.forwarded.get(path, 0) + 1
+        up = self.upstream()
+        up.sendall(req)
+        resp = read_message(up)
+        up.close()
+        conn.sendall(resp)
 
 
 def test_write_to_s3_retries_a_503_and_lands_every_object_once(moto_store, dataset, tmp_path):
-    from s3_server import BUCKET
-
     moto = moto_store
     proxy = SlowDownProxy(moto.port)
     try:
@@ -486,19 +407,8 @@ def test_write_to_s3_retries_a_503_and_lands_every_object_once(moto_store, datas
 
 
 def test_write_to_s3_with_temporary_credentials(moto_store, dataset, tmp_path):
-    import boto3
-    from s3_server import BUCKET
-
     moto = moto_store
-    kw = dict(endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=moto.key_id,
-              aws_secret_access_key=moto.secret)
-    iam = boto3.client("iam", **kw)
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
-                                                     "Action": "sts:AssumeRole"}]}
-    arn = iam.create_role(RoleName="shard-writer", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    iam.put_role_policy(RoleName="shard-writer", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    tmp = boto3.client("sts", **kw).assume_role(RoleArn=arn, RoleSessionName="write")["Credentials"]
+    tmp = moto.temporary_credentials("shard-writer", "write")
     env = moto_env(moto, tmp_path, AWS_ACCESS_KEY_ID=tmp["AccessKeyId"], AWS_SECRET_ACCESS_KEY=tmp["SecretAccessKey"],
                    AWS_SESSION_TOKEN=tmp["SessionToken"])
     run_tool(f"s3://{BUCKET}/temporary", "--folder", dataset.root, "--shard-size", 48, env=env)
