@@ -817,7 +817,7 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
     std::snprintf(line, sizeof(line), "  %-26s %16s %s\n", f.name, value, unit.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "yours", s.jobs_size());
+  std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "your_jobs", s.jobs_size());
   out += line;
   if (s.gpu_leaked_device_bytes() > 0) {
     out +=
@@ -842,7 +842,7 @@ namespace {
 template <typename T>
 struct TypedView {
   const char* name;
-  uint64_t T::*count = nullptr;  // one of the two
+  uint64_t T::*count = nullptr;  // one of the two (a count: exact below 2^53, as in `values`)
   double T::*real = nullptr;
 };
 const TypedView<JobStats> kJobViews[] = {
