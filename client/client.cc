@@ -820,9 +820,7 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
   std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "your_jobs", s.jobs_size());
   out += line;
   if (s.gpu_leaked_device_bytes() > 0) {
-    out +=
-        "GPU device memory leaked: copies that never drained; not returned to the device budget until spdld "
-        "restarts\n";
+    out += "GPU device memory leaked (copies that never drained): out of the device budget until spdld restarts\n";
   }
   for (const auto& g : s.gpu_devices()) {
     if (!g.poisoned()) continue;
