@@ -818,12 +818,10 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
     std::snprintf(line, sizeof(line), "  %-26s %16s %s\n", f.name, value, unit.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "yours", s.jobs_size());
+  std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "your_jobs", s.jobs_size());
   out += line;
   if (s.gpu_leaked_device_bytes() > 0) {
-    out +=
-        "GPU device memory leaked: copies that never drained; not returned to the device budget until spdld "
-        "restarts\n";
+    out += "GPU device memory leaked (copies that never drained): out of the device budget until spdld restarts\n";
   }
   for (const auto& g : s.gpu_devices()) {
     if (!g.poisoned()) continue;
@@ -843,7 +841,7 @@ namespace {
 template <typename T>
 struct TypedView {
   const char* name;
-  uint64_t T::*count = nullptr;  // one of the two
+  uint64_t T::*count = nullptr;  // one of the two (a count: exact below 2^53, as in `values`)
   double T::*real = nullptr;
 };
 const TypedView<JobStats> kJobViews[] = {

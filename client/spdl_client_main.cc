@@ -331,12 +331,12 @@ int main(int argc, char** argv) {
                     {"evictions", stats->cache_evictions},
                     {"bytes", stats->cache_bytes},
                     {"budget_bytes", stats->cache_budget_bytes}};
-      for (const auto& st : stats->stages) {
-        j["stages"].push_back(
-            {{"name", st.name}, {"tasks", st.tasks}, {"failures", st.failures}, {"busy_seconds", st.busy_seconds},
-             {"kind", st.kind}, {"avg_ms", st.avg_ms}, {"p50_ms", st.p50_ms}, {"p90_ms", st.p90_ms},
-             {"p99_ms", st.p99_ms}, {"put_wait_seconds", st.put_wait_seconds},
-             {"get_wait_seconds", st.get_wait_seconds}, {"items_per_s", st.items_per_s}});
+      for (const auto& st : stats->stages) {  // name, kind, then every stage figure described for clients
+        nlohmann::json s = {{"name", st.name}, {"kind", st.kind}};
+        for (const auto& v : st.values) {
+          s[v.name] = v.integer ? nlohmann::json(static_cast<uint64_t>(v.value)) : nlohmann::json(v.value);
+        }
+        j["stages"].push_back(std::move(s));
       }
     } else {
       j["daemon"] = nullptr;

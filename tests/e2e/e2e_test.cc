@@ -16,6 +16,7 @@
 #include "e2e/dataset.h"
 #include "e2e/e2e_support.h"
 #include "media/image_decoder.h"
+#include "proto/job_stats_fields.h"
 #include "spdl/client.h"
 
 namespace spdl {
@@ -207,6 +208,19 @@ TEST_CASE("spdl-client records each sample once per epoch and reports JSON") {
   CHECK(j.at("samples_per_s").get<double>() > 0);
   CHECK(j.at("first_batch_s").get<double>() > 0);
   CHECK(j.at("seconds").get<double>() > 0);
+  // The daemon's figures by name (proto/job_stats_fields.h): every job and stage row described
+  // for clients is in the JSON.
+  for (const auto& row : proto::JobStatFields()) {
+    if ((row.surfaces & proto::kClient) && row.per == nullptr) CHECK(j.at("daemon").contains(row.name));
+  }
+  REQUIRE_FALSE(j.at("stages").empty());
+  for (const auto& stage : j.at("stages")) {
+    CAPTURE(stage.dump());
+    for (const auto& row : proto::StageStatFields()) {
+      if (row.surfaces & proto::kClient) CHECK(stage.contains(row.name));
+    }
+  }
+  CHECK(j.at("stages").back().at("tasks").get<uint64_t>() >= 90);
 
   std::ifstream in(record);
   std::map<int, std::multiset<std::string>> per_epoch;

@@ -23,6 +23,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "proto/job_stats_fields.h"
 #include "skip.h"
 #include "spdl/client.h"
 #include "spdl/control.h"
@@ -380,6 +381,14 @@ TEST_CASE(
   const auto& st = job.at("stats");
   CHECK(s.at("spdld_jobs").get<double>() == 1);
   CHECK(s.at("spdld_draining").get<double>() == 0);
+  // Every daemon figure described for the metrics (proto/job_stats_fields.h) is scraped, with
+  // spdlctl's value (but the uptime, which moved on between the two).
+  for (const auto& row : proto::DaemonStatFields()) {
+    if (!(row.surfaces & proto::kMetrics)) continue;
+    CAPTURE(row.name, row.metric);
+    REQUIRE(s.contains(row.metric));
+    if (std::string(row.name) != "uptime_seconds") CHECK(s.at(row.metric).get<double>() == Num(status.at(row.name)));
+  }
   CHECK(s.at("spdld_memory_in_use_bytes").get<double>() == Num(status.at("memory_in_use_bytes")));
   CHECK(s.at("spdld_memory_budget_bytes").get<double>() == Num(status.at("memory_budget_bytes")));
   CHECK(s.at("spdld_job_samples_total" + jl).get<double>() == Num(st.at("samples")));

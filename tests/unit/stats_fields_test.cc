@@ -424,6 +424,9 @@ TEST_CASE("the metrics endpoint, spdlctl --json and spdlctl status show every da
   const std::string table = client::OperatorStatusText(status);
   CHECK_THAT(text, Catch::Contains("spdld_build_info{version=\""));
   CHECK_THAT(table, Catch::StartsWith("spdld 9.8.7\n"));
+  CHECK_THAT(table, Catch::Contains("GPU device memory leaked"));  // gpu_leaked_device_bytes > 0
+  std::istringstream lines(table);
+  for (std::string l; std::getline(lines, l);) CHECK(l.size() <= 100);
   for (const auto& f : proto::DaemonStatFields()) {
     CAPTURE(f.name, f.metric);
     const double v = proto::DaemonStatValue(status, f);
