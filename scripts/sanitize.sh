@@ -113,8 +113,14 @@ run_ctest() {  # DIR ARGS...
      --test-output-size-failed 4194304 "$@" ${CTEST_ARGS:-})
 }
 
-# The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing).
-tools_for() { case " $* " in *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*|*task_exception*) echo "${tools[@]}" ;; esac; }
+# The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing;
+# task_exception_test starts only spdld: PROGRAMS in tests/CMakeLists.txt).
+tools_for() {
+  case " $* " in
+    *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*) echo "${tools[@]}" ;;
+    *task_exception*) echo spdld ;;
+  esac
+}
 
 # A ctest -R regex for whole test executables (ctest names are "EXECUTABLE/TEST CASE").
 test_regex() { echo "^($(IFS='|'; echo "$*"))/"; }
