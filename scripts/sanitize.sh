@@ -91,6 +91,10 @@ timed() {
 
 configure() {  # DIR SANITIZERS
   if [ "$2" = address,undefined ] && [ "$asan_build" = fuzz ]; then
+    if ! command -v clang++ >/dev/null; then
+      echo "sanitize: SANITIZE_ASAN_BUILD=fuzz needs clang (scripts/fuzz.sh installs it: make ci-fuzz first)" >&2
+      return 2
+    fi
     cmake -S . -B "$1" -G Ninja -C cmake/clang-asan-fuzz.cmake >/dev/null
     return
   fi
