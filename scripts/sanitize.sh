@@ -91,6 +91,10 @@ timed() {
 
 configure() {  # DIR SANITIZERS
   if [ "$2" = address,undefined ] && [ "$asan_build" = fuzz ]; then
+    if ! command -v clang++ >/dev/null; then
+      echo "sanitize: SANITIZE_ASAN_BUILD=fuzz needs clang (scripts/fuzz.sh installs it: make ci-fuzz first)" >&2
+      return 2
+    fi
     cmake -S . -B "$1" -G Ninja -C cmake/clang-asan-fuzz.cmake >/dev/null
     return
   fi
@@ -113,8 +117,14 @@ run_ctest() {  # DIR ARGS...
      --test-output-size-failed 4194304 "$@" ${CTEST_ARGS:-})
 }
 
-# The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing).
-tools_for() { case " $* " in *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*|*task_exception*) echo "${tools[@]}" ;; esac; }
+# The tools the end-to-end tests start, if any test in "$@" is one (the unit tests start nothing;
+# task_exception_test starts only spdld: PROGRAMS in tests/CMakeLists.txt).
+tools_for() {
+  case " $* " in
+    *" all "*|*e2e*|*bad_data*|*security*|*limits*|*faults*|*soak*) echo "${tools[@]}" ;;
+    *task_exception*) echo spdld ;;
+  esac
+}
 
 # A ctest -R regex for whole test executables (ctest names are "EXECUTABLE/TEST CASE").
 test_regex() { echo "^($(IFS='|'; echo "$*"))/"; }
