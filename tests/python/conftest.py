@@ -231,15 +231,34 @@ def subprocess_env(**extra) -> dict:
 
 
 # A test that hangs (e.g. waiting for a slot that never comes back) must not hang CI: after this
-# long, dump every thread's stack and exit. (A signal cannot interrupt a wait inside the client
-# library, so pytest-timeout's signal method would not help either.)
-TEST_TIMEOUT_S = 60
+# long, print the test's name and every thread's stack to the real stderr (pytest's capture is
+# suspended first: a dump into the captured output would be lost with the process) and exit. (A
+# signal cannot interrupt a wait inside the client library, so pytest-timeout's signal method would
+# not help either.) If even that watchdog thread cannot run (the GIL held by a stuck thread),
+# faulthandler's own thread dumps and exits a little later. SPDL_TEST_TIMEOUT_S overrides the limit.
+TEST_TIMEOUT_S = float(os.environ.get("SPDL_TEST_TIMEOUT_S", "60"))
 
 
 @pytest.fixture(autouse=True)
-def _watchdog():
+def _watchdog(request):
     import faulthandler
+    import threading
 
-    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True)
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+
+    def expire():
+        if capman is not None:
+            capman.suspend_global_capture(in_=True)
+        sys.stderr.write(f"\nwatchdog: {request.node.nodeid} still running after {TEST_TIMEOUT_S:g} s; "
+                         "every thread's stack:\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(TEST_TIMEOUT_S, expire)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S + 15, exit=True)
     yield
+    timer.cancel()
     faulthandler.cancel_dump_traceback_later()
