@@ -85,6 +85,15 @@ void CheckJob(const JobConfig& c) {
     case SourceType::kCoco:
       FUZZ_CHECK(!c.source.root.empty() && !c.source.coco.annotations.empty() && c.source.coco.max_boxes >= 1);
       break;
+    case SourceType::kS3Prefix:
+      FUZZ_CHECK(c.source.prefix.rfind("s3://", 0) == 0);
+      break;
+    case SourceType::kStream:
+      FUZZ_CHECK(!c.source.stream.name.empty() && c.source.stream.name.size() <= 128);
+      break;
+    case SourceType::kWatch:
+      FUZZ_CHECK(!c.source.root.empty());
+      break;
   }
   for (const std::string& ext : c.source.extensions) {
     FUZZ_CHECK(std::none_of(ext.begin(), ext.end(), [](unsigned char ch) { return std::isupper(ch); }));
