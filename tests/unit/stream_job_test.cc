@@ -178,7 +178,16 @@ TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
       CHECK(ended);
       CHECK(Sum(rows) == 8);  // each group sees every sample
       CHECK(r->job->failure().ok());
-      CHECK(r->job->Stats().samples_tried() == 8);
+      const proto::JobStats st = r->job->Stats();
+      CHECK(st.samples_tried() == 8);
+      // The decode stage's figures, as a file job's (spdlctl, /metrics).
+      REQUIRE(st.stages_size() == 1);
+      CHECK(st.stages(0).name() == "decode");
+      CHECK(st.stages(0).kind() == "cpu");
+      CHECK(st.stages(0).tasks() == 8);
+      CHECK(st.stages(0).failures() == 0);
+      CHECK(st.stages(0).queue_length() == 0);
+      CHECK(st.stages(0).running() == 0);
     }
     a = SubmitResult{};
     b = SubmitResult{};
@@ -218,6 +227,7 @@ TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still
     CHECK(Sum(rows) == 8);
     CHECK(skip.job->Stats().samples_failed() == 1);
     CHECK(skip.job->Stats().samples_tried() == 9);
+    CHECK(skip.job->Stats().stages(0).failures() == 1);
     // on_error: fail: the job fails naming why; the stream is not stuck for the other group.
     CHECK(WaitFor([&] { return !fail.job->failure().ok(); }));
     CHECK_THAT(fail.job->failure().message(), Catch::Contains("on_error: fail"));
