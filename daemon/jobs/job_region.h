@@ -1,6 +1,7 @@
-// The region every job with slots of row tensors starts with (MediaJob, StreamJob): the shared
-// region with its header written, and the JobAccepted fields that describe its slots and tensors.
-// One place, so the two kinds of job cannot drift apart in what the client maps.
+// What every job with slots of row tensors shares (MediaJob, StreamJob): the shared region with its
+// header written, the JobAccepted fields that describe its slots and tensors, and a stage's figures
+// as JobStats carries them. One place, so the two kinds of job cannot drift apart in what the
+// client maps or what spdlctl and /metrics show.
 //
 // Plain functions of their arguments: safe from any thread.
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "common/status.h"
 #include "jobs/sample_decoder.h"
+#include "pipeline/stage_stats.h"
 #include "proto/control.pb.h"
 #include "proto/shm_layout.h"
 #include "shm/shared_region.h"
@@ -27,5 +29,10 @@ Result<shm::SharedRegion> CreateJobRegion(uint64_t job_id, const proto::SlotLayo
 // REQUIRES: tensors.size() == layout.tensor_offsets.size(); accepted != nullptr.
 void DescribeSlots(const proto::SlotLayout& layout, const std::vector<RowTensor>& tensors, uint32_t batch,
                    proto::JobAccepted* accepted);
+
+// One stage's totals and window figures (`window` over the last `window_seconds`) as JobStats.stages
+// carries them. REQUIRES: out != nullptr.
+void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageSnapshot& window, double seconds,
+                    double window_seconds, proto::StageStats* out);
 
 }  // namespace spdl::jobs

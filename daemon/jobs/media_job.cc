@@ -416,42 +416,6 @@ void MediaJob::Cancel() {
   pipeline_->Cancel();
 }
 
-namespace {
-
-// One stage's totals and window figures as the control channel carries them.
-void FillStageStats(const pipeline::StageSnapshot& total, const pipeline::StageSnapshot& window, double seconds,
-                    double window_seconds, proto::StageStats* out) {
-  out->set_name(total.name);
-  out->set_tasks(total.tasks);
-  out->set_failures(total.failures);
-  out->set_busy_seconds(total.busy_seconds);
-  out->set_kind(pipeline::StageKindName(total.kind));
-  out->set_concurrency(total.concurrency);
-  out->set_queue_capacity(total.queue_capacity);
-  out->set_queue_length(total.queue_length);
-  out->set_running(total.running);
-  out->set_avg_ms(total.AvgSeconds() * 1e3);
-  out->set_p50_ms(total.PercentileSeconds(0.5) * 1e3);
-  out->set_p90_ms(total.PercentileSeconds(0.9) * 1e3);
-  out->set_p99_ms(total.PercentileSeconds(0.99) * 1e3);
-  out->set_put_wait_seconds(total.put_wait_seconds);
-  out->set_get_wait_seconds(total.get_wait_seconds);
-  out->set_items_per_s(seconds > 0 ? static_cast<double>(total.tasks) / seconds : 0);
-  out->set_window_seconds(window_seconds);
-  out->set_window_tasks(window.tasks);
-  out->set_window_failures(window.failures);
-  out->set_window_avg_ms(window.AvgSeconds() * 1e3);
-  out->set_window_p50_ms(window.PercentileSeconds(0.5) * 1e3);
-  out->set_window_p90_ms(window.PercentileSeconds(0.9) * 1e3);
-  out->set_window_p99_ms(window.PercentileSeconds(0.99) * 1e3);
-  out->set_window_put_wait_seconds(window.put_wait_seconds);
-  out->set_window_get_wait_seconds(window.get_wait_seconds);
-  out->set_window_items_per_s(window_seconds > 0 ? static_cast<double>(window.tasks) / window_seconds : 0);
-  for (uint64_t n : total.histogram) out->add_task_histogram(n);
-}
-
-}  // namespace
-
 proto::JobStats MediaJob::Stats() const {
   proto::JobStats st;
   const double seconds = SecondsSince(started_);

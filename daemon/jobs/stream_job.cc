@@ -217,6 +217,7 @@ void StreamJob::Fill() {
         free_rows.push_back(row);
         --live;
         if (!ran) {  // not decoded at all: not consumed, Leave hands it back
+          --decodes_queued_;
           Fail(std::move(st));
           continue;
         }
@@ -273,8 +274,18 @@ void StreamJob::Fill() {
         ++pending;
         auto report = std::make_shared<RowReport>(
             [completions, row](Status st, bool ran) { completions->Report(row, std::move(st), ran); });
-        queue_->Post(
-            [this, report, sample = std::move(s), slot, row] { report->Done(DecodeInto(*sample, slot, row)); });
+        ++decodes_queued_;
+        queue_->Post([this, report, sample = std::move(s), slot, row] {
+          --decodes_queued_;
+          ++decodes_running_;
+          const Clock::time_point t0 = Clock::now();
+          Status st = DecodeInto(*sample, slot, row);
+          decode_stats_.Record(
+              static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
+              st.ok());
+          --decodes_running_;
+          report->Done(std::move(st));
+        });
       }
       if (taken->end) end = true;
     }
@@ -407,6 +418,11 @@ proto::JobStats StreamJob::Stats() const {
   st.set_samples_per_s(seconds > 0 ? static_cast<double>(delivered_samples_) / seconds : 0);
   st.set_samples_failed(failed_.load());
   st.set_samples_tried(tried_.load());
+  // The decode stage's figures; its window is the job's life (a stream job keeps no window).
+  pipeline::StageSnapshot decode = decode_stats_.Snapshot();
+  decode.queue_length = decodes_queued_.load();
+  decode.running = decodes_running_.load();
+  FillStageStats(decode, decode, seconds, seconds, st.add_stages());
   return st;
 }
 

@@ -39,6 +39,7 @@
 #include "jobs/job_service.h"
 #include "jobs/media_job.h"
 #include "pipeline/executor.h"
+#include "pipeline/stage_stats.h"
 #include "proto/shm_layout.h"
 #include "shm/shared_region.h"
 #include "shm/slot_ring.h"
@@ -131,6 +132,11 @@ class StreamJob final : public JobHandle {
   proto::JobAccepted accepted_;
   shm::SlotRing ring_;
   std::unique_ptr<pipeline::Executor> queue_;  // this job's queue on the shared worker pool
+  // The decode tasks' figures (JobStats.stages "decode", as a file job's decode stage): tasks,
+  // failures, task times; decodes posted and not started, and running.
+  pipeline::StageStats decode_stats_{"decode", pipeline::StageKind::kCpu, 0, 0};
+  std::atomic<uint64_t> decodes_queued_{0};
+  std::atomic<uint64_t> decodes_running_{0};
 
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> failed_{0};

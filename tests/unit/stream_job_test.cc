@@ -2,7 +2,8 @@
 // real JPEG files: stream jobs decode on the daemon's shared worker pool (the pool held busy holds
 // two stream jobs' decodes in its queue, and they go on with a file job once it is free), a
 // garbage sample fails per on_error without stalling the stream (a full batch stays full), and
-// max_batch_delay_ms sends a partial batch.
+// max_batch_delay_ms sends a partial batch; a pool stopped at shutdown fails the job and
+// consumes nothing.
 #include <unistd.h>
 
 #include <algorithm>
@@ -177,7 +178,16 @@ TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
       CHECK(ended);
       CHECK(Sum(rows) == 8);  // each group sees every sample
       CHECK(r->job->failure().ok());
-      CHECK(r->job->Stats().samples_tried() == 8);
+      const proto::JobStats st = r->job->Stats();
+      CHECK(st.samples_tried() == 8);
+      // The decode stage's figures, as a file job's (spdlctl, /metrics).
+      REQUIRE(st.stages_size() == 1);
+      CHECK(st.stages(0).name() == "decode");
+      CHECK(st.stages(0).kind() == "cpu");
+      CHECK(st.stages(0).tasks() == 8);
+      CHECK(st.stages(0).failures() == 0);
+      CHECK(st.stages(0).queue_length() == 0);
+      CHECK(st.stages(0).running() == 0);
     }
     a = SubmitResult{};
     b = SubmitResult{};
@@ -217,6 +227,7 @@ TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still
     CHECK(Sum(rows) == 8);
     CHECK(skip.job->Stats().samples_failed() == 1);
     CHECK(skip.job->Stats().samples_tried() == 9);
+    CHECK(skip.job->Stats().stages(0).failures() == 1);
     // on_error: fail: the job fails naming why; the stream is not stuck for the other group.
     CHECK(WaitFor([&] { return !fail.job->failure().ok(); }));
     CHECK_THAT(fail.job->failure().message(), Catch::Contains("on_error: fail"));
@@ -262,6 +273,34 @@ TEST_CASE("stream job: max_batch_delay_ms sends the rows it has") {
     CHECK(st.groups[0].lag == 0);
     j = SubmitResult{};
     pool->Join();
+  }
+}
+
+TEST_CASE("stream job: decodes the stopped pool drops fail the job, their samples go back to the group") {
+  Data data;
+  config::DaemonConfig cfg;
+  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  {
+    JobRegistry reg(cfg, pool.get(), 2);
+    streams::StreamConfig sc;
+    sc.name = "stopped-pool";
+    auto stream = reg.streams()->Define(sc, me.uid);
+    REQUIRE(stream.ok());
+    SubmitResult j = reg.Submit(Yaml("{type: stream, name: stopped-pool, group: g}"), me, [] {});
+    REQUIRE(j.ok());
+    pool->Join();  // daemon shutdown: later posts are dropped without running
+    for (size_t i = 0; i < 4; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
+    CHECK(WaitFor([&] { return !j.job->failure().ok(); }));
+    CHECK_THAT(j.job->failure().message(), Catch::Contains("worker pool stopped"));
+    CHECK(j.job->Stats().samples_failed() == 0);  // not decoded is not failed: nothing consumed
+    j = SubmitResult{};
+    // The job left: its samples wait for the group's next consumer, none acknowledged.
+    const streams::StreamStats st = (*stream)->Stats();
+    REQUIRE(st.groups.size() == 1);
+    CHECK(st.groups[0].lag == 4);  // nothing acknowledged
+    CHECK(st.groups[0].in_flight == 0);
+    CHECK(st.groups[0].redeliver >= 1);  // those the job had taken (the rest were never handed out)
   }
 }
 
