@@ -20,6 +20,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -40,8 +41,6 @@ void Backdate(const std::string& dir) {
 
 struct Fixture {
   Fixture() {
-    char tmpl[] = "/tmp/spdl-index-e2e-XXXXXX";
-    dir = fs::canonical(::mkdtemp(tmpl)).string();
     testdata::DatasetOptions o;
     o.classes = 4;
     o.images_per_class = 10;  // 40 images: 10 per rank of 4
@@ -59,11 +58,7 @@ struct Fixture {
         std::make_unique<DaemonProcess>(dir + "/spdld.sock", std::vector<std::string>{"--config", dir + "/spdld.yaml"});
     REQUIRE(daemon->Connectable());
   }
-  ~Fixture() {
-    daemon.reset();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+  ~Fixture() { daemon.reset(); }
   // Starts a client of the job; its stdout goes to `name`.json, its record to `name`.csv.
   pid_t Start(const std::string& name, std::vector<std::string> args) const {
     std::vector<std::string> argv = {kClient,           "--socket", dir + "/spdld.sock", "--config",
@@ -89,7 +84,8 @@ struct Fixture {
     return seen;
   }
 
-  std::string dir;
+  testing::TempDir tmp;  // declared first: removed after everything else has gone
+  const std::string dir = tmp.path;
   std::unique_ptr<DaemonProcess> daemon;
 };
 

@@ -18,6 +18,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -25,22 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::DaemonProcess;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-mix-e2e-XXXXXX";
-    path = fs::canonical(::mkdtemp(tmpl)).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
-
-void WriteText(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
+using spdl::testing::TempDir;    // temp_dir.h
+using spdl::testing::WriteFile;  // temp_dir.h
 
 std::vector<std::string> Lines(const std::string& path) {
   std::ifstream in(path);
@@ -91,7 +78,7 @@ struct Fixture {
   std::string socket() const { return dir.path + "/spdld.sock"; }
   std::string Job(const std::string& body) const {
     const std::string path = dir.path + "/job-" + std::to_string(++jobs) + ".yaml";
-    WriteText(path, body +
+    WriteFile(path, body +
                         "batch: {size: 10}\n"
                         "transforms: [{resize: {shorter: 24}}, {center_crop: {size: 24}}]\n"
                         "prefetch: 2\n");
@@ -270,7 +257,7 @@ TEST_CASE("mix e2e: two coco sets mix, each sample with its own boxes") {
                                      {"area", 100},
                                      {"iscrowd", 0}});
     }
-    WriteText(f.dir.path + "/" + name + ".json", coco.dump());
+    WriteFile(f.dir.path + "/" + name + ".json", coco.dump());
   }
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path, "--threads", "2"});
   REQUIRE(d.Connectable());

@@ -27,6 +27,7 @@
 #include "skip.h"
 #include "spdl/client.h"
 #include "spdl/control.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -35,17 +36,7 @@ namespace fs = std::filesystem;
 using testing::DaemonProcess;
 using testing::RunCommand;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-ops-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 // A datagram socket standing in for systemd's $NOTIFY_SOCKET.
 class NotifySocket {

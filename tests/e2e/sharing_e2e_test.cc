@@ -21,6 +21,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -33,8 +34,6 @@ const std::string kCtl = std::string(SPDL_BIN_DIR) + "/spdlctl";
 
 struct Fixture {
   explicit Fixture(const std::string& daemon_extra = "") {
-    char tmpl[] = "/tmp/spdl-share-e2e-XXXXXX";
-    dir = fs::canonical(::mkdtemp(tmpl)).string();
     testdata::DatasetOptions o;
     o.classes = 3;
     o.images_per_class = 8;  // 24 images
@@ -46,11 +45,7 @@ struct Fixture {
         std::make_unique<DaemonProcess>(dir + "/spdld.sock", std::vector<std::string>{"--config", dir + "/spdld.yaml"});
     REQUIRE(daemon->Connectable());
   }
-  ~Fixture() {
-    daemon.reset();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+  ~Fixture() { daemon.reset(); }
   std::string Job(const std::string& extra) const {
     const std::string path = dir + "/job-" + std::to_string(++jobs) + ".yaml";
     std::ofstream(path) << "source: {type: image_folder, root: " << dir << "/data}\n"
@@ -87,7 +82,8 @@ struct Fixture {
     return j.contains("jobs") ? static_cast<int>(j["jobs"].size()) : 0;
   }
 
-  std::string dir;
+  testing::TempDir tmp;  // declared first: removed after everything else has gone
+  const std::string dir = tmp.path;
   std::unique_ptr<DaemonProcess> daemon;
   mutable int jobs = 0;
 };

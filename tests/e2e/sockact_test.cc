@@ -20,6 +20,7 @@
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
 #include "skip.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -29,8 +30,6 @@ constexpr const char* kActivator = "/usr/bin/systemd-socket-activate";
 
 struct Fixture {
   Fixture() {
-    char tmpl[] = "/tmp/spdl-sockact-XXXXXX";
-    dir = ::mkdtemp(tmpl);
     testdata::DatasetOptions o;
     o.classes = 2;
     o.images_per_class = 6;
@@ -46,8 +45,6 @@ struct Fixture {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
   // Starts spdld under the activator listening on `listen_path`, with socket_path `config_path`.
   void Start(const std::string& listen_path, const std::string& config_path) {
@@ -97,7 +94,8 @@ struct Fixture {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   std::string log() const { return dir + "/spdld.log"; }
-  std::string dir;
+  testing::TempDir tmp;  // declared first: removed after everything else has gone
+  const std::string dir = tmp.path;
   pid_t pid = -1;
 };
 
@@ -158,16 +156,14 @@ TEST_CASE("socket-activated spdld warns when the passed socket is not its socket
 }
 
 TEST_CASE("spdld started without socket activation still creates its socket and removes it at exit") {
-  char tmpl[] = "/tmp/spdl-sockact-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  testing::TempDir tmp;
+  const std::string& dir = tmp.path;
   {
     testing::DaemonProcess d(dir + "/spdld.sock", {"--allow-root", dir});
     REQUIRE(d.Connectable());
     CHECK(d.Stop() == std::optional<int>(0));
   }
   CHECK_FALSE(fs::exists(dir + "/spdld.sock"));  // its own socket: removed
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 }  // namespace

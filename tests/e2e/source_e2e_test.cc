@@ -25,6 +25,7 @@
 
 #include "e2e/daemon_process.h"
 #include "e2e/dataset.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -32,22 +33,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::DaemonProcess;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-src-e2e-XXXXXX";
-    path = fs::canonical(::mkdtemp(tmpl)).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
-
-void WriteText(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
+using spdl::testing::TempDir;    // temp_dir.h
+using spdl::testing::WriteFile;  // temp_dir.h
 
 std::vector<std::string> Lines(const std::string& path) {
   std::ifstream in(path);
@@ -198,7 +185,7 @@ struct Fixture {
   std::string socket() const { return dir.path + "/spdld.sock"; }
   std::string Job(const std::string& source_yaml, const std::string& extra = "") const {
     const std::string path = dir.path + "/job-" + std::to_string(++jobs) + ".yaml";
-    WriteText(path, source_yaml +
+    WriteFile(path, source_yaml +
                         "sampler: {shuffle: true, seed: 11}\n"
                         "batch: {size: 5}\n"
                         "transforms: [{resize: {shorter: 40}}, {center_crop: {size: 32}}]\n"
@@ -302,7 +289,7 @@ TEST_CASE("file_list source: two ranks cover an epoch, and a stopped run resumes
     list += f.images[i].path + "," + std::to_string(label) + "\n";
     expected[f.images[i].path] = label;
   }
-  WriteText(f.dir.path + "/lists/train.csv", list);
+  WriteFile(f.dir.path + "/lists/train.csv", list);
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path, "--threads", "2"});
   REQUIRE(d.Connectable());
   const std::string job =
@@ -313,7 +300,7 @@ TEST_CASE("file_list source: two ranks cover an epoch, and a stopped run resumes
   {  // a token of another dataset is refused
     ClientRun a = RunClient(f, job, {"--stop-after", "1"});
     REQUIRE(a.rc == 0);
-    WriteText(f.dir.path + "/lists/other.csv", list + f.images[0].path + ",1\n");  // one sample more
+    WriteFile(f.dir.path + "/lists/other.csv", list + f.images[0].path + ",1\n");  // one sample more
     const std::string other =
         f.Job("source: {type: file_list, list: " + f.dir.path + "/lists/other.csv, root: " + f.data() + "}\n");
     ClientRun b = RunClient(f, other, {"--resume", a.json.at("state").get<std::string>()});
@@ -338,7 +325,7 @@ TEST_CASE("tar source: shards written by tar, two ranks cover an epoch, a stoppe
     const std::string key = "s/sample" + std::to_string(1000 + i);
     fs::create_directories(staging + "/s");
     fs::copy_file(f.data() + "/" + f.images[i].path, staging + "/" + key + ".jpg");
-    WriteText(staging + "/" + key + ".cls", std::to_string(f.images[i].label) + "\n");
+    WriteFile(staging + "/" + key + ".cls", std::to_string(f.images[i].label) + "\n");
     members[i % 4].push_back(key + ".jpg");
     members[i % 4].push_back(key + ".cls");
     expected[key] = f.images[i].label;
@@ -388,9 +375,9 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
     urls += url + "," + std::to_string(img.label) + "\n";
     expected[url] = img.label;
   }
-  WriteText(f.dir.path + "/lists/urls.csv", urls);
+  WriteFile(f.dir.path + "/lists/urls.csv", urls);
   const std::string config = f.dir.path + "/spdld.yaml";
-  WriteText(config, "allowed_roots: [" + f.dir.path + "/lists]\nallowed_url_prefixes: [" + server.url() +
+  WriteFile(config, "allowed_roots: [" + f.dir.path + "/lists]\nallowed_url_prefixes: [" + server.url() +
                         ", http://127.0.0.1:" + std::to_string(hangs_up.port()) +
                         ", http://127.0.0.1:" + std::to_string(silent.port()) + "]\nworker_threads: 2\n");
   DaemonProcess d(f.socket(), {"--config", config});
@@ -400,7 +387,7 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
   CheckStopAndResume(f, job);
 
   {  // base_url + relative paths; a 404 fails the job with the status and the URL
-    WriteText(f.dir.path + "/lists/rel.txt", f.images[0].path + "\nclass_000/missing.jpg\n" + f.images[1].path + "\n");
+    WriteFile(f.dir.path + "/lists/rel.txt", f.images[0].path + "\nclass_000/missing.jpg\n" + f.images[1].path + "\n");
     const std::string rel =
         f.Job("source: {type: http, list: " + f.dir.path + "/lists/rel.txt, base_url: '" + server.url() + "'}\n",
               "on_error: fail\n");
@@ -417,7 +404,7 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
     CHECK(s.json.at("skipped") == 1);
   }
   {  // a server that hangs up is retried, then named
-    WriteText(f.dir.path + "/lists/hangup.txt", "http://127.0.0.1:" + std::to_string(hangs_up.port()) + "/x.jpg\n");
+    WriteFile(f.dir.path + "/lists/hangup.txt", "http://127.0.0.1:" + std::to_string(hangs_up.port()) + "/x.jpg\n");
     ClientRun r = RunClient(
         f,
         f.Job("source: {type: http, list: " + f.dir.path + "/lists/hangup.txt, max_attempts: 2}\n", "on_error: fail\n"),
@@ -426,7 +413,7 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
     CHECK_THAT(r.err, Catch::Contains("/x.jpg") && Catch::Contains("gave up after 2 attempts"));
   }
   {  // a server that never answers times out
-    WriteText(f.dir.path + "/lists/silent.txt", "http://127.0.0.1:" + std::to_string(silent.port()) + "/y.jpg\n");
+    WriteFile(f.dir.path + "/lists/silent.txt", "http://127.0.0.1:" + std::to_string(silent.port()) + "/y.jpg\n");
     ClientRun r = RunClient(f,
                             f.Job("source: {type: http, list: " + f.dir.path +
                                       "/lists/silent.txt, timeout_ms: 300, connect_timeout_ms: 300}\n",
@@ -436,7 +423,7 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
     CHECK_THAT(r.err, Catch::Contains("/y.jpg") && Catch::Contains("no complete response within 300 ms"));
   }
   {  // a URL outside allowed_url_prefixes is refused
-    WriteText(f.dir.path + "/lists/elsewhere.txt", "http://127.0.0.2:1/z.jpg\n");
+    WriteFile(f.dir.path + "/lists/elsewhere.txt", "http://127.0.0.2:1/z.jpg\n");
     ClientRun r = RunClient(f, f.Job("source: {type: http, list: " + f.dir.path + "/lists/elsewhere.txt}\n"), {});
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains("source.list") && Catch::Contains("127.0.0.2"));
@@ -446,7 +433,7 @@ TEST_CASE("http source: a loopback http.server, two ranks, exact resume, and HTT
 
 TEST_CASE("http source: a daemon without allowed_url_prefixes refuses http jobs") {
   Fixture f;
-  WriteText(f.dir.path + "/lists/urls.txt", "http://127.0.0.1:1/a.jpg\n");
+  WriteFile(f.dir.path + "/lists/urls.txt", "http://127.0.0.1:1/a.jpg\n");
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path});
   REQUIRE(d.Connectable());
   ClientRun r = RunClient(f, f.Job("source: {type: http, list: " + f.dir.path + "/lists/urls.txt}\n"), {});

@@ -41,6 +41,7 @@
 #include "media/audio_decoder.h"
 #include "media/sample_random.h"
 #include "media/video_decoder.h"
+#include "temp_dir.h"
 
 namespace spdl::media {
 namespace {
@@ -54,25 +55,7 @@ constexpr double kPi = std::numbers::pi;
 
 constexpr double kToneAmplitude = 0.5;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "spdl_av_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 // Runs the ffmpeg command line with `args`; the test fails if it does.
 void Ffmpeg(const std::string& args) {

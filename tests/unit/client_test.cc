@@ -1,6 +1,8 @@
 // The client library against a fake daemon: a thread in this process that listens on a temporary
 // Unix socket, speaks the control protocol with the real framing code, and hands out a memfd region
 // over SCM_RIGHTS, as spdld does.
+#include "spdl/client.h"
+
 #include <dirent.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -10,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,13 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "common/unique_fd.h"
 #include "proto/control.pb.h"
 #include "proto/framing.h"
 #include "proto/shm_layout.h"
-#include "spdl/client.h"
+#include "temp_dir.h"
 
 namespace spdl::client {
 namespace {
@@ -258,10 +259,7 @@ class Peer {
 class FakeDaemon {
  public:
   explicit FakeDaemon(std::function<void(Peer&)> script) {
-    char tmpl[] = "/tmp/spdl_client_test.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/spdld.sock";
+    path_ = dir_ / "spdld.sock";
     UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     REQUIRE(listener.valid());
     sockaddr_un addr{};
@@ -284,10 +282,7 @@ class FakeDaemon {
       peer_->Close();
     });
   }
-  ~FakeDaemon() {
-    Join();
-    std::filesystem::remove_all(dir_);
-  }
+  ~FakeDaemon() { Join(); }
 
   const std::string& path() const { return path_; }
   void Join() {
@@ -302,7 +297,8 @@ class FakeDaemon {
   }
 
  private:
-  std::string dir_, path_;
+  const testing::TempDir dir_;  // removed after the thread has been joined
+  std::string path_;
   std::thread thread_;
   std::unique_ptr<Peer> peer_;
   std::mutex mu_;
@@ -343,15 +339,13 @@ T Take(Result<Event> ev) {
 }
 
 TEST_CASE("connecting to a missing socket says the daemon is not running") {
-  char tmpl[] = "/tmp/spdl_client_test.XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string path = std::string(tmpl) + "/nobody.sock";
+  const testing::TempDir dir;
+  const std::string path = dir / "nobody.sock";
   auto r = Loader::Open(TestOptions(path));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(r.status().message(), Catch::StartsWith("cannot connect to spdld at " + path + ": "));
   CHECK_THAT(r.status().message(), Catch::EndsWith("(is the daemon running?)"));
-  ::rmdir(tmpl);
 }
 
 TEST_CASE("bad options are refused before connecting") {

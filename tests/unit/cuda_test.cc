@@ -29,6 +29,7 @@
 #include "spdl/cuda/client_copy.h"
 #include "spdl/cuda/device_slot_view.h"
 #include "spdl/cuda/dlpack_tensor.h"
+#include "temp_dir.h"
 
 namespace spdl::cuda {
 namespace {
@@ -302,15 +303,7 @@ TEST_CASE("FakeBackend: a sticky error poisons every later call of the process",
 // A Result<bool>'s value, or `otherwise` when it failed.
 inline bool ValueOr(const Result<bool>& r, bool otherwise) { return r.ok() ? *r : otherwise; }
 namespace shmfake {
-struct Dir {
-  std::string path;
-  Dir() {
-    char tmpl[] = "/tmp/spdl-shmfake-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~Dir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
-};
+using Dir = spdl::testing::TempDir;  // temp_dir.h
 // Runs fn in a child process; returns its exit status (fn's return value).
 int InChild(const std::function<int()>& fn) {
   const pid_t pid = ::fork();

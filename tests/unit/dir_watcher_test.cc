@@ -19,39 +19,14 @@
 #include <vector>
 
 #include "skip.h"
+#include "temp_dir.h"
 
 namespace spdl::io {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-watch-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-  // Writes path()/rel in place (open, write, close), creating parent directories.
-  void Write(const std::string& rel, const std::string& contents = "data") const {
-    const fs::path p = fs::path(path_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << contents;
-  }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 DirWatchOptions Jpegs(bool include = true) {
   DirWatchOptions o;
@@ -61,7 +36,7 @@ DirWatchOptions Jpegs(bool include = true) {
 }
 
 std::unique_ptr<DirWatcher> OpenOk(const TempDir& dir, DirWatchOptions o = Jpegs()) {
-  auto w = DirWatcher::Open(dir.path(), {dir.path()}, std::move(o), nullptr);
+  auto w = DirWatcher::Open(dir.path, {dir.path}, std::move(o), nullptr);
   INFO(w.status().ToString());
   REQUIRE(w.ok());
   return std::move(*w);
@@ -87,13 +62,13 @@ std::vector<std::string> Paths(const std::vector<WatchedFile>& files) {
 
 TEST_CASE("watch: existing files in image_folder order, then new files written or renamed into place once") {
   TempDir dir;
-  dir.Write("b/2.jpg");
-  dir.Write("b/1.JPEG");
-  dir.Write("a/x.jpg");
-  dir.Write("a/sub/y.jpg");
-  dir.Write("a/notes.txt");
-  dir.Write("a/.hidden.jpg");
-  dir.Write("top.jpg");  // directly in the root: not a sample
+  dir.Write("b/2.jpg", "data");
+  dir.Write("b/1.JPEG", "data");
+  dir.Write("a/x.jpg", "data");
+  dir.Write("a/sub/y.jpg", "data");
+  dir.Write("a/notes.txt", "data");
+  dir.Write("a/.hidden.jpg", "data");
+  dir.Write("top.jpg", "data");  // directly in the root: not a sample
   auto w = OpenOk(dir);
   std::vector<WatchedFile> got = Drain(*w);
   CHECK(Paths(got) == std::vector<std::string>{"a/sub/y.jpg", "a/x.jpg", "b/1.JPEG", "b/2.jpg"});
@@ -106,7 +81,7 @@ TEST_CASE("watch: existing files in image_folder order, then new files written o
   dir.Write(".staging/ignored", "");
   { std::ofstream(dir / "b/.4.jpg.tmp", std::ios::binary) << "four"; }
   fs::rename(dir / "b/.4.jpg.tmp", dir / "b/4.jpg");
-  dir.Write("a/sub/deeper/z.jpeg");
+  dir.Write("a/sub/deeper/z.jpeg", "data");
   got = Drain(*w);
   std::multiset<std::string> paths;
   for (const WatchedFile& f : got) paths.insert(f.path);
@@ -126,16 +101,16 @@ TEST_CASE("watch: existing files in image_folder order, then new files written o
 
 TEST_CASE("watch: existing skip leaves out the files complete at the start") {
   TempDir dir;
-  dir.Write("a/old.jpg");
+  dir.Write("a/old.jpg", "data");
   auto w = OpenOk(dir, Jpegs(/*include=*/false));
   CHECK(Drain(*w).empty());
-  dir.Write("a/new.jpg");
+  dir.Write("a/new.jpg", "data");
   CHECK(Paths(Drain(*w)) == std::vector<std::string>{"a/new.jpg"});
 }
 
 TEST_CASE("watch: a partial write is never reported, the completed file once") {
   TempDir dir;
-  dir.Write("a/keep.jpg");
+  dir.Write("a/keep.jpg", "data");
   // Open for writing before the watcher starts: found by the listing, not complete.
   const int early = ::open((dir / "a/early.jpg").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   REQUIRE(early >= 0);
@@ -182,7 +157,7 @@ TEST_CASE("watch: a partial write is never reported, the completed file once") {
 
 TEST_CASE("watch: files written during the start are reported exactly once") {
   TempDir dir;
-  dir.Write("a/seed.jpg");
+  dir.Write("a/seed.jpg", "data");
   constexpr int kFiles = 400;
   std::atomic<bool> go{false};
   std::thread writer([&] {
@@ -213,11 +188,11 @@ TEST_CASE("watch: files written during the start are reported exactly once") {
 
 TEST_CASE("watch: class folders made later take the next labels, files in them are found") {
   TempDir dir;
-  dir.Write("m/1.jpg");
+  dir.Write("m/1.jpg", "data");
   auto w = OpenOk(dir, Jpegs(false));
   fs::create_directories(dir / "z/inner");
-  dir.Write("z/inner/q.jpg");
-  dir.Write("c/1.jpg");
+  dir.Write("z/inner/q.jpg", "data");
+  dir.Write("c/1.jpg", "data");
   std::vector<WatchedFile> got = Drain(*w);
   std::map<std::string, int64_t> label;
   for (const WatchedFile& f : got) label[f.path] = f.label;
@@ -226,7 +201,7 @@ TEST_CASE("watch: class folders made later take the next labels, files in them a
   // Deleted and made again: the same label.
   fs::remove_all(dir / "z");
   CHECK(Drain(*w).empty());
-  dir.Write("z/again.jpg");
+  dir.Write("z/again.jpg", "data");
   got = Drain(*w);
   REQUIRE(got.size() == 1);
   CHECK(got[0].label == 1);
@@ -234,9 +209,9 @@ TEST_CASE("watch: class folders made later take the next labels, files in them a
 
 TEST_CASE("watch: fixed classes give fixed labels and leave other folders out") {
   TempDir dir;
-  dir.Write("dog/1.jpg");
-  dir.Write("cat/1.jpg");
-  dir.Write("bird/1.jpg");
+  dir.Write("dog/1.jpg", "data");
+  dir.Write("cat/1.jpg", "data");
+  dir.Write("bird/1.jpg", "data");
   DirWatchOptions o = Jpegs();
   o.classes = {"dog", "cat"};
   auto w = OpenOk(dir, o);
@@ -246,7 +221,7 @@ TEST_CASE("watch: fixed classes give fixed labels and leave other folders out") 
   CHECK(got[1].label == 1);
   CHECK(w->stats().ignored_folders == 1);
   o.classes = {"dog", "dog"};
-  CHECK(DirWatcher::Open(dir.path(), {dir.path()}, o, nullptr).status().code() == StatusCode::kInvalidArgument);
+  CHECK(DirWatcher::Open(dir.path, {dir.path}, o, nullptr).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("watch: once per name and inode - rewrites in place are not new, replacements are") {
@@ -280,8 +255,8 @@ TEST_CASE("watch: a queue overflow is followed by a rescan that reports each fil
     SPDL_SKIP("fs.inotify.max_queued_events is " + std::to_string(max_queued) + ": too many events to overflow it");
   }
   TempDir dir;
-  dir.Write("a/before.jpg");
-  dir.Write("a/other.jpg");
+  dir.Write("a/before.jpg", "data");
+  dir.Write("a/other.jpg", "data");
   auto w = OpenOk(dir);
   REQUIRE(Drain(*w).size() == 2);
   // Fill the queue without reading it: closes after writing, alternating between two reported files
@@ -307,7 +282,7 @@ TEST_CASE("watch: a queue overflow is followed by a rescan that reports each fil
   CHECK(unique.count("new_class/m.jpg") == 1);
   CHECK(unique.count("a/before.jpg") == 0);
   // The watches go on after it.
-  dir.Write("new_class/later.jpg");
+  dir.Write("new_class/later.jpg", "data");
   CHECK(Paths(Drain(*w)) == std::vector<std::string>{"new_class/later.jpg"});
   CHECK(unique.count("a/before.jpg") == 0);
 }
@@ -316,12 +291,11 @@ TEST_CASE("watch: refusals and a deleted root") {
   TempDir dir;
   TempDir other;
   fs::create_directories(dir / "a");
-  CHECK(DirWatcher::Open(dir.path(), {other.path()}, Jpegs(), nullptr).status().code() ==
-        StatusCode::kPermissionDenied);
+  CHECK(DirWatcher::Open(dir.path, {other.path}, Jpegs(), nullptr).status().code() == StatusCode::kPermissionDenied);
   DirWatchOptions none;
-  CHECK(DirWatcher::Open(dir.path(), {dir.path()}, none, nullptr).status().code() == StatusCode::kInvalidArgument);
-  dir.Write("file.jpg");
-  CHECK(DirWatcher::Open(dir / "file.jpg", {dir.path()}, Jpegs(), nullptr).status().code() ==
+  CHECK(DirWatcher::Open(dir.path, {dir.path}, none, nullptr).status().code() == StatusCode::kInvalidArgument);
+  dir.Write("file.jpg", "data");
+  CHECK(DirWatcher::Open(dir / "file.jpg", {dir.path}, Jpegs(), nullptr).status().code() ==
         StatusCode::kInvalidArgument);
   auto w = OpenOk(dir);
   // Wake from another thread ends a Poll that would wait for ever.
@@ -333,7 +307,7 @@ TEST_CASE("watch: refusals and a deleted root") {
   CHECK(w->Poll(-1, &got).ok());
   waker.join();
   CHECK(got.empty());
-  fs::remove_all(dir.path());
+  fs::remove_all(dir.path);
   Status s;
   for (int i = 0; i < 20 && s.ok(); ++i) s = w->Poll(100, &got);
   CHECK(s.code() == StatusCode::kNotFound);

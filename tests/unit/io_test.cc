@@ -26,44 +26,14 @@
 #include "io/read_file.h"
 #include "io/sampler.h"
 #include "skip.h"
+#include "temp_dir.h"
 
 namespace spdl::io {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-io-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-
-  // Writes `contents` to path()/rel, creating parent directories.
-  void Write(const std::string& rel, const std::string& contents = "x") const {
-    const fs::path p = fs::path(path_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << contents;
-  }
-  void MkDir(const std::string& rel) const { fs::create_directories(fs::path(path_) / rel); }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 // ---------------------------------------------------------------- ScanImageFolder
 
@@ -87,9 +57,9 @@ TEST_CASE("ScanImageFolder: sorted classes, labels, nested files, extension case
   std::filesystem::create_symlink(elsewhere / "real.jpg", t / "cat/linked.jpg");  // followed
   std::filesystem::create_symlink(t / "gone.jpg", t / "cat/dangling.jpg");        // ignored
 
-  auto m = ScanImageFolder(t.path(), {".jpg", "JPEG", ".png"});
+  auto m = ScanImageFolder(t.path, {".jpg", "JPEG", ".png"});
   REQUIRE(m.ok());
-  CHECK(m->root == t.path());
+  CHECK(m->root == t.path);
   CHECK(m->classes == std::vector<std::string>{"ant-b", "cat", "dog", "empty"});
   std::vector<std::pair<std::string, int64_t>> got;
   for (const SampleRef& s : m->samples) got.emplace_back(s.path, s.label);
@@ -119,15 +89,15 @@ TEST_CASE("ScanImageFolder: errors name the root") {
     CHECK_THAT(m.status().message(), Catch::Contains("not a directory"));
   }
   SECTION("empty root") {
-    auto m = ScanImageFolder(t.path(), {".jpg"});
+    auto m = ScanImageFolder(t.path, {".jpg"});
     CHECK(m.status().code() == StatusCode::kNotFound);
-    CHECK_THAT(m.status().message(), Catch::Contains(t.path()) && Catch::Contains(".jpg"));
+    CHECK_THAT(m.status().message(), Catch::Contains(t.path) && Catch::Contains(".jpg"));
   }
   SECTION("classes but no matching files: how many were left out by the endings, and which endings") {
     t.Write("a/readme.txt");
-    auto m = ScanImageFolder(t.path(), {".jpg", ".png"});
+    auto m = ScanImageFolder(t.path, {".jpg", ".png"});
     CHECK(m.status().code() == StatusCode::kNotFound);
-    CHECK(m.status().message() == "image folder " + t.path() +
+    CHECK(m.status().message() == "image folder " + t.path +
                                       ": found 1 files in its 1 class sub-directories, none with the endings [.jpg, "
                                       ".png] (1 .txt); set source.extensions");
   }
@@ -137,7 +107,7 @@ TEST_CASE("ScanImageFolder: errors name the root") {
       t.Write("dog/deep/" + std::to_string(i) + ".png");
     }
     t.Write("dog/NOTES");
-    auto m = ScanImageFolder(t.path(), {"jpg", ".JPEG"});
+    auto m = ScanImageFolder(t.path, {"jpg", ".JPEG"});
     CHECK(m.status().code() == StatusCode::kNotFound);
     CHECK_THAT(m.status().message(),
                Catch::Contains("found 49 files in its 2 class sub-directories, none with the endings [.jpg, .jpeg] "
@@ -145,13 +115,13 @@ TEST_CASE("ScanImageFolder: errors name the root") {
   }
   SECTION("class sub-directories without any file") {
     std::filesystem::create_directories(t / "a");
-    auto m = ScanImageFolder(t.path(), {".jpg"});
+    auto m = ScanImageFolder(t.path, {".jpg"});
     CHECK(m.status().code() == StatusCode::kNotFound);
     CHECK_THAT(m.status().message(), Catch::Contains("no files with extension .jpg") && Catch::Contains("1 classes"));
   }
   SECTION("no extensions") {
     t.Write("a/x.jpg");
-    CHECK(ScanImageFolder(t.path(), {}).status().code() == StatusCode::kInvalidArgument);
+    CHECK(ScanImageFolder(t.path, {}).status().code() == StatusCode::kInvalidArgument);
   }
 }
 
@@ -255,9 +225,9 @@ TEST_CASE("ReadFile: contents, empty files, and every kind of refusal") {
     CHECK(buf.empty());
   }
   SECTION("a directory") {
-    Status s = ReadFile(t.path(), &buf);
+    Status s = ReadFile(t.path, &buf);
     CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(), Catch::Contains(t.path()) && Catch::Contains("directory"));
+    CHECK_THAT(s.message(), Catch::Contains(t.path) && Catch::Contains("directory"));
   }
   SECTION("a fifo is refused without blocking, and so is a device") {
     REQUIRE(::mkfifo((t / "fifo").c_str(), 0600) == 0);
@@ -288,7 +258,7 @@ TEST_CASE("ReadFile: contents, empty files, and every kind of refusal") {
       CHECK_THAT(s.message(), Catch::Contains(t / "locked.bin"));
     } else {
       // Root reads any file, so check in a child that has given up root for "nobody".
-      REQUIRE(::chmod(t.path().c_str(), 0755) == 0);
+      REQUIRE(::chmod(t.path.c_str(), 0755) == 0);
       const pid_t pid = ::fork();
       REQUIRE(pid >= 0);
       if (pid == 0) {
@@ -620,7 +590,7 @@ TEST_CASE("ScopedFsIdentity: this thread opens with the user's rights, other thr
     return;
   }
   TempDir t;
-  ::chmod(t.path().c_str(), 0755);
+  ::chmod(t.path.c_str(), 0755);
   t.Write("secret.bin", "root only");
   t.Write("group.bin", "group 4242");
   ::chmod((t / "secret.bin").c_str(), 0600);

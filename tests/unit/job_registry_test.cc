@@ -29,20 +29,15 @@
 #include "jobs/share_groups.h"
 #include "jobs/shared_job.h"
 #include "pipeline/thread_pool.h"
+#include "temp_dir.h"
+#include "wait_for.h"
 
 namespace spdl::jobs {
 namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
+using testing::WaitFor;  // wait_for.h
 
 config::DaemonConfig Limits(uint64_t budget, int jobs_per_client, double share = 1.0) {
   config::DaemonConfig c;
@@ -324,11 +319,9 @@ TEST_CASE("device placement: the trainer's GPU by UUID, the backend made in Prep
   CHECK(placement.Used()[0].first == 3);
 }
 
-struct Dir {
+// A temporary directory with a small image folder (2 classes x 4 images) at path/data.
+struct Dir : testing::TempDir {
   Dir() {
-    char t[] = "/tmp/spdl-registry-XXXXXX";
-    REQUIRE(mkdtemp(t) != nullptr);
-    path = t;
     testdata::DatasetOptions o;
     o.classes = 2;
     o.images_per_class = 4;
@@ -336,8 +329,6 @@ struct Dir {
     o.max_side = 80;
     REQUIRE(testdata::MakeImageFolder(path + "/data", o).ok());
   }
-  ~Dir() { std::filesystem::remove_all(path); }
-  std::string path;
 };
 
 proto::SubmitJob Job(const std::string& root, const std::string& extra) {

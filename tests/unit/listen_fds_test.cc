@@ -14,6 +14,8 @@
 #include <cstring>
 #include <string>
 
+#include "temp_dir.h"
+
 namespace spdl::ops {
 namespace {
 
@@ -24,11 +26,6 @@ struct Fd {
   }
   int fd;
 };
-
-std::string TempSocketPath() {
-  char tmpl[] = "/tmp/spdl-lfd-XXXXXX";
-  return std::string(::mkdtemp(tmpl)) + "/s.sock";
-}
 
 bool BindUnix(int fd, const std::string& path) {
   sockaddr_un addr{};
@@ -58,7 +55,8 @@ TEST_CASE("CheckListeningUnixSocket refuses a file, a TCP socket, a datagram soc
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains("is not a Unix socket"));
   }
-  const std::string path = TempSocketPath();
+  const testing::TempDir dir;
+  const std::string path = dir / "s.sock";
   {
     Fd dgram(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     REQUIRE(BindUnix(dgram.fd, path));
@@ -75,11 +73,11 @@ TEST_CASE("CheckListeningUnixSocket refuses a file, a TCP socket, a datagram soc
     CHECK_THAT(r.status().message(), Catch::Contains("not listening"));
     ::unlink(path.c_str());
   }
-  ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
 TEST_CASE("CheckListeningUnixSocket takes a listening Unix stream socket and returns its path") {
-  const std::string path = TempSocketPath();
+  const testing::TempDir dir;
+  const std::string path = dir / "s.sock";
   Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   REQUIRE(BindUnix(s.fd, path));
   REQUIRE(::listen(s.fd, 4) == 0);
@@ -87,7 +85,6 @@ TEST_CASE("CheckListeningUnixSocket takes a listening Unix stream socket and ret
   REQUIRE(r.ok());
   CHECK(*r == path);
   ::unlink(path.c_str());
-  ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
 TEST_CASE(

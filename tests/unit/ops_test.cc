@@ -13,6 +13,7 @@
 #include "ops/notifier.h"
 #include "ops/startup_checks.h"
 #include "pipeline/stage_stats.h"
+#include "temp_dir.h"
 
 namespace spdl::ops {
 namespace {
@@ -20,21 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr uint64_t GiB = 1ull << 30;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-opsunit-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  void Write(const std::string& rel, const std::string& text) const {
-    fs::create_directories(fs::path(path + "/" + rel).parent_path());
-    std::ofstream(path + "/" + rel) << text;
-  }
-  std::string path;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 bool AnyContains(const std::vector<std::string>& v, const std::string& needle) {
   for (const auto& s : v) {

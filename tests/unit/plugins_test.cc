@@ -17,24 +17,14 @@
 #include "media/jpeg_encoder.h"
 #include "media/sample_random.h"
 #include "plugins/op_loader.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/spdl-plugins-XXXXXX";
-    path = ::mkdtemp(tmpl);
-    ::chmod(path.c_str(), 0755);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 // A plugin dir holding the example op library (mode 0755).
 struct ExampleOps {
@@ -42,7 +32,7 @@ struct ExampleOps {
     fs::copy_file(SPDL_EXAMPLE_OPS, dir.path + "/libspdl_example_ops.so");
     ::chmod((dir.path + "/libspdl_example_ops.so").c_str(), 0755);
   }
-  TempDir dir;
+  TempDir dir{0755};
 };
 
 config::JobConfigResult ParseJob(const std::string& transforms, const std::string& extra = "") {

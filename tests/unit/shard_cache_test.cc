@@ -19,30 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "temp_dir.h"
+
 namespace spdl::io {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-shard-cache-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
@@ -193,7 +177,7 @@ TEST_CASE("shard cache: a failed fetch is reported to every reader and not kept"
 
 TEST_CASE("shard cache on disk: mode 0700, survives a restart, checks files on reuse", "[shard_cache]") {
   TempDir tmp;
-  const std::string dir = tmp.path() + "/cache";
+  const std::string dir = tmp.path + "/cache";
   auto calls = std::make_shared<std::atomic<int>>(0);
   const std::vector<uint8_t> bytes = Bytes(5000, 4);
   {
@@ -261,8 +245,8 @@ TEST_CASE("shard cache on disk: mode 0700, survives a restart, checks files on r
 
 TEST_CASE("shard cache on disk: an unusable directory disables it", "[shard_cache]") {
   TempDir tmp;
-  { std::ofstream(tmp.path() + "/file") << "x"; }
-  auto not_dir = ShardCache::OnDisk(tmp.path() + "/file", 1 << 20);
+  { std::ofstream(tmp.path + "/file") << "x"; }
+  auto not_dir = ShardCache::OnDisk(tmp.path + "/file", 1 << 20);
   CHECK_FALSE(not_dir->enabled());
   auto calls = std::make_shared<std::atomic<int>>(0);
   auto h = not_dir->Acquire("k", Counted(Bytes(10, 1), calls));
@@ -271,7 +255,7 @@ TEST_CASE("shard cache on disk: an unusable directory disables it", "[shard_cach
   auto relative = ShardCache::OnDisk("relative/dir", 1 << 20);
   CHECK_FALSE(relative->enabled());
   if (::geteuid() != 0) {  // root writes anywhere
-    const std::string ro = tmp.path() + "/ro";
+    const std::string ro = tmp.path + "/ro";
     fs::create_directory(ro);
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
     auto unwritable = ShardCache::OnDisk(ro + "/cache", 1 << 20);
@@ -282,7 +266,7 @@ TEST_CASE("shard cache on disk: an unusable directory disables it", "[shard_cach
 
 TEST_CASE("shard cache on disk: a write that fails mid-download (a full disk) disables it", "[shard_cache]") {
   TempDir tmp;
-  auto cache = ShardCache::OnDisk(tmp.path() + "/cache", 1 << 20);
+  auto cache = ShardCache::OnDisk(tmp.path + "/cache", 1 << 20);
   REQUIRE(cache->enabled());
   // The file size limit stands in for a full disk: writes past 2000 bytes fail (EFBIG, SIGXFSZ ignored).
   struct rlimit old {};
@@ -298,10 +282,10 @@ TEST_CASE("shard cache on disk: a write that fails mid-download (a full disk) di
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, old_handler);
   CHECK(done.status().code() == StatusCode::kUnavailable);
-  CHECK(done.status().message().find(tmp.path()) != std::string::npos);
+  CHECK(done.status().message().find(tmp.path) != std::string::npos);
   CHECK_FALSE(cache->enabled());
   CHECK(cache->Acquire("k2", Counted(Bytes(10, 1), calls)).status().code() == StatusCode::kFailedPrecondition);
-  CHECK_FALSE(fs::exists(tmp.path() + "/cache/" + ShardCache::FileName("k") + ".part"));  // no partial file left
+  CHECK_FALSE(fs::exists(tmp.path + "/cache/" + ShardCache::FileName("k") + ".part"));  // no partial file left
   // The private in-memory stream still serves the object.
   auto mem = ShardCache::InMemory(1 << 20);
   auto m = mem->Acquire("k", Counted(Bytes(5000, 3), calls));

@@ -19,6 +19,7 @@
 #include "jobs/job_registry.h"
 #include "jobs/shared_job.h"
 #include "pipeline/executor.h"
+#include "temp_dir.h"
 
 namespace spdl {
 namespace {
@@ -172,10 +173,9 @@ TEST_CASE("config: cache_bytes, share and share_members parse, and bad values na
 
 // ---- share groups through the real registry, inline ----
 
+// A temporary directory (dir) with a small image folder (2 classes x 6 images) at dir/data.
 struct Folder {
   Folder() {
-    char tmpl[] = "/tmp/spdl-share-XXXXXX";
-    dir = fs::canonical(::mkdtemp(tmpl)).string();
     testdata::DatasetOptions o;
     o.classes = 2;
     o.images_per_class = 6;  // 12 images, batches of 4: 3 batches an epoch
@@ -183,11 +183,8 @@ struct Folder {
     o.max_side = 80;
     REQUIRE(testdata::MakeImageFolder(dir + "/data", o).ok());
   }
-  ~Folder() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string dir;
+  testing::TempDir tmp;
+  const std::string dir = tmp.path;
 };
 
 proto::SubmitJob Request(const Folder& f, const std::string& extra) {

@@ -21,6 +21,7 @@
 #include "io/http_source.h"
 #include "io/sample_source.h"
 #include "io/tar_shard_source.h"
+#include "temp_dir.h"
 
 namespace spdl::io {
 namespace {
@@ -28,30 +29,8 @@ namespace {
 namespace fs = std::filesystem;
 using Catch::Contains;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-index-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-
- private:
-  std::string path_;
-};
-
-void WriteFile(const std::string& path, const std::string& data) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << data;
-}
+using spdl::testing::TempDir;    // temp_dir.h
+using spdl::testing::WriteFile;  // temp_dir.h
 
 // Sets the mtime of `path` and of everything below it to a minute ago, so that an index scanned
 // now is not "racy" and may be reused (see kRacyWindowNs).
@@ -327,7 +306,7 @@ TEST_CASE("SourceIndexCache: image folder opens share one scan and see changes")
 TEST_CASE("SourceIndexCache: an image folder error is not cached") {
   TempDir t;
   SourceIndexCache cache;
-  const std::vector<std::string> roots = {t.path()};
+  const std::vector<std::string> roots = {t.path};
   fs::create_directories(t / "data/a");
   auto empty = ImageFolderSource::Open(t / "data", {".jpg"}, roots, 1 << 20, &cache);
   CHECK(empty.status().code() == StatusCode::kNotFound);
@@ -434,7 +413,7 @@ TEST_CASE("SourceIndexCache: URL list opens share the checked list until the lis
   SourceIndexCache cache;
   HttpSourceOptions o;
   o.list = t / "urls.txt";
-  o.allowed_roots = {t.path()};
+  o.allowed_roots = {t.path};
   o.allowed_url_prefixes = {"http://127.0.0.1:9/data"};
   o.index_cache = &cache;
   auto a = HttpSource::Open(o);

@@ -38,6 +38,7 @@
 #include "io/tar_reader.h"
 #include "io/tar_shard_source.h"
 #include "skip.h"
+#include "temp_dir.h"
 
 extern char** environ;
 
@@ -48,37 +49,7 @@ namespace fs = std::filesystem;
 using Catch::Contains;
 using Clock = std::chrono::steady_clock;
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-source-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-
-  // Writes `contents` to path()/rel, creating parent directories; returns the full path.
-  std::string Write(const std::string& rel, const std::string& contents) const {
-    const fs::path p = fs::path(path_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << contents;
-    return p.string();
-  }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 std::string Str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 

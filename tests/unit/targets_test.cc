@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "media/mix.h"
 #include "media/sample_random.h"
 #include "media/targets.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using spdl::media::Affine2D;
@@ -56,29 +58,8 @@ void CheckBox(const Box& b, double x1, double y1, double x2, double y2) {
   CHECK(b.y2 == Approx(y2).margin(1e-4));
 }
 
-// A scratch directory removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("spdl-targets-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  static inline int counter = 0;
-};
-
-void WriteFile(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary) << text;
-}
-void WriteFile(const fs::path& p, const std::vector<uint8_t>& bytes) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
+using spdl::testing::TempDir;    // temp_dir.h
+using spdl::testing::WriteFile;  // temp_dir.h
 
 // A real JPEG, width x height, of a smooth gradient.
 std::vector<uint8_t> Jpeg(int width, int height) {
@@ -337,38 +318,79 @@ TEST_CASE("Boxes move step by step: a part cut off by a crop does not come back 
   CheckBox(out, 2, 12, 6, 16);
 }
 
-TEST_CASE("TargetWriter: boxes and masks follow random_crop with padding through a real decode") {
-  TempDir dir;
-  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
-  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+// One object [8, 4, 24, 20] of category 9 on image 1 (x.jpg), its polygon the same rectangle.
+constexpr const char* kOneObject = R"({"images": [{"id": 1, "file_name": "x.jpg"}],
     "categories": [{"id": 9, "name": "b"}],
-    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
-  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
-                           ", root: " + (dir.path / "img").string() +
-                           ", max_boxes: 2, masks: true}\n"
-                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
-                           "  - random_crop: {size: 12, padding: 3}\n";
-  auto parsed = spdl::config::ParseJobConfig(yaml);
-  REQUIRE(parsed.errors.empty());
-  const auto& config = *parsed.config;
-  auto decoder = spdl::jobs::MakeSampleDecoder(config);
-  REQUIRE(decoder.ok());
-  spdl::io::CocoOptions o;
-  o.annotations = config.source.coco.annotations;
-  o.root = config.source.root;
-  o.allowed_roots = {dir.path.string()};
-  o.masks = true;
-  auto src = spdl::io::CocoSource::Open(o);
-  REQUIRE(src.ok());
-  std::vector<uint8_t> bytes;
-  REQUIRE((*src)->Read(0, &bytes).ok());
-  spdl::jobs::TargetWriter writer(config);
-  std::set<std::pair<int, int>> seen;
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
+    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})";
+
+// A real 64 x 32 JPEG (img/x.jpg) annotated by `annotations` (COCO JSON), and a job reading it: a
+// coco source with `source_options` after its annotations and root, then `rest` (the transforms);
+// its config, its sample decoder, the COCO source opened with the config's options and the image
+// file's bytes. Fails the test case if any of them cannot be made.
+struct CocoImage {
+  CocoImage(const std::string& annotations, const std::string& source_options, const std::string& rest) {
+    WriteFile(dir / "img/x.jpg", Jpeg(64, 32));
+    WriteFile(dir / "ann.json", annotations);
+    auto parsed = spdl::config::ParseJobConfig("source: {type: coco, annotations: " + (dir / "ann.json") +
+                                               ", root: " + (dir / "img") + ", " + source_options + "}\n" + rest);
+    std::string errors;
+    for (const auto& e : parsed.errors) errors += std::to_string(e.line) + " " + e.path + ": " + e.message + "\n";
+    INFO(errors);
+    REQUIRE(parsed.errors.empty());
+    config = *parsed.config;
+    auto made = spdl::jobs::MakeSampleDecoder(config);
+    REQUIRE(made.ok());
+    decoder = *made;
+    spdl::io::CocoOptions o;
+    o.annotations = config.source.coco.annotations;
+    o.root = config.source.root;
+    o.allowed_roots = {dir.path};
+    o.masks = config.source.coco.masks;
+    o.contiguous_ids = config.source.coco.contiguous_ids;
+    auto opened = spdl::io::CocoSource::Open(o);
+    REQUIRE(opened.ok());
+    src = std::move(opened).value();
+    REQUIRE(src->Read(0, &bytes).ok());
+  }
+
+  // Decodes the image as the job does with `seed`; returns what the decode did.
+  spdl::media::ImageInfo Decode(uint64_t seed) const {
+    std::vector<uint8_t> image(decoder->tensors()[0].row_bytes);
     uint8_t* image_row = image.data();
     spdl::media::ImageInfo info;
-    REQUIRE((*decoder)->DecodeImage(bytes, seed, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+    REQUIRE(decoder->DecodeImage(bytes, seed, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+    return info;
+  }
+
+  TempDir dir;
+  spdl::config::JobConfig config;
+  std::shared_ptr<const spdl::jobs::SampleDecoder> decoder;
+  std::unique_ptr<spdl::io::CocoSource> src;
+  std::vector<uint8_t> bytes;
+};
+
+// The target rows TargetWriter fills for one sample: up to `max_boxes` boxes (x1 y1 x2 y2) and their
+// labels, the count, and a side x side mask.
+struct TargetRows {
+  TargetRows(int max_boxes, int side) : boxes(4 * max_boxes), labels(max_boxes), mask(side * side) {}
+  std::vector<uint8_t*> rows() {
+    return {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
+            reinterpret_cast<uint8_t*>(&count), mask.data()};
+  }
+  std::vector<float> boxes;
+  std::vector<int64_t> labels;
+  int32_t count = -1;
+  std::vector<uint8_t> mask;
+};
+
+TEST_CASE("TargetWriter: boxes and masks follow random_crop with padding through a real decode") {
+  const CocoImage c(kOneObject, "max_boxes: 2, masks: true",
+                    "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                    "  - random_crop: {size: 12, padding: 3}\n");
+  spdl::jobs::TargetWriter writer(c.config);
+  std::set<std::pair<int, int>> seen;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const spdl::media::ImageInfo info = c.Decode(seed);
     // The crop drawn, drawn again from the same stream of the same seed.
     spdl::media::SampleRng rng(seed, spdl::media::RandomStream::kRandomCrop);
     std::string error;
@@ -377,13 +399,11 @@ TEST_CASE("TargetWriter: boxes and masks follow random_crop with padding through
     REQUIRE(error.empty());
     seen.insert({d.x, d.y});
     const int dx = d.pad_left - d.x, dy = d.pad_top - d.y;  // the crop's shift
-    std::vector<float> boxes(2 * 4);
-    std::vector<int64_t> labels(2);
-    int32_t count = -1;
-    std::vector<uint8_t> mask(12 * 12);
-    std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
-                                  reinterpret_cast<uint8_t*>(&count), mask.data()};
-    REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+    TargetRows t(2, 12);
+    REQUIRE(writer.Write(*c.src, 0, *c.decoder->image_ops(), info, t.rows()).ok());
+    const std::vector<float>& boxes = t.boxes;
+    const int32_t count = t.count;
+    const std::vector<uint8_t>& mask = t.mask;
     // 64 x 32 -> 32 x 16, center crop at x 8: x [8, 24] -> [-4, 4] -> [0, 4], y [4, 20] -> [2, 10];
     // then shifted by (dx, dy) and clipped to 12 x 12.
     INFO("seed " << seed << " dx " << dx << " dy " << dy);
@@ -470,9 +490,9 @@ TEST_CASE("Masks follow the augmentations: pixel-exact vertical_flip, random_cro
 
 TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded, contiguous ids, errors") {
   TempDir dir;
-  WriteFile(dir.path / "img" / "b.jpg", Jpeg(16, 8));
-  WriteFile(dir.path / "img" / "a.jpg", Jpeg(8, 8));
-  WriteFile(dir.path / "ann.json", std::string(R"({
+  WriteFile(dir / "img/b.jpg", Jpeg(16, 8));
+  WriteFile(dir / "img/a.jpg", Jpeg(8, 8));
+  WriteFile(dir / "ann.json", std::string(R"({
     "images": [{"id": 7, "file_name": "b.jpg", "width": 16, "height": 8}, {"id": 3, "file_name": "a.jpg"}],
     "categories": [{"id": 18, "name": "dog"}, {"id": 1, "name": "person"}],
     "annotations": [
@@ -482,9 +502,9 @@ TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded,
        "segmentation": {"counts": [0, 128], "size": [8, 16]}},
       {"id": 3, "image_id": 3, "category_id": 1, "bbox": [2.5, 0.5, 1, 1]}]})"));
   spdl::io::CocoOptions o;
-  o.annotations = (dir.path / "ann.json").string();
-  o.root = (dir.path / "img").string();
-  o.allowed_roots = {dir.path.string()};
+  o.annotations = dir / "ann.json";
+  o.root = dir / "img";
+  o.allowed_roots = {dir.path};
   auto src = spdl::io::CocoSource::Open(o);
   REQUIRE(src.ok());
   const auto& s = **src;
@@ -516,7 +536,7 @@ TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded,
 
   // The ranks of a run share one parse through the daemon's index cache.
   // (The JSON is dated an hour back: one written within the racy window is never reused.)
-  fs::last_write_time(dir.path / "ann.json", fs::file_time_type::clock::now() - std::chrono::hours(1));
+  fs::last_write_time(dir / "ann.json", fs::file_time_type::clock::now() - std::chrono::hours(1));
   spdl::io::SourceIndexCache cache;
   o.index_cache = &cache;
   auto first = spdl::io::CocoSource::Open(o);
@@ -533,16 +553,16 @@ TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded,
   REQUIRE_FALSE(rle.ok());
   CHECK_THAT(rle.status().message(), Catch::Contains("annotations[1]") && Catch::Contains("RLE"));
 
-  WriteFile(dir.path / "bad.json", std::string(R"({"images": [{"id": 1, "file_name": "a.jpg"}], "categories": [],
+  WriteFile(dir / "bad.json", std::string(R"({"images": [{"id": 1, "file_name": "a.jpg"}], "categories": [],
     "annotations": [{"image_id": 2, "category_id": 5, "bbox": [0, 0, 1, 1]}, {"image_id": 1, "category_id": 5}]})"));
-  o.annotations = (dir.path / "bad.json").string();
+  o.annotations = dir / "bad.json";
   o.masks = false;
   auto bad = spdl::io::CocoSource::Open(o);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("annotations[0]: image_id 2 is not in 'images'") &&
                                          Catch::Contains("annotations[1]: category_id 5 is not in 'categories'"));
-  WriteFile(dir.path / "broken.json", std::string("{\"images\": ["));
-  o.annotations = (dir.path / "broken.json").string();
+  WriteFile(dir / "broken.json", std::string("{\"images\": ["));
+  o.annotations = dir / "broken.json";
   auto broken = spdl::io::CocoSource::Open(o);
   REQUIRE_FALSE(broken.ok());
   CHECK_THAT(broken.status().message(), Catch::Contains("not valid JSON"));
@@ -551,52 +571,25 @@ TEST_CASE("CocoSource: images in id order, boxes as x1 y1 x2 y2, crowd excluded,
 }
 
 TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks follow resize, crop and flip") {
-  TempDir dir;
   // 64 x 32 image; one object [8, 4, 24, 20], its polygon the same rectangle; a second one at the right edge.
-  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
-  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
+  const CocoImage c(
+      R"({"images": [{"id": 1, "file_name": "x.jpg"}],
     "categories": [{"id": 5, "name": "a"}, {"id": 9, "name": "b"}],
     "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]},
-                    {"image_id": 1, "category_id": 5, "bbox": [60, 0, 4, 32], "segmentation": [[60, 0, 64, 0, 64, 32, 60, 32]]}]})"));
-  const std::string yaml =
-      "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
-      ", root: " + (dir.path / "img").string() +
-      ", max_boxes: 4, masks: true, contiguous_ids: true}\n"
-      "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n  - horizontal_flip: {p: 1.0}\n";
-  auto parsed = spdl::config::ParseJobConfig(yaml);
-  std::string errors;
-  for (const auto& e : parsed.errors) errors += std::to_string(e.line) + " " + e.path + ": " + e.message + "\n";
-  INFO(errors);
-  REQUIRE(parsed.errors.empty());
-  const auto& config = *parsed.config;
-  auto decoder = spdl::jobs::MakeSampleDecoder(config);
-  REQUIRE(decoder.ok());
-  spdl::io::CocoOptions o;
-  o.annotations = config.source.coco.annotations;
-  o.root = config.source.root;
-  o.allowed_roots = {dir.path.string()};
-  o.masks = true;
-  o.contiguous_ids = true;
-  auto src = spdl::io::CocoSource::Open(o);
-  REQUIRE(src.ok());
-  std::vector<uint8_t> bytes;
-  REQUIRE((*src)->Read(0, &bytes).ok());
-
-  std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
-  uint8_t* image_row = image.data();
-  spdl::media::ImageInfo info;
-  REQUIRE((*decoder)->DecodeImage(bytes, 1, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+                    {"image_id": 1, "category_id": 5, "bbox": [60, 0, 4, 32], "segmentation": [[60, 0, 64, 0, 64, 32, 60, 32]]}]})",
+      "max_boxes: 4, masks: true, contiguous_ids: true",
+      "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n  - horizontal_flip: {p: 1.0}\n");
+  const spdl::media::ImageInfo info = c.Decode(1);
   CHECK(info.flipped);
 
-  spdl::jobs::TargetWriter writer(config);
+  spdl::jobs::TargetWriter writer(c.config);
   REQUIRE(writer.tensors().size() == 4);
-  std::vector<float> boxes(4 * 4);
-  std::vector<int64_t> labels(4);
-  int32_t count = -1;
-  std::vector<uint8_t> mask(16 * 16);
-  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
-                                reinterpret_cast<uint8_t*>(&count), mask.data()};
-  REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+  TargetRows t(4, 16);
+  REQUIRE(writer.Write(*c.src, 0, *c.decoder->image_ops(), info, t.rows()).ok());
+  const std::vector<float>& boxes = t.boxes;
+  const std::vector<int64_t>& labels = t.labels;
+  const int32_t count = t.count;
+  const std::vector<uint8_t>& mask = t.mask;
   // 64 x 32 -> resize 16: 32 x 16 (scale 0.5), center crop 16: offset x 8, then flip: x -> 16 - x.
   // Object 1: x [8, 24] -> [4, 12] -> [-4, 4] -> flipped [12, 20] -> clipped [12, 16]; y [4, 20] -> [2, 10].
   // Object 2: x [60, 64] -> [30, 32] -> [22, 24]: outside the crop, dropped.
@@ -621,46 +614,20 @@ TEST_CASE("TargetWriter: real JPEGs through the real decoder, boxes and masks fo
 }
 
 TEST_CASE("TargetWriter: boxes and masks follow the augmentations a real decode ran (vertical_flip, color_jitter)") {
-  TempDir dir;
-  WriteFile(dir.path / "img" / "x.jpg", Jpeg(64, 32));
-  WriteFile(dir.path / "ann.json", std::string(R"({"images": [{"id": 1, "file_name": "x.jpg"}],
-    "categories": [{"id": 9, "name": "b"}],
-    "annotations": [{"image_id": 1, "category_id": 9, "bbox": [8, 4, 16, 16], "segmentation": [[8, 4, 24, 4, 24, 20, 8, 20]]}]})"));
-  const std::string yaml = "source: {type: coco, annotations: " + (dir.path / "ann.json").string() +
-                           ", root: " + (dir.path / "img").string() +
-                           ", max_boxes: 2, masks: true}\n"
-                           "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
-                           "  - color_jitter: {brightness: 0.4}\n  - vertical_flip: {p: 1}\n"
-                           "  - horizontal_flip: {p: 1.0}\n";
-  auto parsed = spdl::config::ParseJobConfig(yaml);
-  REQUIRE(parsed.errors.empty());
-  const auto& config = *parsed.config;
-  auto decoder = spdl::jobs::MakeSampleDecoder(config);
-  REQUIRE(decoder.ok());
-  REQUIRE((*decoder)->image_ops() != nullptr);
-  spdl::io::CocoOptions o;
-  o.annotations = config.source.coco.annotations;
-  o.root = config.source.root;
-  o.allowed_roots = {dir.path.string()};
-  o.masks = true;
-  auto src = spdl::io::CocoSource::Open(o);
-  REQUIRE(src.ok());
-  std::vector<uint8_t> bytes;
-  REQUIRE((*src)->Read(0, &bytes).ok());
-  std::vector<uint8_t> image((*decoder)->tensors()[0].row_bytes);
-  uint8_t* image_row = image.data();
-  spdl::media::ImageInfo info;
-  REQUIRE((*decoder)->DecodeImage(bytes, 1, std::span<uint8_t* const>(&image_row, 1), &info).ok());
+  const CocoImage c(kOneObject, "max_boxes: 2, masks: true",
+                    "transforms:\n  - resize: {shorter: 16}\n  - center_crop: {size: 16}\n"
+                    "  - color_jitter: {brightness: 0.4}\n  - vertical_flip: {p: 1}\n"
+                    "  - horizontal_flip: {p: 1.0}\n");
+  REQUIRE(c.decoder->image_ops() != nullptr);
+  const spdl::media::ImageInfo info = c.Decode(1);
   REQUIRE(info.after.size() == 2);  // vertical_flip, then the flip (a pixel step here); color_jitter moves nothing
 
-  spdl::jobs::TargetWriter writer(config);
-  std::vector<float> boxes(2 * 4);
-  std::vector<int64_t> labels(2);
-  int32_t count = -1;
-  std::vector<uint8_t> mask(16 * 16);
-  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(boxes.data()), reinterpret_cast<uint8_t*>(labels.data()),
-                                reinterpret_cast<uint8_t*>(&count), mask.data()};
-  REQUIRE(writer.Write(**src, 0, *(*decoder)->image_ops(), info, rows).ok());
+  spdl::jobs::TargetWriter writer(c.config);
+  TargetRows t(2, 16);
+  REQUIRE(writer.Write(*c.src, 0, *c.decoder->image_ops(), info, t.rows()).ok());
+  const std::vector<float>& boxes = t.boxes;
+  const int32_t count = t.count;
+  const std::vector<uint8_t>& mask = t.mask;
   // 64 x 32 -> 32 x 16 (scale 0.5), crop at x 8: x [8, 24] -> [-4, 4], y [4, 20] -> [2, 10];
   // vertical flip y -> 16 - y: [6, 14]; horizontal flip x -> 16 - x: [12, 20] -> clipped [12, 16].
   REQUIRE(count == 1);

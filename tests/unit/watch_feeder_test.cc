@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/job_config.h"
+#include "temp_dir.h"
 
 namespace spdl::jobs {
 namespace {
@@ -22,37 +23,14 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/spdl-feeder-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = fs::canonical(p).string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-  void Write(const std::string& rel, const std::string& contents) const {
-    const fs::path p = fs::path(path_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << contents;
-  }
-
- private:
-  std::string path_;
-};
+using spdl::testing::TempDir;  // temp_dir.h
 
 WatchSpec Spec(const TempDir& dir, bool include = true) {
   WatchSpec spec;
-  spec.root = dir.path();
+  spec.root = dir.path;
   spec.options.extensions = {".jpg"};
   spec.options.include_existing = include;
-  spec.allowed_roots = {dir.path()};
+  spec.allowed_roots = {dir.path};
   spec.uid = ::getuid();
   return spec;
 }
@@ -115,7 +93,7 @@ TEST_CASE("watch feeder: files become samples with their bytes, label and path")
   CHECK(hub.Attach(clash).status().code() == StatusCode::kInvalidArgument);
   // Not an allowed root.
   WatchSpec outside = Spec(dir);
-  outside.allowed_roots = {other.path()};
+  outside.allowed_roots = {other.path};
   CHECK(hub.Attach(outside).status().code() == StatusCode::kPermissionDenied);
 }
 
@@ -153,7 +131,7 @@ TEST_CASE("watch feeder: a deleted folder closes the stream, an unused one ends 
   auto id = (*stream)->Join("g");
   REQUIRE(id.ok());
   REQUIRE(TakeN(**stream, *id, 1).size() == 1);
-  fs::remove_all(dir.path());
+  fs::remove_all(dir.path);
   auto rest = (*stream)->Take(*id, 10, 3000ms);
   REQUIRE(rest.ok());
   CHECK(rest->samples.empty());
