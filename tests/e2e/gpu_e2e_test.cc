@@ -729,11 +729,13 @@ TEST_CASE(NAME("a poisoned GPU's exit waits until the trainer whose job failed h
     if (auto* b = std::get_if<client::GpuBatch>(&*ev)) held.push_back(std::move(*b));
   }
   {
-    std::FILE* poison =
-        std::fopen((f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0-" + std::to_string(f.daemon->pid())).c_str(), "w");
+    // Written whole, then renamed into place: the daemon never reads it half written.
+    const std::string path = f.fake_gpu() + "/" + cuda::kStickyErrorFile + "0-" + std::to_string(f.daemon->pid());
+    std::FILE* poison = std::fopen((path + ".tmp").c_str(), "w");
     REQUIRE(poison != nullptr);
     std::fputs("cudaErrorIllegalAddress: an illegal memory access was encountered (test)", poison);
     std::fclose(poison);
+    REQUIRE(std::rename((path + ".tmp").c_str(), path.c_str()) == 0);
   }
   CHECK(SettlesTo([&] {
     const proto::DaemonStatus st = f.Status();
@@ -745,7 +747,7 @@ TEST_CASE(NAME("a poisoned GPU's exit waits until the trainer whose job failed h
   for (int i = 0; i < 50 && !failed; ++i) {
     auto ev = (*l)->Next();
     failed = !ev.ok();
-    if (failed) CHECK_THAT(ev.status().message(), Catch::Contains("cudaErrorIllegalAddress"));
+    if (failed) CHECK_THAT(ev.status().message(), Catch::Contains("GPU delivery to cuda:0"));
   }
   CHECK(failed);
   l->reset();  // the loader goes; the batch it delivered is still held, and so is its mapping
