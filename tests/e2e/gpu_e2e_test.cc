@@ -407,8 +407,10 @@ struct GpuRun {
   std::string error;                    // the first error the client saw (empty: none)
 };
 
-// In this process (the fake device needs no fork): runs `o` on a GpuLoader to the end or the first
-// error.
+// In this process: runs `o` on a GpuLoader to the end or the first error. On a real GPU
+// (gpu_daemon_test) this initializes CUDA in the test process, so the cases that use it are
+// declared after every case that forks a GPU client (Catch runs them in declaration order).
+// TODO: run it in a forked child there too, as RunGpuClient does.
 GpuRun RunGpuJob(const Fixture& f, const client::Options& o) {
   GpuRun run;
   auto l = client::GpuLoader::Open(o, ClientGpu(f));
