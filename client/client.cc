@@ -779,6 +779,14 @@ Result<Event> Loader::Next() {
         continue;
       }
       case proto::DaemonMessage::kError:
+        if (m.error().code() == proto::Error::JOB_FAILED && cuda_handles_ && !client_copy_) {
+          // A copy: daemon GPU job failed: the daemon keeps its device memory until this process
+          // says its IPC mapping is closed (CudaMappingClosed), which batches still alive (tensors)
+          // may read. Closing the connection now would let the daemon free it (or, on a poisoned
+          // GPU, exit) under them: the connection stays until the GPU layer's teardown.
+          sticky_ = FromDaemonError(m.error(), config_name_);
+          return sticky_;
+        }
         return fail(FromDaemonError(m.error(), config_name_));
       default:
         return fail(ProtocolError("unexpected message #" + std::to_string(m.msg_case()) + " during the job"));

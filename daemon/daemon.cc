@@ -551,10 +551,22 @@ void Daemon::ScheduleGpuPoisonCheck() {
                       config_.exit_on_gpu_poison ? "spdld exits once no job holds it (exit_on_gpu_poison)"
                                                  : "exit_on_gpu_poison is off: restart spdld to use it again");
       }
-      if (config_.exit_on_gpu_poison && d.jobs == 0) {
-        spdlog::critical("cuda:{} is poisoned and no job holds it: exiting with status {} for the service manager to "
-                         "restart spdld (exit_on_gpu_poison)",
-                         d.device, kExitGpuPoisoned);
+      // A job holds the GPU until its trainer has closed its IPC mapping of the job's device memory
+      // (or its connection ended): exiting earlier would pull the memory from under the trainer's
+      // tensors. A trainer that never lets go delays the restart only so long.
+      const auto since = poisoned_since_.try_emplace(d.device, std::chrono::steady_clock::now()).first->second;
+      const bool waited_out = std::chrono::steady_clock::now() - since >= kGpuPoisonExitWait;
+      if (config_.exit_on_gpu_poison && (d.jobs == 0 || waited_out)) {
+        if (d.jobs > 0) {
+          spdlog::critical(
+              "cuda:{} is poisoned and {} job(s) still hold it after {} s: exiting anyway (their "
+              "trainers' device memory goes with spdld)",
+              d.device, d.jobs, std::chrono::duration_cast<std::chrono::seconds>(kGpuPoisonExitWait).count());
+        }
+        spdlog::critical(
+            "cuda:{} is poisoned{}: exiting with status {} for the service manager to "
+            "restart spdld (exit_on_gpu_poison)",
+            d.device, d.jobs == 0 ? " and no job holds it" : "", kExitGpuPoisoned);
         exit_code_ = kExitGpuPoisoned;
         notifier_.Stopping();
         Stop();

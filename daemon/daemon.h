@@ -76,6 +76,9 @@ class Daemon {
   // CUDA error poisoned a GPU and no job held it any more (exit_on_gpu_poison).
   int exit_code() const { return exit_code_; }
   static constexpr int kExitGpuPoisoned = 3;
+  // exit_on_gpu_poison waits at most this long for the trainers holding a poisoned GPU's job memory
+  // (their IPC mappings) to let go before it exits anyway.
+  static constexpr std::chrono::seconds kGpuPoisonExitWait{600};
 
  private:
   void Shutdown();
@@ -137,6 +140,9 @@ class Daemon {
   std::chrono::steady_clock::time_point last_tick_{};
   bool draining_ = false;
   std::set<int> poisoned_logged_;  // GPUs whose poisoning was logged
+  // exit_on_gpu_poison: when each poisoned GPU was first seen so (the exit waits, bounded, for the
+  // trainers still holding its device memory: kGpuPoisonExitWait).
+  std::map<int, std::chrono::steady_clock::time_point> poisoned_since_;
   int exit_code_ = 0;
   std::string drain_reason_;
   std::chrono::steady_clock::time_point drain_deadline_{};
