@@ -281,8 +281,8 @@ __attribute__((target("avx2"))) void HorizontalGather3(const PackedImage& src, i
   const __m256i byte = _mm256_set1_epi32(0xFF);
   const __m256i zero = _mm256_setzero_si256();
   // Per 128-bit half: four RGBx words to twelve RGB bytes.
-  const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8,
-                                        9, 10, 12, 13, 14, -1, -1, -1, -1);
+  const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8, 9,
+                                        10, 12, 13, 14, -1, -1, -1, -1);
   for (int y = 0; y < rows; ++y) {
     const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
     uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
@@ -309,9 +309,9 @@ __attribute__((target("avx2"))) void HorizontalGather3(const PackedImage& src, i
         gr = _mm256_add_epi32(gr, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 8), byte), kv));
         b = _mm256_add_epi32(b, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 16), byte), kv));
       }
-      const __m256i words = _mm256_or_si256(
-          ClipLanes(r, zero, byte),
-          _mm256_or_si256(_mm256_slli_epi32(ClipLanes(gr, zero, byte), 8), _mm256_slli_epi32(ClipLanes(b, zero, byte), 16)));
+      const __m256i words =
+          _mm256_or_si256(ClipLanes(r, zero, byte), _mm256_or_si256(_mm256_slli_epi32(ClipLanes(gr, zero, byte), 8),
+                                                                    _mm256_slli_epi32(ClipLanes(b, zero, byte), 16)));
       alignas(32) uint8_t bytes[32];
       _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_shuffle_epi8(words, pack));
       std::memcpy(out + g * kLanes * 3, bytes, 12);
