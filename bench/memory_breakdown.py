@@ -5,7 +5,8 @@ actually hold (allocated blocks), and each client's PSS. Samples every 50 ms ove
 `spdl-client` ranks (no torch: the clients are the C++ CLI, so what they add is small) and prints
 the peak of each figure, the peak of the total that loading adds (the daemon's PSS over its idle PSS
 plus the clients' PSS, summed at each sample: the figure to compare with the DataLoader's "PSS
-added"), and the clients' samples/s.
+added"), the clients' samples/s and the daemon's CPU time per sample (what a change costs, whatever
+else runs on the machine).
 
   /usr/bin/python3 bench/memory_breakdown.py --build-dir build --ranks 4 [--data DIR] [--config YAML]
 
@@ -85,6 +86,7 @@ def main():
     with procs.Daemon(os.path.join(b, "bin", "spdld"), work, data, a.threads, os.path.join(work, "spdld.log")) as d:
         time.sleep(0.3)
         idle = rollup(d.pid)
+        cpu0 = procs.cpu_seconds(d.pid)
         clients = [subprocess.Popen([os.path.join(b, "bin", "spdl-client"), "--socket", d.socket, "--config", a.config,
                                      "--set", f"source.root={data}", "--epochs", str(a.epochs), "--rank", str(r),
                                      "--world-size", str(a.ranks), "--json", "--no-checksum", "--quiet"],
@@ -111,6 +113,7 @@ def main():
         t0 = time.monotonic()
         outs = [c.communicate()[0] for c in clients]
         wall = time.monotonic() - t0
+        daemon_cpu = procs.cpu_seconds(d.pid) - cpu0
         codes = [c.returncode for c in clients]
         stop.set()
         t.join()
@@ -126,6 +129,8 @@ def main():
         except (ValueError, IndexError):
             pass
     print(f"samples {samples} in {wall:.1f} s: {samples / wall:.0f} samples/s (all ranks, from the clients' start)")
+    if samples:
+        print(f"daemon CPU: {daemon_cpu:.2f} s, {1000 * daemon_cpu / samples:.2f} ms per sample")
     with open("/proc/loadavg") as f:
         print(f"load average after: {' '.join(f.read().split()[:3])}")
     return 0 if all(c == 0 for c in codes) else 1
