@@ -3,7 +3,10 @@
 decoder scratch, queues, index) and shared memory (the slot rings), the bytes the rings' memfds
 actually hold (allocated blocks), and each client's PSS. Samples every 50 ms over one run of N
 `spdl-client` ranks (no torch: the clients are the C++ CLI, so what they add is small) and prints
-the peak of each figure.
+the peak of each figure, the peak of the total that loading adds (the daemon's PSS over its idle PSS
+plus the clients' PSS, summed at each sample: the figure to compare with the DataLoader's "PSS
+added"), the clients' samples/s and the daemon's CPU time per sample (what a change costs, whatever
+else runs on the machine).
 
   /usr/bin/python3 bench/memory_breakdown.py --build-dir build --ranks 4 [--data DIR] [--config YAML]
 
@@ -11,6 +14,7 @@ Uses the benchmark's ImageNet-like dataset (written by spdl-make-dataset into
 ~/.cache/spdld-bench/, as run.py does; --data to point elsewhere).
 """
 import argparse
+import json
 import os
 import stat
 import subprocess
@@ -82,10 +86,11 @@ def main():
     with procs.Daemon(os.path.join(b, "bin", "spdld"), work, data, a.threads, os.path.join(work, "spdld.log")) as d:
         time.sleep(0.3)
         idle = rollup(d.pid)
+        cpu0 = procs.cpu_seconds(d.pid)
         clients = [subprocess.Popen([os.path.join(b, "bin", "spdl-client"), "--socket", d.socket, "--config", a.config,
                                      "--set", f"source.root={data}", "--epochs", str(a.epochs), "--rank", str(r),
                                      "--world-size", str(a.ranks), "--json", "--no-checksum", "--quiet"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(a.ranks)]
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for r in range(a.ranks)]
         stop = threading.Event()
 
         def sample():
@@ -98,12 +103,18 @@ def main():
                 alloc, size = memfd_bytes(d.pid)
                 keep("rings allocated (memfd blocks)", alloc)
                 keep("rings size (memfd st_size)", size)
-                keep("clients Pss", sum(rollup(c.pid).get("Pss", 0) for c in clients))
+                cpss = sum(rollup(c.pid).get("Pss", 0) for c in clients)
+                keep("clients Pss", cpss)
+                keep("added (daemon over idle + clients)", r.get("Pss", 0) - idle.get("Pss", 0) + cpss)
                 stop.wait(0.05)
 
         t = threading.Thread(target=sample)
         t.start()
-        codes = [c.wait() for c in clients]
+        t0 = time.monotonic()
+        outs = [c.communicate()[0] for c in clients]
+        wall = time.monotonic() - t0
+        daemon_cpu = procs.cpu_seconds(d.pid) - cpu0
+        codes = [c.returncode for c in clients]
         stop.set()
         t.join()
     mib = 1 << 20
@@ -111,6 +122,17 @@ def main():
     print(f"daemon idle: Pss {idle.get('Pss', 0) / mib:.1f} MiB, Pss_Anon {idle.get('Pss_Anon', 0) / mib:.1f} MiB")
     for k, v in peak.items():
         print(f"peak {k}: {v / mib:.1f} MiB")
+    samples = 0
+    for o in outs:
+        try:
+            samples += json.loads(o.decode().strip().splitlines()[-1]).get("samples", 0)
+        except (ValueError, IndexError):
+            pass
+    print(f"samples {samples} in {wall:.1f} s: {samples / wall:.0f} samples/s (all ranks, from the clients' start)")
+    if samples:
+        print(f"daemon CPU: {daemon_cpu:.2f} s, {1000 * daemon_cpu / samples:.2f} ms per sample")
+    with open("/proc/loadavg") as f:
+        print(f"load average after: {' '.join(f.read().split()[:3])}")
     return 0 if all(c == 0 for c in codes) else 1
 
 

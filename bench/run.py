@@ -123,11 +123,14 @@ def job_prefetch(path):
 
 
 OPS_BEGIN, OPS_END = "<!-- spdl-ops-bench:begin -->", "<!-- spdl-ops-bench:end -->"
+MEM_BEGIN, MEM_END = "<!-- memory-breakdown:begin -->", "<!-- memory-breakdown:end -->"
 
 
 def write_outputs(out, data, report):
-    """Writes results.png and RESULTS.md; the per-operation section (bench/ops/run_ops.py's, between
-    its markers) of an existing RESULTS.md is carried over unchanged."""
+    """Writes results.png and RESULTS.md; the sections this script does not measure (the memory
+    breakdown, from bench/memory_breakdown.py runs, and the per-operation figures of
+    bench/ops/run_ops.py), each between its markers in an existing RESULTS.md, are carried over
+    unchanged."""
     os.makedirs(out, exist_ok=True)
     report.plot(os.path.join(out, "results.png"), data)
     path = os.path.join(out, "RESULTS.md")
@@ -135,8 +138,10 @@ def write_outputs(out, data, report):
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-        if OPS_BEGIN in old and OPS_END in old:
-            ops = old[old.index(OPS_BEGIN):old.index(OPS_END) + len(OPS_END)] + "\n"
+        for begin, end in ((MEM_BEGIN, MEM_END), (OPS_BEGIN, OPS_END)):
+            if begin in old and end in old:
+                ops += old[old.index(begin):old.index(end) + len(end)] + "\n\n"
+        ops = ops.rstrip("\n") + "\n" if ops else ""
     with open(path, "w") as f:
         f.write(report.write_markdown(data, "results.png").rstrip("\n") + "\n" + ("\n" + ops if ops else ""))
 

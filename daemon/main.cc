@@ -1,13 +1,36 @@
 // spdld: the per-node data-loading daemon. Parses the command line, loads the config, sets up
 // logging (before any thread starts), builds the Daemon and runs it until it has drained
 // (SIGTERM/SIGINT, spdlctl drain). SIGHUP re-reads --config with the same command-line overrides.
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "config/daemon_config.h"
 #include "daemon.h"
+
+namespace {
+
+// The allocator's settings for a daemon of many threads that pass ~100 kB buffers between them
+// (an I/O thread allocates a file's bytes, a worker frees them), measured in bench/README.md
+// "Memory": glibc's default of 8 arenas per core with a sliding mmap threshold keeps several MiB
+// of freed buffers per arena. At most max(2, workers) arenas, and blocks of 128 KiB or more mapped
+// and unmapped on their own (a fixed threshold: freed at once). GLIBC_TUNABLES naming a malloc
+// setting leaves the allocator as the user set it.
+void TuneAllocator(int worker_threads) {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
+  const int workers = worker_threads > 0 ? worker_threads : static_cast<int>(std::thread::hardware_concurrency());
+  mallopt(M_ARENA_MAX, std::max(2, workers));
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"spdld: the per-node data-loading daemon"};
@@ -54,6 +77,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdl::config::DaemonConfig config = *loaded.config;
+  TuneAllocator(config.worker_threads);  // before any thread starts
 
   auto level = spdlog::level::from_str(config.log_level);
   if (level == spdlog::level::off && config.log_level != "off") {

@@ -5,7 +5,9 @@
 // source, decodes them (any image format the decoder reads) and shrinks the image so that its
 // longer side is at most max_side (aspect kept; PIL's box filter, i.e. area averaging, through the
 // decoder's exact resampler; a smaller image keeps its size), and hands on, in place of the file,
-// an uncompressed 24-bit BMP of that image — which it also keeps in the DecodedCache. Every later
+// an uncompressed 24-bit BMP of that image — which it also keeps in the DecodedCache (a gray image,
+// one whose every pixel has R = G = B, is kept as its gray bytes, a third of the memory, and
+// expanded back to the same BMP when served: the pixels are unchanged). Every later
 // read of the sample (the next epochs) is served from memory: no file read and no JPEG decode; the
 // decode stage decodes the BMP (a copy and a channel swap) and runs the job's transforms on it. So
 // the transforms see the shrunk image: a random crop of a 4000 px photo is resampled from at most
@@ -23,6 +25,11 @@
 // the decoder's own error, and on_error applies as without the cache); it is not cached, so the
 // next epoch tries again.
 //
+// In a job the work is split between the stages: the read stage (the I/O pool) serves hits and
+// reads a miss's encoded bytes (ReadCachedOrEncoded); the decode stage (the worker pool) shrinks and
+// caches a miss (ShrinkAndCache) before decoding the BMP, so decoding never runs on I/O threads.
+// Read does both at once for other callers.
+//
 // Thread safety: DecodedCache is safe to share between threads (one mutex; a payload is shared
 // read-only, copied out after the lock is released). DecodedCacheSource is a SampleSource: Read may
 // run concurrently on any thread (each thread keeps its own image decoder). Two threads that miss
@@ -33,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -62,19 +70,28 @@ class DecodedCache {
   DecodedCache(const DecodedCache&) = delete;
   DecodedCache& operator=(const DecodedCache&) = delete;
 
+  // What is kept for a sample: the bytes handed on (a BMP), or a gray image's pixels.
+  struct Image {
+    std::vector<uint8_t> bytes;
+    int gray_width = 0;  // > 0: `bytes` are gray_width x gray_height gray pixels, row by row
+    int gray_height = 0;
+  };
+
   // The image cached for sample `index` (counted as a hit), or nullptr.
-  std::shared_ptr<const std::vector<uint8_t>> Lookup(uint64_t index);
+  std::shared_ptr<const Image> Lookup(uint64_t index);
 
   // Caches `bytes` for sample `index` unless it is already cached. Returns false and caches nothing
   // (counted as refused) when the charge would pass max_bytes or the memory budget has no room
   // (a quarter of it kept free); false without counting when `index` is already cached.
-  bool Insert(uint64_t index, std::vector<uint8_t> bytes);
+  bool Insert(uint64_t index, std::vector<uint8_t> bytes) { return Insert(index, Image{std::move(bytes)}); }
+  // The same for an image of any kind; charged its bytes (a gray one: width x height).
+  bool Insert(uint64_t index, Image image);
 
   Counters counters() const;
 
  private:
   struct Entry {
-    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const Image> image;
     MemoryBudget::Lease lease;
     uint64_t charge = 0;
   };
@@ -99,6 +116,12 @@ void ShrunkSize(int width, int height, int max_side, int* out_width, int* out_he
 // An uncompressed 24-bit BMP (top-down rows, BGR, rows padded to 4 bytes) of a packed RGB image.
 // REQUIRES: rgb holds width * height * 3 bytes; width, height >= 1.
 std::vector<uint8_t> EncodeBmp24(std::span<const uint8_t> rgb, int width, int height);
+// The same BMP for a gray image (each pixel's byte as B, G and R): equal to EncodeBmp24 of the RGB
+// image with R = G = B = the gray byte. REQUIRES: gray holds width * height bytes; width, height >= 1.
+std::vector<uint8_t> EncodeGrayAsBmp24(std::span<const uint8_t> gray, int width, int height);
+// The gray bytes of a packed RGB image whose every pixel has R = G = B, or nullopt (some pixel has
+// colour). REQUIRES: rgb holds a multiple of 3 bytes.
+std::optional<std::vector<uint8_t>> GrayIfGray(std::span<const uint8_t> rgb);
 
 class DecodedCacheSource final : public io::SampleSource {
  public:
@@ -111,9 +134,17 @@ class DecodedCacheSource final : public io::SampleSource {
 
   uint64_t size() const override { return inner_->size(); }
   const io::SampleRef& sample(uint64_t index) const override { return inner_->sample(index); }
-  // A hit copies the cached BMP into *out. A miss reads the inner source, shrinks the image into a
-  // BMP in *out and caches it; bytes that do not decode are passed on as read (not cached).
+  // A hit copies the cached image (as a BMP) into *out. A miss reads the inner source, shrinks the
+  // image into a BMP in *out and caches it; bytes that do not decode are passed on as read (not
+  // cached). ReadCachedOrEncoded + ShrinkAndCache on one thread.
   Status Read(uint64_t index, std::vector<uint8_t>* out) const override;
+  // The read stage's half: a hit copies the cached image (as a BMP) into *out and sets *hit; a
+  // miss reads the inner source's bytes into *out as they are, *hit = false (errors: the inner
+  // source's). REQUIRES: hit != nullptr.
+  Status ReadCachedOrEncoded(uint64_t index, std::vector<uint8_t>* out, bool* hit) const;
+  // The decode stage's half, for a miss: replaces the encoded bytes in *bytes by the shrunk BMP and
+  // caches it; bytes that do not decode are left as they are and not cached.
+  void ShrinkAndCache(uint64_t index, std::vector<uint8_t>* bytes) const;
   Status ReadSidecar(uint64_t index, const std::string& extension, std::vector<uint8_t>* out) const override {
     return inner_->ReadSidecar(index, extension, out);
   }
@@ -128,8 +159,9 @@ class DecodedCacheSource final : public io::SampleSource {
   uint64_t shrink_decodes() const { return shrink_decodes_.load(std::memory_order_relaxed); }
 
  private:
-  // Decodes `encoded` and writes the shrunk image as a BMP to *out.
-  Status Shrink(std::span<const uint8_t> encoded, std::vector<uint8_t>* out) const;
+  // Decodes `encoded` and writes the shrunk image to *out: its BMP, or (a gray image) its gray
+  // bytes with the size set.
+  Status Shrink(std::span<const uint8_t> encoded, DecodedCache::Image* out) const;
 
   // Constant after construction.
   const std::shared_ptr<const io::SampleSource> inner_;

@@ -671,6 +671,7 @@ void PrepareJob(RegistryPrepared* p, const config::DaemonConfig& daemon, const s
         std::make_shared<DecodedCache>(static_cast<uint64_t>(spec.config.cache.decoded.max_bytes), budget),
         spec.config.cache.decoded, decode_config.decode, budget);
     spec.source = p->decoded;
+    spec.decoded = p->decoded;
   }
   spec.fingerprint = JobFingerprint(*spec.source, spec.config, spec.rank, spec.world_size);
   if (!req.resume_token().empty() && req.start_epoch() > 0) {

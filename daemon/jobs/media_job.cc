@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "io/sampler.h"
+#include "jobs/decoded_cache.h"
 #include "jobs/job_region.h"
 #include "jobs/resume_token.h"
 #include "media/mix.h"
@@ -68,19 +69,31 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
       targets_(spec_.config),
       targets_tensor_(tensors_.size() - targets_.tensors().size()),
       started_(Clock::now()),
-      ring_(layout_.num_slots, std::min(layout_.num_slots, kInitialSlots),
-            [this](uint32_t slot) {
-              // A slot's memory is reserved when the ring starts using it (the region reserved only
-              // the first ones): a shortage keeps the ring as it is, never a SIGBUS later.
-              Status s = region_.Reserve(layout_.SlotOffset(slot), layout_.slot_stride);
-              if (!s.ok()) {
-                spdlog::warn("job {}: the slot ring stays at {} slots: {}", spec_.job_id, slot, s.message());
-                return false;
-              }
-              spdlog::info("job {}: slot ring grows to {} of {} slots (the client waited for data)", spec_.job_id,
-                           slot + 1, layout_.num_slots);
-              return true;
-            }),
+      ring_(
+          layout_.num_slots, std::min(layout_.num_slots, kInitialSlots),
+          [this](uint32_t slot) {
+            // A slot the ring grows into is reserved first (the first slots' pages come as their
+            // first batch is written, and go back when it is released): a shortage keeps the ring
+            // as it is.
+            Status s = region_.Reserve(layout_.SlotOffset(slot), layout_.slot_stride);
+            if (!s.ok()) {
+              spdlog::warn("job {}: the slot ring stays at {} slots: {}", spec_.job_id, slot, s.message());
+              return false;
+            }
+            spdlog::info("job {}: slot ring grows to {} of {} slots (the client waited for data)", spec_.job_id,
+                         slot + 1, layout_.num_slots);
+            return true;
+          },
+          [this](uint32_t slot) {
+            // A released slot waits to be filled again: its pages go back now and return row by row
+            // as the next batch is written, so a trainer that takes each batch as soon as it is
+            // ready keeps about one slot's memory instead of two (README "Slot ring").
+            if (discard_failed_) return;
+            if (Status s = region_.Discard(layout_.SlotOffset(slot), layout_.slot_stride); !s.ok()) {
+              discard_failed_ = true;
+              spdlog::warn("job {}: released slots keep their memory: {}", spec_.job_id, s.message());
+            }
+          }),
       epoch_started_(started_) {}
 
 MediaJob::~MediaJob() {
@@ -99,9 +112,8 @@ Result<std::shared_ptr<MediaJob>> MediaJob::Start(MediaJobSpec spec, pipeline::E
   }
   if (!gpu_decode) spec.gpu_decode = nullptr;
   proto::SlotLayout layout = LayoutFor(spec);
-  SPDL_ASSIGN_OR_RETURN(
-      shm::SharedRegion region,
-      CreateJobRegion(spec.job_id, layout, layout.SlotOffset(std::min(layout.num_slots, kInitialSlots))));
+  // No slot is reserved up front: the ring reserves each slot's memory on its first use.
+  SPDL_ASSIGN_OR_RETURN(shm::SharedRegion region, CreateJobRegion(spec.job_id, layout, layout.slots_offset));
 
   auto job = std::make_shared<MediaJob>(std::move(spec), std::move(region), layout, std::move(budget));
   const auto& s = job->spec_;
@@ -181,9 +193,17 @@ Status MediaJob::RunStage(uint32_t stage, pipeline::RowTask& t) {
   const io::SampleRef& sample = spec_.source->sample(t.index);
   if (stage == 0) {
     // read: the sample's bytes into the row's buffer, its sidecars straight into their rows.
-    SPDL_RETURN_IF_ERROR(spec_.source->Read(t.index, &t.bytes));
+    if (spec_.decoded) {
+      // A decoded-cache hit, or the encoded file of a miss (shrunk and cached by the decode stage).
+      bool hit = false;
+      SPDL_RETURN_IF_ERROR(spec_.decoded->ReadCachedOrEncoded(t.index, &t.bytes, &hit));
+      t.mark = hit ? 0 : kMarkShrink;
+    } else {
+      SPDL_RETURN_IF_ERROR(spec_.source->Read(t.index, &t.bytes));
+    }
     return ReadExtraOutputs(t);
   }
+  if (t.mark == kMarkShrink) spec_.decoded->ShrinkAndCache(t.index, &t.bytes);
   // decode: straight into the row of each of the decoder's tensors.
   uint8_t* base = region_.data() + layout_.SlotOffset(t.slot);
   const size_t n = label_tensor_;  // the decoder's tensors come first

@@ -32,6 +32,8 @@
 namespace spdl::jobs {
 
 // Everything a job needs, resolved and validated by the registry.
+class DecodedCacheSource;
+
 struct MediaJobSpec {
   uint64_t job_id = 0;
   config::JobConfig config;
@@ -40,6 +42,9 @@ struct MediaJobSpec {
   // io::MixedEpochOrder over this plan; nullptr for a single source.
   std::shared_ptr<const io::MixPlan> mix;
   std::shared_ptr<const SampleDecoder> decoder;    // MakeSampleDecoder(config)
+  // With cache.decoded: `source` itself. Its misses are read as they are by the read stage and
+  // shrunk and cached by the decode stage (on the worker pool, not the I/O pool).
+  std::shared_ptr<const DecodedCacheSource> decoded;
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t epochs = 1;  // 0 = endless
@@ -112,6 +117,8 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   // for data and the pipeline waits for a slot (shm/slot_ring.h, "Adaptive size"). Two: one the
   // client holds, one being filled.
   static constexpr uint32_t kInitialSlots = 2;
+  // RowTask::mark of a decoded-cache miss: the decode stage shrinks and caches it first.
+  static constexpr uint32_t kMarkShrink = 1;
 
   // Constant after Start(). Declared in teardown order: the pipeline goes first, the region last
   // but one, the budget lease last (so the budget is freed only once the memory is).
@@ -125,6 +132,7 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   const size_t targets_tensor_;     // the first target's index in tensors_
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
+  bool discard_failed_ = false;  // giving a released slot's pages back failed once: not tried again (ring_'s lock)
   shm::SlotRing ring_;
   std::unique_ptr<pipeline::BatchPipeline> pipeline_;
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -227,11 +228,14 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
         r->since = now;
         st.queue.insert(r);
         --stages_[s - 1].occupied;
+        ++stages_[s - 1].moved;
         moved = true;
       }
-      while (!st.queue.empty() && (st.concurrency == 0 || st.occupied < st.concurrency)) {
+      while (!st.queue.empty() && (st.concurrency == 0 || st.occupied < st.concurrency) &&
+             (st.ahead == 0 || st.occupied < st.ahead)) {
         Row* r = *st.queue.begin();
         st.queue.erase(st.queue.begin());
+        r->handed = now;
         st.handed.insert(r);
         ++st.occupied;
         posts->push_back({static_cast<uint32_t>(s)});
@@ -242,7 +246,27 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
   for (size_t s = 0; s < stages_.size(); ++s) {
     stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].handed.size(),
                          stages_[s].occupied - stages_[s].handed.size());
+    if (s + 1 < stages_.size()) UpdateAheadLocked(s, now);
   }
+}
+
+void BatchPipeline::UpdateAheadLocked(size_t s, Clock::time_point now) {
+  StageState& st = stages_[s];
+  if (st.window_start == Clock::time_point{}) st.window_start = now;
+  const double seconds = std::chrono::duration<double>(now - st.window_start).count();
+  if (now - st.window_start < kAheadWindow) return;
+  if (st.moved > 0 && st.task_seconds > 0) {
+    // Little's law: rows the stage must hold to pass them on at the rate the next stage takes them.
+    // A stage that is itself the bottleneck passes on occupied / task time, so its bound grows by
+    // the slack every window until its concurrency; a window where nothing moved (no demand, or
+    // the ring full) keeps the bound.
+    const double need = std::ceil(st.task_seconds * static_cast<double>(st.moved) / seconds);
+    const double bound = std::max<double>(kMinAhead, need + kAheadSlack);
+    const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
+    st.ahead = static_cast<uint32_t>(std::min(bound, most));
+  }
+  st.moved = 0;
+  st.window_start = now;
 }
 
 void BatchPipeline::PostAll(std::vector<Post>& posts) {
@@ -322,6 +346,8 @@ void BatchPipeline::RunTask(uint32_t stage) {
     } else if (s.ok() && stage + 1 < stages_.size()) {
       row->stage = stage + 1;
       row->since = Clock::now();
+      const double took = std::chrono::duration<double>(row->since - row->handed).count();
+      st.task_seconds = st.task_seconds == 0 ? took : 0.8 * st.task_seconds + 0.2 * took;
       stages_[stage + 1].blocked.insert(row);  // keeps its place in this stage until it moves on
     } else if (s.ok()) {
       --st.occupied;
@@ -360,6 +386,7 @@ void BatchPipeline::RunTask(uint32_t stage) {
           // The spare starts over at the first stage, ahead of rows of later batches.
           row->task.index = *spare;
           row->task.bytes.clear();
+          row->task.mark = 0;
           row->stage = 0;
           row->since = Clock::now();
           f.meta.indices[row->task.row] = *spare;

@@ -11,6 +11,11 @@
 //     finished a stage whose next queue is full waits there and keeps its place in the stage's
 //     concurrency, so a slow stage throttles the ones before it, and the ring throttles the source.
 //     No buffer is unbounded: every row in flight belongs to a slot.
+//   - read-ahead: a stage that feeds another (read) also holds at most about as many rows as it
+//     takes to keep the next stage fed (Little's law: its task time, from hand-off to done, times
+//     the rate rows move on, + kAheadSlack), re-estimated every kAheadWindow: rows read far ahead of
+//     a slow decode are memory (each holds its encoded file), not speed. Slow reads (a remote
+//     source) keep their full concurrency; fast local reads keep a few rows ahead.
 //   - io stages run on the I/O executor, cpu stages on the worker executor, each through a queue of
 //     its own (Executor::NewQueue(weight)) so the node-wide pools share out fairly between jobs;
 //   - the last stage writes the sample straight into its row of the slot (no collate copy); when
@@ -65,6 +70,7 @@ struct RowTask {
   uint32_t slot = 0;
   uint32_t row = 0;
   std::vector<uint8_t> bytes;
+  uint32_t mark = 0;  // the RowProcessor's own, carried from one stage to the next; 0 for a new row or a spare
 };
 
 // Produces one sample into one row of one slot, one stage at a time. RunStage is called
@@ -130,6 +136,11 @@ Status CheckResumePoint(const ResumePoint& point, uint64_t samples, uint32_t bat
 
 // Per-stage settings of a job (by stage index; zero = the default).
 inline constexpr uint32_t kMinAutoQueue = 4;
+// Read-ahead (see the header comment): rows a feeding stage may hold beyond its measured need, the
+// least it may hold, and how often the need is re-estimated.
+inline constexpr uint32_t kAheadSlack = 2;
+inline constexpr uint32_t kMinAhead = 2;
+inline constexpr std::chrono::milliseconds kAheadWindow{50};
 
 struct StageOptions {
   uint32_t concurrency = 0;  // most tasks of this stage at once for this job; 0 = as many as the pool runs
@@ -236,7 +247,8 @@ class BatchPipeline {
     RowTask task;
     uint64_t seq = 0;         // its batch's sequence number: earlier batches go first
     uint32_t stage = 0;
-    Clock::time_point since;  // when it entered its current queue (or started waiting to)
+    Clock::time_point since;   // when it entered its current queue (or started waiting to)
+    Clock::time_point handed;  // when its current stage's task was posted
   };
   // Rows are served oldest batch first (then by row), whatever order the stage before finished
   // them in, so the next batch to deliver is filled first.
@@ -257,6 +269,11 @@ class BatchPipeline {
     RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
     RowSet handed;             // rows with a task posted, not yet started
     uint32_t occupied = 0;     // posted or running tasks + rows of this stage blocked before the next
+    // Read-ahead (a stage that feeds another): `ahead` bounds `occupied` too; 0 until measured.
+    uint32_t ahead = 0;
+    double task_seconds = 0;  // moving average of a task's time from hand-off to done
+    uint64_t moved = 0;       // rows that moved on to the next stage's queue in this window
+    Clock::time_point window_start{};
   };
   struct EpochState {
     std::vector<uint64_t> order;
@@ -304,6 +321,8 @@ class BatchPipeline {
   Status RunStageCaught(uint32_t stage, RowTask& t);
   // Under mu_: moves rows into queues with room and starts the tasks the concurrency allows.
   void ScheduleLocked(std::vector<Post>* posts);
+  // Under mu_: re-estimates stage s's read-ahead once its window is over.
+  void UpdateAheadLocked(size_t s, Clock::time_point now);
   // Under mu_: `row` is finished (good or not); appends its slot to *finished when it was the last.
   void RowDoneLocked(Row* row, bool good, std::vector<uint32_t>* finished);
   // Under mu_: a sample failed in `stage`; applies the error policy. Returns the failure that stops

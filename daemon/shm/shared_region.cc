@@ -1,6 +1,7 @@
 #include "shm/shared_region.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,6 +70,21 @@ Status SharedRegion::Reserve(size_t offset, size_t length) {
     return ErrnoStatus("pre-faulting " + what, errno);
   }
 #endif
+  return Status::Ok();
+}
+
+Status SharedRegion::Discard(size_t offset, size_t length) {
+  if (offset >= size_ || length == 0) return Status::Ok();
+  length = std::min(length, size_ - offset);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page;
+  const size_t end = (offset + length) / page * page;
+  if (end <= begin) return Status::Ok();
+  if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(begin),
+                  static_cast<off_t>(end - begin)) != 0) {
+    return ErrnoStatus(
+        "giving back bytes " + std::to_string(begin) + ".." + std::to_string(end) + " of a shared region", errno);
+  }
   return Status::Ok();
 }
 

@@ -42,6 +42,14 @@ class SharedRegion {
   // the range is clamped to the region. REQUIRES: a non-empty region.
   Status Reserve(size_t offset, size_t length);
 
+  // Gives back the memory of the whole pages inside [offset, offset + length) (fallocate
+  // PUNCH_HOLE: in every process mapping the region); a partial page at either end is left alone.
+  // Their bytes read as zero afterwards, and a page comes back (zeroed) on the next write to it:
+  // such a page is not reserved, so a shortage then is the kernel's to handle (OOM), not
+  // kResourceExhausted. The range is clamped to the region. REQUIRES: no one reads or writes the
+  // range meanwhile (the slot ring's business).
+  Status Discard(size_t offset, size_t length);
+
   SharedRegion() = default;  // empty: data() == nullptr, size() == 0, fd() == -1
   SharedRegion(SharedRegion&& other) noexcept;
   SharedRegion& operator=(SharedRegion&& other) noexcept;

@@ -20,10 +20,12 @@ const char* SlotStateName(SlotState state) {
 
 SlotRing::SlotRing(uint32_t num_slots) : SlotRing(num_slots, num_slots) {}
 
-SlotRing::SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare)
+SlotRing::SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare,
+                   std::function<void(uint32_t slot)> discard)
     : num_slots_(num_slots),
       adaptive_(initial_slots < num_slots),
       prepare_(std::move(prepare)),
+      discard_(std::move(discard)),
       slots_(num_slots),
       active_(std::clamp<uint32_t>(initial_slots, 1, num_slots)) {
   assert(num_slots > 0);
@@ -160,6 +162,7 @@ Status SlotRing::Release(uint32_t slot, uint64_t generation) {
     return InvalidArgument(what + ": the slot's current lease has generation " +
                            std::to_string(s.generation) + " (a stale release?)");
   }
+  if (discard_) discard_(slot);
   FreeLocked(slot);
   ++releases_;
   if (starved_at_ && releases_ - *starved_at_ <= kStarvedWindow && ready_.empty() &&
@@ -194,6 +197,7 @@ uint32_t SlotRing::ReleaseAll() {
   uint32_t n = 0;
   for (uint32_t i = 0; i < num_slots_; ++i) {
     if (slots_[i].state == SlotState::kLeased) {
+      if (discard_) discard_(i);
       FreeLocked(i);
       ++n;
     }

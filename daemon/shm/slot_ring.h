@@ -29,6 +29,10 @@
 // another batch otherwise, where a fixed ring of num_slots would give it one). Slots are
 // only ever added (a slot once touched stays paid for); which batch a slot holds never affects
 // what the batch contains, so sequence numbers, delivery order and resume are the same at any size.
+// Discard (SlotRing(num_slots, initial_slots, prepare, discard)): `discard`, when given, runs (under
+// the ring's lock) for every leased slot that is released, after the release was accepted and
+// before the slot can be taken again, e.g. to give the slot's pages back while it waits to be
+// filled (a loader-bound trainer then keeps about one slot's memory per job instead of two).
 // Generations are unique across the whole ring (a ring-wide counter bumped on every lease), so a
 // release naming the right generation but the wrong slot is refused too.
 //
@@ -63,8 +67,11 @@ class SlotRing {
   // An adaptive ring: `initial_slots` active slots (clamped to 1..num_slots), growing on demand
   // (see above) up to num_slots. `prepare`, when given, runs (under the ring's lock, on the thread
   // calling Release) before a slot becomes active, e.g. to reserve its memory; false keeps the
-  // ring at its current size for good. REQUIRES: num_slots > 0.
-  SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare = nullptr);
+  // ring at its current size for good. `discard`, when given, runs (under the ring's lock, on the
+  // thread releasing) for each slot freed by Release or ReleaseAll, before it can be acquired again.
+  // REQUIRES: num_slots > 0.
+  SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare = nullptr,
+           std::function<void(uint32_t slot)> discard = nullptr);
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
 
@@ -155,6 +162,7 @@ class SlotRing {
   const uint32_t num_slots_;
   const bool adaptive_;
   const std::function<bool(uint32_t)> prepare_;
+  const std::function<void(uint32_t)> discard_;
 
   mutable std::mutex mu_;
   std::condition_variable free_cv_;  // a slot became free, or closed_ was set (paired with mu_)

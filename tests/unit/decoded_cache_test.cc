@@ -68,7 +68,7 @@ TEST_CASE("decoded cache: the job's max_bytes bounds it and what does not fit is
   CHECK_FALSE(cache.Insert(4, Bytes(1, 5)));
   CHECK_FALSE(cache.Insert(1, Bytes(10, 9)));  // already cached: kept as it is, not a refusal
   REQUIRE(cache.Lookup(1) != nullptr);
-  CHECK((*cache.Lookup(1))[0] == 2);
+  CHECK(cache.Lookup(1)->bytes[0] == 2);
   CHECK(cache.Lookup(3) == nullptr);
   CHECK(cache.Lookup(4) == nullptr);
   const DecodedCache::Counters c = cache.counters();
@@ -179,6 +179,76 @@ TEST_CASE("decoded cache: a JPEG is decoded and shrunk once, then served from me
   CHECK(inner->reads == 3);
   CHECK(cache->counters().samples == 1);
   CHECK(!source.Read(2, &bad).ok());  // out of range: the inner source's error
+}
+
+TEST_CASE("decoded cache: a gray image is kept as gray, a third of the memory, and served with its pixels unchanged") {
+  const std::vector<uint8_t> rgb = Gradient(400, 300);
+  auto gray_jpeg = media::EncodeJpeg(rgb.data(), 400, 300, 90, media::ChromaSubsampling::kGray);
+  auto colour_jpeg = media::EncodeJpeg(rgb.data(), 400, 300);
+  REQUIRE(gray_jpeg.ok());
+  REQUIRE(colour_jpeg.ok());
+  auto inner = std::make_shared<BytesSource>(std::vector<std::vector<uint8_t>>{*gray_jpeg, *colour_jpeg});
+  auto cache = std::make_shared<DecodedCache>(1 << 20, nullptr);
+  config::DecodedCacheConfig dc;
+  dc.max_side = 100;
+  jobs::DecodedCacheSource source(inner, cache, dc, config::DecodeConfig{}, nullptr);
+
+  // What the decoder's own shrink gives (the pixels every read must hand on).
+  media::ImageDecoder decoder;
+  media::ImageOps ops;
+  ops.resize_width = 100;
+  ops.resize_height = 75;
+  ops.interpolation = media::Interpolation::kArea;
+  std::vector<uint8_t> want(100 * 75 * 3);
+  REQUIRE(decoder.DecodeRgbInto(*gray_jpeg, ops, want.data(), 100, 75, 300).ok());
+  for (size_t i = 0; i < want.size(); i += 3) REQUIRE((want[i] == want[i + 1] && want[i] == want[i + 2]));
+
+  // The job's way: the read stage reads the file, the decode stage shrinks and caches it.
+  std::vector<uint8_t> first;
+  bool hit = true;
+  REQUIRE(source.ReadCachedOrEncoded(0, &first, &hit).ok());
+  CHECK_FALSE(hit);
+  CHECK(first == *gray_jpeg);  // the read stage does no decoding
+  CHECK(source.shrink_decodes() == 0);
+  source.ShrinkAndCache(0, &first);
+  CHECK(source.shrink_decodes() == 1);
+  CHECK(first == jobs::EncodeBmp24(want, 100, 75));
+  const uint64_t gray_bytes = cache->counters().bytes;
+  CHECK(gray_bytes == 100 * 75 + DecodedCache::kEntryOverhead);  // one byte per pixel
+
+  // Served from memory: expanded back to the very same BMP.
+  std::vector<uint8_t> again;
+  REQUIRE(source.ReadCachedOrEncoded(0, &again, &hit).ok());
+  CHECK(hit);
+  CHECK(again == first);
+  CHECK(inner->reads == 1);
+  std::vector<uint8_t> decoded(100 * 75 * 3);
+  REQUIRE(decoder.DecodeRgbInto(again, media::ImageOps{}, decoded.data(), 100, 75, 300).ok());
+  CHECK(decoded == want);
+
+  // A colour image keeps its 24-bit BMP (three bytes per pixel, rows padded to 4).
+  std::vector<uint8_t> colour;
+  REQUIRE(source.Read(1, &colour).ok());
+  CHECK(cache->counters().bytes - gray_bytes == colour.size() + DecodedCache::kEntryOverhead);
+  CHECK(colour.size() == 54 + 100 * 75 * 3);
+  std::vector<uint8_t> colour_again;
+  REQUIRE(source.Read(1, &colour_again).ok());
+  CHECK(colour_again == colour);
+}
+
+TEST_CASE("decoded cache: a gray BMP expands exactly to the RGB one") {
+  for (const auto& [w, h] : {std::pair{5, 3}, std::pair{1, 1}, std::pair{7, 9}}) {
+    std::vector<uint8_t> gray(static_cast<size_t>(w) * h);
+    for (size_t i = 0; i < gray.size(); ++i) gray[i] = static_cast<uint8_t>(i * 37);
+    std::vector<uint8_t> rgb;
+    for (uint8_t g : gray) rgb.insert(rgb.end(), {g, g, g});
+    CHECK(jobs::EncodeGrayAsBmp24(gray, w, h) == jobs::EncodeBmp24(rgb, w, h));
+    auto back = jobs::GrayIfGray(rgb);
+    REQUIRE(back.has_value());
+    CHECK(*back == gray);
+    rgb[1] ^= 1;  // one channel off: colour
+    CHECK_FALSE(jobs::GrayIfGray(rgb).has_value());
+  }
 }
 
 TEST_CASE("decoded cache: the job config key cache.decoded") {

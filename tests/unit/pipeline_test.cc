@@ -583,6 +583,82 @@ TEST_CASE("an absent queue bound follows the pool: twice its threads, at least 4
   cpu.Join();
 }
 
+TEST_CASE("read-ahead: fast reads in front of a slow decode hold a few rows, not the read concurrency") {
+  ThreadPool cpu(1);
+  ThreadPool io(16);
+  PipelineOptions o;
+  o.batch_size = 16;
+  o.epochs = 1;
+  o.stages = {{/*concurrency=*/16, 0}, {0, /*queue=*/0}};  // decode queue: automatic, max(4, 2 x 1) = 4
+  shm::SlotRing ring(4);                                   // 64 rows of room
+  MeteredProcessor proc(4, 16);
+  proc.delay_us = 2000;
+  int after_warmup = 0;  // the most rows read and not yet decoding, once the first windows are over
+  proc.on_decode = [&](uint64_t index) {
+    std::lock_guard lock(proc.mu);
+    if (index >= 60) after_warmup = std::max(after_warmup, proc.between);
+  };
+  auto owner = std::make_shared<int>(0);
+  BatchPipeline pipe(
+      &cpu, &io, &ring, &proc, [](uint64_t) { return Iota(240); }, o, [] {}, owner);
+  const uint64_t rows = RunToEnd(ring, pipe);
+  CHECK(rows == 240);
+  // Without read-ahead the 16 reads would all hold a read row ahead of the queue: 4 + 16 + 1. With it
+  // the reads keep what a 2 ms decode needs: a read's time (well under a decode's, even on a loaded
+  // machine) x the decode's rate + kAheadSlack, so the queue (4), a couple of reads and the decode
+  // handed to the pool but not started (1).
+  INFO("rows read and not yet decoding, after the first 60: " << after_warmup << " (at any time: " << proc.max_between
+                                                              << ")");
+  CHECK(after_warmup <= 14);
+  CHECK(after_warmup >= 1);
+  io.Join();
+  cpu.Join();
+}
+
+// Reads that take a while (a remote source) and a fast decode: counts the reads running at once.
+class SlowReadProcessor : public FakeProcessor {
+ public:
+  using FakeProcessor::FakeProcessor;
+  Status RunStage(uint32_t stage, RowTask& t) override {
+    if (stage == 0) {
+      {
+        std::lock_guard lock(mu);
+        ++reading;
+        if (t.index >= 100) max_reading = std::max(max_reading, reading);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::lock_guard lock(mu);
+      --reading;
+    }
+    return FakeProcessor::RunStage(stage, t);
+  }
+  std::mutex mu;
+  int reading = 0, max_reading = 0;
+};
+
+TEST_CASE("read-ahead: slow reads in front of a fast decode keep their whole concurrency") {
+  ThreadPool cpu(1);
+  ThreadPool io(16);
+  PipelineOptions o;
+  o.batch_size = 16;
+  o.epochs = 1;
+  o.stages = {{/*concurrency=*/12, 0}, {0, 0}};
+  shm::SlotRing ring(4);
+  SlowReadProcessor proc(4, 16);
+  auto owner = std::make_shared<int>(0);
+  BatchPipeline pipe(
+      &cpu, &io, &ring, &proc, [](uint64_t) { return Iota(400); }, o, [] {}, owner);
+  const uint64_t rows = RunToEnd(ring, pipe);
+  CHECK(rows == 400);
+  // Reads are the bottleneck: the bound is what they hold + the slack every window, so it stays at
+  // the concurrency (12) and the reads run 12 at once.
+  INFO("most reads at once after the first 100 rows: " << proc.max_reading);
+  CHECK(proc.max_reading >= 10);
+  CHECK(proc.max_reading <= 12);
+  io.Join();
+  cpu.Join();
+}
+
 TEST_CASE("stats add up: every sample read once, decoded once if read, delivered or skipped") {
   ThreadPool pool(3);
   PipelineOptions o;

@@ -192,6 +192,42 @@ TEST_CASE("SharedRegion: only the reserved part holds memory until Reserve") {
   CHECK(r->data()[(4 << 20) + 5] == 7);
 }
 
+TEST_CASE("SharedRegion: Discard gives whole pages back, reads them as zero, and leaves partial pages alone") {
+  constexpr size_t kBytes = 1 << 20;
+  auto r = SharedRegion::Create("discard", kBytes);
+  REQUIRE(r.ok());
+  auto allocated = [&] {
+    struct stat st {};
+    REQUIRE(::fstat(r->fd(), &st) == 0);
+    return static_cast<size_t>(st.st_blocks) * 512;
+  };
+  std::memset(r->data(), 0xab, kBytes);
+  const size_t before = allocated();
+  CHECK(before >= kBytes);
+  // 3 pages + a bit, starting 100 bytes into a page: pages 1..3 go, pages 0 and 4 keep their bytes.
+  REQUIRE(r->Discard(4096 + 100, 4 * 4096).ok());
+  INFO("allocated before " << before << ", after " << allocated());
+  CHECK(allocated() == before - 3 * 4096);
+  CHECK(r->data()[4096 + 99] == 0xab);  // the partial page in front is untouched
+  CHECK(r->data()[4096 + 100] == 0xab);
+  for (size_t off = 2 * 4096; off < 5 * 4096; off += 512) CHECK(r->data()[off] == 0);
+  CHECK(r->data()[5 * 4096 + 100] == 0xab);  // the partial page behind too
+  CHECK(r->data()[5 * 4096 + 99] == 0xab);
+  // A client's mapping sees the same: the pages are gone for every process.
+  auto client = SharedRegion::Map(UniqueFd(::dup(r->fd())), kBytes);
+  REQUIRE(client.ok());
+  CHECK(client->data()[3 * 4096] == 0);
+  // Written again, a page comes back (the kernel may bring back more than the one page).
+  r->data()[3 * 4096] = 5;
+  CHECK(client->data()[3 * 4096] == 5);
+  const size_t rewritten = allocated();
+  CHECK(rewritten > before - 3 * 4096);
+  CHECK(rewritten <= before);
+  CHECK(r->Discard(kBytes, 10).ok());  // past the end: nothing to do
+  CHECK(r->Discard(10, 100).ok());     // inside one page: nothing to do
+  CHECK(allocated() == rewritten);
+}
+
 // ---------------------------------------------------------------- SlotRing
 
 void CheckCounts(const SlotRing& ring, uint32_t free, uint32_t filling, uint32_t ready, uint32_t leased) {
@@ -384,6 +420,30 @@ TEST_CASE("SlotRing: stale, duplicate and out-of-range releases are refused") {
   CHECK(ring.Release(l2.slot, l2.generation).ok());
   CHECK(ring.Release(l1.slot, l1.generation).ok());
   CheckCounts(ring, 2, 0, 0, 0);
+}
+
+TEST_CASE("SlotRing: discard runs for each released slot, before it can be taken again, never for a refused release") {
+  std::vector<uint32_t> discarded;
+  SlotRing ring(3, 2, nullptr, [&](uint32_t slot) { discarded.push_back(slot); });
+  auto a0 = *ring.TryAcquire();
+  auto a1 = *ring.TryAcquire();
+  REQUIRE(ring.MarkReady(a0.slot).ok());
+  REQUIRE(ring.MarkReady(a1.slot).ok());
+  auto l0 = *ring.TakeNextReady();
+  CHECK(discarded.empty());
+  CHECK_FALSE(ring.Release(l0.slot, l0.generation + 100).ok());  // stale: refused, nothing discarded
+  CHECK(discarded.empty());
+  REQUIRE(ring.Release(l0.slot, l0.generation).ok());
+  CHECK(discarded == std::vector<uint32_t>{l0.slot});
+  CHECK_FALSE(ring.Release(l0.slot, l0.generation).ok());  // duplicate
+  CHECK(discarded.size() == 1);
+  auto a2 = *ring.TryAcquire();
+  CHECK(a2.slot == l0.slot);
+  REQUIRE(ring.Abandon(a2.slot).ok());  // an abandoned batch was never handed out: nothing to discard
+  CHECK(discarded.size() == 1);
+  auto l1 = *ring.TakeNextReady();
+  CHECK(ring.ReleaseAll() >= 1);  // the client went away: its slots are discarded too
+  CHECK(std::find(discarded.begin(), discarded.end(), l1.slot) != discarded.end());
 }
 
 TEST_CASE("SlotRing: ReleaseAll frees only leased slots") {
