@@ -28,37 +28,9 @@
 #include "e2e/dataset.h"
 #include "proto/framing.h"
 #include "skip.h"
+#include "temp_dir.h"
 
 namespace spdl::testing {
-
-// A fresh directory under /tmp, removed with everything in it on destruction. `mode` lets other
-// users (a daemon or client started as a test user) enter it.
-struct TempDir {
-  explicit TempDir(mode_t mode = 0700) {
-    char tmpl[] = "/tmp/spdl-e2e-XXXXXX";
-    path = ::mkdtemp(tmpl);
-    ::chmod(path.c_str(), mode);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    // Undo a test's chmod 000 so that remove_all can descend everywhere.
-    for (auto it = std::filesystem::recursive_directory_iterator(
-             path, std::filesystem::directory_options::skip_permission_denied, ec);
-         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-      if (!it->is_symlink(ec)) ::chmod(it->path().c_str(), 0755);
-    }
-    std::filesystem::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path;
-};
-
-inline void WriteFile(const std::string& path, const void* data, size_t n) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-}
-inline void WriteFile(const std::string& path, const std::string& text) { WriteFile(path, text.data(), text.size()); }
 
 inline std::vector<uint8_t> ReadBytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -33,16 +33,12 @@ using testing::DaemonProcess;
 // so single pixels differ; as in e2e_test.
 constexpr double kMeanAbsTolerance = 6.0;
 
-using testing::TempDir;  // e2e/e2e_support.h
+using testing::TempDir;    // e2e/e2e_support.h
+using testing::WriteFile;  // e2e/e2e_support.h
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void WriteAll(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 // One kind of file in the folder: a format, how its pixels are stored, and its file name ending.
@@ -118,7 +114,7 @@ struct MixedFolder {
         }
         REQUIRE(bytes.ok());
         const std::string rel = "class_" + std::to_string(c) + "/img_" + std::to_string(i) + kind.extension;
-        WriteAll(root() + "/" + rel, *bytes);
+        WriteFile(root() + "/" + rel, *bytes);
         kind_of[rel] = kind.name;
         label_of[rel] = c;
       }
@@ -150,7 +146,7 @@ TEST_CASE("a folder of mixed formats becomes normalized float32 NCHW batches") {
   // A truncated file of each FFmpeg-decoded format family is skipped and counted.
   {
     const std::vector<uint8_t> good = ReadAll(f.root() + "/class_0/img_1.png");
-    WriteAll(f.root() + "/class_2/cut.png", std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2));
+    WriteFile(f.root() + "/class_2/cut.png", std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2));
   }
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path, "--threads", "2"});
   REQUIRE(d.Connectable());
