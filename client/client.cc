@@ -34,26 +34,40 @@ namespace spdl::client {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return 1;
-    case DType::kInt16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return "uint8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt16:
+      return "int16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
   }
   return "unknown";
 }
@@ -71,14 +85,22 @@ constexpr int kHelloTimeoutMs = 30'000;
 
 Result<DType> FromProtoDType(int d) {
   switch (d) {
-    case proto::UINT8: return DType::kUInt8;
-    case proto::INT16: return DType::kInt16;
-    case proto::INT32: return DType::kInt32;
-    case proto::INT64: return DType::kInt64;
-    case proto::FLOAT16: return DType::kFloat16;
-    case proto::BFLOAT16: return DType::kBFloat16;
-    case proto::FLOAT32: return DType::kFloat32;
-    default: return Internal("protocol error: unknown dtype " + std::to_string(d));
+    case proto::UINT8:
+      return DType::kUInt8;
+    case proto::INT16:
+      return DType::kInt16;
+    case proto::INT32:
+      return DType::kInt32;
+    case proto::INT64:
+      return DType::kInt64;
+    case proto::FLOAT16:
+      return DType::kFloat16;
+    case proto::BFLOAT16:
+      return DType::kBFloat16;
+    case proto::FLOAT32:
+      return DType::kFloat32;
+    default:
+      return Internal("protocol error: unknown dtype " + std::to_string(d));
   }
 }
 
@@ -109,15 +131,24 @@ Status FromDaemonError(const proto::Error& e, const std::string& config_name) {
   }
   if (msg.empty()) msg = "spdld refused the request (" + proto::Error::Code_Name(e.code()) + ")";
   switch (e.code()) {
-    case proto::Error::VERSION_MISMATCH: return FailedPrecondition(msg);
-    case proto::Error::BAD_REQUEST: return InvalidArgument(msg);
-    case proto::Error::INVALID_CONFIG: return InvalidArgument(msg);
-    case proto::Error::PERMISSION_DENIED: return PermissionDenied(msg);
-    case proto::Error::RESOURCE_EXHAUSTED: return ResourceExhausted(msg);
-    case proto::Error::NOT_FOUND: return NotFound(msg);
-    case proto::Error::JOB_FAILED: return DataLoss(msg);
-    case proto::Error::SHUTTING_DOWN: return Unavailable(msg);
-    default: return Internal(msg);
+    case proto::Error::VERSION_MISMATCH:
+      return FailedPrecondition(msg);
+    case proto::Error::BAD_REQUEST:
+      return InvalidArgument(msg);
+    case proto::Error::INVALID_CONFIG:
+      return InvalidArgument(msg);
+    case proto::Error::PERMISSION_DENIED:
+      return PermissionDenied(msg);
+    case proto::Error::RESOURCE_EXHAUSTED:
+      return ResourceExhausted(msg);
+    case proto::Error::NOT_FOUND:
+      return NotFound(msg);
+    case proto::Error::JOB_FAILED:
+      return DataLoss(msg);
+    case proto::Error::SHUTTING_DOWN:
+      return Unavailable(msg);
+    default:
+      return Internal(msg);
   }
 }
 
@@ -128,8 +159,8 @@ Result<UniqueFd> Connect(const std::string& path) {
   addr.sun_family = AF_UNIX;
   if (path.empty()) return InvalidArgument("no spdld socket path given");
   if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgument("spdld socket path is too long (" + std::to_string(path.size()) +
-                           " bytes, at most " + std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
+    return InvalidArgument("spdld socket path is too long (" + std::to_string(path.size()) + " bytes, at most " +
+                           std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -141,9 +172,14 @@ Result<UniqueFd> Connect(const std::string& path) {
     if (err == EISCONN) break;
     const std::string what = "cannot connect to spdld at " + path + ": " + std::strerror(err);
     switch (err) {
-      case ENOENT: case ECONNREFUSED: case ENOTSOCK: case ENOTDIR: case EAGAIN:
+      case ENOENT:
+      case ECONNREFUSED:
+      case ENOTSOCK:
+      case ENOTDIR:
+      case EAGAIN:
         return Unavailable(what + " (is the daemon running?)");
-      case EACCES: case EPERM:
+      case EACCES:
+      case EPERM:
         return PermissionDenied(what + " (is this user allowed to use the socket?)");
       default:
         return Status(ErrnoStatus("", err).code(), what);
@@ -236,8 +272,8 @@ class Connection {
           if (!proto::ParseDaemonMessage(payload, msg)) return ProtocolError("a malformed message");
           return Status::Ok();
         case proto::FrameParser::Result::kBad:
-          return ProtocolError("a frame of " + std::to_string(parser_.bad_length()) +
-                               " bytes, over the limit of " + std::to_string(kMaxDaemonFrameBytes));
+          return ProtocolError("a frame of " + std::to_string(parser_.bad_length()) + " bytes, over the limit of " +
+                               std::to_string(kMaxDaemonFrameBytes));
         case proto::FrameParser::Result::kNeedMore:
           break;
       }
@@ -482,20 +518,17 @@ Status SayHello(detail::Connection& conn, const std::string& client_name, const 
   if (reply.has_error()) return FromDaemonError(reply.error(), config_name);
   if (!reply.has_hello()) return ProtocolError("expected HelloReply, got message #" + std::to_string(reply.msg_case()));
   if (reply.hello().protocol_version() != proto::kProtocolVersion) {
-    return FailedPrecondition("protocol version mismatch: this client speaks spdld protocol " +
-                              std::to_string(proto::kProtocolVersion) + ", the daemon (spdld " +
-                              reply.hello().daemon_version() + ") speaks " +
-                              std::to_string(reply.hello().protocol_version()) +
-                              "; use a client from the daemon's release");
+    return FailedPrecondition(
+        "protocol version mismatch: this client speaks spdld protocol " + std::to_string(proto::kProtocolVersion) +
+        ", the daemon (spdld " + reply.hello().daemon_version() + ") speaks " +
+        std::to_string(reply.hello().protocol_version()) + "; use a client from the daemon's release");
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-Status Loader::Handshake(const Options& options) {
-  return SayHello(*conn_, options.client_name, options.config_name);
-}
+Status Loader::Handshake(const Options& options) { return SayHello(*conn_, options.client_name, options.config_name); }
 
 Result<proto::DaemonMessage> ControlCall(const std::string& socket_path, const proto::ClientMessage& request,
                                          const std::string& client_name) {
@@ -536,7 +569,8 @@ Status Loader::SubmitAndMap(const Options& options) {
   bool interrupted = false;
   SPDL_RETURN_IF_ERROR(conn_->Read(&reply, -1, "before answering the job submission", &interrupted));
   if (reply.has_error()) return FromDaemonError(reply.error(), options.config_name);
-  if (!reply.has_accepted()) return ProtocolError("expected JobAccepted, got message #" + std::to_string(reply.msg_case()));
+  if (!reply.has_accepted())
+    return ProtocolError("expected JobAccepted, got message #" + std::to_string(reply.msg_case()));
   const proto::JobAccepted& a = reply.accepted();
   UniqueFd region_fd = conn_->TakeFd();
   conn_->StopTakingFds();  // closes any extra descriptor
@@ -547,8 +581,8 @@ Status Loader::SubmitAndMap(const Options& options) {
   if (cuda && !options.accept_device_job) {
     // Closing the connection (this Loader is dropped) ends the job on the daemon, which frees its
     // device side too.
-    return FailedPrecondition("the job's output.device is " + a.device() + " (copy: " +
-                              (a.client_copy() ? "client" : "daemon") +
+    return FailedPrecondition("the job's output.device is " + a.device() +
+                              " (copy: " + (a.client_copy() ? "client" : "daemon") +
                               "), but this Loader delivers batches in host memory only: open GPU jobs with "
                               "spdl::client::GpuLoader (client/cuda) or the Python binding, or use "
                               "output.device: cpu and move the batch to the GPU in the trainer");
@@ -607,8 +641,8 @@ Status Loader::SubmitAndMap(const Options& options) {
   std::memcpy(&h, conn_->map_data(), sizeof(h));
   if (h.magic != proto::kRegionMagic) return ProtocolError("the shared region's header has a bad magic number");
   if (h.protocol_version != proto::kProtocolVersion) {
-    return ProtocolError("the shared region's layout version is " + std::to_string(h.protocol_version) +
-                         ", expected " + std::to_string(proto::kProtocolVersion));
+    return ProtocolError("the shared region's layout version is " + std::to_string(h.protocol_version) + ", expected " +
+                         std::to_string(proto::kProtocolVersion));
   }
   if (h.num_slots != a.num_slots() || h.slots_offset != a.slots_offset() || h.slot_stride != a.slot_stride() ||
       h.region_bytes != a.region_bytes()) {
@@ -652,10 +686,10 @@ Status Loader::Finish(std::chrono::milliseconds timeout) {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Unavailable(
-                         "spdld did not confirm the end of the job within " + std::to_string(timeout.count()) + " ms");
+      return Unavailable("spdld did not confirm the end of the job within " + std::to_string(timeout.count()) + " ms");
     }
     proto::DaemonMessage m;
     Status s = conn_->Read(&m, static_cast<int>(left.count()), "while the job was being ended");
@@ -773,9 +807,9 @@ Result<Event> Loader::Next() {
       case proto::DaemonMessage::kDraining: {  // not an event: noted, and the job goes on
         draining_ = true;
         drain_reason_ = m.draining().reason();
-        drain_deadline_ = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(m.draining().deadline_seconds()));
+        drain_deadline_ =
+            std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                   std::chrono::duration<double>(m.draining().deadline_seconds()));
         continue;
       }
       case proto::DaemonMessage::kError:

@@ -33,9 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using spdl::client::Batch;
 
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The checksum of one row: four FNV-1a-64 lanes over the row's 8-byte little-endian words
 // (word j goes to lane j % 4; lane k starts from the offset basis ^ k), the tail bytes (n % 32)
@@ -214,7 +212,8 @@ int main(int argc, char** argv) {
       told_draining = true;
       bar.Clear();
       if (!json && !quiet) {
-        std::fprintf(stderr, "spdl-client: spdld is draining (%s): the job is cancelled in %.0f s unless it ends first\n",
+        std::fprintf(stderr,
+                     "spdl-client: spdld is draining (%s): the job is cancelled in %.0f s unless it ends first\n",
                      loader.drain_reason().c_str(), loader.drain_seconds_left());
       }
     }
@@ -259,7 +258,8 @@ int main(int argc, char** argv) {
       ps.batches = batches;
       ps.samples = samples;
       ps.seconds = SecondsSince(t_start);
-      if (loader.draining()) ps.note = "daemon draining, " + std::to_string(int(loader.drain_seconds_left())) + " s left";
+      if (loader.draining())
+        ps.note = "daemon draining, " + std::to_string(int(loader.drain_seconds_left())) + " s left";
       bar.Update(ps);
       if (max_batches != 0 && batches == max_batches && !ended_early) {
         ended_early = true;
@@ -284,7 +284,8 @@ int main(int argc, char** argv) {
   ps.seconds = seconds;
   bar.Update(ps, /*force=*/true);
   bar.Finish();
-  if (record != nullptr && std::fclose(record) != 0) return Fail("writing " + record_path + ": " + std::strerror(errno));
+  if (record != nullptr && std::fclose(record) != 0)
+    return Fail("writing " + record_path + ": " + std::strerror(errno));
 
   const double rate = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
   // After the first batch: the pipeline's steady rate, without start-up.
@@ -347,8 +348,9 @@ int main(int argc, char** argv) {
     std::printf("job %" PRIu64 ": %" PRIu64 " samples in %" PRIu64 " batches over %" PRIu64 " epochs, %" PRIu64
                 " skipped%s\n",
                 info.job_id, samples, batches, epochs_done, skipped, ended_early ? " (ended early)" : "");
-    std::printf("%.3f s, %.1f samples/s (%.1f after the first batch), first batch after %.3f s, waited %.3f s for data\n",
-                seconds, rate, steady_rate, first_batch_s >= 0 ? first_batch_s : 0.0, loader.wait_seconds());
+    std::printf(
+        "%.3f s, %.1f samples/s (%.1f after the first batch), first batch after %.3f s, waited %.3f s for data\n",
+        seconds, rate, steady_rate, first_batch_s >= 0 ? first_batch_s : 0.0, loader.wait_seconds());
     if (stats) {
       for (const auto& st : stats->stages) {
         std::printf("  stage %-12s %10" PRIu64 " tasks %6" PRIu64 " failures %9.2f s busy\n", st.name.c_str(), st.tasks,

@@ -58,12 +58,13 @@ void PrintStats(const JobSummary& j) {
   const auto& st = j.stats();
   std::printf("job %" PRIu64 " (uid %u, rank %u/%u, %s): %" PRIu64 " samples in %" PRIu64 " batches, %" PRIu64
               " skipped, %.1f samples/s (%.1f over the last %.0f s), first batch %.3f s, weight %u\n",
-              j.job_id(), j.uid(), j.rank(), j.world_size(), j.source().c_str(), st.samples(), st.batches(), st.skipped(),
-              Rate(j), st.window_samples_per_s(), st.stages_size() ? st.stages(0).window_seconds() : 0.0,
+              j.job_id(), j.uid(), j.rank(), j.world_size(), j.source().c_str(), st.samples(), st.batches(),
+              st.skipped(), Rate(j), st.window_samples_per_s(), st.stages_size() ? st.stages(0).window_seconds() : 0.0,
               st.first_batch_seconds(), st.weight());
   std::printf("  client waited %.2f s for data; %u batches ready and waiting, %u filling; %" PRIu64 " of %" PRIu64
               " samples tried failed\n",
-              st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(), st.samples_tried());
+              st.client_wait_seconds(), st.batches_ready(), st.batches_filling(), st.samples_failed(),
+              st.samples_tried());
   if (st.cache_budget_bytes() > 0) {
     const uint64_t reads = st.cache_hits() + st.cache_misses();
     const double hit_rate = reads ? 100.0 * static_cast<double>(st.cache_hits()) / static_cast<double>(reads) : 0.0;
@@ -190,8 +191,8 @@ int main(int argc, char** argv) {
     if (json) {
       PrintJson(d);
     } else {
-      std::printf("spdld is draining (%s): %u jobs running; it exits when they end or in %.0f s\n",
-                  d.reason().c_str(), d.live_jobs(), d.deadline_seconds());
+      std::printf("spdld is draining (%s): %u jobs running; it exits when they end or in %.0f s\n", d.reason().c_str(),
+                  d.live_jobs(), d.deadline_seconds());
     }
     return 0;
   }

@@ -187,9 +187,10 @@ Status Daemon::Start() {
       });
     }
     if (!fake_gpu_dir_.empty()) {
-      spdlog::warn("TEST ONLY: --test-only-fake-gpu {}: GPU jobs run on a FAKE device made of files in that "
-                   "directory; no GPU is used. Never run a production spdld like this.",
-                   fake_gpu_dir_);
+      spdlog::warn(
+          "TEST ONLY: --test-only-fake-gpu {}: GPU jobs run on a FAKE device made of files in that "
+          "directory; no GPU is used. Never run a production spdld like this.",
+          fake_gpu_dir_);
       registry_->SetDeviceBackends([this](int device) -> Result<cuda::DeviceBackend*> {
         std::lock_guard lock(device_backends_mu_);  // Prepare tasks (several threads) and Start
         if (auto it = device_backends_.find(device); it != device_backends_.end()) return it->second.get();
@@ -214,7 +215,8 @@ Status Daemon::Start() {
           SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid u, backend->Uuid());
           if (u == uuid) return i;
         }
-        return NotFound("spdld sees " + std::to_string(n) + " fake device(s), none with UUID " + cuda::FormatUuid(uuid));
+        return NotFound("spdld sees " + std::to_string(n) + " fake device(s), none with UUID " +
+                        cuda::FormatUuid(uuid));
       });
       return Status::Ok();
     }
@@ -228,9 +230,9 @@ Status Daemon::Start() {
       std::string why;
       const int count = cuda::CudaDeviceCount(&why);
       if (device >= count) {
-        return Status(StatusCode::kUnavailable,
-                      "spdld sees " + std::to_string(count) + " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")") +
-                          ", so it has no cuda:" + std::to_string(device));
+        return Status(StatusCode::kUnavailable, "spdld sees " + std::to_string(count) + " CUDA device(s)" +
+                                                    (why.empty() ? "" : " (" + why + ")") +
+                                                    ", so it has no cuda:" + std::to_string(device));
       }
       cuda::CudaBackend::Options o;
       o.device = device;
@@ -303,9 +305,10 @@ Status Daemon::Start() {
         return Status(bound.status().code(), "socket activation: " + bound.status().message());
       }
       if (*bound != config_.socket_path) {
-        spdlog::warn("socket activation: the passed socket is bound to '{}', not to socket_path '{}'; "
-                     "using the passed one",
-                     *bound, config_.socket_path);
+        spdlog::warn(
+            "socket activation: the passed socket is bound to '{}', not to socket_path '{}'; "
+            "using the passed one",
+            *bound, config_.socket_path);
       }
       spdlog::info("control socket inherited from the service manager (socket activation): {}", *bound);
       so.inherited_fd = *passed;
@@ -601,8 +604,8 @@ void Daemon::Shutdown() {
   if (server_) server_->Stop();  // sessions closed, jobs cancelled, socket file removed
   server_.reset();
   if (prepare_pool_) prepare_pool_->Join();  // sources being opened: their results are dropped
-  if (io_pool_) io_pool_->Join();  // in-flight rows end (the jobs are cancelled: no new tasks)
-  if (pool_) pool_->Join();        // ...the last ones destroy their jobs
+  if (io_pool_) io_pool_->Join();            // in-flight rows end (the jobs are cancelled: no new tasks)
+  if (pool_) pool_->Join();                  // ...the last ones destroy their jobs
   if (registry_ && registry_->live_jobs() != 0) spdlog::error("{} jobs still alive at exit", registry_->live_jobs());
   registry_.reset();
   pool_.reset();

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "daemon config (YAML), e.g. config/spdld.yaml")->check(CLI::ExistingFile);
   app.add_option("--socket", socket_path, "control socket path (overrides the config)");
   app.add_option("--allow-root", allow_roots, "a directory jobs may read below (repeatable; added to the config's)");
-  app.add_option("--threads", threads, "worker threads, 0 = one per core (overrides the config)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "worker threads, 0 = one per core (overrides the config)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off (overrides the config)");
 #if SPDL_TEST_HOOKS
   // TEST ONLY, hidden from --help: GPU jobs run on a cross-process fake device in DIR

@@ -5,8 +5,7 @@ namespace spdl::proto {
 void AppendFrame(std::string_view payload, std::string* out) {
   const auto n = static_cast<uint32_t>(payload.size());
   const char header[kFrameHeaderBytes] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-                                          static_cast<char>((n >> 16) & 0xff),
-                                          static_cast<char>((n >> 24) & 0xff)};
+                                          static_cast<char>((n >> 16) & 0xff), static_cast<char>((n >> 24) & 0xff)};
   out->append(header, kFrameHeaderBytes);
   out->append(payload);
 }

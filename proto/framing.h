@@ -34,8 +34,7 @@ class FrameParser {
     kBad,       // a frame longer than max_frame_bytes: the stream is unusable
   };
 
-  explicit FrameParser(uint32_t max_frame_bytes = kDefaultMaxFrameBytes)
-      : max_frame_bytes_(max_frame_bytes) {}
+  explicit FrameParser(uint32_t max_frame_bytes = kDefaultMaxFrameBytes) : max_frame_bytes_(max_frame_bytes) {}
 
   // Buffers received bytes.
   void Feed(const void* data, size_t n);

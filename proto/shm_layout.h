@@ -27,9 +27,7 @@ struct RegionHeader {
 };
 static_assert(sizeof(RegionHeader) <= kPageBytes);
 
-constexpr uint64_t AlignUp(uint64_t n, uint64_t align = kPageBytes) {
-  return (n + align - 1) / align * align;
-}
+constexpr uint64_t AlignUp(uint64_t n, uint64_t align = kPageBytes) { return (n + align - 1) / align * align; }
 
 struct SlotLayout {
   std::vector<uint64_t> tensor_offsets;  // from the start of a slot

@@ -15,15 +15,15 @@ namespace spdl {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // the caller's input is wrong (bad config, bad request)
-  kNotFound,          // a file, job or key does not exist
-  kPermissionDenied,  // outside the allowed roots, wrong owner
-  kResourceExhausted, // a limit or budget would be exceeded
-  kDataLoss,          // a corrupt or truncated sample
-  kUnavailable,       // the peer went away (socket closed, daemon gone)
-  kCancelled,         // stopped on purpose
+  kInvalidArgument,    // the caller's input is wrong (bad config, bad request)
+  kNotFound,           // a file, job or key does not exist
+  kPermissionDenied,   // outside the allowed roots, wrong owner
+  kResourceExhausted,  // a limit or budget would be exceeded
+  kDataLoss,           // a corrupt or truncated sample
+  kUnavailable,        // the peer went away (socket closed, daemon gone)
+  kCancelled,          // stopped on purpose
   kFailedPrecondition,
-  kInternal,          // a bug or an OS call failing unexpectedly
+  kInternal,  // a bug or an OS call failing unexpectedly
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -66,16 +66,25 @@ Status ErrnoStatus(const std::string& what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}                                  // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
   // REQUIRES: ok().
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -89,9 +98,9 @@ class [[nodiscard]] Result {
 }  // namespace spdl
 
 // Returns early from the enclosing function when `expr` (a Status) is not OK.
-#define SPDL_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::spdl::Status spdl_status_ = (expr);     \
+#define SPDL_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::spdl::Status spdl_status_ = (expr);        \
     if (!spdl_status_.ok()) return spdl_status_; \
   } while (0)
 
@@ -99,9 +108,8 @@ class [[nodiscard]] Result {
 #define SPDL_CONCAT_(a, b) SPDL_CONCAT_INNER_(a, b)
 
 // `SPDL_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result, or returns its Status.
-#define SPDL_ASSIGN_OR_RETURN(lhs, rexpr) \
-  SPDL_ASSIGN_OR_RETURN_IMPL_(SPDL_CONCAT_(spdl_result_, __LINE__), lhs, rexpr)
+#define SPDL_ASSIGN_OR_RETURN(lhs, rexpr) SPDL_ASSIGN_OR_RETURN_IMPL_(SPDL_CONCAT_(spdl_result_, __LINE__), lhs, rexpr)
 #define SPDL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) /* tmp is a name, lhs a declaration: no parentheses */ \
-  auto tmp = (rexpr);                 /* NOLINT(bugprone-macro-parentheses) */ \
-  if (!tmp.ok()) return tmp.status(); /* NOLINT(bugprone-macro-parentheses) */ \
-  lhs = std::move(tmp).value()        /* NOLINT(bugprone-macro-parentheses) */
+  auto tmp = (rexpr);                                /* NOLINT(bugprone-macro-parentheses) */               \
+  if (!tmp.ok()) return tmp.status();                /* NOLINT(bugprone-macro-parentheses) */               \
+  lhs = std::move(tmp).value()                       /* NOLINT(bugprone-macro-parentheses) */

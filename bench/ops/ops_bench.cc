@@ -176,8 +176,7 @@ int Audio(const std::vector<std::vector<uint8_t>>& files, int repeats, int rate,
   crop.crop = spdl::media::AudioCrop::kRandom;
   std::vector<Op> ops = {
       {"decode+resample_mono" + std::to_string(rate) + "(whole file)", whole, total_seconds},
-      {"decode+resample_mono" + std::to_string(rate) + "+random_crop" + Seconds(seconds), crop,
-       seconds * files.size()},
+      {"decode+resample_mono" + std::to_string(rate) + "+random_crop" + Seconds(seconds), crop, seconds * files.size()},
   };
   std::vector<float> out;
   for (const Op& op : ops) {

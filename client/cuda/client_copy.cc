@@ -16,19 +16,18 @@ ClientCopyPool::ClientCopyPool(cuda::DeviceBackend& backend, const ClientCopyOpt
 
 Result<std::unique_ptr<ClientCopyPool>> ClientCopyPool::Create(cuda::DeviceBackend& backend,
                                                                const ClientCopyOptions& o) {
-  if (o.region_base == nullptr || o.num_slots == 0 || o.slot_stride == 0 ||
-      o.slot_stride % 256 != 0) {
-    return InvalidArgument("client copy: no region, no slots, or a slot stride that is not a "
-                           "positive multiple of 256");
+  if (o.region_base == nullptr || o.num_slots == 0 || o.slot_stride == 0 || o.slot_stride % 256 != 0) {
+    return InvalidArgument(
+        "client copy: no region, no slots, or a slot stride that is not a "
+        "positive multiple of 256");
   }
-  if (o.slots_offset > o.region_bytes ||
-      (o.region_bytes - o.slots_offset) / o.slot_stride < o.num_slots) {
+  if (o.slots_offset > o.region_bytes || (o.region_bytes - o.slots_offset) / o.slot_stride < o.num_slots) {
     return InvalidArgument("client copy: " + std::to_string(o.num_slots) + " slots of " +
                            std::to_string(o.slot_stride) + " bytes do not fit the region of " +
                            std::to_string(o.region_bytes) + " bytes");
   }
-  const std::string where = "client copy on " + std::string(backend.name()) + " device " +
-                            std::to_string(backend.device());
+  const std::string where =
+      "client copy on " + std::string(backend.name()) + " device " + std::to_string(backend.device());
   std::unique_ptr<ClientCopyPool> p(new ClientCopyPool(backend, o));
   if (o.register_host) {
     auto reg = cuda::RegisterHost(backend, o.region_base, o.region_bytes);
@@ -128,8 +127,8 @@ Result<void*> ClientCopyPool::Acquire(uint32_t slot, uint64_t generation, uint64
   }
   if (bytes == 0) bytes = options_.slot_stride;
   if (bytes > options_.slot_stride) {
-    return InvalidArgument("Acquire of " + SlotName(slot) + ": " + std::to_string(bytes) +
-                           " bytes, the slot holds " + std::to_string(options_.slot_stride));
+    return InvalidArgument("Acquire of " + SlotName(slot) + ": " + std::to_string(bytes) + " bytes, the slot holds " +
+                           std::to_string(options_.slot_stride));
   }
   const cuda::Stream consumer = stream.value_or(options_.consumer_stream);
   std::lock_guard lock(mu_);
@@ -143,21 +142,20 @@ Result<void*> ClientCopyPool::Acquire(uint32_t slot, uint64_t generation, uint64
     SPDL_RETURN_IF_ERROR(backend_.StreamWaitEvent(stream_.get(), consumer_done_[slot].get())
                              .WithPrefix(what + ": waiting for the previous consumer"));
   }
-  const auto* src = static_cast<const uint8_t*>(options_.region_base) + options_.slots_offset +
-                    uint64_t{slot} * options_.slot_stride;
+  const auto* src =
+      static_cast<const uint8_t*>(options_.region_base) + options_.slots_offset + uint64_t{slot} * options_.slot_stride;
   void* dst = slot_data(slot);
   SPDL_RETURN_IF_ERROR(backend_.MemcpyH2DAsync(dst, src, bytes, stream_.get()).WithPrefix(what + ": copying"));
   SPDL_RETURN_IF_ERROR(backend_.RecordEvent(copied_[slot].get(), stream_.get()).WithPrefix(what + ": recording"));
-  SPDL_RETURN_IF_ERROR(backend_.StreamWaitEvent(consumer, copied_[slot].get())
-                           .WithPrefix(what + ": making the consumer wait"));
+  SPDL_RETURN_IF_ERROR(
+      backend_.StreamWaitEvent(consumer, copied_[slot].get()).WithPrefix(what + ": making the consumer wait"));
   s.held = true;
   s.generation = generation;
   s.stream = consumer;
   return dst;
 }
 
-Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
-                               std::optional<cuda::Stream> stream) {
+Status ClientCopyPool::Release(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream) {
   if (slot >= options_.num_slots) {
     return InvalidArgument("Release of " + SlotName(slot) + ": out of range");
   }
@@ -167,9 +165,8 @@ Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
     Slot& s = slots_[slot];
     if (!s.held) return InvalidArgument("Release of " + SlotName(slot) + ": not held");
     if (s.generation != generation) {
-      return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " +
-                             std::to_string(generation) + " (held under " +
-                             std::to_string(s.generation) + ")");
+      return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " + std::to_string(generation) +
+                             " (held under " + std::to_string(s.generation) + ")");
     }
     const cuda::Stream final_stream = stream.value_or(s.stream);
     std::vector<cuda::Stream> streams = s.also;
@@ -196,7 +193,8 @@ Status ClientCopyPool::Release(uint32_t slot, uint64_t generation,
 
 Status ClientCopyPool::WaitReady(uint32_t slot, cuda::Stream stream) {
   std::lock_guard lock(mu_);
-  if (slot >= slots_.size() || !slots_[slot].held) return InvalidArgument("WaitReady of " + SlotName(slot) + ": not held");
+  if (slot >= slots_.size() || !slots_[slot].held)
+    return InvalidArgument("WaitReady of " + SlotName(slot) + ": not held");
   return backend_.StreamWaitEvent(stream, copied_[slot].get()).WithPrefix("WaitReady of " + SlotName(slot));
 }
 

@@ -17,8 +17,8 @@ DeviceSlotView::DeviceSlotView(cuda::DeviceBackend& backend, cuda::Stream consum
 Result<std::unique_ptr<DeviceSlotView>> DeviceSlotView::Open(cuda::DeviceBackend& backend,
                                                              const cuda::CudaJobHandles& h,
                                                              cuda::Stream consumer_stream) {
-  const std::string where = "opening the job's device slots on " + std::string(backend.name()) +
-                            " device " + std::to_string(backend.device());
+  const std::string where = "opening the job's device slots on " + std::string(backend.name()) + " device " +
+                            std::to_string(backend.device());
   SPDL_ASSIGN_OR_RETURN(cuda::DeviceUuid uuid, backend.Uuid());
   if (uuid != h.device_uuid) {
     return FailedPrecondition(where + ": it is " + cuda::FormatUuid(uuid) + ", but the daemon delivers on " +
@@ -77,8 +77,10 @@ void DeviceSlotView::Detach() {
       // The trainer still holds the batch: order the teardown after whatever it queued on it.
       Status st = cuda::JoinStreams(backend_, s.also, s.stream);
       if (st.ok()) st = backend_.RecordEvent(done_events_[i].get(), s.stream);
-      if (st.ok()) s.done_recorded = true;
-      else backend_.ReportTeardownError(st.WithPrefix("recording consumer-done of " + SlotName(i)));
+      if (st.ok())
+        s.done_recorded = true;
+      else
+        backend_.ReportTeardownError(st.WithPrefix("recording consumer-done of " + SlotName(i)));
       s.held = false;
     }
   }
@@ -117,20 +119,18 @@ void DeviceSlotView::Detach() {
   mappings_.clear();
 }
 
-Result<void*> DeviceSlotView::Acquire(uint32_t slot, uint64_t generation,
-                                      std::optional<cuda::Stream> stream) {
+Result<void*> DeviceSlotView::Acquire(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream) {
   if (slot >= slot_data_.size()) {
-    return InvalidArgument("Acquire of " + SlotName(slot) + ": out of range (" +
-                           std::to_string(slot_data_.size()) + " slots)");
+    return InvalidArgument("Acquire of " + SlotName(slot) + ": out of range (" + std::to_string(slot_data_.size()) +
+                           " slots)");
   }
   const cuda::Stream st = stream.value_or(consumer_stream_);
   std::lock_guard lock(mu_);
   if (detached_) return FailedPrecondition("Acquire of " + SlotName(slot) + ": the view is detached");
   Slot& s = slots_[slot];
   if (s.held) {
-    return FailedPrecondition("Acquire of " + SlotName(slot) + " generation " +
-                              std::to_string(generation) + ": still held under generation " +
-                              std::to_string(s.generation));
+    return FailedPrecondition("Acquire of " + SlotName(slot) + " generation " + std::to_string(generation) +
+                              ": still held under generation " + std::to_string(s.generation));
   }
   SPDL_RETURN_IF_ERROR(backend_.StreamWaitEvent(st, ready_events_[slot].get())
                            .WithPrefix("Acquire of " + SlotName(slot) + ": waiting for its copy"));
@@ -140,22 +140,19 @@ Result<void*> DeviceSlotView::Acquire(uint32_t slot, uint64_t generation,
   return slot_data_[slot];
 }
 
-Status DeviceSlotView::Release(uint32_t slot, uint64_t generation,
-                               std::optional<cuda::Stream> stream) {
+Status DeviceSlotView::Release(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream) {
   if (slot >= slot_data_.size()) {
-    return InvalidArgument("Release of " + SlotName(slot) + ": out of range (" +
-                           std::to_string(slot_data_.size()) + " slots)");
+    return InvalidArgument("Release of " + SlotName(slot) + ": out of range (" + std::to_string(slot_data_.size()) +
+                           " slots)");
   }
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (!s.held) {
-    return InvalidArgument("Release of " + SlotName(slot) + " generation " +
-                           std::to_string(generation) + ": not held");
+    return InvalidArgument("Release of " + SlotName(slot) + " generation " + std::to_string(generation) + ": not held");
   }
   if (s.generation != generation) {
-    return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " +
-                           std::to_string(generation) + " (held under " +
-                           std::to_string(s.generation) + ")");
+    return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " + std::to_string(generation) +
+                           " (held under " + std::to_string(s.generation) + ")");
   }
   const cuda::Stream final_stream = stream.value_or(s.stream);
   std::vector<cuda::Stream> streams = s.also;
@@ -176,8 +173,7 @@ Status DeviceSlotView::WaitReady(uint32_t slot, cuda::Stream stream) {
   if (slot >= slots_.size() || !slots_[slot].held || detached_) {
     return InvalidArgument("WaitReady of " + SlotName(slot) + ": not held");
   }
-  return backend_.StreamWaitEvent(stream, ready_events_[slot].get())
-      .WithPrefix("WaitReady of " + SlotName(slot));
+  return backend_.StreamWaitEvent(stream, ready_events_[slot].get()).WithPrefix("WaitReady of " + SlotName(slot));
 }
 
 Status DeviceSlotView::SetReleaseStream(uint32_t slot, cuda::Stream stream) {

@@ -14,8 +14,8 @@ Status Check(const TensorView& view, void* data) {
     if (d < 0) return InvalidArgument("DLPack tensor '" + view.name + "': negative extent");
   }
   if (reinterpret_cast<uintptr_t>(data) % DTypeSize(view.dtype) != 0) {
-    return InvalidArgument("DLPack tensor '" + view.name + "': data not aligned to its " +
-                           DTypeName(view.dtype) + " elements");
+    return InvalidArgument("DLPack tensor '" + view.name + "': data not aligned to its " + DTypeName(view.dtype) +
+                           " elements");
   }
   return Status::Ok();
 }
@@ -27,21 +27,26 @@ struct ManagerContext {
   std::shared_ptr<void> keepalive;
 };
 
-void DeleteManaged(DLManagedTensor* self) {
-  delete static_cast<ManagerContext*>(self->manager_ctx);
-}
+void DeleteManaged(DLManagedTensor* self) { delete static_cast<ManagerContext*>(self->manager_ctx); }
 
 }  // namespace
 
 DLDataType ToDLDataType(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return DLDataType{kDLUInt, 8, 1};
-    case DType::kInt16: return DLDataType{kDLInt, 16, 1};
-    case DType::kInt32: return DLDataType{kDLInt, 32, 1};
-    case DType::kInt64: return DLDataType{kDLInt, 64, 1};
-    case DType::kFloat16: return DLDataType{kDLFloat, 16, 1};
-    case DType::kBFloat16: return DLDataType{kDLBfloat, 16, 1};
-    case DType::kFloat32: return DLDataType{kDLFloat, 32, 1};
+    case DType::kUInt8:
+      return DLDataType{kDLUInt, 8, 1};
+    case DType::kInt16:
+      return DLDataType{kDLInt, 16, 1};
+    case DType::kInt32:
+      return DLDataType{kDLInt, 32, 1};
+    case DType::kInt64:
+      return DLDataType{kDLInt, 64, 1};
+    case DType::kFloat16:
+      return DLDataType{kDLFloat, 16, 1};
+    case DType::kBFloat16:
+      return DLDataType{kDLBfloat, 16, 1};
+    case DType::kFloat32:
+      return DLDataType{kDLFloat, 32, 1};
   }
   return DLDataType{kDLUInt, 8, 1};
 }

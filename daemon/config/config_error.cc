@@ -2,8 +2,7 @@
 
 namespace spdl::config {
 
-std::string FormatConfigErrors(const std::vector<ConfigError>& errors,
-                               const std::string& source_name) {
+std::string FormatConfigErrors(const std::vector<ConfigError>& errors, const std::string& source_name) {
   std::string out;
   for (const ConfigError& e : errors) {
     if (!out.empty()) out += '\n';

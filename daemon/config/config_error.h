@@ -11,12 +11,12 @@
 namespace spdl::config {
 
 struct ConfigError {
-  int line = 0;          // 1-based line in the YAML text; 0 = no line (a --set override, a file error)
-  int column = 0;        // 1-based column; 0 = unknown
-  std::string path;      // dotted key path, e.g. "batch.size" or "transforms.1.center_crop.size";
-                         // "--set batch.size" when the value came from a --set override; "" for the
-                         // whole document (syntax error, unreadable file)
-  std::string message;   // what is wrong, e.g. "must be at least 1 (got 0)"
+  int line = 0;         // 1-based line in the YAML text; 0 = no line (a --set override, a file error)
+  int column = 0;       // 1-based column; 0 = unknown
+  std::string path;     // dotted key path, e.g. "batch.size" or "transforms.1.center_crop.size";
+                        // "--set batch.size" when the value came from a --set override; "" for the
+                        // whole document (syntax error, unreadable file)
+  std::string message;  // what is wrong, e.g. "must be at least 1 (got 0)"
 
   bool operator==(const ConfigError&) const = default;
 };

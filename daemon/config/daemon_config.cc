@@ -116,8 +116,8 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
       diag.Error(socket_path, "must be an absolute path (got '" + *v + "')");
     } else if (v->size() > kMaxSocketPath) {
       diag.Error(socket_path, "must be at most " + std::to_string(kMaxSocketPath) +
-                                  " bytes long, the limit of a Unix socket address (got " +
-                                  std::to_string(v->size()) + ")");
+                                  " bytes long, the limit of a Unix socket address (got " + std::to_string(v->size()) +
+                                  ")");
     } else {
       out->socket_path = *v;
     }
@@ -128,12 +128,10 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
     out->worker_threads = static_cast<int>(*v);
   }
   if (auto v = internal::ReadInt(diag, m.Get("io_threads"), 1, 1024)) out->io_threads = static_cast<int>(*v);
-  if (auto v = ReadByteSize(diag, m.Get("memory_budget_bytes"), kMiB,
-                            std::numeric_limits<uint64_t>::max())) {
+  if (auto v = ReadByteSize(diag, m.Get("memory_budget_bytes"), kMiB, std::numeric_limits<uint64_t>::max())) {
     out->memory_budget_bytes = *v;
   }
-  if (auto v = ReadByteSize(diag, m.Get("device_memory_budget_bytes"), kMiB,
-                            std::numeric_limits<uint64_t>::max())) {
+  if (auto v = ReadByteSize(diag, m.Get("device_memory_budget_bytes"), kMiB, std::numeric_limits<uint64_t>::max())) {
     out->device_memory_budget_bytes = *v;
   }
   if (auto v = ReadByteSize(diag, m.Get("gpu_context_bytes"), 0, std::numeric_limits<uint64_t>::max())) {
@@ -266,8 +264,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
 
 }  // namespace
 
-DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text,
-                                     const std::vector<Override>& overrides) {
+DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text, const std::vector<Override>& overrides) {
   std::vector<std::string> override_paths;
   for (const Override& o : overrides) override_paths.push_back(o.path);
   Diagnostics diag(std::move(override_paths));
@@ -296,8 +293,7 @@ DaemonConfigResult LoadDaemonConfig(const std::string& path, const std::vector<O
   }
   if (err != 0) {
     DaemonConfigResult result;
-    result.errors.push_back(
-        ConfigError{0, 0, "", "cannot read config file '" + path + "': " + std::strerror(err)});
+    result.errors.push_back(ConfigError{0, 0, "", "cannot read config file '" + path + "': " + std::strerror(err)});
     return result;
   }
   return ParseDaemonConfig(text, overrides);
@@ -320,8 +316,8 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
 
   static constexpr std::pair<std::string_view, int> kUnits[] = {
-      {"", 0},    {"B", 0},    {"K", 10},  {"Ki", 10},  {"KiB", 10}, {"M", 20}, {"Mi", 20},
-      {"MiB", 20}, {"G", 30},  {"Gi", 30}, {"GiB", 30}, {"T", 40},   {"Ti", 40}, {"TiB", 40}};
+      {"", 0},     {"B", 0},  {"K", 10},  {"Ki", 10},  {"KiB", 10}, {"M", 20},  {"Mi", 20},
+      {"MiB", 20}, {"G", 30}, {"Gi", 30}, {"GiB", 30}, {"T", 40},   {"Ti", 40}, {"TiB", 40}};
   for (const auto& [name, shift] : kUnits) {
     if (unit != name) continue;
     if (shift > 0 && number > (std::numeric_limits<uint64_t>::max() >> shift)) {
@@ -330,9 +326,8 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
     return number << shift;
   }
   if (unit == "KB" || unit == "MB" || unit == "GB" || unit == "TB") {
-    return InvalidArgument("byte size " + quoted + ": '" + std::string(unit) +
-                           "' is ambiguous; write " + std::string(unit.substr(0, 1)) +
-                           "iB (powers of 1024) or a plain number of bytes");
+    return InvalidArgument("byte size " + quoted + ": '" + std::string(unit) + "' is ambiguous; write " +
+                           std::string(unit.substr(0, 1)) + "iB (powers of 1024) or a plain number of bytes");
   }
   return InvalidArgument("byte size " + quoted + " has an unknown unit '" + std::string(unit) +
                          "' (use B, KiB, MiB, GiB or TiB)");

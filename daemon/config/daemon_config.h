@@ -20,40 +20,40 @@ namespace spdl::config {
 
 struct DaemonConfig {
   std::string socket_path = "/run/spdld/spdld.sock";  // control socket; absolute, < 108 bytes
-  int socket_mode = 0660;                    // permission bits of the socket file, 0..0777 (YAML:
-                                             // "0660" — a leading 0 means octal — or decimal 432)
-  std::string socket_group;                  // group of the socket file, a name or a number;
-                                             // empty = the daemon's own group
-  int worker_threads = 0;                    // decode/transform threads; 0 = one per core; 0..1024
-  int io_threads = 16;                       // threads of the I/O pool (file reads), shared by all
-                                             // jobs, so I/O waits never hold a worker; 1..1024
-  uint64_t memory_budget_bytes = 4ull << 30; // all jobs' shared slots together, >= 1MiB (YAML:
-                                             // 4GiB, 512MiB, 1G or plain bytes)
-  uint64_t device_memory_budget_bytes = 8ull << 30;  // per GPU: the device slots of its cuda jobs
-                                             // (output.device: cuda:N, copy: daemon); a byte size
-  uint64_t gpu_context_bytes = 500ull << 20; // per GPU spdld uses: its CUDA context's memory (an
-                                             // estimate), counted in device_memory_budget_bytes
-  bool exit_on_gpu_poison = true;            // a sticky CUDA error poisoned a GPU: exit (code 3, for
-                                             // the service manager to restart spdld) once no job
-                                             // holds it; false: stay up, refusing that GPU's jobs
-  std::vector<std::string> allowed_roots;    // absolute directories jobs may read below
-                                             // (empty = refuse every job)
+  int socket_mode = 0660;                             // permission bits of the socket file, 0..0777 (YAML:
+                                                      // "0660" — a leading 0 means octal — or decimal 432)
+  std::string socket_group;                           // group of the socket file, a name or a number;
+                                                      // empty = the daemon's own group
+  int worker_threads = 0;                             // decode/transform threads; 0 = one per core; 0..1024
+  int io_threads = 16;                                // threads of the I/O pool (file reads), shared by all
+                                                      // jobs, so I/O waits never hold a worker; 1..1024
+  uint64_t memory_budget_bytes = 4ull << 30;          // all jobs' shared slots together, >= 1MiB (YAML:
+                                                      // 4GiB, 512MiB, 1G or plain bytes)
+  uint64_t device_memory_budget_bytes = 8ull << 30;   // per GPU: the device slots of its cuda jobs
+                                                      // (output.device: cuda:N, copy: daemon); a byte size
+  uint64_t gpu_context_bytes = 500ull << 20;          // per GPU spdld uses: its CUDA context's memory (an
+                                                      // estimate), counted in device_memory_budget_bytes
+  bool exit_on_gpu_poison = true;                     // a sticky CUDA error poisoned a GPU: exit (code 3, for
+                                                      // the service manager to restart spdld) once no job
+                                                      // holds it; false: stay up, refusing that GPU's jobs
+  std::vector<std::string> allowed_roots;             // absolute directories jobs may read below
+                                                      // (empty = refuse every job)
   // URLs http sources may fetch: at or below one of these ("http://host:port/path"; same scheme,
   // host and port, path by whole segments). Empty = refuse every http source (a daemon fetching
   // whatever a client names could be made to reach internal services).
   std::vector<std::string> allowed_url_prefixes;
-  std::string log_level = "info";            // trace|debug|info|warn|error|critical|off
-  uint32_t max_frame_bytes = 1u << 20;       // largest control message accepted, 1KiB..64MiB
-                                             // (YAML: a byte size like memory_budget_bytes)
-  int max_jobs_per_client = 8;               // jobs one client uid may hold at once, 1..1024
-  int max_slots_per_job = 64;                // most ring slots (prefetch) one job may have, 1..1024
-  int stats_log_seconds = 60;                // log a one-line summary per live job this often; 0 = never
+  std::string log_level = "info";       // trace|debug|info|warn|error|critical|off
+  uint32_t max_frame_bytes = 1u << 20;  // largest control message accepted, 1KiB..64MiB
+                                        // (YAML: a byte size like memory_budget_bytes)
+  int max_jobs_per_client = 8;          // jobs one client uid may hold at once, 1..1024
+  int max_slots_per_job = 64;           // most ring slots (prefetch) one job may have, 1..1024
+  int stats_log_seconds = 60;           // log a one-line summary per live job this often; 0 = never
   // Operations (see systemd/spdld.service.in).
-  int metrics_port = 0;                      // Prometheus /metrics on metrics_bind:PORT; 0 = off
-  std::string metrics_bind = "127.0.0.1";    // the address metrics listen on: an IPv4 or IPv6 literal
-                                             // (0.0.0.0 = every address, e.g. a pod's IP in Kubernetes)
-  int drain_seconds = 20;                    // SIGTERM / spdlctl drain: longest wait for running jobs
-                                             // to end before exiting anyway, 0..86400 (0 = at once)
+  int metrics_port = 0;                    // Prometheus /metrics on metrics_bind:PORT; 0 = off
+  std::string metrics_bind = "127.0.0.1";  // the address metrics listen on: an IPv4 or IPv6 literal
+                                           // (0.0.0.0 = every address, e.g. a pod's IP in Kubernetes)
+  int drain_seconds = 20;                  // SIGTERM / spdlctl drain: longest wait for running jobs
+                                           // to end before exiting anyway, 0..86400 (0 = at once)
   // Node-wide cache of encoded sample bytes (io/sample_cache.h: LRU, shared by every job, keyed by
   // dataset identity + sample); 0 = off. A byte size like memory_budget_bytes. It assumes datasets
   // do not change on disk while the daemon runs.
@@ -101,13 +101,11 @@ struct DaemonConfigResult {
 };
 
 // Parses and validates a daemon config; `overrides` as for ParseJobConfig.
-DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text,
-                                     const std::vector<Override>& overrides = {});
+DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text, const std::vector<Override>& overrides = {});
 
 // Reads the file at `path` and parses it; a file that cannot be read gives one error (line 0,
 // empty path, a message naming the file and the reason).
-DaemonConfigResult LoadDaemonConfig(const std::string& path,
-                                    const std::vector<Override>& overrides = {});
+DaemonConfigResult LoadDaemonConfig(const std::string& path, const std::vector<Override>& overrides = {});
 
 // Parses a byte size: plain bytes ("1048576", "1048576B"), or an integer with a binary unit
 // K/Ki/KiB, M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (all powers of 1024; "1G" == "1GiB"), optionally with

@@ -96,8 +96,8 @@ std::optional<std::pair<int, int>> ReadSize(Diagnostics& diag, const Field& size
       auto w = internal::ReadInt(diag, (*items)[1], 1, kMaxImageSide);
       if (h && w) return std::pair{static_cast<int>(*h), static_cast<int>(*w)};
     } else {
-      diag.Error(size, "expected an integer or [height, width], got a list of " +
-                           std::to_string(size.node.size()) + " item(s)");
+      diag.Error(size, "expected an integer or [height, width], got a list of " + std::to_string(size.node.size()) +
+                           " item(s)");
     }
   } else if (size.node.IsScalar()) {
     if (auto s = internal::ReadInt(diag, size, 1, kMaxImageSide)) {
@@ -590,8 +590,7 @@ void ReadSampler(Diagnostics& diag, const Field& field, bool mix, SamplerConfig*
   }
   if (auto v = internal::ReadBool(diag, m.Get("shuffle"))) out->shuffle = *v;
   if (auto v = internal::ReadUint64(diag, m.Get("seed"))) out->seed = *v;
-  if (auto v = internal::ReadChoice<Uneven>(diag, m.Get("uneven"),
-                                            {{"pad", Uneven::kPad}, {"drop", Uneven::kDrop}})) {
+  if (auto v = internal::ReadChoice<Uneven>(diag, m.Get("uneven"), {{"pad", Uneven::kPad}, {"drop", Uneven::kDrop}})) {
     out->uneven = *v;
   }
   m.ReportUnknownKeys();
@@ -607,14 +606,14 @@ void ReadBatch(Diagnostics& diag, const Field& field, BatchConfig* out) {
 void ReadOutput(Diagnostics& diag, const Field& field, OutputConfig* out) {
   MapReader m(diag, field);
   if (auto v = internal::ReadChoice<DType>(diag, m.Get("dtype"),
-                                            {{"uint8", DType::kUInt8},
-                                             {"float32", DType::kFloat32},
-                                             {"float16", DType::kFloat16},
-                                             {"bfloat16", DType::kBFloat16}})) {
+                                           {{"uint8", DType::kUInt8},
+                                            {"float32", DType::kFloat32},
+                                            {"float16", DType::kFloat16},
+                                            {"bfloat16", DType::kBFloat16}})) {
     out->dtype = *v;
   }
-  if (auto v = internal::ReadChoice<Layout>(diag, m.Get("layout"),
-                                             {{"NHWC", Layout::kNHWC}, {"NCHW", Layout::kNCHW}})) {
+  if (auto v =
+          internal::ReadChoice<Layout>(diag, m.Get("layout"), {{"NHWC", Layout::kNHWC}, {"NCHW", Layout::kNCHW}})) {
     out->layout = *v;
   }
   const Field device = m.Get("device");
@@ -663,23 +662,25 @@ Field ReadDecode(Diagnostics& diag, const Field& field, DecodeConfig* out, Field
     out->color = *v;
   }
   if (auto v = internal::ReadBool(diag, m.Get("exif_orientation"))) out->exif_orientation = *v;
-  if (auto v = internal::ReadChoice<AlphaMode>(
-          diag, m.Get("alpha"), {{"drop", AlphaMode::kDrop}, {"composite", AlphaMode::kComposite}})) {
+  if (auto v = internal::ReadChoice<AlphaMode>(diag, m.Get("alpha"),
+                                               {{"drop", AlphaMode::kDrop}, {"composite", AlphaMode::kComposite}})) {
     out->alpha = *v;
   }
   const Field background = m.Get("background");
   if (Present(background)) {
     std::optional<std::vector<Field>> items = internal::ReadList(diag, background);
     if (items && items->size() != 3) {
-      diag.Error(background, "expected [red, green, blue], got a list of " +
-                                 std::to_string(items->size()) + " item(s)");
+      diag.Error(background,
+                 "expected [red, green, blue], got a list of " + std::to_string(items->size()) + " item(s)");
     } else if (items) {
       std::array<int, 3> rgb{};
       bool ok = true;
       for (size_t c = 0; c < 3; ++c) {
         auto v = internal::ReadInt(diag, (*items)[c], 0, 255);
-        if (v) rgb[c] = static_cast<int>(*v);
-        else ok = false;
+        if (v)
+          rgb[c] = static_cast<int>(*v);
+        else
+          ok = false;
       }
       if (ok) out->background = rgb;
     }
@@ -751,16 +752,15 @@ std::optional<ParsedOp> ReadCenterCrop(Diagnostics& diag, const Field& field) {
 
 // A range [min, max] with 0 < min <= max (and max <= hi when hi > 0) into *min, *max. Returns
 // false (with an error) when it is not one; true when absent (the defaults stay).
-bool ReadRange(Diagnostics& diag, const Field& f, const char* what, double hi, double* min,
-               double* max) {
+bool ReadRange(Diagnostics& diag, const Field& f, const char* what, double hi, double* min, double* max) {
   if (!Present(f)) return true;
   std::optional<std::vector<double>> v = ReadNumbers(diag, f, 2);
   if (!v) return false;
   const double a = (*v)[0], b = (*v)[1];
   if (!(a > 0 && a <= b && (hi <= 0 || b <= hi))) {
     diag.Error(f, std::string(what) + " must be [min, max] with 0 < min <= max" +
-                      (hi > 0 ? " <= " + FormatNumber(hi) : std::string()) + " (got [" +
-                      FormatNumber(a) + ", " + FormatNumber(b) + "])");
+                      (hi > 0 ? " <= " + FormatNumber(hi) : std::string()) + " (got [" + FormatNumber(a) + ", " +
+                      FormatNumber(b) + "])");
     return false;
   }
   *min = a;
@@ -791,8 +791,10 @@ std::optional<ParsedOp> ReadHorizontalFlip(Diagnostics& diag, const Field& field
   const Field p = m.Get("p");
   HorizontalFlipOp op;
   if (auto v = ReadNumber(diag, p)) {
-    if (*v < 0 || *v > 1) diag.Error(p, "must be a probability in [0, 1] (got " + FormatNumber(*v) + ")");
-    else op.p = *v;
+    if (*v < 0 || *v > 1)
+      diag.Error(p, "must be a probability in [0, 1] (got " + FormatNumber(*v) + ")");
+    else
+      op.p = *v;
   }
   m.ReportUnknownKeys();
   if (diag.count() != errors_before) return std::nullopt;
@@ -1280,16 +1282,16 @@ std::optional<ParsedOp> ReadRandomCrop(Diagnostics& diag, const Field& field) {
 // One list entry: a map with exactly one key naming the transform.
 std::optional<ParsedOp> ReadTransform(Diagnostics& diag, const Field& item, ColorMode color) {
   if (!item.node.IsMap()) {
-    diag.Error(item, std::string("a transform is a map with one key (") + kTransformNames +
-                         "), got " + internal::Describe(item.node));
+    diag.Error(item, std::string("a transform is a map with one key (") + kTransformNames + "), got " +
+                         internal::Describe(item.node));
     return std::nullopt;
   }
   MapReader m(diag, item);
   if (m.entries().size() != 1) {
     std::string keys;
     for (const auto& e : m.entries()) keys += (keys.empty() ? "" : ", ") + e.key;
-    diag.Error(item, std::string("a transform is a map with exactly one key (") + kTransformNames +
-                         "), got " + std::to_string(m.entries().size()) + ": " + keys);
+    diag.Error(item, std::string("a transform is a map with exactly one key (") + kTransformNames + "), got " +
+                         std::to_string(m.entries().size()) + ": " + keys);
     return std::nullopt;
   }
   const std::string name = m.entries().front().key;
@@ -1451,13 +1453,11 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       seen_resize_or_crop = true;
       const std::string crop = std::to_string(c->height) + "x" + std::to_string(c->width);
       if (state == Size::kShorter && (c->height > shorter || c->width > shorter)) {
-        diag.Error(parsed->size_field, "center_crop " + crop +
-                                           " is larger than the shorter side (" +
+        diag.Error(parsed->size_field, "center_crop " + crop + " is larger than the shorter side (" +
                                            std::to_string(shorter) + ") after the resize before it");
       } else if (state == Size::kFixed && (c->height > height || c->width > width)) {
-        diag.Error(parsed->size_field, "center_crop " + crop + " is larger than the image (" +
-                                           std::to_string(height) + "x" + std::to_string(width) +
-                                           ") after the transforms before it");
+        diag.Error(parsed->size_field, "center_crop " + crop + " is larger than the image (" + std::to_string(height) +
+                                           "x" + std::to_string(width) + ") after the transforms before it");
       }
       state = Size::kFixed;
       height = c->height;
@@ -1498,11 +1498,11 @@ std::optional<Field> ReadTransforms(Diagnostics& diag, const Field& field, JobCo
       normalize_item = item;
     }
     if (!seen_random_crop.empty() && seen_resize_or_crop &&
-        (std::holds_alternative<RandomResizedCropOp>(parsed->op) ||
-         std::holds_alternative<ResizeOp>(parsed->op) ||
+        (std::holds_alternative<RandomResizedCropOp>(parsed->op) || std::holds_alternative<ResizeOp>(parsed->op) ||
          std::holds_alternative<CenterCropOp>(parsed->op))) {
-      diag.Error(item, "random_resized_crop replaces resize and center_crop: it cannot be "
-                       "combined with them");
+      diag.Error(item,
+                 "random_resized_crop replaces resize and center_crop: it cannot be "
+                 "combined with them");
     }
   }
   if (!all_ok) return normalize_item;  // the size of a chain with a bad link is unknown
@@ -1521,8 +1521,9 @@ void ReadStage(Diagnostics& diag, const Field& field, bool first, StageConfig* o
   if (auto v = internal::ReadInt(diag, m.Get("concurrency"), 1, 1024)) out->concurrency = static_cast<int>(*v);
   const Field queue = m.Get("queue");
   if (first && Present(queue)) {
-    diag.ErrorAtKey(queue, "the first stage is fed by the slot ring (prefetch x batch.size rows): set prefetch "
-                           "instead");
+    diag.ErrorAtKey(queue,
+                    "the first stage is fed by the slot ring (prefetch x batch.size rows): set prefetch "
+                    "instead");
   } else if (auto v = internal::ReadInt(diag, queue, 1, 65536)) {
     out->queue = static_cast<int>(*v);
   }
@@ -1556,8 +1557,8 @@ void ReadMaxFailures(Diagnostics& diag, const Field& f, MaxFailures* out) {
   std::optional<double> v = ReadNumber(diag, f);
   if (!v) return;
   if (*v < 0 || *v > 1) {
-    diag.Error(f, "must be a count (an integer, e.g. 100) or a fraction between 0 and 1 (e.g. 0.01), got " +
-                      FormatNumber(*v));
+    diag.Error(
+        f, "must be a count (an integer, e.g. 100) or a fraction between 0 and 1 (e.g. 0.01), got " + FormatNumber(*v));
     return;
   }
   out->fraction = *v;
@@ -1993,8 +1994,9 @@ void ReadJob(Diagnostics& diag, const Field& root, JobConfig* out) {
   }
   ReadCache(diag, m.Get("cache"), out);
   if (normalize && out->output.dtype == DType::kUInt8) {
-    diag.Error(*normalize, "normalize needs a floating-point output.dtype (float32, float16 or "
-                           "bfloat16), not uint8");
+    diag.Error(*normalize,
+               "normalize needs a floating-point output.dtype (float32, float16 or "
+               "bfloat16), not uint8");
   }
   if (auto v = internal::ReadInt(diag, m.Get("prefetch"), 1, 64)) out->prefetch = static_cast<int>(*v);
   if (auto v = internal::ReadChoice<OnError>(diag, m.Get("on_error"),

@@ -60,11 +60,11 @@ struct CenterCropOp {
 // resized to height x width. Replaces resize and center_crop (it cannot be combined with them).
 // Its draws come from (sampler.seed, epoch, sample index), so a rerun gives the same crops.
 struct RandomResizedCropOp {
-  int height = 0;                    // output height, 1..16384 (YAML: size: S or [H, W])
-  int width = 0;                     // output width, 1..16384
-  double scale_min = 0.08;           // YAML: scale: [min, max], 0 < min <= max <= 1
+  int height = 0;           // output height, 1..16384 (YAML: size: S or [H, W])
+  int width = 0;            // output width, 1..16384
+  double scale_min = 0.08;  // YAML: scale: [min, max], 0 < min <= max <= 1
   double scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0;      // YAML: ratio: [min, max], 0 < min <= max
+  double ratio_min = 3.0 / 4.0;  // YAML: ratio: [min, max], 0 < min <= max
   double ratio_max = 4.0 / 3.0;
   Interpolation interpolation = Interpolation::kBilinear;  // see Interpolation
 
@@ -86,7 +86,7 @@ struct HorizontalFlipOp {
 // YAML: three values each for decode.color: rgb, one each (a number or a list of one) for gray;
 // a gray job's one value is stored in all three entries.
 struct NormalizeOp {
-  std::array<double, 3> mean = {0, 0, 0};  // in units of the [0, 1] range, e.g. 0.485
+  std::array<double, 3> mean = {0, 0, 0};    // in units of the [0, 1] range, e.g. 0.485
   std::array<double, 3> stddev = {1, 1, 1};  // YAML: std; > 0, e.g. 0.229
 
   bool operator==(const NormalizeOp&) const = default;
@@ -282,9 +282,9 @@ struct SourceConfig {
   int max_in_flight = 16;                // http: requests at once for the job, 1..1024
   CocoConfig coco;                       // coco: the annotations and how boxes are delivered
   // ---- object storage ----
-  std::string prefix;  // s3_prefix: "s3://bucket/some/prefix/" (required)
-  S3SourceConfig s3;   // tar, file_list, s3_prefix: the `s3:` map
-  WatchSourceConfig watch;  // watch: YAML keys existing, classes directly under `source:`
+  std::string prefix;         // s3_prefix: "s3://bucket/some/prefix/" (required)
+  S3SourceConfig s3;          // tar, file_list, s3_prefix: the `s3:` map
+  WatchSourceConfig watch;    // watch: YAML keys existing, classes directly under `source:`
   StreamSourceConfig stream;  // stream (and watch, name optional there): YAML keys name, group, max_samples,
                               // retain_samples, retain_bytes, allowed_uids directly under `source:`
 
@@ -306,8 +306,8 @@ struct WeightedSource {
 };
 
 struct SamplerConfig {
-  bool shuffle = true;        // shuffle the order each epoch (a pure function of seed and epoch)
-  uint64_t seed = 0;          // shuffle seed; the same on every rank of a job
+  bool shuffle = true;           // shuffle the order each epoch (a pure function of seed and epoch)
+  uint64_t seed = 0;             // shuffle seed; the same on every rank of a job
   Uneven uneven = Uneven::kPad;  // YAML: pad | drop
   // With `sources:` (a mix) only: draws per epoch over all ranks, 1..2^40; 0 (the default) = the
   // sum of the sources' sizes (io/mixed_source.h has the epoch semantics).
@@ -331,14 +331,14 @@ enum class DType { kUInt8, kFloat32, kFloat16, kBFloat16 };
 enum class Layout { kNHWC, kNCHW };
 
 struct OutputConfig {
-  DType dtype = DType::kUInt8;   // YAML: uint8 | float32 | float16 | bfloat16
+  DType dtype = DType::kUInt8;    // YAML: uint8 | float32 | float16 | bfloat16
   Layout layout = Layout::kNHWC;  // YAML: NHWC | NCHW
-  std::string device = "cpu";    // where batches are delivered: "cpu" or "cuda:N" (YAML: cpu | cuda | cuda:N)
-  int cuda_device = -1;          // N of cuda:N ("cuda" = 0); -1 for cpu
+  std::string device = "cpu";     // where batches are delivered: "cpu" or "cuda:N" (YAML: cpu | cuda | cuda:N)
+  int cuda_device = -1;           // N of cuda:N ("cuda" = 0); -1 for cpu
   // Who copies a cuda batch from the shared host slot to the GPU: the daemon (its own stream, CUDA
   // IPC to the client) or the client (it pins the shared slots in its own process).
   enum class Copy { kDaemon, kClient };
-  Copy copy = Copy::kDaemon;     // YAML: daemon | client; only meaningful for a cuda device
+  Copy copy = Copy::kDaemon;  // YAML: daemon | client; only meaningful for a cuda device
 
   bool operator==(const OutputConfig&) const = default;
 };
@@ -368,13 +368,13 @@ enum class DecodeDevice {
 // How images are decoded (the format is told by the file's magic bytes: JPEG, PNG, WebP, BMP,
 // TIFF, GIF).
 struct DecodeConfig {
-  DecodeDevice device = DecodeDevice::kCpu;  // YAML: cpu | cuda
-  ColorMode color = ColorMode::kRgb;  // YAML: rgb | gray; the image tensor's C is 3 or 1
-  bool exif_orientation = false;  // JPEG: turn the image upright by its EXIF Orientation tag
+  DecodeDevice device = DecodeDevice::kCpu;         // YAML: cpu | cuda
+  ColorMode color = ColorMode::kRgb;                // YAML: rgb | gray; the image tensor's C is 3 or 1
+  bool exif_orientation = false;                    // JPEG: turn the image upright by its EXIF Orientation tag
   AlphaMode alpha = AlphaMode::kDrop;               // YAML: drop | composite
   std::array<int, 3> background = {255, 255, 255};  // RGB 0..255, for alpha: composite
-  int64_t max_pixels = 178956970;  // refuse images with more pixels (PIL's limit), from the header
-  Resample resample = Resample::kExact;  // YAML: exact | fast (hamming needs exact)
+  int64_t max_pixels = 178956970;                   // refuse images with more pixels (PIL's limit), from the header
+  Resample resample = Resample::kExact;             // YAML: exact | fast (hamming needs exact)
 
   bool operator==(const DecodeConfig&) const = default;
 };
@@ -408,9 +408,9 @@ enum class Order {
 
 // When skipped samples fail the job anyway. At most one of count / fraction is set (>= 0).
 struct MaxFailures {
-  int64_t count = -1;     // YAML: an integer, e.g. 100: fail when more samples than this failed
-  double fraction = -1;   // YAML: a decimal in [0, 1], e.g. 0.01: fail when more than this
-                          // fraction of the samples tried failed
+  int64_t count = -1;    // YAML: an integer, e.g. 100: fail when more samples than this failed
+  double fraction = -1;  // YAML: a decimal in [0, 1], e.g. 0.01: fail when more than this
+                         // fraction of the samples tried failed
 
   bool operator==(const MaxFailures&) const = default;
 };
@@ -539,35 +539,35 @@ struct CacheConfig {
 };
 
 struct JobConfig {
-  Media media = Media::kImage;          // YAML: image | audio | video
-  AudioConfig audio;                    // media: audio only (YAML: audio: {...})
-  VideoConfig video;                    // media: video only (YAML: video: {...})
-  SourceConfig source;                  // where the samples come from (with `sources`: sources[0]'s)
+  Media media = Media::kImage;  // YAML: image | audio | video
+  AudioConfig audio;            // media: audio only (YAML: audio: {...})
+  VideoConfig video;            // media: video only (YAML: video: {...})
+  SourceConfig source;          // where the samples come from (with `sources`: sources[0]'s)
   // A mix of several sources (YAML sources: [...], 1..64 entries, instead of `source`): samples
   // interleaved by a seeded weighted draw (io/mixed_source.h). Empty for a single `source`. Every
   // entry delivers the same tensors: all coco (with equal max_boxes and masks) or none, and each
   // must allow the job's extra_outputs, mask and mix as `source` would.
   std::vector<WeightedSource> sources;
-  SamplerConfig sampler;                // the order of the samples
-  BatchConfig batch;                    // how samples are grouped
-  DecodeConfig decode;                  // how each image is decoded (media: image only)
-  std::vector<TransformOp> transforms;  // applied to each decoded image, in order; never empty for
-                                        // media: image, always empty (refused) for audio and video
-  OutputConfig output;                  // what a delivered batch looks like (dtype and layout:
-                                        // media: image only)
+  SamplerConfig sampler;                         // the order of the samples
+  BatchConfig batch;                             // how samples are grouped
+  DecodeConfig decode;                           // how each image is decoded (media: image only)
+  std::vector<TransformOp> transforms;           // applied to each decoded image, in order; never empty for
+                                                 // media: image, always empty (refused) for audio and video
+  OutputConfig output;                           // what a delivered batch looks like (dtype and layout:
+                                                 // media: image only)
   std::vector<ExtraOutputConfig> extra_outputs;  // sidecar bytes per sample, after `label` (0..16)
   MaskConfig mask;                               // a segmentation mask per sample from a sidecar (media: image)
   MixConfig mix;                                 // batch-level mixup / cutmix (media: image)
   CacheConfig cache;                             // opt-in per-job caches (media: image)
-  int prefetch = 4;                     // slots in the job's shared ring, 1..64
-  OnError on_error = OnError::kSkip;    // YAML: skip | fail
-  StagesConfig stages;                  // per-stage concurrency and queue bounds
-  Order order = Order::kSampler;        // YAML: sampler | completion
-  MaxFailures max_failures{-1, 0.5};    // with on_error: skip; default: more than half of the
-                                        // samples tried (after the warm-up) fails the job; a
-                                        // count or fraction given replaces it (1.0: no limit)
-  int max_failures_warmup = 100;        // samples tried before max_failures applies, 0..10^9
-  int weight = 1;                       // share of the node's pools against other jobs, 1..1000
+  int prefetch = 4;                              // slots in the job's shared ring, 1..64
+  OnError on_error = OnError::kSkip;             // YAML: skip | fail
+  StagesConfig stages;                           // per-stage concurrency and queue bounds
+  Order order = Order::kSampler;                 // YAML: sampler | completion
+  MaxFailures max_failures{-1, 0.5};             // with on_error: skip; default: more than half of the
+                                                 // samples tried (after the warm-up) fails the job; a
+                                                 // count or fraction given replaces it (1.0: no limit)
+  int max_failures_warmup = 100;                 // samples tried before max_failures applies, 0..10^9
+  int weight = 1;                                // share of the node's pools against other jobs, 1..1000
   // source.type: stream: a batch not full this long after its first sample is sent with the rows it
   // has (BatchReady.rows says how many); 0 = wait until full (or the stream closes). 0..3600000.
   int64_t max_batch_delay_ms = 0;

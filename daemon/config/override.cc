@@ -5,8 +5,7 @@ namespace spdl::config {
 Result<Override> ParseOverride(std::string_view arg) {
   const size_t eq = arg.find('=');
   if (eq == std::string_view::npos) {
-    return InvalidArgument("--set expects KEY=VALUE (e.g. source.root=/data), got '" +
-                           std::string(arg) + "'");
+    return InvalidArgument("--set expects KEY=VALUE (e.g. source.root=/data), got '" + std::string(arg) + "'");
   }
   std::string_view key = arg.substr(0, eq);
   while (!key.empty() && (key.front() == ' ' || key.front() == '\t')) key.remove_prefix(1);

@@ -1,12 +1,12 @@
 #include "config/yaml_reader.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <limits>
 #include <sstream>
-
-#include <yaml-cpp/eventhandler.h>
 
 #include "common/ascii.h"
 
@@ -88,14 +88,13 @@ std::string ApplyOverride(YAML::Node& root, const std::string& path, const YAML:
     YAML::Node child;
     if (cur.IsSequence()) {
       if (!IsDigits(part)) {
-        return "'" + (walked.empty() ? std::string("(the document)") : walked) +
-               "' is a list; '" + part + "' is not an index";
+        return "'" + (walked.empty() ? std::string("(the document)") : walked) + "' is a list; '" + part +
+               "' is not an index";
       }
       size_t index = 0;
       const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
       if (ec != std::errc() || index >= cur.size()) {
-        return "index " + part + " is out of range: '" + walked + "' has " +
-               std::to_string(cur.size()) + " item(s)";
+        return "index " + part + " is out of range: '" + walked + "' has " + std::to_string(cur.size()) + " item(s)";
       }
       if (last) {
         cur[index] = value;
@@ -113,8 +112,7 @@ std::string ApplyOverride(YAML::Node& root, const std::string& path, const YAML:
         child.reset(cur[part]);
       }
     } else {
-      return "'" + walked + "' is a single value (" + Describe(cur) + "), so it has no '" + part +
-             "' inside";
+      return "'" + walked + "' is a single value (" + Describe(cur) + "), so it has no '" + part + "' inside";
     }
     walked = JoinPath(walked, part);
     cur.reset(child);
@@ -132,13 +130,11 @@ Field RootField(const YAML::Node& root) {
 
 // ---- Diagnostics ----
 
-Diagnostics::Diagnostics(std::vector<std::string> override_paths)
-    : override_paths_(std::move(override_paths)) {}
+Diagnostics::Diagnostics(std::vector<std::string> override_paths) : override_paths_(std::move(override_paths)) {}
 
 bool Diagnostics::FromOverride(const std::string& path) const {
   for (const std::string& o : override_paths_) {
-    if (path == o || (path.size() > o.size() && path.compare(0, o.size(), o) == 0 &&
-                      path[o.size()] == '.')) {
+    if (path == o || (path.size() > o.size() && path.compare(0, o.size(), o) == 0 && path[o.size()] == '.')) {
       return true;
     }
   }
@@ -197,8 +193,8 @@ std::vector<ConfigError> Diagnostics::Take() {
 
 // ---- loading ----
 
-std::optional<YAML::Node> LoadDocument(std::string_view text,
-                                       const std::vector<Override>& overrides, Diagnostics* diag) {
+std::optional<YAML::Node> LoadDocument(std::string_view text, const std::vector<Override>& overrides,
+                                       Diagnostics* diag) {
   // Not YAML::LoadAll: in yaml-cpp 0.7 it never returns on some inputs (a ',' at the top level:
   // the parser yields empty documents forever without consuming it, allocating as it goes — found
   // by tests/fuzz/config_fuzz, and any client could send it). The documents are walked here and
@@ -257,8 +253,7 @@ MapReader::MapReader(Diagnostics& diag, Field field) : diag_(diag), field_(std::
     const YAML::Node key = it->first;
     const YAML::Node value = it->second;
     if (!key.IsScalar()) {
-      diag_.Error(Field{key, field_.path, MarkOf(key)}, "keys must be plain names, got " +
-                                                            Describe(key));
+      diag_.Error(Field{key, field_.path, MarkOf(key)}, "keys must be plain names, got " + Describe(key));
       continue;
     }
     Entry entry{key.Scalar(), Field{value, JoinPath(field_.path, key.Scalar()), MarkOf(key)}};
@@ -266,8 +261,7 @@ MapReader::MapReader(Diagnostics& diag, Field field) : diag_(diag), field_(std::
     for (const Entry& e : entries_) {
       if (e.key == entry.key) {
         std::string where =
-            e.field.key_mark.is_null() ? "" : " (first at line " +
-                                                  std::to_string(e.field.key_mark.line + 1) + ")";
+            e.field.key_mark.is_null() ? "" : " (first at line " + std::to_string(e.field.key_mark.line + 1) + ")";
         diag_.ErrorAtKey(entry.field, "duplicate key" + where);
         duplicate = true;
         break;
@@ -337,8 +331,7 @@ std::string Suggest(std::string_view word, const std::vector<std::string>& candi
   std::string prefix_match;
   for (const std::string& c : candidates) {
     const std::string lc = AsciiLower(c);
-    const bool related = (w.size() >= 4 && lc.rfind(w, 0) == 0) ||
-                         (lc.size() >= 4 && w.rfind(lc, 0) == 0);
+    const bool related = (w.size() >= 4 && lc.rfind(w, 0) == 0) || (lc.size() >= 4 && w.rfind(lc, 0) == 0);
     if (!related || c == prefix_match) continue;
     if (!prefix_match.empty()) return "";
     prefix_match = c;
@@ -361,8 +354,7 @@ std::optional<int64_t> ReadInt(Diagnostics& diag, const Field& f, int64_t min, i
     diag.Error(f, "the integer " + Describe(f.node) + " is too large");
     return std::nullopt;
   }
-  if (ec != std::errc() || ptr != digits.data() + digits.size() || digits.empty() ||
-      digits.front() == '+') {
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || digits.empty() || digits.front() == '+') {
     diag.Error(f, "expected an integer, got " + Describe(f.node));
     return std::nullopt;
   }
@@ -431,15 +423,16 @@ std::optional<std::vector<std::string>> ReadStringList(Diagnostics& diag, const 
   bool ok = true;
   for (const Field& item : *items) {
     std::optional<std::string> s = ReadString(diag, item);
-    if (s) out.push_back(std::move(*s));
-    else ok = false;
+    if (s)
+      out.push_back(std::move(*s));
+    else
+      ok = false;
   }
   if (!ok) return std::nullopt;
   return out;
 }
 
-void ReportBadChoice(Diagnostics& diag, const Field& f, const std::string& got,
-                     const std::vector<std::string>& names) {
+void ReportBadChoice(Diagnostics& diag, const Field& f, const std::string& got, const std::vector<std::string>& names) {
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : " | ") + n;
   std::string message = "must be one of " + list + " (got '" + got + "')";

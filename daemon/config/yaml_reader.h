@@ -8,6 +8,8 @@
 // used from one thread.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -15,8 +17,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "config/config_error.h"
 #include "config/override.h"
@@ -67,8 +67,8 @@ class Diagnostics {
 // Parses `text` as one YAML document and applies `overrides` to it in order. Records syntax
 // errors (at their line) and bad override paths or values (no line) in *diag. Returns the root
 // (a Null node for an empty document), or nullopt when the text is not valid YAML.
-std::optional<YAML::Node> LoadDocument(std::string_view text,
-                                       const std::vector<Override>& overrides, Diagnostics* diag);
+std::optional<YAML::Node> LoadDocument(std::string_view text, const std::vector<Override>& overrides,
+                                       Diagnostics* diag);
 
 // Reads one map of the document: hands out its values by key and, at the end, reports the keys
 // nobody asked for. A null or absent field reads as an empty map (all defaults); any other
@@ -77,9 +77,9 @@ std::optional<YAML::Node> LoadDocument(std::string_view text,
 class MapReader {
  public:
   struct Entry {
-    std::string key;   // the key's text
-    Field field;       // its value
-    bool used = false; // asked for by Get/Require
+    std::string key;    // the key's text
+    Field field;        // its value
+    bool used = false;  // asked for by Get/Require
   };
 
   MapReader(Diagnostics& diag, Field field);
@@ -131,8 +131,7 @@ std::optional<E> ReadChoice(Diagnostics& diag, const Field& f,
                             std::initializer_list<std::pair<std::string_view, E>> choices);
 
 // Records "must be one of a | b | c (got 'x')". Used by ReadChoice.
-void ReportBadChoice(Diagnostics& diag, const Field& f, const std::string& got,
-                     const std::vector<std::string>& names);
+void ReportBadChoice(Diagnostics& diag, const Field& f, const std::string& got, const std::vector<std::string>& names);
 
 template <typename E>
 std::optional<E> ReadChoice(Diagnostics& diag, const Field& f,

@@ -192,10 +192,10 @@ Result<std::shared_ptr<const CocoIndex>> ParseCoco(const std::string& json_path,
       const json& seg = a["segmentation"];
       if (seg.is_array()) {
         for (const json& poly : seg) {
-          if (!poly.is_array() || poly.size() % 2 != 0 ||
-              !std::all_of(poly.begin(), poly.end(), IsCoordinate)) {
-            problems.Add(where + ": a polygon of 'segmentation' must be a flat list [x0, y0, x1, y1, ...] of numbers "
-                                 "within +-1e7");
+          if (!poly.is_array() || poly.size() % 2 != 0 || !std::all_of(poly.begin(), poly.end(), IsCoordinate)) {
+            problems.Add(where +
+                         ": a polygon of 'segmentation' must be a flat list [x0, y0, x1, y1, ...] of numbers "
+                         "within +-1e7");
             break;
           }
           std::vector<float> xy;

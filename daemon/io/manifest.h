@@ -45,10 +45,10 @@ struct Manifest {
 // it unreadable -> kPermissionDenied naming it; no extensions -> kInvalidArgument; no sample found
 // -> kNotFound naming the root and the extensions, and, when the class sub-directories hold files
 // that `extensions` left out, how many and their endings ("found 48 files in its 2 class
-// sub-directories, none with the endings [.jpg, .jpeg] (48 .png); set source.extensions"). Everything is read with the calling
-// thread's rights (the job's user: fs_identity.h).
-// listed_dirs (optional): receives the stamp of every directory listed (root first), each taken
-// before it was listed, so a change made after shows as a newer mtime (SourceIndexCache).
+// sub-directories, none with the endings [.jpg, .jpeg] (48 .png); set source.extensions"). Everything is read with the
+// calling thread's rights (the job's user: fs_identity.h). listed_dirs (optional): receives the stamp of every
+// directory listed (root first), each taken before it was listed, so a change made after shows as a newer mtime
+// (SourceIndexCache).
 Result<Manifest> ScanImageFolder(const std::string& root, const std::vector<std::string>& extensions,
                                  std::vector<FileStamp>* listed_dirs = nullptr);
 

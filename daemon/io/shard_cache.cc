@@ -234,7 +234,8 @@ struct ShardCache::Handle::Impl {
     } else if (s.ok() && !dir.empty()) {
       // The entry is complete: its metadata, then its final name (a file without metadata is a
       // partial one, deleted at the next start).
-      const std::string meta = std::string(kMagic) + "\n" + std::to_string(pos) + "\n" + Hex(sum.Final()) + "\n" + e->key;
+      const std::string meta =
+          std::string(kMagic) + "\n" + std::to_string(pos) + "\n" + Hex(sum.Final()) + "\n" + e->key;
       const std::string tmp = PathOf(e->name, ".meta.tmp");
       const int mfd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       Status w = mfd < 0 ? ErrnoStatus("create " + tmp, errno) : WriteAll(mfd, meta.data(), meta.size(), 0);

@@ -304,8 +304,8 @@ class GpuJob final : public JobHandle {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_.
-  std::deque<std::pair<uint32_t, uint64_t>> waiting_;     // released, copy maybe still reading
-  std::vector<std::pair<uint32_t, uint64_t>> reusable_;   // copy done, ring release pending
+  std::deque<std::pair<uint32_t, uint64_t>> waiting_;    // released, copy maybe still reading
+  std::vector<std::pair<uint32_t, uint64_t>> reusable_;  // copy done, ring release pending
   Status failure_;
   bool stop_ = false;
   std::optional<Delivery> held_;  // taken from the job; its device slot's consumer is not done yet

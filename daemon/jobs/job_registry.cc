@@ -68,7 +68,7 @@ Result<std::shared_ptr<const io::S3Client>> MakeS3Client(const config::S3SourceC
 bool ListHoldsS3(const std::string& list, const config::DaemonConfig& daemon) {
   std::string real;
   auto text = io::ReadListFile(list, daemon.allowed_roots, &real);
-  if (!text.ok()) return false;  // the file list source reports it
+  if (!text.ok()) return false;                                // the file list source reports it
   if (text->find("s3://") == std::string::npos) return false;  // the common case, without a parse
   const io::ParsedList parsed = io::ParseSampleList(*text, "path");
   return std::any_of(parsed.entries.begin(), parsed.entries.end(),
@@ -207,7 +207,8 @@ Result<std::shared_ptr<const io::SampleSource>> OpenMix(const config::JobConfig&
   p.epoch_samples = config.sampler.epoch_samples;
   for (size_t i = 0; i < config.sources.size(); ++i) {
     const config::WeightedSource& w = config.sources[i];
-    auto src = OpenSource(w.source, config.extra_outputs, config.mask.from, daemon, index_cache, s3_access, shard_cache);
+    auto src =
+        OpenSource(w.source, config.extra_outputs, config.mask.from, daemon, index_cache, s3_access, shard_cache);
     const std::string where =
         "sources." + std::to_string(i) + (w.line > 0 ? " (line " + std::to_string(w.line) + ")" : "");
     if (!src.ok()) return src.status().WithPrefix(where);
@@ -442,7 +443,7 @@ struct RegistryPrepared final : PreparedJob {
   std::optional<uint64_t> resume_after;
   uint64_t first_batch = 0;
   std::shared_ptr<const io::CachedSource> cached;
-  std::shared_ptr<const io::SampleSource> remote;  // an object storage source (stats), else null
+  std::shared_ptr<const io::SampleSource> remote;     // an object storage source (stats), else null
   std::shared_ptr<const DecodedCacheSource> decoded;  // with cache.decoded
   // copy: daemon: the daemon's ordinal of the trainer's GPU and its backend (made here, off the
   // control thread: creating a CUDA context takes long).

@@ -79,8 +79,9 @@ class JobRegistry final : public JobService {
 
   // GPU delivery: the backend of CUDA device N (made lazily, owned by the caller, alive as long as
   // the registry); an error says why there is none. Called from Prepare tasks (any thread: making
-  // a CUDA context is slow, so it happens there, off the control thread), so it must be thread-safe. Unset (a daemon built without CUDA): output.device
-  // cuda:N jobs with copy: daemon are refused with a clear message. Before the first Submit.
+  // a CUDA context is slow, so it happens there, off the control thread), so it must be thread-safe. Unset (a daemon
+  // built without CUDA): output.device cuda:N jobs with copy: daemon are refused with a clear message. Before the first
+  // Submit.
   using DeviceBackendFn = DevicePlacement::BackendFn;
   void SetDeviceBackends(DeviceBackendFn fn) { placement_->SetBackends(std::move(fn)); }
   // GPU delivery: the daemon's ordinal of the device with a UUID (the trainer's GPU, from
@@ -172,15 +173,15 @@ class JobRegistry final : public JobService {
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
   GpuDecodePartsFn gpu_decode_parts_;  // set before the first Submit
   std::chrono::milliseconds gpu_drain_timeout_{10000};
-  PrepareHook prepare_hook_;         // set before the first Submit
+  PrepareHook prepare_hook_;                           // set before the first Submit
   std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
 #if SPDL_TEST_HOOKS
-  StageHookFn stage_hooks_;  // set before the first Submit
+  StageHookFn stage_hooks_;   // set before the first Submit
   StartFaultFn start_fault_;  // set before the first Submit
 #endif
-  ScheduleFn schedule_;              // set before the first Submit
+  ScheduleFn schedule_;  // set before the first Submit
 
-  const std::shared_ptr<io::SampleCache> cache_;  // nullptr when cache_bytes is 0
+  const std::shared_ptr<io::SampleCache> cache_;       // nullptr when cache_bytes is 0
   const std::shared_ptr<io::ShardCache> shard_cache_;  // nullptr when cache_dir is ""; thread-safe
   // User ops from plugin_dirs (as at construction: a change takes a restart); shared with the
   // Prepare tasks, which make each job's ops. Thread-safe.

@@ -106,9 +106,9 @@ class PreparedJob;
 // kResourceExhausted and kUnavailable a limit, kPermissionDenied and kNotFound as named, else
 // internal). An invalid config also lists every problem found, with its line.
 struct SubmitResult {
-  std::shared_ptr<JobHandle> job;  // set on success
-  std::shared_ptr<JobRecord> record;  // set on success
-  spdl::Status status;                // not OK on failure
+  std::shared_ptr<JobHandle> job;                  // set on success
+  std::shared_ptr<JobRecord> record;               // set on success
+  spdl::Status status;                             // not OK on failure
   std::vector<config::ConfigError> config_errors;  // kInvalidArgument from the config: each problem
   // Set (job null, status OK) when the start is not done yet: its slow rest (a GPU job's device
   // memory, host pinning and IPC export, which wait on CUDA) must not run on the control thread.
@@ -139,8 +139,7 @@ class JobService {
   virtual ~JobService() = default;
   // Validates and starts a job for `peer`. On failure the Error lists every problem found.
   // The same as Start(Prepare(request, peer)(), notify).
-  virtual SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer,
-                              std::function<void()> notify) = 0;
+  virtual SubmitResult Submit(const proto::SubmitJob& request, const PeerInfo& peer, std::function<void()> notify) = 0;
 
   // Submit in two steps, so that opening a large source does not hold up the control thread:
   // Prepare (control thread) snapshots what the job needs and returns a task; the task may run on

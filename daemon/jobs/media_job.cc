@@ -372,11 +372,10 @@ void MediaJob::BatchWritten(uint32_t slot, uint32_t epoch, uint64_t batch_in_epo
 
 std::optional<Delivery> MediaJob::TakeNext() {
   const uint32_t active = ring_.active_slots();
-  auto lease = spec_.config.order == config::Order::kCompletion
-                   ? ring_.TakeFirstReady([this](uint32_t slot, uint64_t seq) {
-                       return pipeline_->ClaimForDelivery(slot, seq);
-                     })
-                   : ring_.TakeNextReady();
+  auto lease =
+      spec_.config.order == config::Order::kCompletion
+          ? ring_.TakeFirstReady([this](uint32_t slot, uint64_t seq) { return pipeline_->ClaimForDelivery(slot, seq); })
+          : ring_.TakeNextReady();
   if (!lease) return std::nullopt;
   // The client now holds every slot in use, so the ring grew (shm/slot_ring.h): fill the new one.
   if (ring_.active_slots() != active) pipeline_->Pump();

@@ -41,7 +41,7 @@ struct MediaJobSpec {
   // A mix (config `sources:`): source is the sources' MixedSource (wrapped), ordered by
   // io::MixedEpochOrder over this plan; nullptr for a single source.
   std::shared_ptr<const io::MixPlan> mix;
-  std::shared_ptr<const SampleDecoder> decoder;    // MakeSampleDecoder(config)
+  std::shared_ptr<const SampleDecoder> decoder;  // MakeSampleDecoder(config)
   // With cache.decoded: `source` itself. Its misses are read as they are by the read stage and
   // shrunk and cached by the decode stage (on the worker pool, not the I/O pool).
   std::shared_ptr<const DecodedCacheSource> decoded;

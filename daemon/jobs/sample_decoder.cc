@@ -593,7 +593,8 @@ Result<std::shared_ptr<const SampleDecoder>> MakeSampleDecoder(const config::Job
             ops, c.out_width, c.out_height, std::move(user_ops), std::move(steps),
             static_cast<uint32_t>(c.stages.decode.concurrency), std::move(augments), std::move(budget)));
       }
-      return std::shared_ptr<const SampleDecoder>(std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height, std::move(budget)));
+      return std::shared_ptr<const SampleDecoder>(
+          std::make_shared<ImageSampleDecoder>(ops, c.out_width, c.out_height, std::move(budget)));
     }
     case config::Media::kAudio: {
       media::AudioOps ops;

@@ -326,8 +326,8 @@ Status AudioDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, AudioInfo& in
   };
 
   auto done = [&] { return p.overshoot || p.written >= capacity; };
-  DecodeLoopEnd end = DecodeStream(in, ctx.get(), st->index, info.codec + " audio", packet.get(), frame.get(), done,
-                                   consume);
+  DecodeLoopEnd end =
+      DecodeStream(in, ctx.get(), st->index, info.codec + " audio", packet.get(), frame.get(), done, consume);
   Status status = std::move(end.status);
   const bool eof = end.eof;
   if (status.ok() && eof && swr_ready && !done() && skip >= 0) status = push(nullptr, 0);  // the resampler's tail

@@ -14,13 +14,19 @@ namespace {
 
 AVCodecID CodecIdFor(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kPng: return AV_CODEC_ID_PNG;
-    case ImageFormat::kGif: return AV_CODEC_ID_GIF;
-    case ImageFormat::kBmp: return AV_CODEC_ID_BMP;
-    case ImageFormat::kTiff: return AV_CODEC_ID_TIFF;
-    case ImageFormat::kWebp: return AV_CODEC_ID_WEBP;
+    case ImageFormat::kPng:
+      return AV_CODEC_ID_PNG;
+    case ImageFormat::kGif:
+      return AV_CODEC_ID_GIF;
+    case ImageFormat::kBmp:
+      return AV_CODEC_ID_BMP;
+    case ImageFormat::kTiff:
+      return AV_CODEC_ID_TIFF;
+    case ImageFormat::kWebp:
+      return AV_CODEC_ID_WEBP;
     case ImageFormat::kJpeg:
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kUnknown:
+      break;
   }
   return AV_CODEC_ID_NONE;
 }
@@ -37,8 +43,7 @@ Result<AvCodecContextPtr> FfmpegImageDecoder::OpenContext(ImageFormat format) {
   const AVCodecID id = CodecIdFor(format);
   const AVCodec* codec = id == AV_CODEC_ID_NONE ? nullptr : avcodec_find_decoder(id);
   if (codec == nullptr) {
-    return FailedPrecondition(std::string("this FFmpeg build has no ") +
-                              ImageFormatName(format) + " decoder");
+    return FailedPrecondition(std::string("this FFmpeg build has no ") + ImageFormatName(format) + " decoder");
   }
   AvCodecContextPtr ctx(avcodec_alloc_context3(codec));
   if (!ctx) return ResourceExhausted("avcodec_alloc_context3: out of memory");
@@ -52,8 +57,7 @@ Result<AvCodecContextPtr> FfmpegImageDecoder::OpenContext(ImageFormat format) {
   ctx->log_level_offset = AV_LOG_DEBUG - AV_LOG_ERROR;
   const int rc = avcodec_open2(ctx.get(), codec, nullptr);
   if (rc < 0) {
-    return FailedPrecondition(std::string("cannot open the ") + ImageFormatName(format) +
-                              " decoder: " + AvError(rc));
+    return FailedPrecondition(std::string("cannot open the ") + ImageFormatName(format) + " decoder: " + AvError(rc));
   }
   return ctx;
 }
@@ -66,23 +70,21 @@ void FfmpegImageDecoder::Trim(size_t max_bytes) {
   av_frame_unref(frame_.get());
 }
 
-Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
-                                                  std::span<const uint8_t> data,
+Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format, std::span<const uint8_t> data,
                                                   int64_t max_pixels) {
   const std::string name = ImageFormatName(format);
   if (data.empty()) return DataLoss("not a " + name + " image: no data");
   if (data.size() > static_cast<size_t>(INT_MAX - AV_INPUT_BUFFER_PADDING_SIZE)) {
-    return ResourceExhausted(name + " file of " + std::to_string(data.size()) +
-                             " bytes is too large to decode");
+    return ResourceExhausted(name + " file of " + std::to_string(data.size()) + " bytes is too large to decode");
   }
   // The guard from the header, before any pixel is decoded. (The codec checks max_pixels again
   // when it allocates the picture, but says only EINVAL.)
   int width = 0, height = 0;
   SPDL_RETURN_IF_ERROR(ReadImageSize(format, data, &width, &height));
   if (int64_t{width} * height > max_pixels) {
-    return ResourceExhausted("image " + std::to_string(width) + "x" + std::to_string(height) +
-                             " has " + std::to_string(int64_t{width} * height) +
-                             " pixels, over the limit of " + std::to_string(max_pixels));
+    return ResourceExhausted("image " + std::to_string(width) + "x" + std::to_string(height) + " has " +
+                             std::to_string(int64_t{width} * height) + " pixels, over the limit of " +
+                             std::to_string(max_pixels));
   }
   if (format == ImageFormat::kGif) SPDL_RETURN_IF_ERROR(CheckGifFirstImage(data));
   // A fresh codec context for every image: libavcodec's image decoders keep state from the last
@@ -133,9 +135,8 @@ Result<const AVFrame*> FfmpegImageDecoder::Decode(ImageFormat format,
   }
   const int64_t pixels = int64_t{f->width} * f->height;
   if (pixels > max_pixels) {
-    return ResourceExhausted("image " + std::to_string(f->width) + "x" +
-                             std::to_string(f->height) + " has " + std::to_string(pixels) +
-                             " pixels, over the limit of " + std::to_string(max_pixels));
+    return ResourceExhausted("image " + std::to_string(f->width) + "x" + std::to_string(f->height) + " has " +
+                             std::to_string(pixels) + " pixels, over the limit of " + std::to_string(max_pixels));
   }
   return f;
 }

@@ -48,8 +48,7 @@ class FfmpegImageDecoder {
   // kDataLoss with libavcodec's message for corrupt or truncated data; kFailedPrecondition when
   // this FFmpeg has no decoder for the format; kResourceExhausted over max_pixels.
   // REQUIRES: format is kPng, kGif, kBmp, kTiff or kWebp.
-  Result<const AVFrame*> Decode(ImageFormat format, std::span<const uint8_t> data,
-                                int64_t max_pixels);
+  Result<const AVFrame*> Decode(ImageFormat format, std::span<const uint8_t> data, int64_t max_pixels);
 
   // Frees the last frame (and with it the picture pool of the context that made it) when the
   // picture was larger than max_bytes: one huge image must not pin memory in every worker.

@@ -48,9 +48,12 @@ size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 int InterpolationFlag(Interpolation i) {
   switch (i) {
-    case Interpolation::kBilinear: return SWS_BILINEAR;
-    case Interpolation::kBicubic: return SWS_BICUBIC;
-    case Interpolation::kArea: return SWS_AREA;
+    case Interpolation::kBilinear:
+      return SWS_BILINEAR;
+    case Interpolation::kBicubic:
+      return SWS_BICUBIC;
+    case Interpolation::kArea:
+      return SWS_AREA;
     case Interpolation::kNearest:
       return SWS_POINT;
     case Interpolation::kLanczos:
@@ -82,13 +85,38 @@ struct JpegHeader {
 // matching planar swscale format; false when there is none.
 bool YuvLayout(int subsamp, int* hsf, int* vsf, AVPixelFormat* format) {
   switch (subsamp) {
-    case TJSAMP_444: *hsf = 1; *vsf = 1; *format = AV_PIX_FMT_YUV444P; return true;
-    case TJSAMP_422: *hsf = 2; *vsf = 1; *format = AV_PIX_FMT_YUV422P; return true;
-    case TJSAMP_420: *hsf = 2; *vsf = 2; *format = AV_PIX_FMT_YUV420P; return true;
-    case TJSAMP_440: *hsf = 1; *vsf = 2; *format = AV_PIX_FMT_YUV440P; return true;
-    case TJSAMP_411: *hsf = 4; *vsf = 1; *format = AV_PIX_FMT_YUV411P; return true;
-    case TJSAMP_GRAY: *hsf = 1; *vsf = 1; *format = AV_PIX_FMT_GRAY8; return true;
-    default: return false;
+    case TJSAMP_444:
+      *hsf = 1;
+      *vsf = 1;
+      *format = AV_PIX_FMT_YUV444P;
+      return true;
+    case TJSAMP_422:
+      *hsf = 2;
+      *vsf = 1;
+      *format = AV_PIX_FMT_YUV422P;
+      return true;
+    case TJSAMP_420:
+      *hsf = 2;
+      *vsf = 2;
+      *format = AV_PIX_FMT_YUV420P;
+      return true;
+    case TJSAMP_440:
+      *hsf = 1;
+      *vsf = 2;
+      *format = AV_PIX_FMT_YUV440P;
+      return true;
+    case TJSAMP_411:
+      *hsf = 4;
+      *vsf = 1;
+      *format = AV_PIX_FMT_YUV411P;
+      return true;
+    case TJSAMP_GRAY:
+      *hsf = 1;
+      *vsf = 1;
+      *format = AV_PIX_FMT_GRAY8;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -102,8 +130,7 @@ struct SourcePlanes {
 Window MapKeptRegion(const ResizeCropPlan& p, int src_width, int src_height) {
   const double sx = static_cast<double>(src_width) / p.resized_width;
   const double sy = static_cast<double>(src_height) / p.resized_height;
-  return {p.keep_x * sx, p.keep_y * sy, (p.keep_x + p.keep_width) * sx,
-          (p.keep_y + p.keep_height) * sy};
+  return {p.keep_x * sx, p.keep_y * sy, (p.keep_x + p.keep_width) * sx, (p.keep_y + p.keep_height) * sy};
 }
 
 // The DCT scaling denominator (1, 2, 4 or 8): the largest whose scaled window still has at
@@ -198,15 +225,13 @@ bool HasAlpha(AVPixelFormat f) {
 bool FrameWindow(const AVFrame* f, int x0, int y0, SwsKey* key, SourcePlanes* src) {
   const auto format = static_cast<AVPixelFormat>(f->format);
   const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(format);
-  if (d == nullptr ||
-      (d->flags & (AV_PIX_FMT_FLAG_BITSTREAM | AV_PIX_FMT_FLAG_HWACCEL | AV_PIX_FMT_FLAG_PAL))) {
+  if (d == nullptr || (d->flags & (AV_PIX_FMT_FLAG_BITSTREAM | AV_PIX_FMT_FLAG_HWACCEL | AV_PIX_FMT_FLAG_PAL))) {
     return false;
   }
   key->src_format = format;
   const bool yuv = !(d->flags & AV_PIX_FMT_FLAG_RGB) && d->nb_components >= 3;
   // YUV is limited range unless said otherwise; gray is full range unless said otherwise.
-  key->src_full_range = yuv ? f->color_range == AVCOL_RANGE_JPEG
-                            : f->color_range != AVCOL_RANGE_MPEG;
+  key->src_full_range = yuv ? f->color_range == AVCOL_RANGE_JPEG : f->color_range != AVCOL_RANGE_MPEG;
   const int planes = av_pix_fmt_count_planes(format);
   for (int p = 0; p < planes && p < 4; ++p) {
     int step = 0;
@@ -218,8 +243,7 @@ bool FrameWindow(const AVFrame* f, int x0, int y0, SwsKey* key, SourcePlanes* sr
       ChromaStart(x0, 1 << d->log2_chroma_w, &x, &key->src_h_chroma_pos);
       ChromaStart(y0, 1 << d->log2_chroma_h, &y, &key->src_v_chroma_pos);
     }
-    src->data[p] = f->data[p] + static_cast<ptrdiff_t>(y) * f->linesize[p] +
-                   static_cast<ptrdiff_t>(x) * step;
+    src->data[p] = f->data[p] + static_cast<ptrdiff_t>(y) * f->linesize[p] + static_cast<ptrdiff_t>(x) * step;
     src->stride[p] = f->linesize[p];
   }
   return true;
@@ -238,9 +262,7 @@ bool IsWide(AVPixelFormat f) {
   return d != nullptr && d->comp[0].depth > 8;
 }
 
-std::string SizeString(int64_t w, int64_t h) {
-  return std::to_string(w) + "x" + std::to_string(h);
-}
+std::string SizeString(int64_t w, int64_t h) { return std::to_string(w) + "x" + std::to_string(h); }
 
 ResampleFilter FilterOf(Interpolation i) {
   switch (i) {
@@ -279,16 +301,16 @@ struct ImageDecoder::Impl {
     ImageFormat format = ImageFormat::kUnknown;
     int width = 0;  // stored size
     int height = 0;
-    JpegHeader jpeg;            // JPEG only
-    Orientation upright;        // EXIF: displayed = upright(stored)
-    ResizeCropPlan geometry;    // in the displayed image
-    Window window;              // the displayed source rectangle that survives
-    bool flipped = false;       // the random horizontal flip was drawn
-    Orientation final;          // upright, then the flip
-    Window stored_window;       // `window` in stored pixels
-    int scaled_width = 0;       // the resampled kept region, in stored orientation
+    JpegHeader jpeg;          // JPEG only
+    Orientation upright;      // EXIF: displayed = upright(stored)
+    ResizeCropPlan geometry;  // in the displayed image
+    Window window;            // the displayed source rectangle that survives
+    bool flipped = false;     // the random horizontal flip was drawn
+    Orientation final;        // upright, then the flip
+    Window stored_window;     // `window` in stored pixels
+    int scaled_width = 0;     // the resampled kept region, in stored orientation
     int scaled_height = 0;
-    int place_x = 0;            // where the kept region lands in the output (after the flip)
+    int place_x = 0;  // where the kept region lands in the output (after the flip)
     int place_y = 0;
   };
 
@@ -301,8 +323,8 @@ struct ImageDecoder::Impl {
   // Reads and checks a JPEG header.
   Status ReadHeader(std::span<const uint8_t> jpeg, JpegHeader* h);
   // The checks and planning shared by every path; fills *plan.
-  Status Begin(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
-               uint64_t seed, bool jpeg_only, ImageInfo* info, Plan* plan);
+  Status Begin(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out, uint64_t seed,
+               bool jpeg_only, ImageInfo* info, Plan* plan);
   // Decodes a JPEG to packed RGB at scale 1/k into `pixels` (rows of *pitch bytes); CMYK
   // converted. With gray (not for CMYK/YCCK): libjpeg-turbo's own grayscale output, one byte
   // per pixel (the Y of a YCbCr JPEG, chroma never decoded).
@@ -314,8 +336,8 @@ struct ImageDecoder::Impl {
   void TrimBuffers();
   // Decodes a JPEG to Y/Cb/Cr (or Y) planes at scale 1/k into `pixels`, rounds the window to
   // whole luma pixels, and points *src at it; fills key's source size and chroma positions.
-  Status DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int hsf,
-                         int vsf, const Window& window, SwsKey* key, SourcePlanes* src);
+  Status DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int hsf, int vsf,
+                         const Window& window, SwsKey* key, SourcePlanes* src);
   // Converts a whole decoded frame to packed RGB24 in `pixels` (alpha dropped or composited by
   // ops.alpha); *pitch receives the row stride.
   Status FrameToRgb(const AVFrame* f, const ImageOps& ops, int* pitch);
@@ -323,18 +345,17 @@ struct ImageDecoder::Impl {
   // packed pixels at dst (rows dst_stride bytes apart): RGB24 or GRAY8 by ops.channels.
   // DecodeFrameWindow writes 16-bit samples (RGB48 / GRAY16, native endian) instead when
   // allow_wide and the frame has more than 8 bits per sample, and says so in *wide.
-  Status DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan,
-                          uint8_t* dst, size_t dst_stride, ImageInfo* info);
+  Status DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan, uint8_t* dst,
+                          size_t dst_stride, ImageInfo* info);
   Status DecodeFrameWindow(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, uint8_t* dst,
                            size_t dst_stride, bool allow_wide, bool* wide);
   // Decodes the whole image, in stored orientation, to packed RGB in `pixels`.
-  Status DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
-                     int* pitch);
+  Status DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan, int* pitch);
   // One swscale pass from the source planes into dst (packed, key.dst_format).
   Status Scale(const SwsKey& key, const SourcePlanes& src, uint8_t* dst, size_t dst_stride);
 
-  Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
-                uint64_t seed, bool jpeg_only, ImageInfo* info);
+  Status Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out, uint64_t seed,
+                bool jpeg_only, ImageInfo* info);
   // The exact path's part of a JPEG: [x0, x1) x [y0, y1) of the stored image alone, decoded by jwin
   // (a full decode's pixels there), as packed pixels of ops.channels channels, PIL's way (gray
   // output: a gray JPEG's samples, else convert("L") of the RGB). *img points into jwin's buffer.
@@ -362,11 +383,11 @@ struct ImageDecoder::Impl {
   FfmpegImageDecoder ffmpeg;
   SwsCache sws;
   Resampler resampler;
-  ValueTable table;               // for the ops seen last
-  std::vector<uint8_t> pixels;    // decoded RGB or YUV planes of the current image
-  std::vector<uint8_t> scratch;   // the resampled image, before the output pass
-  std::vector<uint8_t> resized;   // the reference path's whole resized image
-  std::vector<uint8_t> upright;   // the reference path's whole upright image
+  ValueTable table;              // for the ops seen last
+  std::vector<uint8_t> pixels;   // decoded RGB or YUV planes of the current image
+  std::vector<uint8_t> scratch;  // the resampled image, before the output pass
+  std::vector<uint8_t> resized;  // the reference path's whole resized image
+  std::vector<uint8_t> upright;  // the reference path's whole upright image
 };
 
 Status ImageDecoder::Impl::EnsureHandle() {
@@ -385,8 +406,8 @@ Status ImageDecoder::Impl::TjError(const char* what) {
 Status ImageDecoder::Impl::ReadHeader(std::span<const uint8_t> jpeg, JpegHeader* h) {
   SPDL_RETURN_IF_ERROR(EnsureHandle());
   if (jpeg.empty()) return DataLoss("not a JPEG: no data");
-  if (tjDecompressHeader3(tj.get(), jpeg.data(), jpeg.size(), &h->width, &h->height,
-                          &h->subsamp, &h->colorspace) != 0) {
+  if (tjDecompressHeader3(tj.get(), jpeg.data(), jpeg.size(), &h->width, &h->height, &h->subsamp, &h->colorspace) !=
+      0) {
     return TjError("not a decodable JPEG");
   }
   if (h->width <= 0 || h->height <= 0) {
@@ -396,17 +417,15 @@ Status ImageDecoder::Impl::ReadHeader(std::span<const uint8_t> jpeg, JpegHeader*
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& ops,
-                                 const OutputImage& out, uint64_t seed, bool jpeg_only,
-                                 ImageInfo* info, Plan* plan) {
+Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                                 uint64_t seed, bool jpeg_only, ImageInfo* info, Plan* plan) {
   SPDL_RETURN_IF_ERROR(ValidateImageOps(ops));
   if (out.channels != ops.channels) {
     return InvalidArgument("destination has " + std::to_string(out.channels) + " channel(s), the ops " +
                            std::to_string(ops.channels));
   }
   if (out.data == nullptr || out.width <= 0 || out.height <= 0) {
-    return InvalidArgument("no destination, or an empty one (" +
-                           SizeString(out.width, out.height) + ")");
+    return InvalidArgument("no destination, or an empty one (" + SizeString(out.width, out.height) + ")");
   }
   if (out.layout == OutputLayout::kNHWC) {
     const size_t row = static_cast<size_t>(out.width) * ops.channels * DTypeSize(ops.dtype);
@@ -442,9 +461,8 @@ Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& 
   }
   const int64_t pixels = int64_t{plan->width} * plan->height;
   if (pixels > ops.max_pixels) {
-    return ResourceExhausted("image " + SizeString(plan->width, plan->height) + " has " +
-                             std::to_string(pixels) + " pixels, over the limit of " +
-                             std::to_string(ops.max_pixels));
+    return ResourceExhausted("image " + SizeString(plan->width, plan->height) + " has " + std::to_string(pixels) +
+                             " pixels, over the limit of " + std::to_string(ops.max_pixels));
   }
 
   // Upright first: the geometry applies to the image as displayed.
@@ -470,9 +488,8 @@ Status ImageDecoder::Impl::Begin(std::span<const uint8_t> data, const ImageOps& 
     plan->window = MapKeptRegion(g, dw, dh);
   }
   if (g.out_width != out.width || g.out_height != out.height) {
-    return InvalidArgument("a " + SizeString(dw, dh) + " image becomes " +
-                           SizeString(g.out_width, g.out_height) + ", not the expected " +
-                           SizeString(out.width, out.height));
+    return InvalidArgument("a " + SizeString(dw, dh) + " image becomes " + SizeString(g.out_width, g.out_height) +
+                           ", not the expected " + SizeString(out.width, out.height));
   }
   if (ops.flip_probability > 0) {
     SampleRng rng(seed, RandomStream::kFlip);
@@ -523,28 +540,23 @@ Status ImageDecoder::Impl::DecodeRgb(std::span<const uint8_t> jpeg, const JpegHe
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::Scale(const SwsKey& key, const SourcePlanes& src, uint8_t* dst,
-                                 size_t dst_stride) {
+Status ImageDecoder::Impl::Scale(const SwsKey& key, const SourcePlanes& src, uint8_t* dst, size_t dst_stride) {
   SwsContext* c = sws.Get(key);
   if (c == nullptr) {
     return Internal("swscale refused " + SizeString(key.src_width, key.src_height) + " " +
-                    av_get_pix_fmt_name(key.src_format) + " -> " +
-                    SizeString(key.dst_width, key.dst_height));
+                    av_get_pix_fmt_name(key.src_format) + " -> " + SizeString(key.dst_width, key.dst_height));
   }
   uint8_t* const dst_planes[4] = {dst, nullptr, nullptr, nullptr};
   const int dst_strides[4] = {static_cast<int>(dst_stride), 0, 0, 0};
-  const int rows =
-      sws_scale(c, src.data, src.stride, 0, key.src_height, dst_planes, dst_strides);
+  const int rows = sws_scale(c, src.data, src.stride, 0, key.src_height, dst_planes, dst_strides);
   if (rows != key.dst_height) {
-    return Internal("swscale wrote " + std::to_string(rows) + " rows, not " +
-                    std::to_string(key.dst_height));
+    return Internal("swscale wrote " + std::to_string(rows) + " rows, not " + std::to_string(key.dst_height));
   }
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h,
-                                            int k, int hsf, int vsf, const Window& window,
-                                            SwsKey* key, SourcePlanes* src) {
+Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const JpegHeader& h, int k, int hsf, int vsf,
+                                           const Window& window, SwsKey* key, SourcePlanes* src) {
   const tjscalingfactor sf{1, k};
   const int width = TJSCALED(h.width, sf);
   const int height = TJSCALED(h.height, sf);
@@ -562,8 +574,7 @@ Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const 
   }
   uint8_t* buf = Buffer(pixels, total);
   unsigned char* plane_ptrs[3] = {buf + offset[0], buf + offset[1], buf + offset[2]};
-  if (tjDecompressToYUVPlanes(tj.get(), jpeg.data(), jpeg.size(), plane_ptrs, width, strides,
-                              height, kTjFlags) != 0) {
+  if (tjDecompressToYUVPlanes(tj.get(), jpeg.data(), jpeg.size(), plane_ptrs, width, strides, height, kTjFlags) != 0) {
     return TjError("JPEG decode failed");
   }
   int x0, y0;
@@ -585,14 +596,11 @@ Status ImageDecoder::Impl::DecodeYuvWindow(std::span<const uint8_t> jpeg, const 
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                            const Plan& plan, uint8_t* dst, size_t dst_stride,
-                                            ImageInfo* info) {
+Status ImageDecoder::Impl::DecodeJpegWindow(std::span<const uint8_t> jpeg, const ImageOps& ops, const Plan& plan,
+                                            uint8_t* dst, size_t dst_stride, ImageInfo* info) {
   const JpegHeader& h = plan.jpeg;
   const Window& window = plan.stored_window;
-  const int k = ops.allow_dct_scaling
-                    ? ChooseDctScale(window, plan.scaled_width, plan.scaled_height)
-                    : 1;
+  const int k = ops.allow_dct_scaling ? ChooseDctScale(window, plan.scaled_width, plan.scaled_height) : 1;
   if (info != nullptr) info->dct_scale = k;
 
   // Gray output: libjpeg-turbo's own grayscale output (CMYK has none: through RGB, then
@@ -679,9 +687,8 @@ Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, cons
   *wide = false;
   SPDL_ASSIGN_OR_RETURN(const AVFrame* f, ffmpeg.Decode(plan.format, data, ops.max_pixels));
   if (f->width != plan.width || f->height != plan.height) {
-    return DataLoss(std::string(ImageFormatName(plan.format)) + " decoded to " +
-                    SizeString(f->width, f->height) + ", not the header's " +
-                    SizeString(plan.width, plan.height));
+    return DataLoss(std::string(ImageFormatName(plan.format)) + " decoded to " + SizeString(f->width, f->height) +
+                    ", not the header's " + SizeString(plan.width, plan.height));
   }
   const Window& w = plan.stored_window;
   int x0, y0;
@@ -711,9 +718,8 @@ Status ImageDecoder::Impl::DecodeFrameWindow(std::span<const uint8_t> data, cons
   return Scale(key, src, dst, dst_stride);
 }
 
-Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps& ops,
-                                  const OutputImage& out, uint64_t seed, bool jpeg_only,
-                                  ImageInfo* info) {
+Status ImageDecoder::Impl::Decode(std::span<const uint8_t> data, const ImageOps& ops, const OutputImage& out,
+                                  uint64_t seed, bool jpeg_only, ImageInfo* info) {
   if (ops.resample == Resample::kExact) return DecodeExact(data, ops, out, seed, jpeg_only, info);
   Plan plan;
   SPDL_RETURN_IF_ERROR(Begin(data, ops, out, seed, jpeg_only, info, &plan));
@@ -939,8 +945,8 @@ Status ImageDecoder::Impl::DecodeExact(std::span<const uint8_t> data, const Imag
   return Status::Ok();
 }
 
-Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops,
-                                       const Plan& plan, int* pitch) {
+Status ImageDecoder::Impl::DecodeWhole(std::span<const uint8_t> data, const ImageOps& ops, const Plan& plan,
+                                       int* pitch) {
   if (plan.format == ImageFormat::kJpeg) {
     int width, height;
     return DecodeRgb(data, plan.jpeg, 1, &width, &height, pitch);
@@ -973,8 +979,7 @@ Status ImageDecoder::Impl::Reference(std::span<const uint8_t> data, const ImageO
         const int u = o.transpose ? y : x, v = o.transpose ? x : y;
         const int sx = o.flip_x ? sw - 1 - u : u, sy = o.flip_y ? sh - 1 - v : v;
         std::memcpy(up + (static_cast<size_t>(y) * dw + x) * 3,
-                    whole + static_cast<size_t>(sy) * whole_pitch + static_cast<size_t>(sx) * 3,
-                    3);
+                    whole + static_cast<size_t>(sy) * whole_pitch + static_cast<size_t>(sx) * 3, 3);
       }
     }
     whole = up;
@@ -1034,9 +1039,8 @@ ImageDecoder::~ImageDecoder() = default;
 ImageDecoder::ImageDecoder(ImageDecoder&&) noexcept = default;
 ImageDecoder& ImageDecoder::operator=(ImageDecoder&&) noexcept = default;
 
-Status ImageDecoder::DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst,
-                                int out_width, int out_height, uint64_t sample_seed,
-                                ImageInfo* info) {
+Status ImageDecoder::DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst, int out_width,
+                                int out_height, uint64_t sample_seed, ImageInfo* info) {
   OutputImage out;
   out.data = dst;
   out.width = out_width;
@@ -1069,9 +1073,8 @@ OutputImage RgbOutput(uint8_t* dst, int out_width, int out_height, size_t dst_st
 
 }  // namespace
 
-Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops,
-                                   uint8_t* dst, int out_width, int out_height,
-                                   size_t dst_stride, uint64_t sample_seed, ImageInfo* info) {
+Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width,
+                                   int out_height, size_t dst_stride, uint64_t sample_seed, ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
   Status s = impl_->Decode(data, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels), sample_seed,
                            /*jpeg_only=*/false, info);
@@ -1079,9 +1082,8 @@ Status ImageDecoder::DecodeRgbInto(std::span<const uint8_t> data, const ImageOps
   return s;
 }
 
-Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops,
-                                    uint8_t* dst, int out_width, int out_height,
-                                    size_t dst_stride, ImageInfo* info) {
+Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst, int out_width,
+                                    int out_height, size_t dst_stride, ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
   Status s = impl_->Decode(jpeg, ops, RgbOutput(dst, out_width, out_height, dst_stride, ops.channels),
                            /*seed=*/0, /*jpeg_only=*/true, info);
@@ -1090,9 +1092,8 @@ Status ImageDecoder::DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOp
 }
 
 #if SPDL_TEST_HOOKS
-Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops,
-                                         uint8_t* dst, int out_width, int out_height,
-                                         size_t dst_stride, uint64_t sample_seed,
+Status ImageDecoder::ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
+                                         int out_width, int out_height, size_t dst_stride, uint64_t sample_seed,
                                          ImageInfo* info) {
   SPDL_RETURN_IF_ERROR(RequireRawOutput(ops));
   Status s =

@@ -135,21 +135,19 @@ class ImageDecoder {
   // build lacks the format's decoder. On error dst may hold partial output. info, when given,
   // receives the format and source size whenever the header was read, and the rest once decoding
   // starts.
-  Status DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst, int out_width,
-                    int out_height, uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+  Status DecodeInto(std::span<const uint8_t> data, const ImageOps& ops, void* dst, int out_width, int out_height,
+                    uint64_t sample_seed = 0, ImageInfo* info = nullptr);
 
   // As DecodeInto, for uint8 HWC output with a row stride.
   // REQUIRES: ops.raw_output(); dst holds out_height rows of dst_stride bytes, dst_stride >=
   // out_width * ops.channels. Only the first out_width * ops.channels bytes of each row are
   // written (padding pixels are set to zero).
-  Status DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
-                       int out_width, int out_height, size_t dst_stride,
-                       uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+  Status DecodeRgbInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width, int out_height,
+                       size_t dst_stride, uint64_t sample_seed = 0, ImageInfo* info = nullptr);
 
   // As DecodeRgbInto with sample seed 0, for JPEG only: any other data is kDataLoss.
-  Status DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst,
-                        int out_width, int out_height, size_t dst_stride,
-                        ImageInfo* info = nullptr);
+  Status DecodeJpegInto(std::span<const uint8_t> jpeg, const ImageOps& ops, uint8_t* dst, int out_width, int out_height,
+                        size_t dst_stride, ImageInfo* info = nullptr);
 
 #if SPDL_TEST_HOOKS
   // The swscale reference path, for tests of the fast path: a full-size decode to RGB (never
@@ -158,9 +156,8 @@ class ImageDecoder {
   // (or of the random crop's rectangle to the output size), a copy of the crop, then the flip.
   // Any format; uint8 HWC RGB output only (ops.channels = 3). Same contract and errors as
   // DecodeRgbInto.
-  Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst,
-                             int out_width, int out_height, size_t dst_stride,
-                             uint64_t sample_seed = 0, ImageInfo* info = nullptr);
+  Status ReferenceDecodeInto(std::span<const uint8_t> data, const ImageOps& ops, uint8_t* dst, int out_width,
+                             int out_height, size_t dst_stride, uint64_t sample_seed = 0, ImageInfo* info = nullptr);
 #endif
 
   // A function run on the whole decoded image before the geometry: uint8 RGB HWC, upright, at the

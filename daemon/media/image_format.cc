@@ -57,8 +57,8 @@ Status Malformed(ImageFormat f) {
 
 Status SetSize(ImageFormat f, uint64_t w, uint64_t h, int* width, int* height) {
   if (w == 0 || h == 0 || w > INT32_MAX || h > INT32_MAX) {
-    return DataLoss(std::string(ImageFormatName(f)) + " header gives an impossible size " +
-                    std::to_string(w) + "x" + std::to_string(h));
+    return DataLoss(std::string(ImageFormatName(f)) + " header gives an impossible size " + std::to_string(w) + "x" +
+                    std::to_string(h));
   }
   *width = static_cast<int>(w);
   *height = static_cast<int>(h);
@@ -139,8 +139,8 @@ Status WebpSize(std::span<const uint8_t> data, int* w, int* h) {
   uint32_t width, height;
   if (b.Equals(12, "VP8 ")) {
     uint32_t c0, c1, c2;
-    if (!b.U8(23, &c0) || !b.U8(24, &c1) || !b.U8(25, &c2) || c0 != 0x9D || c1 != 0x01 ||
-        c2 != 0x2A || !b.U16(26, &width) || !b.U16(28, &height)) {
+    if (!b.U8(23, &c0) || !b.U8(24, &c1) || !b.U8(25, &c2) || c0 != 0x9D || c1 != 0x01 || c2 != 0x2A ||
+        !b.U16(26, &width) || !b.U16(28, &height)) {
       return Malformed(ImageFormat::kWebp);
     }
     return SetSize(ImageFormat::kWebp, width & 0x3FFF, height & 0x3FFF, w, h);
@@ -174,8 +174,7 @@ int ExifOrientation(std::span<const uint8_t> tiff) {
   }
   const Bytes b(tiff, big_endian);
   uint32_t magic, ifd, entries;
-  if (!b.U16(2, &magic) || magic != 42 || !b.U32(4, &ifd) || !b.U16(ifd, &entries) ||
-      entries > kMaxTiffEntries) {
+  if (!b.U16(2, &magic) || magic != 42 || !b.U32(4, &ifd) || !b.U16(ifd, &entries) || entries > kMaxTiffEntries) {
     return 1;
   }
   for (uint32_t i = 0; i < entries; ++i) {
@@ -193,13 +192,20 @@ int ExifOrientation(std::span<const uint8_t> tiff) {
 
 const char* ImageFormatName(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kJpeg: return "JPEG";
-    case ImageFormat::kPng: return "PNG";
-    case ImageFormat::kGif: return "GIF";
-    case ImageFormat::kBmp: return "BMP";
-    case ImageFormat::kTiff: return "TIFF";
-    case ImageFormat::kWebp: return "WebP";
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kGif:
+      return "GIF";
+    case ImageFormat::kBmp:
+      return "BMP";
+    case ImageFormat::kTiff:
+      return "TIFF";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kUnknown:
+      break;
   }
   return "unknown";
 }
@@ -219,27 +225,31 @@ ImageFormat SniffImageFormat(std::span<const uint8_t> data) {
   // zero word, but writers disagree on both, so only the DIB header size is checked.
   if (b.Equals(0, "BM")) {
     uint32_t dib = 0;
-    if (b.U32(14, &dib) && (dib == 12 || dib == 16 || dib == 40 || dib == 52 || dib == 56 ||
-                            dib == 64 || dib == 108 || dib == 124)) {
+    if (b.U32(14, &dib) &&
+        (dib == 12 || dib == 16 || dib == 40 || dib == 52 || dib == 56 || dib == 64 || dib == 108 || dib == 124)) {
       return ImageFormat::kBmp;
     }
   }
   return ImageFormat::kUnknown;
 }
 
-Status ReadImageSize(ImageFormat format, std::span<const uint8_t> data, int* width,
-                     int* height) {
+Status ReadImageSize(ImageFormat format, std::span<const uint8_t> data, int* width, int* height) {
   switch (format) {
-    case ImageFormat::kPng: return PngSize(data, width, height);
-    case ImageFormat::kGif: return GifSize(data, width, height);
-    case ImageFormat::kBmp: return BmpSize(data, width, height);
-    case ImageFormat::kTiff: return TiffSize(data, width, height);
-    case ImageFormat::kWebp: return WebpSize(data, width, height);
+    case ImageFormat::kPng:
+      return PngSize(data, width, height);
+    case ImageFormat::kGif:
+      return GifSize(data, width, height);
+    case ImageFormat::kBmp:
+      return BmpSize(data, width, height);
+    case ImageFormat::kTiff:
+      return TiffSize(data, width, height);
+    case ImageFormat::kWebp:
+      return WebpSize(data, width, height);
     case ImageFormat::kJpeg:
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kUnknown:
+      break;
   }
-  return InvalidArgument(std::string("ReadImageSize does not read ") + ImageFormatName(format) +
-                         " headers");
+  return InvalidArgument(std::string("ReadImageSize does not read ") + ImageFormatName(format) + " headers");
 }
 
 Status CheckGifFirstImage(std::span<const uint8_t> gif) {
@@ -290,12 +300,11 @@ int ReadJpegExifOrientation(std::span<const uint8_t> jpeg) {
       if (!b.U8(++at, &marker)) return 1;
     } while (marker == 0xFF);
     ++at;
-    if (marker == 0xDA || marker == 0xD9) return 1;  // start of scan, end of image
+    if (marker == 0xDA || marker == 0xD9) return 1;                      // start of scan, end of image
     if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no length
     uint32_t length;
     if (!b.U16(at, &length) || length < 2 || !b.Has(at, length)) return 1;
-    if (marker == 0xE1 && length >= 8 && b.Equals(at + 2, "Exif") &&
-        jpeg[at + 6] == 0 && jpeg[at + 7] == 0) {
+    if (marker == 0xE1 && length >= 8 && b.Equals(at + 2, "Exif") && jpeg[at + 6] == 0 && jpeg[at + 7] == 0) {
       return ExifOrientation(jpeg.subspan(at + 8, length - 8));
     }
     at += length;

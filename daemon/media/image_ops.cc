@@ -56,8 +56,7 @@ Status ValidateImageOps(const ImageOps& ops) {
     errors.push_back("random_crop_height and random_crop_width must be set together");
   }
   if (ops.random_crop()) {
-    if (ops.resize_shorter || ops.resize_height || ops.resize_width || ops.crop_height ||
-        ops.crop_width) {
+    if (ops.resize_shorter || ops.resize_height || ops.resize_width || ops.crop_height || ops.crop_width) {
       errors.push_back("a random crop replaces resize and crop: they must not be set with it");
     }
     const auto& s = ops.random_crop_scale;
@@ -128,8 +127,7 @@ ResizeCropPlan PlanResizeCrop(const ImageOps& ops, int src_width, int src_height
   return p;
 }
 
-void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width,
-                int* out_height) {
+void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width, int* out_height) {
   if (ops.random_crop()) {
     *out_width = ops.random_crop_width;
     *out_height = ops.random_crop_height;
@@ -142,10 +140,14 @@ void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_wid
 
 size_t DTypeSize(OutputDType dtype) {
   switch (dtype) {
-    case OutputDType::kUInt8: return 1;
-    case OutputDType::kFloat32: return 4;
-    case OutputDType::kFloat16: return 2;
-    case OutputDType::kBFloat16: return 2;
+    case OutputDType::kUInt8:
+      return 1;
+    case OutputDType::kFloat32:
+      return 4;
+    case OutputDType::kFloat16:
+      return 2;
+    case OutputDType::kBFloat16:
+      return 2;
   }
   return 1;
 }
@@ -155,24 +157,21 @@ size_t OutputImageBytes(const ImageOps& ops, int out_width, int out_height) {
          DTypeSize(ops.dtype);
 }
 
-CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_height,
-                               SampleRng& rng) {
+CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_height, SampleRng& rng) {
   // Python's round() is half-to-even, as is nearbyint in the default rounding mode.
   auto round_int = [](double v) { return static_cast<int64_t>(std::nearbyint(v)); };
   const double area = static_cast<double>(src_width) * src_height;
   const double log_lo = std::log(ops.random_crop_ratio[0]);
   const double log_hi = std::log(ops.random_crop_ratio[1]);
   for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target_area =
-        area * rng.Uniform(ops.random_crop_scale[0], ops.random_crop_scale[1]);
+    const double target_area = area * rng.Uniform(ops.random_crop_scale[0], ops.random_crop_scale[1]);
     const double aspect = std::exp(rng.Uniform(log_lo, log_hi));
     const int64_t w = round_int(std::sqrt(target_area * aspect));
     const int64_t h = round_int(std::sqrt(target_area / aspect));
     if (w > 0 && w <= src_width && h > 0 && h <= src_height) {
       const int64_t y = rng.UniformInt(0, src_height - h);
       const int64_t x = rng.UniformInt(0, src_width - w);
-      return {static_cast<int>(x), static_cast<int>(y), static_cast<int>(w),
-              static_cast<int>(h)};
+      return {static_cast<int>(x), static_cast<int>(y), static_cast<int>(w), static_cast<int>(h)};
     }
   }
   // The central fallback.
@@ -185,8 +184,8 @@ CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_heigh
   }
   w = std::clamp<int64_t>(w, 1, src_width);
   h = std::clamp<int64_t>(h, 1, src_height);
-  return {static_cast<int>((src_width - w) / 2), static_cast<int>((src_height - h) / 2),
-          static_cast<int>(w), static_cast<int>(h)};
+  return {static_cast<int>((src_width - w) / 2), static_cast<int>((src_height - h) / 2), static_cast<int>(w),
+          static_cast<int>(h)};
 }
 
 }  // namespace spdl::media

@@ -131,8 +131,7 @@ Status ValidateImageOps(const ImageOps& ops);
 // Output size the ops produce for a src_width x src_height source (as displayed, i.e. after any
 // EXIF rotation): the random crop's size, else the crop size if cropping, else the resize size,
 // else the source size. REQUIRES: ValidateImageOps(ops).ok(), sources >= 1.
-void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width,
-                int* out_height);
+void OutputSize(const ImageOps& ops, int src_width, int src_height, int* out_width, int* out_height);
 
 // Bytes of one output image of out_width x out_height in the ops' dtype (ops.channels, packed).
 size_t OutputImageBytes(const ImageOps& ops, int out_width, int out_height);
@@ -174,7 +173,6 @@ struct CropRect {
 // h = round(sqrt(area / ratio)), accepted when it fits, at a uniform position; else the central
 // crop of the largest size within the ratio range. Draws only from `rng`.
 // REQUIRES: ValidateImageOps(ops).ok(), ops.random_crop(), sources >= 1.
-CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_height,
-                               SampleRng& rng);
+CropRect PlanRandomResizedCrop(const ImageOps& ops, int src_width, int src_height, SampleRng& rng);
 
 }  // namespace spdl::media

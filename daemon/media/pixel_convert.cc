@@ -20,8 +20,8 @@ uint16_t RoundMagnitude(double a, int mantissa_bits, int bias, int max_biased_ex
     return static_cast<uint16_t>(std::nearbyint(std::ldexp(a, mantissa_bits - min_normal_exp)));
   }
   int e2 = 0;
-  std::frexp(a, &e2);  // a = m * 2^e2, m in [0.5, 1)
-  int e = e2 - 1;      // a in [2^e, 2^(e+1))
+  std::frexp(a, &e2);                                           // a = m * 2^e2, m in [0.5, 1)
+  int e = e2 - 1;                                               // a in [2^e, 2^(e+1))
   double q = std::nearbyint(std::ldexp(a, mantissa_bits - e));  // in [2^mb, 2^(mb+1)]
   if (q >= 2.0 * implicit) {
     q /= 2;
@@ -33,8 +33,7 @@ uint16_t RoundMagnitude(double a, int mantissa_bits, int bias, int max_biased_ex
                                (static_cast<uint32_t>(q) - implicit));
 }
 
-uint16_t ToSmallFloat(double x, int mantissa_bits, int bias, int max_biased_exp,
-                      uint16_t quiet_nan) {
+uint16_t ToSmallFloat(double x, int mantissa_bits, int bias, int max_biased_exp, uint16_t quiet_nan) {
   if (std::isnan(x)) return quiet_nan;
   const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
   const double a = std::fabs(x);
@@ -45,9 +44,13 @@ uint16_t ToSmallFloat(double x, int mantissa_bits, int bias, int max_biased_exp,
 template <typename T>
 const T* Row(const ValueTable& t, int c);
 template <>
-const float* Row<float>(const ValueTable& t, int c) { return t.f32(c); }
+const float* Row<float>(const ValueTable& t, int c) {
+  return t.f32(c);
+}
 template <>
-const uint16_t* Row<uint16_t>(const ValueTable& t, int c) { return t.u16(c); }
+const uint16_t* Row<uint16_t>(const ValueTable& t, int c) {
+  return t.u16(c);
+}
 
 // The pass for one element type, layout, source sample type and channel count. `origin` is the
 // source pixel shown at (dst_x, dst_y); moving one output pixel right moves the source pointer by
@@ -147,14 +150,22 @@ void ConvertSource(const uint8_t* origin, ptrdiff_t xstep, ptrdiff_t ystep, int 
 
 Orientation OrientationFromExif(int tag) {
   switch (tag) {
-    case 2: return {false, true, false};
-    case 3: return {false, true, true};
-    case 4: return {false, false, true};
-    case 5: return {true, false, false};
-    case 6: return {true, false, true};
-    case 7: return {true, true, true};
-    case 8: return {true, true, false};
-    default: return {};
+    case 2:
+      return {false, true, false};
+    case 3:
+      return {false, true, true};
+    case 4:
+      return {false, false, true};
+    case 5:
+      return {true, false, false};
+    case 6:
+      return {true, false, true};
+    case 7:
+      return {true, true, true};
+    case 8:
+      return {true, true, false};
+    default:
+      return {};
   }
 }
 
@@ -218,10 +229,17 @@ void ValueTable::Build(const ImageOps& ops) {
       double x = v / 255.0;
       if (normalize_) x = (x - mean_[c]) / stddev_[c];
       switch (dtype_) {
-        case OutputDType::kFloat32: f32_[c][v] = static_cast<float>(x); break;
-        case OutputDType::kFloat16: u16_[c][v] = DoubleToHalf(x); break;
-        case OutputDType::kBFloat16: u16_[c][v] = DoubleToBFloat16(x); break;
-        case OutputDType::kUInt8: break;
+        case OutputDType::kFloat32:
+          f32_[c][v] = static_cast<float>(x);
+          break;
+        case OutputDType::kFloat16:
+          u16_[c][v] = DoubleToHalf(x);
+          break;
+        case OutputDType::kBFloat16:
+          u16_[c][v] = DoubleToBFloat16(x);
+          break;
+        case OutputDType::kUInt8:
+          break;
       }
     }
   }

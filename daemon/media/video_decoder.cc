@@ -214,9 +214,8 @@ Status VideoDecoder::Impl::Run(AvInput& in, AVStream* st, Pass& p, VideoInfo& in
   };
 
   auto done = [&] { return p.overshoot || p.emitted >= total; };
-  Status status = DecodeStream(in, ctx.get(), st->index, info.codec + " video", packet.get(), frame.get(), done,
-                               consume)
-                      .status;
+  Status status =
+      DecodeStream(in, ctx.get(), st->index, info.codec + " video", packet.get(), frame.get(), done, consume).status;
   av_packet_unref(packet.get());
   av_frame_unref(frame.get());
   SPDL_RETURN_IF_ERROR(status);

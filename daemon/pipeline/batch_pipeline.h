@@ -58,15 +58,15 @@ namespace spdl::pipeline {
 
 // One stage as a RowProcessor declares it.
 struct StageSpec {
-  std::string name;                   // e.g. "read", "decode"
-  StageKind kind = StageKind::kCpu;   // io: runs on the I/O pool; cpu: on the worker pool
+  std::string name;                  // e.g. "read", "decode"
+  StageKind kind = StageKind::kCpu;  // io: runs on the I/O pool; cpu: on the worker pool
 };
 
 // One sample on its way through the stages. `bytes` is the row's scratch, carried from one stage
 // to the next (e.g. the encoded file the read stage filled and the decode stage consumes).
 struct RowTask {
-  uint64_t index = 0;   // the sample
-  uint32_t epoch = 0;   // its epoch (random transforms draw from it)
+  uint64_t index = 0;  // the sample
+  uint32_t epoch = 0;  // its epoch (random transforms draw from it)
   uint32_t slot = 0;
   uint32_t row = 0;
   std::vector<uint8_t> bytes;
@@ -121,9 +121,9 @@ using EpochOrderFn = std::function<std::vector<uint64_t>(uint64_t epoch)>;
 // sample fails after the point).
 struct ResumePoint {
   uint32_t epoch = 0;
-  uint64_t prefix = 0;               // every position below was delivered (or skipped as bad)
-  std::vector<uint64_t> extras;      // positions >= prefix that were delivered too (spares)
-  uint64_t next_batch = 0;           // batch_in_epoch of the next batch
+  uint64_t prefix = 0;           // every position below was delivered (or skipped as bad)
+  std::vector<uint64_t> extras;  // positions >= prefix that were delivered too (spares)
+  uint64_t next_batch = 0;       // batch_in_epoch of the next batch
 };
 
 // Batches an epoch of `samples` samples gives in batches of `batch_size`.
@@ -153,18 +153,18 @@ struct StageOptions {
 
 struct PipelineOptions {
   uint32_t batch_size = 32;
-  bool drop_last = false;        // drop an epoch's last, partial batch
-  uint32_t epochs = 1;           // 0 = endless
-  bool fail_on_error = false;    // on_error: fail
+  bool drop_last = false;      // drop an epoch's last, partial batch
+  uint32_t epochs = 1;         // 0 = endless
+  bool fail_on_error = false;  // on_error: fail
   // max_failures: fail the job once more than `max_failures_count` samples failed, or more than
   // `max_failures_fraction` of the samples tried, counted only once `max_failures_warmup` samples
   // were tried. Negative = no limit.
   int64_t max_failures_count = -1;
   double max_failures_fraction = -1;
   uint64_t max_failures_warmup = 100;
-  int weight = 1;                     // share of the pools against other jobs
-  std::vector<StageOptions> stages;   // by stage index; missing = defaults
-  std::string log_name = "job";       // prefix of log lines ("job 7")
+  int weight = 1;                    // share of the pools against other jobs
+  std::vector<StageOptions> stages;  // by stage index; missing = defaults
+  std::string log_name = "job";      // prefix of log lines ("job 7")
   // order: completion — batches of the current epoch are delivered as they complete (see
   // ClaimForDelivery); the epoch's last batch still comes last, and a later epoch's batches only
   // after it. Resume points are not kept (TakeMeta leaves them empty): a job in completion order
@@ -178,19 +178,19 @@ struct SlotMeta {
   uint64_t seq = 0;
   uint32_t epoch = 0;
   uint64_t batch_in_epoch = 0;
-  uint32_t rows = 0;                  // valid rows, packed to the front
-  std::vector<uint64_t> indices;      // sample index per valid row
+  uint32_t rows = 0;              // valid rows, packed to the front
+  std::vector<uint64_t> indices;  // sample index per valid row
   bool last_in_epoch = false;
   bool last_in_job = false;
-  ResumePoint resume;                 // where the job stands once this batch is delivered
+  ResumePoint resume;  // where the job stands once this batch is delivered
 };
 
 // Figures over the recent window (about `window_seconds`), next to the totals.
 struct PipelineStats {
-  std::vector<StageSnapshot> stages;         // totals
-  std::vector<StageSnapshot> window;         // the same over the window
+  std::vector<StageSnapshot> stages;  // totals
+  std::vector<StageSnapshot> window;  // the same over the window
   double window_seconds = 0;
-  uint64_t samples_done = 0;                 // rows written (good samples), in total
+  uint64_t samples_done = 0;  // rows written (good samples), in total
   double window_samples_per_second = 0;
   uint64_t samples_failed = 0;
   uint64_t samples_tried = 0;
@@ -245,7 +245,7 @@ class BatchPipeline {
   using Clock = std::chrono::steady_clock;
   struct Row {
     RowTask task;
-    uint64_t seq = 0;         // its batch's sequence number: earlier batches go first
+    uint64_t seq = 0;  // its batch's sequence number: earlier batches go first
     uint32_t stage = 0;
     Clock::time_point since;   // when it entered its current queue (or started waiting to)
     Clock::time_point handed;  // when its current stage's task was posted
@@ -262,13 +262,13 @@ class BatchPipeline {
   // the task takes the first row of `handed` when it starts) -> running.
   struct StageState {
     Executor* executor = nullptr;
-    uint32_t concurrency = 0;  // 0 = no limit
-    uint32_t capacity = 0;     // bound of queue + handed; 0 = no limit (or automatic, below)
+    uint32_t concurrency = 0;    // 0 = no limit
+    uint32_t capacity = 0;       // bound of queue + handed; 0 = no limit (or automatic, below)
     bool auto_capacity = false;  // capacity follows the executor's Parallelism() (StageOptions::queue)
-    RowSet queue;              // rows waiting for this stage
-    RowSet blocked;            // rows done with the stage before, waiting for room in `queue`
-    RowSet handed;             // rows with a task posted, not yet started
-    uint32_t occupied = 0;     // posted or running tasks + rows of this stage blocked before the next
+    RowSet queue;                // rows waiting for this stage
+    RowSet blocked;              // rows done with the stage before, waiting for room in `queue`
+    RowSet handed;               // rows with a task posted, not yet started
+    uint32_t occupied = 0;       // posted or running tasks + rows of this stage blocked before the next
     // Read-ahead (a stage that feeds another): `ahead` bounds `occupied` too; 0 until measured.
     uint32_t ahead = 0;
     double task_seconds = 0;  // moving average of a task's time from hand-off to done
@@ -277,10 +277,10 @@ class BatchPipeline {
   };
   struct EpochState {
     std::vector<uint64_t> order;
-    size_t next = 0;            // next position of `order` to hand out
-    uint64_t batches = 0;       // batches this epoch will deliver
-    uint64_t dispatched = 0;    // batches dispatched so far
-    uint32_t last_slot = 0;     // slot of the batch dispatched last (valid when dispatched > 0)
+    size_t next = 0;          // next position of `order` to hand out
+    uint64_t batches = 0;     // batches this epoch will deliver
+    uint64_t dispatched = 0;  // batches dispatched so far
+    uint32_t last_slot = 0;   // slot of the batch dispatched last (valid when dispatched > 0)
     uint64_t skipped = 0;
     // For resume points: where each undelivered batch's rows start, and which batch took each spare.
     std::map<uint64_t, uint64_t> batch_start;  // seq -> position
@@ -298,9 +298,9 @@ class BatchPipeline {
   };
   struct InFlight {
     SlotMeta meta;
-    bool delivered = false;      // taken by the control thread (TakeMeta or ClaimForDelivery)
-    std::vector<uint8_t> ok;     // per row: 1 when the row holds a good sample
-    uint32_t remaining = 0;      // rows not finished
+    bool delivered = false;   // taken by the control thread (TakeMeta or ClaimForDelivery)
+    std::vector<uint8_t> ok;  // per row: 1 when the row holds a good sample
+    uint32_t remaining = 0;   // rows not finished
     std::vector<std::unique_ptr<Row>> rows;
   };
   struct Post {
@@ -362,17 +362,17 @@ class BatchPipeline {
   mutable std::mutex mu_;
   // Guarded by mu_.
   std::vector<StageState> stages_;
-  std::map<uint32_t, EpochState> epochs_;   // epochs with batches not yet all delivered
-  std::map<uint32_t, InFlight> slots_;      // by slot: batches being filled or delivered
+  std::map<uint32_t, EpochState> epochs_;  // epochs with batches not yet all delivered
+  std::map<uint32_t, InFlight> slots_;     // by slot: batches being filled or delivered
   uint32_t dispatch_epoch_ = 0;
   bool done_dispatching_ = false;
   Status failure_;
-  uint64_t tried_ = 0;            // samples finished, good or bad
-  uint64_t failed_ = 0;           // samples that failed
-  uint64_t logged_skips_ = 0;     // skipped samples logged one by one (the first few)
-  uint64_t unlogged_skips_ = 0;   // skipped since the last summary line
+  uint64_t tried_ = 0;           // samples finished, good or bad
+  uint64_t failed_ = 0;          // samples that failed
+  uint64_t logged_skips_ = 0;    // skipped samples logged one by one (the first few)
+  uint64_t unlogged_skips_ = 0;  // skipped since the last summary line
   Clock::time_point last_skip_summary_{};
-  std::string last_error_;        // "stage 'x': message" of the last failed sample
+  std::string last_error_;  // "stage 'x': message" of the last failed sample
 
   mutable std::mutex history_mu_;
   mutable std::deque<History> history_;  // guarded by history_mu_: snapshots for the window

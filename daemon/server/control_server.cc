@@ -118,7 +118,8 @@ class Session : public std::enable_shared_from_this<Session> {
         auto r = self->parser_.Next(&payload);
         if (r == proto::FrameParser::Result::kNeedMore) break;
         if (r == proto::FrameParser::Result::kBad) {
-          self->Apply(self->logic_->OnOversizedFrame(self->parser_.bad_length(), self->server_->options_.max_frame_bytes));
+          self->Apply(
+              self->logic_->OnOversizedFrame(self->parser_.bad_length(), self->server_->options_.max_frame_bytes));
           return;
         }
         self->Apply(self->logic_->OnFrame(payload));
@@ -284,9 +285,10 @@ Status ControlServer::Start() {
     return Status::Ok();
   }
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return InvalidArgument("socket path is longer than " + std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes: " + path);
+    return InvalidArgument("socket path is longer than " + std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
+                           " bytes: " + path);
   }
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return FailedPrecondition(path + " exists and is not a socket; refusing to replace it");
     // A socket file: is a daemon answering on it?

@@ -277,14 +277,16 @@ Output SessionLogic::Fatal(proto::Error::Code code, std::string message) {
 
 Output SessionLogic::OnOversizedFrame(uint32_t length, uint32_t max) {
   return Fatal(proto::Error::BAD_REQUEST, "a control message of " + std::to_string(length) +
-                                              " bytes exceeds the daemon's max_frame_bytes of " + std::to_string(max) + " bytes");
+                                              " bytes exceeds the daemon's max_frame_bytes of " + std::to_string(max) +
+                                              " bytes");
 }
 
 Output SessionLogic::OnFrame(std::string_view payload) {
   if (state_ == State::kClosed) return {};
   proto::ClientMessage msg;
   if (!proto::ParseClientMessage(payload, &msg)) {
-    return Fatal(proto::Error::BAD_REQUEST, "not a valid spdld control message (" + std::to_string(payload.size()) + " bytes)");
+    return Fatal(proto::Error::BAD_REQUEST,
+                 "not a valid spdld control message (" + std::to_string(payload.size()) + " bytes)");
   }
   if (state_ == State::kAwaitHello) {
     if (!msg.has_hello()) return Fatal(proto::Error::BAD_REQUEST, "the first message must be Hello");
@@ -383,8 +385,8 @@ Output SessionLogic::OnFrame(std::string_view payload) {
       if (state_ != State::kRunning) return {};  // the job ended first: nothing to wire
       if (!awaiting_consumer_events_) {
         return Fatal(proto::Error::BAD_REQUEST, job_->cuda_handles() ? "CudaConsumerEvents sent twice"
-                                                                       : "CudaConsumerEvents for a job that is not a GPU "
-                                                                         "job (output.device cpu or copy: client)");
+                                                                     : "CudaConsumerEvents for a job that is not a GPU "
+                                                                       "job (output.device cpu or copy: client)");
       }
       Status s = job_->ImportConsumerEvents(msg.cuda_consumer_events());
       if (!s.ok()) return Fatal(proto::Error::BAD_REQUEST, "bad CudaConsumerEvents: " + s.message());

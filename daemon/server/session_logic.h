@@ -92,7 +92,7 @@ proto::Error RefusalError(const jobs::SubmitResult& refused);
 
 struct Output {
   std::vector<Outgoing> messages;
-  bool close = false;  // close the session after sending `messages`
+  bool close = false;                    // close the session after sending `messages`
   std::optional<PendingSubmit> prepare;  // set only with DaemonControl::async_submit
 };
 

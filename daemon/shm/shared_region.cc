@@ -24,13 +24,10 @@ Result<uint8_t*> MapShared(int fd, size_t bytes, const std::string& what) {
 
 }  // namespace
 
-SharedRegion::SharedRegion(UniqueFd fd, uint8_t* data, size_t size)
-    : fd_(std::move(fd)), data_(data), size_(size) {}
+SharedRegion::SharedRegion(UniqueFd fd, uint8_t* data, size_t size) : fd_(std::move(fd)), data_(data), size_(size) {}
 
 SharedRegion::SharedRegion(SharedRegion&& other) noexcept
-    : fd_(std::move(other.fd_)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+    : fd_(std::move(other.fd_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
 SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
   if (this != &other) {

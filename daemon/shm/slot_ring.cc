@@ -10,10 +10,14 @@ namespace spdl::shm {
 
 const char* SlotStateName(SlotState state) {
   switch (state) {
-    case SlotState::kFree: return "free";
-    case SlotState::kFilling: return "filling";
-    case SlotState::kReady: return "ready";
-    case SlotState::kLeased: return "leased";
+    case SlotState::kFree:
+      return "free";
+    case SlotState::kFilling:
+      return "filling";
+    case SlotState::kReady:
+      return "ready";
+    case SlotState::kLeased:
+      return "leased";
   }
   return "unknown";
 }
@@ -39,8 +43,8 @@ uint32_t SlotRing::active_slots() const {
 
 Status SlotRing::CheckRange(uint32_t slot, const char* op) const {
   if (slot < num_slots_) return Status::Ok();
-  return InvalidArgument(std::string(op) + " of slot " + std::to_string(slot) +
-                         ": out of range (the ring has " + std::to_string(num_slots_) + " slots)");
+  return InvalidArgument(std::string(op) + " of slot " + std::to_string(slot) + ": out of range (the ring has " +
+                         std::to_string(num_slots_) + " slots)");
 }
 
 void SlotRing::FreeLocked(uint32_t slot) {
@@ -78,8 +82,8 @@ Status SlotRing::MarkReady(uint32_t slot) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (s.state != SlotState::kFilling) {
-    return FailedPrecondition("MarkReady of slot " + std::to_string(slot) + ": the slot is " +
-                              SlotStateName(s.state) + ", not filling");
+    return FailedPrecondition("MarkReady of slot " + std::to_string(slot) + ": the slot is " + SlotStateName(s.state) +
+                              ", not filling");
   }
   s.state = SlotState::kReady;
   ready_.emplace(s.seq, slot);
@@ -91,8 +95,8 @@ Status SlotRing::Abandon(uint32_t slot) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (s.state != SlotState::kFilling) {
-    return FailedPrecondition("Abandon of slot " + std::to_string(slot) + ": the slot is " +
-                              SlotStateName(s.state) + ", not filling");
+    return FailedPrecondition("Abandon of slot " + std::to_string(slot) + ": the slot is " + SlotStateName(s.state) +
+                              ", not filling");
   }
   abandoned_.insert(s.seq);
   SkipAbandonedLocked();
@@ -152,15 +156,14 @@ Status SlotRing::Release(uint32_t slot, uint64_t generation) {
   SPDL_RETURN_IF_ERROR(CheckRange(slot, "release"));
   std::lock_guard lock(mu_);
   const Slot& s = slots_[slot];
-  const std::string what =
-      "release of slot " + std::to_string(slot) + " generation " + std::to_string(generation);
+  const std::string what = "release of slot " + std::to_string(slot) + " generation " + std::to_string(generation);
   if (s.state != SlotState::kLeased) {
     return InvalidArgument(what + ": the slot is " + SlotStateName(s.state) +
                            ", not leased (a duplicate or stale release?)");
   }
   if (s.generation != generation) {
-    return InvalidArgument(what + ": the slot's current lease has generation " +
-                           std::to_string(s.generation) + " (a stale release?)");
+    return InvalidArgument(what + ": the slot's current lease has generation " + std::to_string(s.generation) +
+                           " (a stale release?)");
   }
   if (discard_) discard_(slot);
   FreeLocked(slot);
@@ -211,10 +214,18 @@ SlotRing::Counts SlotRing::counts() const {
   for (uint32_t i = 0; i < active_; ++i) {
     const Slot& s = slots_[i];
     switch (s.state) {
-      case SlotState::kFree: ++c.free; break;
-      case SlotState::kFilling: ++c.filling; break;
-      case SlotState::kReady: ++c.ready; break;
-      case SlotState::kLeased: ++c.leased; break;
+      case SlotState::kFree:
+        ++c.free;
+        break;
+      case SlotState::kFilling:
+        ++c.filling;
+        break;
+      case SlotState::kReady:
+        ++c.ready;
+        break;
+      case SlotState::kLeased:
+        ++c.leased;
+        break;
     }
   }
   return c;

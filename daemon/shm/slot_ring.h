@@ -169,12 +169,12 @@ class SlotRing {
 
   // Guarded by mu_.
   std::vector<Slot> slots_;
-  std::deque<uint32_t> free_;            // free slots, the longest-free first
-  std::map<uint64_t, uint32_t> ready_;   // seq -> slot, for ready slots
-  std::set<uint64_t> abandoned_;         // abandoned seqs, all >= next_deliver_
-  uint64_t next_seq_ = 0;                // handed out by the next TryAcquire
-  uint64_t next_deliver_ = 0;            // the lowest seq not yet delivered or skipped
-  uint64_t next_generation_ = 1;         // handed out by the next lease
+  std::deque<uint32_t> free_;           // free slots, the longest-free first
+  std::map<uint64_t, uint32_t> ready_;  // seq -> slot, for ready slots
+  std::set<uint64_t> abandoned_;        // abandoned seqs, all >= next_deliver_
+  uint64_t next_seq_ = 0;               // handed out by the next TryAcquire
+  uint64_t next_deliver_ = 0;           // the lowest seq not yet delivered or skipped
+  uint64_t next_generation_ = 1;        // handed out by the next lease
   bool closed_ = false;
   uint32_t active_;                     // slots [0, active_) are in use; the rest inactive
   bool growth_failed_ = false;          // prepare_ refused a slot: the ring stays as it is

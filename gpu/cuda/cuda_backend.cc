@@ -40,8 +40,7 @@ StatusCode CodeFor(cudaError_t e) {
 // The Status for a failed runtime call; clears the thread's last error.
 Status CudaError(cudaError_t e, const char* call) {
   (void)cudaGetLastError();
-  return Status(CodeFor(e), std::string(call) + ": " + cudaGetErrorName(e) + ": " +
-                                cudaGetErrorString(e));
+  return Status(CodeFor(e), std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 // The thread's current device, for ScopedDevice.
@@ -62,9 +61,9 @@ cudaEvent_t E(Event e) { return static_cast<cudaEvent_t>(e.handle); }
 }  // namespace
 
 // Returns the Status of a failed CUDA runtime call from the enclosing function.
-#define SPDL_CUDA_CHECK(call)                                 \
-  do {                                                        \
-    const cudaError_t spdl_cuda_err_ = (call);                \
+#define SPDL_CUDA_CHECK(call)                                                   \
+  do {                                                                          \
+    const cudaError_t spdl_cuda_err_ = (call);                                  \
     if (spdl_cuda_err_ != cudaSuccess) return CudaError(spdl_cuda_err_, #call); \
   } while (0)
 
@@ -164,9 +163,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(Options options) {
   std::string why;
   const int n = CudaDeviceCount(&why);
   if (options.device < 0 || options.device >= n) {
-    return Unavailable("CUDA device " + std::to_string(options.device) + " does not exist (" +
-                       std::to_string(n) + " visible" + (n == 0 ? ": " + why : std::string()) +
-                       ")");
+    return Unavailable("CUDA device " + std::to_string(options.device) + " does not exist (" + std::to_string(n) +
+                       " visible" + (n == 0 ? ": " + why : std::string()) + ")");
   }
   if (options.require_ipc) {
     const std::string use_client = " CUDA IPC (output.copy: daemon) cannot work on it; use output.copy: client";

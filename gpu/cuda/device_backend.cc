@@ -19,8 +19,7 @@ std::string FormatUuid(const DeviceUuid& uuid) {
 }
 
 void DeviceBackend::ReportTeardownError(const Status& status) {
-  std::fprintf(stderr, "spdl %s backend (device %d): %s\n", name(), device(),
-               status.ToString().c_str());
+  std::fprintf(stderr, "spdl %s backend (device %d): %s\n", name(), device(), status.ToString().c_str());
 }
 
 Result<StreamHandle> MakeStream(DeviceBackend& backend) {

@@ -12,11 +12,16 @@ std::string SlotName(uint32_t slot) { return "device slot " + std::to_string(slo
 
 const char* DeviceSlotStateName(DeviceSlotState state) {
   switch (state) {
-    case DeviceSlotState::kFree: return "free";
-    case DeviceSlotState::kCopying: return "copying";
-    case DeviceSlotState::kReady: return "ready";
-    case DeviceSlotState::kLeased: return "leased";
-    case DeviceSlotState::kReleased: return "released";
+    case DeviceSlotState::kFree:
+      return "free";
+    case DeviceSlotState::kCopying:
+      return "copying";
+    case DeviceSlotState::kReady:
+      return "ready";
+    case DeviceSlotState::kLeased:
+      return "leased";
+    case DeviceSlotState::kReleased:
+      return "released";
   }
   return "unknown";
 }
@@ -29,8 +34,7 @@ uint64_t DeviceSlotPool::DeviceBytes(uint64_t slot_stride, uint32_t num_slots) {
 DeviceSlotPool::DeviceSlotPool(DeviceBackend& backend, const DeviceSlotPoolOptions& options)
     : backend_(backend), options_(options), slots_(options.num_slots) {}
 
-Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& backend,
-                                                               const DeviceSlotPoolOptions& o) {
+Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& backend, const DeviceSlotPoolOptions& o) {
   if (o.host_base == nullptr || o.num_slots == 0 || o.slot_stride == 0) {
     return InvalidArgument("device slot pool: no host region, no slots or an empty slot");
   }
@@ -42,16 +46,14 @@ Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& ba
     return InvalidArgument("device slot pool: slot stride " + std::to_string(o.slot_stride) +
                            " is not a multiple of 256");
   }
-  if (o.slots_offset > o.host_bytes ||
-      (o.host_bytes - o.slots_offset) / o.slot_stride < o.num_slots) {
+  if (o.slots_offset > o.host_bytes || (o.host_bytes - o.slots_offset) / o.slot_stride < o.num_slots) {
     return InvalidArgument("device slot pool: " + std::to_string(o.num_slots) + " slots of " +
-                           std::to_string(o.slot_stride) + " bytes from offset " +
-                           std::to_string(o.slots_offset) + " do not fit the host region of " +
-                           std::to_string(o.host_bytes) + " bytes");
+                           std::to_string(o.slot_stride) + " bytes from offset " + std::to_string(o.slots_offset) +
+                           " do not fit the host region of " + std::to_string(o.host_bytes) + " bytes");
   }
   std::unique_ptr<DeviceSlotPool> pool(new DeviceSlotPool(backend, o));
-  const std::string where = "device slot pool on " + std::string(backend.name()) + " device " +
-                            std::to_string(backend.device());
+  const std::string where =
+      "device slot pool on " + std::string(backend.name()) + " device " + std::to_string(backend.device());
 
   // In teardown order's reverse; on failure `pool` is destroyed and undoes what was made.
   if (o.register_host) {
@@ -62,8 +64,8 @@ Result<std::unique_ptr<DeviceSlotPool>> DeviceSlotPool::Create(DeviceBackend& ba
   const uint64_t device_bytes = DeviceBytes(o.slot_stride, o.num_slots);
   auto buf = AllocDevice(backend, device_bytes);
   if (!buf.ok()) {
-    return buf.status().WithPrefix(where + ": allocating " + std::to_string(device_bytes) +
-                                   " bytes for " + std::to_string(o.num_slots) + " device slots");
+    return buf.status().WithPrefix(where + ": allocating " + std::to_string(device_bytes) + " bytes for " +
+                                   std::to_string(o.num_slots) + " device slots");
   }
   pool->device_ = std::move(buf).value();
   auto stream = MakeStream(backend);
@@ -163,8 +165,8 @@ Status DeviceSlotPool::CheckRange(uint32_t slot, const char* op) const {
 
 Status DeviceSlotPool::ImportConsumerEvents(const std::vector<IpcEventHandle>& done_events) {
   if (done_events.size() != options_.num_slots) {
-    return InvalidArgument("consumer-done events: " + std::to_string(done_events.size()) +
-                           " for a pool of " + std::to_string(options_.num_slots) + " slots");
+    return InvalidArgument("consumer-done events: " + std::to_string(done_events.size()) + " for a pool of " +
+                           std::to_string(options_.num_slots) + " slots");
   }
   std::lock_guard lock(mu_);
   if (imported_) return FailedPrecondition("consumer-done events were already imported for this job");
@@ -184,15 +186,15 @@ Status DeviceSlotPool::Submit(uint32_t slot, uint64_t bytes) {
   SPDL_RETURN_IF_ERROR(CheckRange(slot, "Submit"));
   if (bytes == 0) bytes = options_.slot_stride;
   if (bytes > options_.slot_stride) {
-    return InvalidArgument("Submit of " + SlotName(slot) + ": " + std::to_string(bytes) +
-                           " bytes, the slot holds " + std::to_string(options_.slot_stride));
+    return InvalidArgument("Submit of " + SlotName(slot) + ": " + std::to_string(bytes) + " bytes, the slot holds " +
+                           std::to_string(options_.slot_stride));
   }
   std::lock_guard lock(mu_);
   if (stopped_) return FailedPrecondition("Submit of " + SlotName(slot) + ": the pool is stopped");
   Slot& s = slots_[slot];
   if (s.state != DeviceSlotState::kFree && s.state != DeviceSlotState::kReleased) {
-    return FailedPrecondition("Submit of " + SlotName(slot) + ": the slot is " +
-                              DeviceSlotStateName(s.state) + ", not free or released");
+    return FailedPrecondition("Submit of " + SlotName(slot) + ": the slot is " + DeviceSlotStateName(s.state) +
+                              ", not free or released");
   }
   const Stream stream = stream_.get();
   if (s.state == DeviceSlotState::kReleased) {
@@ -204,8 +206,8 @@ Status DeviceSlotPool::Submit(uint32_t slot, uint64_t bytes) {
                                 ": the client's consumer-done event for it has not completed yet");
     }
   }
-  const auto* src = static_cast<const uint8_t*>(options_.host_base) + options_.slots_offset +
-                    uint64_t{slot} * options_.slot_stride;
+  const auto* src =
+      static_cast<const uint8_t*>(options_.host_base) + options_.slots_offset + uint64_t{slot} * options_.slot_stride;
   if (bytes > options_.copy_offset) {
     const uint64_t skip = options_.copy_offset;
     SPDL_RETURN_IF_ERROR(
@@ -225,13 +227,12 @@ Status DeviceSlotPool::Lease(uint32_t slot, uint64_t generation) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (s.state != DeviceSlotState::kCopying && s.state != DeviceSlotState::kReady) {
-    return InvalidArgument("Lease of " + SlotName(slot) + ": the slot is " +
-                           DeviceSlotStateName(s.state) + ", not copying or ready");
+    return InvalidArgument("Lease of " + SlotName(slot) + ": the slot is " + DeviceSlotStateName(s.state) +
+                           ", not copying or ready");
   }
   if (generation <= last_generation_) {
-    return InvalidArgument("Lease of " + SlotName(slot) + ": generation " +
-                           std::to_string(generation) + " is not newer than " +
-                           std::to_string(last_generation_));
+    return InvalidArgument("Lease of " + SlotName(slot) + ": generation " + std::to_string(generation) +
+                           " is not newer than " + std::to_string(last_generation_));
   }
   last_generation_ = generation;
   s.state = DeviceSlotState::kLeased;
@@ -244,14 +245,12 @@ Status DeviceSlotPool::Release(uint32_t slot, uint64_t generation) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (s.state != DeviceSlotState::kLeased) {
-    return InvalidArgument("Release of " + SlotName(slot) + " generation " +
-                           std::to_string(generation) + ": the slot is " +
-                           DeviceSlotStateName(s.state) + ", not leased");
+    return InvalidArgument("Release of " + SlotName(slot) + " generation " + std::to_string(generation) +
+                           ": the slot is " + DeviceSlotStateName(s.state) + ", not leased");
   }
   if (s.generation != generation) {
-    return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " +
-                           std::to_string(generation) + " (the lease is generation " +
-                           std::to_string(s.generation) + ")");
+    return InvalidArgument("Release of " + SlotName(slot) + ": stale generation " + std::to_string(generation) +
+                           " (the lease is generation " + std::to_string(s.generation) + ")");
   }
   s.state = DeviceSlotState::kReleased;
   s.generation = 0;
@@ -316,8 +315,8 @@ Status DeviceSlotPool::WaitHostSlotReusable(uint32_t slot) {
   }
   // Blocks without the lock. A Submit of this slot cannot race with us: the host slot is not
   // filled (we are about to refill it), so nobody submits it meanwhile.
-  SPDL_RETURN_IF_ERROR(backend_.SynchronizeEvent(ev).WithPrefix(
-      "waiting for the copy of " + SlotName(slot) + " to finish reading the host slot"));
+  SPDL_RETURN_IF_ERROR(backend_.SynchronizeEvent(ev).WithPrefix("waiting for the copy of " + SlotName(slot) +
+                                                                " to finish reading the host slot"));
   std::lock_guard lock(mu_);
   Slot& s = slots_[slot];
   if (s.copies == copies) {
@@ -359,11 +358,21 @@ DeviceSlotPool::Counts DeviceSlotPool::counts() const {
   Counts c;
   for (const Slot& s : slots_) {
     switch (s.state) {
-      case DeviceSlotState::kFree: ++c.free; break;
-      case DeviceSlotState::kCopying: ++c.copying; break;
-      case DeviceSlotState::kReady: ++c.ready; break;
-      case DeviceSlotState::kLeased: ++c.leased; break;
-      case DeviceSlotState::kReleased: ++c.released; break;
+      case DeviceSlotState::kFree:
+        ++c.free;
+        break;
+      case DeviceSlotState::kCopying:
+        ++c.copying;
+        break;
+      case DeviceSlotState::kReady:
+        ++c.ready;
+        break;
+      case DeviceSlotState::kLeased:
+        ++c.leased;
+        break;
+      case DeviceSlotState::kReleased:
+        ++c.released;
+        break;
     }
   }
   return c;

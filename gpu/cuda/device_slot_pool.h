@@ -71,9 +71,9 @@ struct DeviceSlotPoolOptions {
   // The job's shared host region (borrowed: must stay mapped while the pool lives) and its layout
   // (proto/shm_layout.h: SlotLayout).
   void* host_base = nullptr;
-  uint64_t host_bytes = 0;     // the whole region; registered as one range
-  uint64_t slots_offset = 0;   // of slot 0 in the region
-  uint64_t slot_stride = 0;    // bytes per slot; a multiple of 256 (the layout makes it of 4096)
+  uint64_t host_bytes = 0;    // the whole region; registered as one range
+  uint64_t slots_offset = 0;  // of slot 0 in the region
+  uint64_t slot_stride = 0;   // bytes per slot; a multiple of 256 (the layout makes it of 4096)
   uint32_t num_slots = 0;
   // Bytes at the start of every slot that Submit never copies: the job writes them on the device
   // itself (decode.device: cuda decodes the image tensor straight into the device slot). 0: all.
@@ -96,8 +96,7 @@ class DeviceSlotPool {
   // exports their IPC handles. Any failure undoes what was done and returns the backend's Status
   // (kResourceExhausted for out of device memory), prefixed with what was being done.
   // `backend` is borrowed: it must outlive the pool.
-  static Result<std::unique_ptr<DeviceSlotPool>> Create(DeviceBackend& backend,
-                                                        const DeviceSlotPoolOptions& options);
+  static Result<std::unique_ptr<DeviceSlotPool>> Create(DeviceBackend& backend, const DeviceSlotPoolOptions& options);
   ~DeviceSlotPool();
   DeviceSlotPool(const DeviceSlotPool&) = delete;
   DeviceSlotPool& operator=(const DeviceSlotPool&) = delete;

@@ -34,8 +34,7 @@ Status CountIs(int got, uint32_t want, const char* what) {
 void BuildCudaHandles(const CudaJobHandles& h, proto::CudaHandles* out) {
   out->Clear();
   out->set_device_index(static_cast<uint32_t>(h.device_index));
-  out->set_device_uuid(std::string(reinterpret_cast<const char*>(h.device_uuid.data()),
-                                   h.device_uuid.size()));
+  out->set_device_uuid(std::string(reinterpret_cast<const char*>(h.device_uuid.data()), h.device_uuid.size()));
   for (const auto& m : h.memory) {
     out->add_memory_handles(ToBytes(m.handle));
     out->add_memory_bytes(m.bytes);
@@ -48,8 +47,7 @@ void BuildCudaHandles(const CudaJobHandles& h, proto::CudaHandles* out) {
   for (const auto& e : h.ready_events) out->add_ready_events(ToBytes(e));
 }
 
-Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t num_slots,
-                                        uint64_t slot_bytes) {
+Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t num_slots, uint64_t slot_bytes) {
   const std::string prefix = "CudaHandles";
   CudaJobHandles h;
   h.device_index = static_cast<int>(msg.device_index());
@@ -61,14 +59,12 @@ Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t 
 
   if (msg.memory_handles_size() == 0) return InvalidArgument(prefix + ": no memory handles");
   if (msg.memory_bytes_size() != msg.memory_handles_size()) {
-    return InvalidArgument(prefix + ": " + std::to_string(msg.memory_handles_size()) +
-                           " memory handles but " + std::to_string(msg.memory_bytes_size()) +
-                           " sizes");
+    return InvalidArgument(prefix + ": " + std::to_string(msg.memory_handles_size()) + " memory handles but " +
+                           std::to_string(msg.memory_bytes_size()) + " sizes");
   }
   for (int i = 0; i < msg.memory_handles_size(); ++i) {
     CudaJobHandles::Memory m;
-    SPDL_RETURN_IF_ERROR(FromBytes(msg.memory_handles(i),
-                                   prefix + ": memory handle " + std::to_string(i), &m.handle));
+    SPDL_RETURN_IF_ERROR(FromBytes(msg.memory_handles(i), prefix + ": memory handle " + std::to_string(i), &m.handle));
     m.bytes = msg.memory_bytes(i);
     h.memory.push_back(m);
   }
@@ -90,13 +86,11 @@ Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t 
     }
     const uint64_t mem_bytes = h.memory[s.memory].bytes;
     if (s.offset % kDeviceSlotAlign != 0) {
-      return InvalidArgument(slot + ": offset " + std::to_string(s.offset) +
-                             " is not 256-byte aligned");
+      return InvalidArgument(slot + ": offset " + std::to_string(s.offset) + " is not 256-byte aligned");
     }
     if (s.offset > mem_bytes || mem_bytes - s.offset < slot_bytes) {
-      return InvalidArgument(slot + ": [" + std::to_string(s.offset) + ", +" +
-                             std::to_string(slot_bytes) + ") lies outside its allocation of " +
-                             std::to_string(mem_bytes) + " bytes");
+      return InvalidArgument(slot + ": [" + std::to_string(s.offset) + ", +" + std::to_string(slot_bytes) +
+                             ") lies outside its allocation of " + std::to_string(mem_bytes) + " bytes");
     }
     h.slots.push_back(s);
     IpcEventHandle e;
@@ -106,20 +100,17 @@ Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t 
   return h;
 }
 
-void BuildCudaConsumerEvents(const std::vector<IpcEventHandle>& done_events,
-                             proto::CudaConsumerEvents* out) {
+void BuildCudaConsumerEvents(const std::vector<IpcEventHandle>& done_events, proto::CudaConsumerEvents* out) {
   out->Clear();
   for (const auto& e : done_events) out->add_done_events(ToBytes(e));
 }
 
-Result<std::vector<IpcEventHandle>> ParseCudaConsumerEvents(const proto::CudaConsumerEvents& msg,
-                                                            uint32_t num_slots) {
+Result<std::vector<IpcEventHandle>> ParseCudaConsumerEvents(const proto::CudaConsumerEvents& msg, uint32_t num_slots) {
   SPDL_RETURN_IF_ERROR(CountIs(msg.done_events_size(), num_slots, "CudaConsumerEvents: done_events"));
   std::vector<IpcEventHandle> out(num_slots);
   for (uint32_t i = 0; i < num_slots; ++i) {
     SPDL_RETURN_IF_ERROR(FromBytes(msg.done_events(static_cast<int>(i)),
-                                   "CudaConsumerEvents: slot " + std::to_string(i) + " event",
-                                   &out[i]));
+                                   "CudaConsumerEvents: slot " + std::to_string(i) + " event", &out[i]));
   }
   return out;
 }

@@ -28,19 +28,19 @@ inline constexpr uint64_t kDeviceSlotAlign = 256;
 
 // What the daemon exports for one job (DeviceSlotPool::Export).
 struct CudaJobHandles {
-  int device_index = 0;   // the daemon's ordinal (informational)
+  int device_index = 0;  // the daemon's ordinal (informational)
   DeviceUuid device_uuid{};
   struct Memory {
     IpcMemHandle handle;
-    uint64_t bytes = 0;   // the allocation's size
+    uint64_t bytes = 0;  // the allocation's size
   };
   std::vector<Memory> memory;  // one per device allocation
   struct Slot {
     uint32_t memory = 0;  // index into `memory`
     uint64_t offset = 0;  // of the device slot inside that allocation
   };
-  std::vector<Slot> slots;     // per slot
-  uint64_t slot_bytes = 0;     // bytes of one device slot
+  std::vector<Slot> slots;                   // per slot
+  uint64_t slot_bytes = 0;                   // bytes of one device slot
   std::vector<IpcEventHandle> ready_events;  // per slot
 };
 
@@ -51,16 +51,13 @@ void BuildCudaHandles(const CudaJobHandles& h, proto::CudaHandles* out);
 // (JobAccepted.num_slots and .slot_stride): every handle 64 bytes, the UUID 16, one slot entry and
 // one ready event per slot, memory indices in range, each slot 256-byte aligned and inside its
 // allocation, slot_bytes as expected.
-Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t num_slots,
-                                        uint64_t slot_bytes);
+Result<CudaJobHandles> ParseCudaHandles(const proto::CudaHandles& msg, uint32_t num_slots, uint64_t slot_bytes);
 
 // Fills *out with the client's per-slot consumer-done events (clears it first).
-void BuildCudaConsumerEvents(const std::vector<IpcEventHandle>& done_events,
-                             proto::CudaConsumerEvents* out);
+void BuildCudaConsumerEvents(const std::vector<IpcEventHandle>& done_events, proto::CudaConsumerEvents* out);
 
 // Reads and checks a CudaConsumerEvents for a job of `num_slots` slots: exactly one 64-byte handle
 // per slot.
-Result<std::vector<IpcEventHandle>> ParseCudaConsumerEvents(const proto::CudaConsumerEvents& msg,
-                                                            uint32_t num_slots);
+Result<std::vector<IpcEventHandle>> ParseCudaConsumerEvents(const proto::CudaConsumerEvents& msg, uint32_t num_slots);
 
 }  // namespace spdl::cuda

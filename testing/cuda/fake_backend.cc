@@ -44,26 +44,46 @@ struct AlignedDelete {
 
 const char* FakeOpName(FakeOp op) {
   switch (op) {
-    case FakeOp::kHostRegister: return "host_register";
-    case FakeOp::kHostUnregister: return "host_unregister";
-    case FakeOp::kAlloc: return "alloc";
-    case FakeOp::kFree: return "free";
-    case FakeOp::kCreateStream: return "create_stream";
-    case FakeOp::kDestroyStream: return "destroy_stream";
-    case FakeOp::kCreateEvent: return "create_event";
-    case FakeOp::kDestroyEvent: return "destroy_event";
-    case FakeOp::kCopyH2D: return "copy_h2d";
-    case FakeOp::kCopyD2H: return "copy_d2h";
-    case FakeOp::kRecord: return "record";
-    case FakeOp::kWait: return "wait";
-    case FakeOp::kQuery: return "query";
-    case FakeOp::kSyncEvent: return "sync_event";
-    case FakeOp::kSyncStream: return "sync_stream";
-    case FakeOp::kExportMemory: return "export_memory";
-    case FakeOp::kExportEvent: return "export_event";
-    case FakeOp::kOpenMemory: return "open_memory";
-    case FakeOp::kCloseMemory: return "close_memory";
-    case FakeOp::kOpenEvent: return "open_event";
+    case FakeOp::kHostRegister:
+      return "host_register";
+    case FakeOp::kHostUnregister:
+      return "host_unregister";
+    case FakeOp::kAlloc:
+      return "alloc";
+    case FakeOp::kFree:
+      return "free";
+    case FakeOp::kCreateStream:
+      return "create_stream";
+    case FakeOp::kDestroyStream:
+      return "destroy_stream";
+    case FakeOp::kCreateEvent:
+      return "create_event";
+    case FakeOp::kDestroyEvent:
+      return "destroy_event";
+    case FakeOp::kCopyH2D:
+      return "copy_h2d";
+    case FakeOp::kCopyD2H:
+      return "copy_d2h";
+    case FakeOp::kRecord:
+      return "record";
+    case FakeOp::kWait:
+      return "wait";
+    case FakeOp::kQuery:
+      return "query";
+    case FakeOp::kSyncEvent:
+      return "sync_event";
+    case FakeOp::kSyncStream:
+      return "sync_stream";
+    case FakeOp::kExportMemory:
+      return "export_memory";
+    case FakeOp::kExportEvent:
+      return "export_event";
+    case FakeOp::kOpenMemory:
+      return "open_memory";
+    case FakeOp::kCloseMemory:
+      return "close_memory";
+    case FakeOp::kOpenEvent:
+      return "open_event";
   }
   return "unknown";
 }
@@ -367,8 +387,7 @@ Status FakeBackend::HostUnregister(void* ptr) {
   auto it = registrations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == registrations_.end()) {
     c.ok = false;
-    return FailedPrecondition("HostUnregister of " + Hex(ptr) +
-                              ": not registered (cudaErrorHostMemoryNotRegistered)");
+    return FailedPrecondition("HostUnregister of " + Hex(ptr) + ": not registered (cudaErrorHostMemoryNotRegistered)");
   }
   c.bytes = it->second;
   registrations_.erase(it);
@@ -547,8 +566,8 @@ Status FakeBackend::CopyLocked(FakeOp op, void* dst, const void* src, size_t byt
   FakeDevice::Allocation* a = device_.FindLocked(dev, bytes, &c.offset);
   if (a == nullptr) {
     c.ok = false;
-    return InvalidArgument(std::string(FakeOpName(op)) + ": " + std::to_string(bytes) +
-                           " bytes at " + Hex(dev) + " are not inside one device allocation");
+    return InvalidArgument(std::string(FakeOpName(op)) + ": " + std::to_string(bytes) + " bytes at " + Hex(dev) +
+                           " are not inside one device allocation");
   }
   if (a->owner != process_ && mappings_.count(static_cast<void*>(a->bytes)) == 0) {
     c.ok = false;
@@ -664,8 +683,7 @@ Result<IpcMemHandle> FakeBackend::ExportMemory(void* base) {
   auto it = device_.allocations_.find(reinterpret_cast<uintptr_t>(base));
   if (it == device_.allocations_.end() || it->second.owner != process_ || it->second.freed) {
     c.ok = false;
-    return InvalidArgument("ExportMemory of " + Hex(base) +
-                           ": not the base of an allocation of this process");
+    return InvalidArgument("ExportMemory of " + Hex(base) + ": not the base of an allocation of this process");
   }
   c.alloc = it->second.id;
   return EncodeHandle<IpcMemHandle>(kMemMagic, it->second.id);

@@ -79,16 +79,16 @@ const char* FakeOpName(FakeOp op);
 // stream), `event` the device-wide id of the underlying event (the same in the exporting and the
 // importing process), `alloc` the device-wide id of an allocation.
 struct FakeCall {
-  uint64_t seq = 0;      // order on the FakeDevice, across all processes
-  std::string process;   // the FakeBackend's name
+  uint64_t seq = 0;     // order on the FakeDevice, across all processes
+  std::string process;  // the FakeBackend's name
   FakeOp op = FakeOp::kAlloc;
   uint64_t stream = 0;
   uint64_t event = 0;
   uint64_t alloc = 0;
-  uint64_t offset = 0;   // copies: offset of the device side within the allocation
+  uint64_t offset = 0;  // copies: offset of the device side within the allocation
   uint64_t bytes = 0;
-  bool pinned = false;   // kCopyH2D / kCopyD2H: the host side lies in a registered range
-  bool ok = true;        // false when the call failed
+  bool pinned = false;     // kCopyH2D / kCopyD2H: the host side lies in a registered range
+  bool ok = true;          // false when the call failed
   std::thread::id thread;  // the calling thread
 };
 // "daemon copy_h2d stream=1 alloc=1+8192 bytes=4096 pinned", for failure messages.
@@ -278,10 +278,10 @@ class FakeBackend final : public DeviceBackend {
 
   // Guarded by device_.mu_.
   std::map<FakeOp, Status> failures_;
-  std::map<uintptr_t, size_t> registrations_;    // host base -> bytes
-  std::map<void*, uint64_t> streams_;            // handle -> local id
+  std::map<uintptr_t, size_t> registrations_;  // host base -> bytes
+  std::map<void*, uint64_t> streams_;          // handle -> local id
   uint64_t next_stream_id_ = 1;
-  std::map<void*, LocalEvent> events_;           // handle -> event
+  std::map<void*, LocalEvent> events_;  // handle -> event
   uint64_t next_local_event_ = 1;
   std::map<void*, std::pair<uint64_t, int>> mappings_;  // opened base -> (allocation id, opens)
   std::vector<Status> teardown_errors_;

@@ -29,28 +29,44 @@ std::string AvError(int rc) {
 
 AVPixelFormat SourceFormat(RawPixels p) {
   switch (p) {
-    case RawPixels::kRgb24: return AV_PIX_FMT_RGB24;
-    case RawPixels::kRgba: return AV_PIX_FMT_RGBA;
-    case RawPixels::kGray8: return AV_PIX_FMT_GRAY8;
-    case RawPixels::kGrayAlpha8: return AV_PIX_FMT_YA8;
-    case RawPixels::kRgb48: return AV_PIX_FMT_RGB48;
-    case RawPixels::kRgba64: return AV_PIX_FMT_RGBA64;
-    case RawPixels::kGray16: return AV_PIX_FMT_GRAY16;
-    case RawPixels::kPal8: return AV_PIX_FMT_PAL8;
+    case RawPixels::kRgb24:
+      return AV_PIX_FMT_RGB24;
+    case RawPixels::kRgba:
+      return AV_PIX_FMT_RGBA;
+    case RawPixels::kGray8:
+      return AV_PIX_FMT_GRAY8;
+    case RawPixels::kGrayAlpha8:
+      return AV_PIX_FMT_YA8;
+    case RawPixels::kRgb48:
+      return AV_PIX_FMT_RGB48;
+    case RawPixels::kRgba64:
+      return AV_PIX_FMT_RGBA64;
+    case RawPixels::kGray16:
+      return AV_PIX_FMT_GRAY16;
+    case RawPixels::kPal8:
+      return AV_PIX_FMT_PAL8;
   }
   return AV_PIX_FMT_NONE;
 }
 
 size_t BytesPerPixel(RawPixels p) {
   switch (p) {
-    case RawPixels::kRgb24: return 3;
-    case RawPixels::kRgba: return 4;
-    case RawPixels::kGray8: return 1;
-    case RawPixels::kGrayAlpha8: return 2;
-    case RawPixels::kRgb48: return 6;
-    case RawPixels::kRgba64: return 8;
-    case RawPixels::kGray16: return 2;
-    case RawPixels::kPal8: return 1;
+    case RawPixels::kRgb24:
+      return 3;
+    case RawPixels::kRgba:
+      return 4;
+    case RawPixels::kGray8:
+      return 1;
+    case RawPixels::kGrayAlpha8:
+      return 2;
+    case RawPixels::kRgb48:
+      return 6;
+    case RawPixels::kRgba64:
+      return 8;
+    case RawPixels::kGray16:
+      return 2;
+    case RawPixels::kPal8:
+      return 1;
   }
   return 0;
 }
@@ -61,27 +77,39 @@ std::vector<AVPixelFormat> Candidates(RawPixels p) {
   switch (p) {
     case RawPixels::kRgb24:
       return {AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24, AV_PIX_FMT_RGBA, AV_PIX_FMT_BGRA};
-    case RawPixels::kRgba: return {AV_PIX_FMT_RGBA, AV_PIX_FMT_BGRA};
+    case RawPixels::kRgba:
+      return {AV_PIX_FMT_RGBA, AV_PIX_FMT_BGRA};
     case RawPixels::kGray8:
       return {AV_PIX_FMT_GRAY8, AV_PIX_FMT_RGB24, AV_PIX_FMT_BGR24, AV_PIX_FMT_BGRA};
-    case RawPixels::kGrayAlpha8: return {AV_PIX_FMT_YA8, AV_PIX_FMT_RGBA, AV_PIX_FMT_BGRA};
-    case RawPixels::kRgb48: return {AV_PIX_FMT_RGB48BE, AV_PIX_FMT_RGB48LE};
-    case RawPixels::kRgba64: return {AV_PIX_FMT_RGBA64BE, AV_PIX_FMT_RGBA64LE};
-    case RawPixels::kGray16: return {AV_PIX_FMT_GRAY16BE, AV_PIX_FMT_GRAY16LE};
-    case RawPixels::kPal8: return {AV_PIX_FMT_PAL8};
+    case RawPixels::kGrayAlpha8:
+      return {AV_PIX_FMT_YA8, AV_PIX_FMT_RGBA, AV_PIX_FMT_BGRA};
+    case RawPixels::kRgb48:
+      return {AV_PIX_FMT_RGB48BE, AV_PIX_FMT_RGB48LE};
+    case RawPixels::kRgba64:
+      return {AV_PIX_FMT_RGBA64BE, AV_PIX_FMT_RGBA64LE};
+    case RawPixels::kGray16:
+      return {AV_PIX_FMT_GRAY16BE, AV_PIX_FMT_GRAY16LE};
+    case RawPixels::kPal8:
+      return {AV_PIX_FMT_PAL8};
   }
   return {};
 }
 
 const char* EncoderName(ImageFormat f) {
   switch (f) {
-    case ImageFormat::kPng: return "png";
-    case ImageFormat::kGif: return "gif";
-    case ImageFormat::kBmp: return "bmp";
-    case ImageFormat::kTiff: return "tiff";
-    case ImageFormat::kWebp: return "libwebp";
+    case ImageFormat::kPng:
+      return "png";
+    case ImageFormat::kGif:
+      return "gif";
+    case ImageFormat::kBmp:
+      return "bmp";
+    case ImageFormat::kTiff:
+      return "tiff";
+    case ImageFormat::kWebp:
+      return "libwebp";
     case ImageFormat::kJpeg:
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kUnknown:
+      break;
   }
   return nullptr;
 }
@@ -110,14 +138,11 @@ Result<std::vector<uint8_t>> EncodeJpegImage(const RawImage& image, int quality)
 
 }  // namespace
 
-Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& image,
-                                         const EncodeOptions& options) {
+Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& image, const EncodeOptions& options) {
   if (image.width <= 0 || image.height <= 0 ||
-      image.data.size() != static_cast<size_t>(image.width) * image.height *
-                               BytesPerPixel(image.pixels)) {
+      image.data.size() != static_cast<size_t>(image.width) * image.height * BytesPerPixel(image.pixels)) {
     return InvalidArgument("EncodeImage: bad image " + std::to_string(image.width) + "x" +
-                           std::to_string(image.height) + " with " +
-                           std::to_string(image.data.size()) + " bytes");
+                           std::to_string(image.height) + " with " + std::to_string(image.data.size()) + " bytes");
   }
   if (image.pixels == RawPixels::kPal8 && (image.palette.empty() || image.palette.size() > 256)) {
     return InvalidArgument("EncodeImage: a palette image needs 1..256 palette entries");
@@ -126,8 +151,8 @@ Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& ima
   const char* name = EncoderName(format);
   const AVCodec* codec = name ? avcodec_find_encoder_by_name(name) : nullptr;
   if (codec == nullptr) {
-    return FailedPrecondition(std::string("this FFmpeg build has no ") + ImageFormatName(format) +
-                              " encoder" + (name ? std::string(" (") + name + ")" : ""));
+    return FailedPrecondition(std::string("this FFmpeg build has no ") + ImageFormatName(format) + " encoder" +
+                              (name ? std::string(" (") + name + ")" : ""));
   }
   AVPixelFormat target = AV_PIX_FMT_NONE;
   for (AVPixelFormat f : Candidates(image.pixels)) {

@@ -143,7 +143,8 @@ struct Run {
 };
 
 // Opens a job, calls `after_open` (e.g. to delete a file the job has listed), then reads it to the end.
-Run RunJob(const std::string& socket, const std::string& yaml, uint32_t epochs, const std::function<void()>& after_open) {
+Run RunJob(const std::string& socket, const std::string& yaml, uint32_t epochs,
+           const std::function<void()>& after_open) {
   Run run;
   client::Options o;
   o.socket_path = socket;

@@ -190,9 +190,7 @@ TEST_CASE("spdl-client records each sample once per epoch and reports JSON") {
   DaemonProcess d(f.socket(), {"--allow-root", f.dir.path});
   REQUIRE(d.Connectable());
   const std::string job = f.dir.path + "/job.yaml";
-  {
-    std::ofstream(job) << JobYaml("/nonexistent", 4, 2);
-  }
+  { std::ofstream(job) << JobYaml("/nonexistent", 4, 2); }
   const std::string record = f.dir.path + "/record.csv";
   std::string out;
   int rc = RunCommand({std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", f.socket(), "--config", job, "--set",
@@ -257,8 +255,8 @@ TEST_CASE("a run stopped with --stop-after and resumed from its state equals an 
   std::ofstream(job) << JobYaml(f.data_root(), 4, 3);
   const std::string client = std::string(SPDL_BIN_DIR) + "/spdl-client";
   auto run = [&](std::vector<std::string> extra, const std::string& record) {
-    std::vector<std::string> argv = {client, "--socket", f.socket(), "--config", job, "--epochs", "3",
-                                     "--json", "--no-checksum", "--record", record};
+    std::vector<std::string> argv = {client, "--socket", f.socket(),      "--config", job,   "--epochs",
+                                     "3",    "--json",   "--no-checksum", "--record", record};
     argv.insert(argv.end(), extra.begin(), extra.end());
     std::string out;
     REQUIRE(RunCommand(argv, &out) == 0);
@@ -403,8 +401,8 @@ TEST_CASE("a corrupt file is skipped and counted, or fails the job naming it") {
     CHECK(r.stats.client_wait_seconds > 0);
   }
   SECTION("max_failures") {
-    RankRun r = RunRank(f, Opts(f, JobYaml(f.data_root(), 4, 2, "max_failures: 1\nmax_failures_warmup: 0\n"), 0, 1, 2),
-                        false);
+    RankRun r =
+        RunRank(f, Opts(f, JobYaml(f.data_root(), 4, 2, "max_failures: 1\nmax_failures_warmup: 0\n"), 0, 1, 2), false);
     CHECK_THAT(r.error, Catch::Contains("too many bad samples: 2 of"));
     CHECK_THAT(r.error, Catch::Contains("max_failures: 1"));
     CHECK_THAT(r.error, Catch::Contains("stage 'decode'"));

@@ -100,11 +100,17 @@ TEST_CASE("a client that holds all its slots and stops reading stalls only its o
   Drained a, b;
   std::thread ta([&] {
     auto l = client::Loader::Open(f.Job(3, 2));
-    if (l.ok()) a = Drain(**l); else a.error = l.status().ToString();
+    if (l.ok())
+      a = Drain(**l);
+    else
+      a.error = l.status().ToString();
   });
   std::thread tb([&] {
     auto l = client::Loader::Open(f.Job(2, 3));
-    if (l.ok()) b = Drain(**l); else b.error = l.status().ToString();
+    if (l.ok())
+      b = Drain(**l);
+    else
+      b.error = l.status().ToString();
   });
   ta.join();
   tb.join();
@@ -258,7 +264,7 @@ TEST_CASE("a daemon killed with SIGKILL restarts on its stale socket and a clien
       token = (*l)->state();
       REQUIRE(d.Stop(SIGKILL) == std::optional<int>(-SIGKILL));
       CHECK(fs::exists(f.socket()));  // left behind: the restart must cope with it
-      Status s;  // events already buffered (an EpochEnd) come first, then the error
+      Status s;                       // events already buffered (an EpochEnd) come first, then the error
       for (int i = 0; i < 100 && s.ok(); ++i) s = (*l)->Next().status();
       CHECK(s.code() == StatusCode::kUnavailable);
     }

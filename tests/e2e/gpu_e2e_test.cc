@@ -699,7 +699,8 @@ TEST_CASE(NAME("a poisoned GPU shows in status, and spdld exits for a restart on
     CHECK(f.daemon->Running());
     auto again = client::GpuLoader::Open(f.Job("{device: cuda:0}"), g);
     REQUIRE_FALSE(again.ok());
-    CHECK_THAT(again.status().message(), Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld"));
+    CHECK_THAT(again.status().message(),
+               Catch::Contains("cudaErrorIllegalAddress") && Catch::Contains("restart spdld"));
     held.clear();
     l->reset();  // the last job on the GPU ends
     if (exit_on_poison) {

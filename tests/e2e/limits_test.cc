@@ -27,8 +27,8 @@ struct Fixture {
     o.min_side = 60;
     o.max_side = 120;
     REQUIRE(testdata::MakeImageFolder(root(), o).ok());
-    WriteFile(dir.path + "/spdld.yaml", "socket_path: " + socket() + "\nallowed_roots: [" + root() +
-                                            "]\nworker_threads: 2\n" + limits);
+    WriteFile(dir.path + "/spdld.yaml",
+              "socket_path: " + socket() + "\nallowed_roots: [" + root() + "]\nworker_threads: 2\n" + limits);
     daemon.emplace(socket(), std::vector<std::string>{"--config", dir.path + "/spdld.yaml"});
     REQUIRE(daemon->Connectable());
   }
@@ -145,9 +145,8 @@ TEST_CASE("a cuda job is refused clearly where it cannot be delivered and never 
     REQUIRE_FALSE(l.ok());
     INFO(l.status().message());
     CHECK_THAT(l.status().message(), Catch::Contains("cuda:0"));
-    CHECK_THAT(l.status().message(),
-               Catch::Contains("CUDA device(s)") || Catch::Contains("built without CUDA") ||
-                   Catch::Contains("delivers batches in host memory only"));
+    CHECK_THAT(l.status().message(), Catch::Contains("CUDA device(s)") || Catch::Contains("built without CUDA") ||
+                                         Catch::Contains("delivers batches in host memory only"));
   }
   SECTION("copy: client") {
     client::Options o = f.Job(2);

@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "e2e/daemon_process.h"
-#include "e2e/e2e_support.h"
 #include "e2e/dataset.h"
+#include "e2e/e2e_support.h"
 #include "media/image_decoder.h"
 #include "media/image_encoder.h"
 #include "media/pixel_convert.h"
@@ -71,11 +71,13 @@ media::RawImage ToRaw(const std::vector<uint8_t>& rgb, int w, int h, media::RawP
   raw.height = h;
   const size_t n = static_cast<size_t>(w) * h;
   switch (pixels) {
-    case media::RawPixels::kRgb24: raw.data = rgb; break;
+    case media::RawPixels::kRgb24:
+      raw.data = rgb;
+      break;
     case media::RawPixels::kRgba:
       for (size_t i = 0; i < n; ++i) {
-        raw.data.insert(raw.data.end(), {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2],
-                                         static_cast<uint8_t>(i * 7 % 256)});
+        raw.data.insert(raw.data.end(),
+                        {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], static_cast<uint8_t>(i * 7 % 256)});
       }
       break;
     case media::RawPixels::kGray8:
@@ -89,7 +91,8 @@ media::RawImage ToRaw(const std::vector<uint8_t>& rgb, int w, int h, media::RawP
       for (size_t i = 0; i < n * 3; ++i) p[i] = static_cast<uint16_t>(rgb[i] * 257 + (i % 97));
       break;
     }
-    default: FAIL("not used here");
+    default:
+      FAIL("not used here");
   }
   return raw;
 }

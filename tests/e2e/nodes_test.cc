@@ -56,9 +56,20 @@ struct Cluster {
   }
   // Runs one rank's trainer against `node`; returns its --json output. `record` gets its samples.
   nlohmann::json Trainer(char node, int rank, const std::string& record, std::vector<std::string> extra = {}) const {
-    std::vector<std::string> argv = {std::string(SPDL_BIN_DIR) + "/spdl-client", "--socket", socket(node),
-                                     "--config", job(), "--rank", std::to_string(rank), "--world-size",
-                                     std::to_string(kWorld), "--epochs", "2", "--record", record, "--json"};
+    std::vector<std::string> argv = {std::string(SPDL_BIN_DIR) + "/spdl-client",
+                                     "--socket",
+                                     socket(node),
+                                     "--config",
+                                     job(),
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--world-size",
+                                     std::to_string(kWorld),
+                                     "--epochs",
+                                     "2",
+                                     "--record",
+                                     record,
+                                     "--json"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     std::string out;
     REQUIRE(RunCommand(argv, &out) == 0);

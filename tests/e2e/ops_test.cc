@@ -222,7 +222,8 @@ TEST_CASE("spdlctl drain on an idle daemon exits at once") {
   CHECK(d.Stop(0, std::chrono::seconds(20)) == std::optional<int>(0));
 }
 
-TEST_CASE("SIGHUP applies new limits and thread count without dropping the running job, and a bad config keeps the old one") {
+TEST_CASE(
+    "SIGHUP applies new limits and thread count without dropping the running job, and a bad config keeps the old one") {
   OpsFixture f("max_jobs_per_client: 1\nmemory_budget_bytes: 64MiB\n");
   DaemonProcess d(f.socket(), {"--config", f.config()});
   REQUIRE(d.Connectable());

@@ -60,8 +60,9 @@ struct PluginFixture {
     ::chmod(plugins().c_str(), 0755);
     ::chmod(bad_plugins().c_str(), 0777);  // world-writable: spdld must refuse it
     REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libtestops.so").empty());
-    REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
-                .empty());
+    REQUIRE(
+        Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", plugins() + "/libabi99.so", {"-DTEST_ABI_VERSION=99"})
+            .empty());
     REQUIRE(Compile("/usr/bin/cc", "tests/e2e/plugin_ops/test_ops.c", bad_plugins() + "/libplanted.so").empty());
     REQUIRE(Compile("/usr/bin/c++", "tests/e2e/plugin_ops/throwing_op.cc", plugins() + "/libthrows.so").empty());
     std::ofstream(config()) << "socket_path: " << socket() << "\nallowed_roots: [" << dir.path << "]\n"

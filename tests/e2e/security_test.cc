@@ -120,7 +120,8 @@ TEST_CASE("a job belongs to the uid that submitted it: another uid cannot see, r
   CHECK(*rc != 0);
   {
     auto log = testing::ReadBytes(dir.path + "/alice.log");
-    CHECK_THAT(std::string(log.begin(), log.end()), Catch::Contains("cancelled by uid " + std::to_string(users.alice.uid)));
+    CHECK_THAT(std::string(log.begin(), log.end()),
+               Catch::Contains("cancelled by uid " + std::to_string(users.alice.uid)));
   }
   CHECK(d.Stop() == std::optional<int>(0));
 }
@@ -177,8 +178,9 @@ TEST_CASE("a job may read only below the allowed roots: '..' and absolute paths 
   const std::string sock = dir.path + "/spdld.sock";
   DaemonProcess d(sock, {"--allow-root", dir.path + "/allowed"});
   REQUIRE(d.Connectable());
-  for (const std::string& root : std::vector<std::string>{dir.path + "/allowed/../secret", dir.path + "/allowed/data/../../secret",
-                                 dir.path + "/secret", std::string("/etc")}) {
+  for (const std::string& root :
+       std::vector<std::string>{dir.path + "/allowed/../secret", dir.path + "/allowed/data/../../secret",
+                                dir.path + "/secret", std::string("/etc")}) {
     INFO(root);
     auto l = client::Loader::Open(Opts(sock, JobYaml(root)));
     REQUIRE_FALSE(l.ok());

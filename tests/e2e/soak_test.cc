@@ -222,7 +222,8 @@ Quiet QuietPoint(const Soak& s, const DaemonProcess& d) {
   return {testing::FdCount(d.pid()), testing::RssKiB(d.pid())};
 }
 
-TEST_CASE("soak: 8 trainers killed at random and a daemon restart lose and repeat nothing, and the daemon does not grow") {
+TEST_CASE(
+    "soak: 8 trainers killed at random and a daemon restart lose and repeat nothing, and the daemon does not grow") {
   Soak s;
   const uint64_t seed = static_cast<uint64_t>(EnvInt("SPDL_SOAK_SEED", 1));
   const int rounds = std::max(2, EnvInt("SPDL_SOAK_ROUNDS", 2));

@@ -600,8 +600,8 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   WriteFile(dir.path + "/data/urls.txt", urls);
   const std::string sock = dir.path + "/spdld.sock";
   WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
-                                         "/data]\nworker_threads: 2\nio_threads: 4\nallowed_url_prefixes: [" + url +
-                                         "/]\n");
+                                          "/data]\nworker_threads: 2\nio_threads: 4\nallowed_url_prefixes: [" + url +
+                                          "/]\n");
   DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
   REQUIRE(d.Connectable());
   const std::string local = FolderJob(dir.path + "/data");
@@ -611,7 +611,8 @@ TEST_CASE("a slow HTTP server used by one user stalls another user's local job b
   // Bob's endless HTTP job against the slow server, asking for every I/O thread (4).
   const std::string bob_yaml = dir.path + "/bob-http.yaml";
   WriteFile(bob_yaml, "source: {type: http, list: " + dir.path +
-                          "/data/urls.txt, max_in_flight: 64}\nstages: {read: {concurrency: 4}}\nbatch: {size: 8}\ntransforms: [{resize: {height: 16, "
+                          "/data/urls.txt, max_in_flight: 64}\nstages: {read: {concurrency: 4}}\nbatch: {size: "
+                          "8}\ntransforms: [{resize: {height: 16, "
                           "width: 16}}]\nprefetch: 8\n");
   ::chmod(bob_yaml.c_str(), 0644);
   auto bobs = testing::EndlessClient(*bob, sock, bob_yaml);
@@ -654,7 +655,7 @@ TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   const std::string sock = dir.path + "/spdld.sock";
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
   WriteFile(dir.path + "/spdld.yaml", "socket_path: " + sock + "\nsocket_mode: \"0666\"\nallowed_roots: [" + dir.path +
-                                         "/data]\nworker_threads: 2\nmetrics_port: " + std::to_string(port) + "\n");
+                                          "/data]\nworker_threads: 2\nmetrics_port: " + std::to_string(port) + "\n");
   DaemonProcess d(sock, {"--config", dir.path + "/spdld.yaml"});
   REQUIRE(d.Connectable());
   // Root's job, endless, in the background.
@@ -679,8 +680,8 @@ TEST_CASE("the metrics endpoint shows each user only their own jobs") {
   std::string as_bob;
   REQUIRE(RunCommandAs(*bob, scrape, &as_bob) == 0);
   INFO(as_bob);
-  CHECK_THAT(as_bob, Catch::Contains("spdld_jobs "));                    // the daemon-wide figures
-  CHECK_THAT(as_bob, !Catch::Contains("spdld_job_samples_total{"));     // none of root's jobs
+  CHECK_THAT(as_bob, Catch::Contains("spdld_jobs "));                // the daemon-wide figures
+  CHECK_THAT(as_bob, !Catch::Contains("spdld_job_samples_total{"));  // none of root's jobs
   roots->Kill();
   CHECK(d.Stop() == std::optional<int>(0));
 }

@@ -29,9 +29,9 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,8 +118,7 @@ class FuzzService : public jobs::JobService {
  public:
   FuzzService(bool refuse, std::optional<uint64_t> total_batches) : refuse_(refuse), total_(total_batches) {}
 
-  jobs::SubmitResult Submit(const proto::SubmitJob& request, const jobs::PeerInfo&,
-                            std::function<void()>) override {
+  jobs::SubmitResult Submit(const proto::SubmitJob& request, const jobs::PeerInfo&, std::function<void()>) override {
     jobs::SubmitResult r;
     if (refuse_ || request.config_yaml().empty()) {
       r.status = InvalidArgument("invalid job config");
@@ -286,8 +285,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Checker check(&session, &svc);
   proto::FrameParser parser(max_frame);
 
-  std::string fed;       // every byte fed to the parser
-  size_t consumed = 0;   // bytes of the whole frames taken out
+  std::string fed;      // every byte fed to the parser
+  size_t consumed = 0;  // bytes of the whole frames taken out
   Framed got;
   std::string payload;
   while (in.remaining_bytes() > 0) {
@@ -317,7 +316,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
       proto::ClientMessage msg;
       const bool parsed = proto::ParseClientMessage(payload, &msg);
-      if (g_trace) std::fprintf(stderr, "frame %zu bytes: %s\n", payload.size(), parsed ? msg.ShortDebugString().c_str() : "(not a ClientMessage)");
+      if (g_trace)
+        std::fprintf(stderr, "frame %zu bytes: %s\n", payload.size(),
+                     parsed ? msg.ShortDebugString().c_str() : "(not a ClientMessage)");
       if (parsed) {
         FUZZ_CHECK(msg.msg_case() != proto::ClientMessage::MSG_NOT_SET);
         const std::string again = msg.SerializeAsString();

@@ -126,26 +126,47 @@ int main(int argc, char** argv) {
   add("hello_submit_endjob", Session(Settings(6)).Send(Hello()).Send(Submit()).Send(EndJob()).Step());
   // Fake job: batches go to the lowest free slot; generations count from 1 per job.
   add("batches_release", Session(Settings(6))
-                             .Send(Hello()).Send(Submit()).Step(kReady)
-                             .Send(Release(0, 1)).Send(Release(1, 2)).Step(kReady)
-                             .Send(Release(1, 4)).Send(EndJob()).Step());
+                             .Send(Hello())
+                             .Send(Submit())
+                             .Step(kReady)
+                             .Send(Release(0, 1))
+                             .Send(Release(1, 2))
+                             .Step(kReady)
+                             .Send(Release(1, 4))
+                             .Send(EndJob())
+                             .Step());
   add("job_ends_resubmit", Session(Settings(6, false, 2))
-                               .Send(Hello()).Send(Submit()).Step(kReady)
-                               .Send(Release(0, 1)).Send(Submit()).Step(kReady)
-                               .Send(StatusRequest()).Step());
-  add("job_fails", Session(Settings(6)).Send(Hello()).Send(Submit()).Step(kReady).Step(kFail)
-                       .Send(Release(0, 1)).Send(Submit()).Step());
-  add("operator_cancel", Session(Settings(6)).Send(Hello()).Send(Submit()).Step(kOperatorCancel)
-                             .Send(StatusRequest()).Send(Cancel(1)).Step());
-  add("client_cancel", Session(Settings(6)).Send(Hello()).Send(Submit()).Send(Cancel(1)).Step(kReady)
-                           .Send(Cancel(42)).Step());
+                               .Send(Hello())
+                               .Send(Submit())
+                               .Step(kReady)
+                               .Send(Release(0, 1))
+                               .Send(Submit())
+                               .Step(kReady)
+                               .Send(StatusRequest())
+                               .Step());
+  add("job_fails", Session(Settings(6))
+                       .Send(Hello())
+                       .Send(Submit())
+                       .Step(kReady)
+                       .Step(kFail)
+                       .Send(Release(0, 1))
+                       .Send(Submit())
+                       .Step());
+  add("operator_cancel", Session(Settings(6))
+                             .Send(Hello())
+                             .Send(Submit())
+                             .Step(kOperatorCancel)
+                             .Send(StatusRequest())
+                             .Send(Cancel(1))
+                             .Step());
+  add("client_cancel",
+      Session(Settings(6)).Send(Hello()).Send(Submit()).Send(Cancel(1)).Step(kReady).Send(Cancel(42)).Step());
   add("refused", Session(Settings(6, true)).Send(Hello()).Send(Submit()).Send(Submit()).Step());
   add("bad_version", Session(Settings(4)).Send(Hello(2)).Step());
   add("no_hello", Session(Settings(6)).Send(Submit()).Step());
   add("hello_twice", Session(Settings(4)).Send(Hello()).Send(Hello()).Step());
   add("second_submit", Session(Settings(6)).Send(Hello()).Send(Submit()).Send(Submit()).Step());
-  add("stale_release", Session(Settings(6)).Send(Hello()).Send(Submit()).Step(kReady)
-                           .Send(Release(0, 99)).Step());
+  add("stale_release", Session(Settings(6)).Send(Hello()).Send(Submit()).Step(kReady).Send(Release(0, 99)).Step());
   add("release_no_job", Session(Settings(4)).Send(Hello()).Send(Release(3, 1)).Send(EndJob()).Step());
   add("split_bytes", Session(Settings(4)).Send(Hello()).Step(kNone, 1).Send(StatusRequest()).Step(kNone, 3));
   add("empty_frame", Session(Settings(4)).Send(Hello()).SendRaw(std::string(4, '\0')).Step());

@@ -26,10 +26,10 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <set>
@@ -141,8 +141,8 @@ Run RunJob(const Job& job, const std::optional<ResumePoint>& resume, uint64_t ma
   o.resume = resume;
   const uint64_t n = job.n;
   const bool shuffle = job.shuffle;
-  pipeline::BatchPipeline pipe(&ex, &ring, &proc, [n, shuffle](uint64_t e) { return Order(n, e, shuffle); }, o,
-                               [] {}, owner);
+  pipeline::BatchPipeline pipe(
+      &ex, &ring, &proc, [n, shuffle](uint64_t e) { return Order(n, e, shuffle); }, o, [] {}, owner);
   Run run;
   std::map<uint32_t, std::set<uint64_t>> seen;  // per epoch (a map: a token may name any epoch)
   uint32_t last_epoch = 0;
@@ -210,10 +210,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int mode = in.ConsumeIntegralInRange<int>(0, 3);
 
   if (Tracing()) {
-    std::fprintf(stderr, "job: %llu samples, batch %u%s, epochs %u, slots %u, shuffle %d, on_error %s, bad mask %llx, mode %d\n",
-                 static_cast<unsigned long long>(job.n), job.options.batch_size, job.options.drop_last ? " drop_last" : "",
-                 job.options.epochs, job.slots, job.shuffle, job.options.fail_on_error ? "fail" : "skip",
-                 static_cast<unsigned long long>(job.bad_mask), mode);
+    std::fprintf(
+        stderr, "job: %llu samples, batch %u%s, epochs %u, slots %u, shuffle %d, on_error %s, bad mask %llx, mode %d\n",
+        static_cast<unsigned long long>(job.n), job.options.batch_size, job.options.drop_last ? " drop_last" : "",
+        job.options.epochs, job.slots, job.shuffle, job.options.fail_on_error ? "fail" : "skip",
+        static_cast<unsigned long long>(job.bad_mask), mode);
   }
   // The job registry refuses a job without one batch per epoch (jobs/job_registry.cc).
   if (job.options.drop_last && job.n < job.options.batch_size) return 0;
@@ -234,10 +235,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     point = full.batches[k].resume;
     if (mode == 1) {
       switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-        case 0: point->epoch = in.ConsumeIntegral<uint32_t>(); break;
-        case 1: point->prefix = in.ConsumeIntegral<uint64_t>(); break;
-        case 2: point->extras.push_back(in.ConsumeIntegral<uint64_t>()); break;
-        case 3: point->next_batch = in.ConsumeIntegral<uint64_t>(); break;
+        case 0:
+          point->epoch = in.ConsumeIntegral<uint32_t>();
+          break;
+        case 1:
+          point->prefix = in.ConsumeIntegral<uint64_t>();
+          break;
+        case 2:
+          point->extras.push_back(in.ConsumeIntegral<uint64_t>());
+          break;
+        case 3:
+          point->next_batch = in.ConsumeIntegral<uint64_t>();
+          break;
       }
     }
   } else if (mode == 2) {

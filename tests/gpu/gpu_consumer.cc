@@ -18,6 +18,7 @@
 //             the batch AT ONCE (before that work has run), and only then checks the snapshot
 //             against Pattern(seq). The daemon refills the slot as soon as it is released, so the
 //             snapshot is right only if the daemon's copy waited for our consumer-done event.
+#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -26,8 +27,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "cuda/device_handles.h"
 #include "cuda/ipc_messages.h"
@@ -55,8 +54,8 @@ std::string Compare(const std::vector<uint8_t>& got, uint64_t seq, const uint8_t
   for (size_t j = 0; j < got.size(); ++j) {
     if (got[j] != Pattern(seq, j) || (host && got[j] != host[j])) {
       std::ostringstream os;
-      os << "batch " << seq << ": byte " << j << " is " << int{got[j]} << ", expected "
-         << int{Pattern(seq, j)} << (host ? " (host slot " + std::to_string(host[j]) + ")" : "");
+      os << "batch " << seq << ": byte " << j << " is " << int{got[j]} << ", expected " << int{Pattern(seq, j)}
+         << (host ? " (host slot " + std::to_string(host[j]) + ")" : "");
       return os.str();
     }
   }
@@ -119,15 +118,13 @@ int Main(int argc, char** argv) {
       std::cout << "R " << slot << " " << gen << " " << seq << std::endl;
     } else {
       if (cudaError_t e = SpdlLaunchSpin(30.0, cs); e != cudaSuccess) Fail(cudaGetErrorString(e));
-      if (cudaError_t e = cudaMemcpyAsync(snapshot->get().ptr, *data, slot_stride,
-                                          cudaMemcpyDeviceToDevice, cs);
+      if (cudaError_t e = cudaMemcpyAsync(snapshot->get().ptr, *data, slot_stride, cudaMemcpyDeviceToDevice, cs);
           e != cudaSuccess) {
         Fail(std::string("snapshot: ") + cudaGetErrorString(e));
       }
       Check((*view)->Release(slot, gen), "Release");
       std::cout << "R " << slot << " " << gen << " " << seq << std::endl;  // before the work ran
-      Check(b.MemcpyD2HAsync(back.data(), snapshot->get().ptr, slot_stride, stream->get()),
-            "copy back the snapshot");
+      Check(b.MemcpyD2HAsync(back.data(), snapshot->get().ptr, slot_stride, stream->get()), "copy back the snapshot");
       Check(b.SynchronizeStream(stream->get()), "sync");
       const std::string bad = Compare(back, seq, nullptr);
       if (!bad.empty()) Fail("slow consumer's snapshot was overwritten: " + bad);

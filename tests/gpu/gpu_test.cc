@@ -45,8 +45,7 @@ bool HaveGpu() {
   return false;
 }
 
-void Fill(const shm::SharedRegion& region, const proto::SlotLayout& layout, uint32_t slot,
-          uint64_t seq) {
+void Fill(const shm::SharedRegion& region, const proto::SlotLayout& layout, uint32_t slot, uint64_t seq) {
   uint8_t* p = region.data() + layout.SlotOffset(slot);
   for (uint64_t j = 0; j < layout.slot_stride; ++j) p[j] = Pattern(seq, j);
 }
@@ -132,8 +131,7 @@ class Consumer {
   std::string buf_;
 };
 
-TEST_CASE("GPU: daemon-side copies reach a trainer process pixel-exact over several epochs",
-          "[gpu]") {
+TEST_CASE("GPU: daemon-side copies reach a trainer process pixel-exact over several epochs", "[gpu]") {
   if (!HaveGpu()) return;
   constexpr uint32_t kSlots = 4;
   constexpr uint64_t kBatches = 6 * kSlots;  // six epochs of slot reuse
@@ -183,8 +181,8 @@ TEST_CASE("GPU: daemon-side copies reach a trainer process pixel-exact over seve
       REQUIRE((*pool)->Submit(slot).ok());
       REQUIRE((*pool)->Lease(slot, ++generation).ok());
       const int slow = next_seq % 3 == 2;  // a third of the batches: released while still read
-      consumer.Send("B " + std::to_string(slot) + " " + std::to_string(generation) + " " +
-                    std::to_string(next_seq) + " " + std::to_string(slow));
+      consumer.Send("B " + std::to_string(slot) + " " + std::to_string(generation) + " " + std::to_string(next_seq) +
+                    " " + std::to_string(slow));
       ++next_seq;
     }
     line = consumer.Read();

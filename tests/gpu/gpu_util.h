@@ -9,9 +9,7 @@
 namespace spdl::gpu_test {
 
 // Byte j of a slot holding batch `seq`: differs between batches, and within a slot across pages.
-inline uint8_t Pattern(uint64_t seq, uint64_t j) {
-  return static_cast<uint8_t>(seq * 131 + j * 7 + (j >> 12));
-}
+inline uint8_t Pattern(uint64_t seq, uint64_t j) { return static_cast<uint8_t>(seq * 131 + j * 7 + (j >> 12)); }
 
 inline std::string ToHex(const std::string& bytes) {
   static const char* kDigits = "0123456789abcdef";

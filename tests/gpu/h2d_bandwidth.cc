@@ -20,8 +20,8 @@ namespace spdl::gpu_test {
 namespace {
 
 // Best and median GB/s of `reps` copies of `bytes` from `src`.
-bool Measure(cuda::DeviceBackend& b, const void* src, size_t bytes, int reps, void* dst,
-             cuda::Stream stream, double* best, double* median) {
+bool Measure(cuda::DeviceBackend& b, const void* src, size_t bytes, int reps, void* dst, cuda::Stream stream,
+             double* best, double* median) {
   std::vector<double> rates;
   for (int i = 0; i < reps + 1; ++i) {  // the first is a warm-up
     const auto t0 = std::chrono::steady_clock::now();

@@ -59,8 +59,8 @@ struct FakeRegion {
     void* p = ::mmap(nullptr, layout.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     REQUIRE(p != MAP_FAILED);
     data = static_cast<uint8_t*>(p);
-    proto::RegionHeader h{magic, proto::kProtocolVersion, kSlots, layout.slots_offset, layout.slot_stride,
-                          layout.region_bytes};
+    proto::RegionHeader h{
+        magic, proto::kProtocolVersion, kSlots, layout.slots_offset, layout.slot_stride, layout.region_bytes};
     std::memcpy(data, &h, sizeof(h));
     for (uint32_t s = 0; s < kSlots; ++s) {
       uint8_t* img = data + layout.SlotOffset(s) + layout.tensor_offsets[0];
@@ -153,8 +153,9 @@ DaemonMessage ErrorMsg(proto::Error::Code code, const std::string& message) {
 // its script (closing the connection, so the client sees EOF) and marks the FakeDaemon failed.
 #define FAKE_EXPECT(cond)                                                                    \
   do {                                                                                       \
-    if (!(cond)) throw std::runtime_error(std::string("fake daemon: expected ") + #cond +     \
-                                          " at line " + std::to_string(__LINE__));          \
+    if (!(cond))                                                                             \
+      throw std::runtime_error(std::string("fake daemon: expected ") + #cond + " at line " + \
+                               std::to_string(__LINE__));                                    \
   } while (0)
 
 // The daemon's end of one connection, used from the fake daemon's thread.
@@ -547,7 +548,7 @@ TEST_CASE("batches are zero-copy views of the slots, released exactly once") {
     REQUIRE_FALSE(after.ok());
     CHECK(after.status().code() == StatusCode::kFailedPrecondition);
     CHECK(l.End().ok());  // nothing to end
-  }  // moved (released) is destroyed: no second release
+  }                       // moved (released) is destroyed: no second release
   d.Join();
   CHECK(d.error() == "");
   CHECK(d.releases() == std::vector<std::pair<uint32_t, uint64_t>>{{0, 7}, {1, 8}});

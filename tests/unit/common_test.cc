@@ -1,6 +1,5 @@
-#include <cerrno>
-
 #include <catch2/catch.hpp>
+#include <cerrno>
 
 #include "common/status.h"
 #include "common/unique_fd.h"

@@ -1,12 +1,11 @@
 // Tests for daemon/config: job and daemon configs, overrides, byte sizes, error reporting, and the
 // example files shipped under config/.
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "config/config_error.h"
 #include "config/daemon_config.h"
@@ -24,9 +23,7 @@ transforms:
 )";
 
 // Every error, formatted, for failure messages.
-std::string Dump(const std::vector<ConfigError>& errors) {
-  return FormatConfigErrors(errors, "test.yaml");
-}
+std::string Dump(const std::vector<ConfigError>& errors) { return FormatConfigErrors(errors, "test.yaml"); }
 
 // The one error whose path is `path`; fails the test when there is not exactly one.
 ConfigError ErrorAt(const std::vector<ConfigError>& errors, const std::string& path) {
@@ -39,9 +36,7 @@ ConfigError ErrorAt(const std::vector<ConfigError>& errors, const std::string& p
   return found.front();
 }
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 JobConfig ParseGoodJob(const std::string& yaml, const std::vector<Override>& overrides = {}) {
   JobConfigResult r = ParseJobConfig(yaml, overrides);
@@ -51,8 +46,7 @@ JobConfig ParseGoodJob(const std::string& yaml, const std::vector<Override>& ove
   return *r.config;
 }
 
-std::vector<ConfigError> ParseBadJob(const std::string& yaml,
-                                     const std::vector<Override>& overrides = {}) {
+std::vector<ConfigError> ParseBadJob(const std::string& yaml, const std::vector<Override>& overrides = {}) {
   JobConfigResult r = ParseJobConfig(yaml, overrides);
   REQUIRE_FALSE(r.errors.empty());
   REQUIRE_FALSE(r.config.has_value());
@@ -150,8 +144,8 @@ TEST_CASE("job config: output size of transform chains") {
     CHECK(c.out_width == 20);
   }
   SECTION("a crop as large as the shorter side is fine") {
-    JobConfig c = ParseGoodJob(
-        "source: {root: /d}\ntransforms: [{resize: {shorter: 224}}, {center_crop: {size: 224}}]\n");
+    JobConfig c =
+        ParseGoodJob("source: {root: /d}\ntransforms: [{resize: {shorter: 224}}, {center_crop: {size: 224}}]\n");
     CHECK(c.out_height == 224);
   }
   SECTION("a null section takes its defaults") {
@@ -246,8 +240,7 @@ TEST_CASE("job config: missing or empty root") {
     CHECK(errors[0].line == 2);
   }
   SECTION("an empty root") {
-    std::vector<ConfigError> errors =
-        ParseBadJob("source:\n  root: ''\ntransforms: [{center_crop: {size: 8}}]\n");
+    std::vector<ConfigError> errors = ParseBadJob("source:\n  root: ''\ntransforms: [{center_crop: {size: 8}}]\n");
     CHECK(ErrorAt(errors, "source.root").message == "must not be empty");
   }
   SECTION("an unknown source type") {
@@ -393,26 +386,23 @@ TEST_CASE("job config: bad transforms") {
     CHECK(Contains(errors[0].message, "fixed image size"));
   }
   SECTION("a crop larger than the shorter side after resize") {
-    std::vector<ConfigError> errors =
-        bad("  - resize: {shorter: 200}\n  - center_crop: {size: [224, 100]}\n");
+    std::vector<ConfigError> errors = bad("  - resize: {shorter: 200}\n  - center_crop: {size: [224, 100]}\n");
     REQUIRE(errors.size() == 1);
     CHECK(errors[0].path == "transforms.1.center_crop.size");
     CHECK(errors[0].line == 4);
-    CHECK(errors[0].message ==
-          "center_crop 224x100 is larger than the shorter side (200) after the resize before it");
+    CHECK(errors[0].message == "center_crop 224x100 is larger than the shorter side (200) after the resize before it");
   }
   SECTION("a crop larger than a fixed resize") {
-    std::vector<ConfigError> errors =
-        bad("  - resize: {height: 100, width: 300}\n  - center_crop: {size: 200}\n");
+    std::vector<ConfigError> errors = bad("  - resize: {height: 100, width: 300}\n  - center_crop: {size: 200}\n");
     REQUIRE(errors.size() == 1);
     CHECK(Contains(errors[0].message, "larger than the image (100x300)"));
   }
   SECTION("resize with both forms, with neither, with half a size") {
-    std::vector<ConfigError> errors = bad(
-        "  - resize: {shorter: 256, height: 10, width: 10}\n"
-        "  - resize: {interpolation: area}\n"
-        "  - resize: {height: 10}\n"
-        "  - center_crop: {size: 8}\n");
+    std::vector<ConfigError> errors =
+        bad("  - resize: {shorter: 256, height: 10, width: 10}\n"
+            "  - resize: {interpolation: area}\n"
+            "  - resize: {height: 10}\n"
+            "  - center_crop: {size: 8}\n");
     INFO(Dump(errors));
     REQUIRE(errors.size() == 3);
     CHECK(errors[0].path == "transforms.0.resize");
@@ -424,13 +414,13 @@ TEST_CASE("job config: bad transforms") {
     CHECK(Contains(errors[2].message, "both 'height' and 'width'"));
   }
   SECTION("an unknown transform, a bad entry, two keys in one entry") {
-    std::vector<ConfigError> errors = bad(
-        "  - rezise: {shorter: 10}\n"
-        "  - flip\n"
-        "  - {resize: {shorter: 10}, center_crop: {size: 8}}\n"
-        "  - center_crop: {size: [1, 2, 3]}\n"
-        "  - resize: {shorter: 10, interpolaton: area}\n"
-        "  - center_crop: {}\n");
+    std::vector<ConfigError> errors =
+        bad("  - rezise: {shorter: 10}\n"
+            "  - flip\n"
+            "  - {resize: {shorter: 10}, center_crop: {size: 8}}\n"
+            "  - center_crop: {size: [1, 2, 3]}\n"
+            "  - resize: {shorter: 10, interpolaton: area}\n"
+            "  - center_crop: {}\n");
     INFO(Dump(errors));
     REQUIRE(errors.size() == 6);
     CHECK(ErrorAt(errors, "transforms.0.rezise").message ==
@@ -466,8 +456,8 @@ TEST_CASE("job config: output options") {
                                                     {"bfloat16", DType::kBFloat16}};
     for (const auto& [name, dtype] : dtypes) {
       for (const char* layout : {"NHWC", "NCHW"}) {
-        JobConfig c = ParseGoodJob(std::string(kMinimalJob) + "output: {dtype: " + name +
-                                   ", layout: " + layout + "}\n");
+        JobConfig c =
+            ParseGoodJob(std::string(kMinimalJob) + "output: {dtype: " + name + ", layout: " + layout + "}\n");
         CHECK(c.output.dtype == dtype);
         CHECK(c.output.layout == (std::string(layout) == "NCHW" ? Layout::kNCHW : Layout::kNHWC));
       }
@@ -566,8 +556,8 @@ output: {dtype: bfloat16, layout: NCHW}
   CHECK(c.out_width == 192);
 
   SECTION("defaults: torchvision's") {
-    JobConfig d = ParseGoodJob(
-        "source: {root: /d}\ntransforms:\n  - random_resized_crop: {size: 224}\n  - horizontal_flip:\n");
+    JobConfig d =
+        ParseGoodJob("source: {root: /d}\ntransforms:\n  - random_resized_crop: {size: 224}\n  - horizontal_flip:\n");
     CHECK(std::get<RandomResizedCropOp>(d.transforms[0]) ==
           RandomResizedCropOp{224, 224, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, Interpolation::kBilinear});
     CHECK(std::get<HorizontalFlipOp>(d.transforms[1]).p == 0.5);
@@ -585,12 +575,12 @@ output: {dtype: bfloat16, layout: NCHW}
 TEST_CASE("job config: bad random transforms, normalize and decode settings") {
   auto bad = [](const std::string& rest) { return ParseBadJob("source: {root: /d}\n" + rest); };
   SECTION("ranges and values") {
-    std::vector<ConfigError> errors = bad(
-        "transforms:\n"
-        "  - random_resized_crop: {size: 224, scale: [0.5, 0.1], ratio: [0, 1], bogus: 1}\n"
-        "  - horizontal_flip: {p: 1.5}\n"
-        "  - normalize: {mean: [0.5, 0.5], std: [0.2, 0, 0.2]}\n"
-        "output: {dtype: float32}\n");
+    std::vector<ConfigError> errors =
+        bad("transforms:\n"
+            "  - random_resized_crop: {size: 224, scale: [0.5, 0.1], ratio: [0, 1], bogus: 1}\n"
+            "  - horizontal_flip: {p: 1.5}\n"
+            "  - normalize: {mean: [0.5, 0.5], std: [0.2, 0, 0.2]}\n"
+            "output: {dtype: float32}\n");
     INFO(Dump(errors));
     REQUIRE(errors.size() == 6);
     CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.scale").message ==
@@ -598,26 +588,25 @@ TEST_CASE("job config: bad random transforms, normalize and decode settings") {
     CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.ratio").message ==
           "ratio must be [min, max] with 0 < min <= max (got [0, 1])");
     CHECK(Contains(ErrorAt(errors, "transforms.0.random_resized_crop.bogus").message, "unknown key"));
-    CHECK(ErrorAt(errors, "transforms.1.horizontal_flip.p").message ==
-          "must be a probability in [0, 1] (got 1.5)");
+    CHECK(ErrorAt(errors, "transforms.1.horizontal_flip.p").message == "must be a probability in [0, 1] (got 1.5)");
     CHECK(ErrorAt(errors, "transforms.2.normalize.mean").message ==
           "expected a list of 3 numbers, got a list of 2 item(s)");
     CHECK(ErrorAt(errors, "transforms.2.normalize.std").message == "every std must be > 0");
   }
   SECTION("missing keys, wrong types") {
-    std::vector<ConfigError> errors = bad(
-        "transforms:\n"
-        "  - random_resized_crop: {scale: [a, 1]}\n"
-        "  - normalize: {mean: [0, 0, 0]}\n"
-        "  - center_crop: {size: 8}\n");
+    std::vector<ConfigError> errors =
+        bad("transforms:\n"
+            "  - random_resized_crop: {scale: [a, 1]}\n"
+            "  - normalize: {mean: [0, 0, 0]}\n"
+            "  - center_crop: {size: 8}\n");
     INFO(Dump(errors));
     CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.size").message == "required key is missing");
     CHECK(ErrorAt(errors, "transforms.0.random_resized_crop.scale.0").message == "expected a number, got 'a'");
     CHECK(ErrorAt(errors, "transforms.1.normalize.std").message == "required key is missing");
   }
   SECTION("normalize needs a floating-point dtype") {
-    std::vector<ConfigError> errors = bad(
-        "transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n");
+    std::vector<ConfigError> errors =
+        bad("transforms:\n  - center_crop: {size: 8}\n  - normalize: {mean: [0, 0, 0], std: [1, 1, 1]}\n");
     REQUIRE(errors.size() == 1);
     CHECK(errors[0].path == "transforms.1");
     CHECK(errors[0].line == 4);
@@ -625,13 +614,13 @@ TEST_CASE("job config: bad random transforms, normalize and decode settings") {
           "normalize needs a floating-point output.dtype (float32, float16 or bfloat16), not uint8");
   }
   SECTION("order: geometry first, random_resized_crop alone, each at most once") {
-    std::vector<ConfigError> errors = bad(
-        "transforms:\n"
-        "  - horizontal_flip: {}\n"
-        "  - center_crop: {size: 8}\n"
-        "  - random_resized_crop: {size: 8}\n"
-        "  - horizontal_flip: {}\n"
-        "output: {dtype: float32}\n");
+    std::vector<ConfigError> errors =
+        bad("transforms:\n"
+            "  - horizontal_flip: {}\n"
+            "  - center_crop: {size: 8}\n"
+            "  - random_resized_crop: {size: 8}\n"
+            "  - horizontal_flip: {}\n"
+            "output: {dtype: float32}\n");
     INFO(Dump(errors));
     REQUIRE(errors.size() == 4);
     CHECK(ErrorAt(errors, "transforms.1").message ==
@@ -640,15 +629,13 @@ TEST_CASE("job config: bad random transforms, normalize and decode settings") {
     CHECK(errors[1].path == "transforms.2");
     CHECK(Contains(errors[1].message, "random_resized_crop comes after horizontal_flip"));
     CHECK(errors[2].path == "transforms.2");
-    CHECK(errors[2].message ==
-          "random_resized_crop replaces resize and center_crop: it cannot be combined with them");
-    CHECK(ErrorAt(errors, "transforms.3").message ==
-          "only one horizontal_flip (the first is transforms.0)");
+    CHECK(errors[2].message == "random_resized_crop replaces resize and center_crop: it cannot be combined with them");
+    CHECK(ErrorAt(errors, "transforms.3").message == "only one horizontal_flip (the first is transforms.0)");
   }
   SECTION("decode") {
-    std::vector<ConfigError> errors = bad(
-        "decode: {exif_orientation: 2, alpha: blend, background: [0, 256, 0], max_pixels: 0, x: 1}\n"
-        "transforms: [{center_crop: {size: 8}}]\n");
+    std::vector<ConfigError> errors =
+        bad("decode: {exif_orientation: 2, alpha: blend, background: [0, 256, 0], max_pixels: 0, x: 1}\n"
+            "transforms: [{center_crop: {size: 8}}]\n");
     INFO(Dump(errors));
     REQUIRE(errors.size() == 5);
     CHECK(Contains(ErrorAt(errors, "decode.exif_orientation").message, "expected true or false"));
@@ -707,10 +694,14 @@ extra: 1
 )");
   INFO(Dump(errors));
   REQUIRE(errors.size() == 8);
-  const std::vector<std::pair<std::string, int>> expected = {
-      {"source.root", 1},       {"sampler.uneven", 4}, {"batch.size", 6},
-      {"batch.drop_last", 7},   {"transforms.1.center_crop.size", 10},
-      {"prefetch", 11},         {"on_error", 12},      {"extra", 13}};
+  const std::vector<std::pair<std::string, int>> expected = {{"source.root", 1},
+                                                             {"sampler.uneven", 4},
+                                                             {"batch.size", 6},
+                                                             {"batch.drop_last", 7},
+                                                             {"transforms.1.center_crop.size", 10},
+                                                             {"prefetch", 11},
+                                                             {"on_error", 12},
+                                                             {"extra", 13}};
   for (size_t i = 0; i < expected.size(); ++i) {
     CHECK(errors[i].path == expected[i].first);
     CHECK(errors[i].line == expected[i].second);
@@ -834,9 +825,9 @@ TEST_CASE("overrides: scalars, lists, maps and sequence indexes") {
     CHECK(c.source.extensions == std::vector<std::string>{".png", ".webp"});
   }
   SECTION("a sequence index reaches into the transforms") {
-    JobConfig c = ParseGoodJob(
-        "source: {root: /d}\ntransforms:\n  - resize: {shorter: 256}\n  - center_crop: {size: 224}\n",
-        {{"transforms.0.resize.shorter", "300"}, {"transforms.1.center_crop.size", "[256, 128]"}});
+    JobConfig c =
+        ParseGoodJob("source: {root: /d}\ntransforms:\n  - resize: {shorter: 256}\n  - center_crop: {size: 224}\n",
+                     {{"transforms.0.resize.shorter", "300"}, {"transforms.1.center_crop.size", "[256, 128]"}});
     CHECK(std::get<ResizeOp>(c.transforms[0]).shorter == 300);
     CHECK(c.out_height == 256);
     CHECK(c.out_width == 128);
@@ -857,8 +848,7 @@ TEST_CASE("overrides: errors") {
     std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"batch.size", "0"}});
     REQUIRE(errors.size() == 1);
     CHECK(errors[0] == ConfigError{0, 0, "--set batch.size", "must be at least 1 (got 0)"});
-    CHECK(FormatConfigErrors(errors, "imagenet.yaml") ==
-          "imagenet.yaml: --set batch.size: must be at least 1 (got 0)");
+    CHECK(FormatConfigErrors(errors, "imagenet.yaml") == "imagenet.yaml: --set batch.size: must be at least 1 (got 0)");
   }
   SECTION("an unknown key set by an override") {
     std::vector<ConfigError> errors = ParseBadJob(kMinimalJob, {{"batch.sise", "3"}});
@@ -895,8 +885,7 @@ TEST_CASE("overrides: errors") {
     CHECK(Contains(errors[0].message, "is not valid YAML"));
   }
   SECTION("file errors keep their lines beside override errors") {
-    std::vector<ConfigError> errors =
-        ParseBadJob(std::string(kMinimalJob) + "prefetch: 100\n", {{"batch.size", "x"}});
+    std::vector<ConfigError> errors = ParseBadJob(std::string(kMinimalJob) + "prefetch: 100\n", {{"batch.size", "x"}});
     REQUIRE(errors.size() == 2);
     CHECK(errors[0] == ConfigError{5, 11, "prefetch", "must be at most 64 (got 100)"});
     CHECK(errors[1].path == "--set batch.size");
@@ -929,17 +918,15 @@ TEST_CASE("ParseByteSize") {
     const char* text;
     uint64_t bytes;
   };
-  for (const Case& c : {Case{"1048576", 1048576}, Case{"0", 0}, Case{"12B", 12},
-                        Case{"4GiB", 4ull << 30}, Case{"512MiB", 512ull << 20},
-                        Case{"1G", 1ull << 30}, Case{"8Ki", 8192}, Case{"3 KiB", 3072},
+  for (const Case& c : {Case{"1048576", 1048576}, Case{"0", 0}, Case{"12B", 12}, Case{"4GiB", 4ull << 30},
+                        Case{"512MiB", 512ull << 20}, Case{"1G", 1ull << 30}, Case{"8Ki", 8192}, Case{"3 KiB", 3072},
                         Case{"2T", 2ull << 40}, Case{"16777215TiB", 16777215ull << 40}}) {
     INFO(c.text);
     Result<uint64_t> r = ParseByteSize(c.text);
     REQUIRE(r.ok());
     CHECK(*r == c.bytes);
   }
-  for (const char* bad : {"", "GiB", "-1", "1.5GiB", "4GB", "4 gigs", "4gib", "16777216TiB",
-                          "99999999999999999999"}) {
+  for (const char* bad : {"", "GiB", "-1", "1.5GiB", "4GB", "4 gigs", "4gib", "16777216TiB", "99999999999999999999"}) {
     INFO(bad);
     Result<uint64_t> r = ParseByteSize(bad);
     REQUIRE_FALSE(r.ok());
@@ -1078,10 +1065,10 @@ TEST_CASE("daemon config: socket_mode forms") {
     REQUIRE(r.config.has_value());
     return r.config->socket_mode;
   };
-  CHECK(mode("0660") == 0660);   // plain, leading zero: octal
+  CHECK(mode("0660") == 0660);  // plain, leading zero: octal
   CHECK(mode("\"0640\"") == 0640);
   CHECK(mode("0o600") == 0600);
-  CHECK(mode("432") == 0660);    // decimal
+  CHECK(mode("432") == 0660);  // decimal
   CHECK(mode("0") == 0);
   for (const char* bad : {"0888", "01000", "rw-rw----", "-1", "[1]"}) {
     INFO(bad);
@@ -1115,16 +1102,14 @@ max_slots: 3
   CHECK(r.errors[3].line == 6);
   CHECK(r.errors[4].path == "allowed_roots.2");
   CHECK(r.errors[5].path == "log_level");
-  CHECK(r.errors[5].message ==
-        "must be one of trace | debug | info | warn | error | critical | off (got 'verbose')");
+  CHECK(r.errors[5].message == "must be one of trace | debug | info | warn | error | critical | off (got 'verbose')");
   CHECK(r.errors[6].message == "must be at most 64MiB (got 1GiB)");
   CHECK(r.errors[7].path == "max_jobs_per_client");
-  CHECK(r.errors[8].message == "unknown key 'max_slots' (did you mean 'max_slots_per_job'?)" );
+  CHECK(r.errors[8].message == "unknown key 'max_slots' (did you mean 'max_slots_per_job'?)");
 }
 
 TEST_CASE("daemon config: long socket path, small budget, overrides") {
-  DaemonConfigResult r =
-      ParseDaemonConfig("socket_path: /" + std::string(120, 's') + "\nmemory_budget_bytes: 1024\n");
+  DaemonConfigResult r = ParseDaemonConfig("socket_path: /" + std::string(120, 's') + "\nmemory_budget_bytes: 1024\n");
   REQUIRE(r.errors.size() == 2);
   CHECK(Contains(r.errors[0].message, "limit of a Unix socket address"));
   CHECK(r.errors[1].message == "must be at least 1MiB (got 1KiB)");
@@ -1150,10 +1135,8 @@ TEST_CASE("daemon config: loading a file") {
 
 TEST_CASE("FormatConfigErrors") {
   std::vector<ConfigError> errors = {
-      {12, 5, "batch.size", "must be at least 1"},
-      {3, 0, "prefetch", "no column"},
-      {0, 0, "--set batch.size", "must be at least 1"},
-      {7, 2, "", "mapping values are not allowed here"},
+      {12, 5, "batch.size", "must be at least 1"},      {3, 0, "prefetch", "no column"},
+      {0, 0, "--set batch.size", "must be at least 1"}, {7, 2, "", "mapping values are not allowed here"},
       {0, 0, "", "cannot read config file 'x'"},
   };
   CHECK(FormatConfigErrors(errors, "imagenet.yaml") ==
@@ -1393,8 +1376,7 @@ TEST_CASE("the shipped configs say what the docs say") {
   CHECK(mixed.source.extensions.size() == 8);
   CHECK(mixed.output.dtype == DType::kFloat32);
   CHECK(mixed.decode.alpha == AlphaMode::kComposite);
-  JobConfig moved = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"),
-                                 {{"source.root", "/data/imagenet"}});
+  JobConfig moved = ParseGoodJob(ReadFile(dir + "/examples/imagenet.yaml"), {{"source.root", "/data/imagenet"}});
   CHECK(moved.source.root == "/data/imagenet");
   CHECK(d.config->allowed_url_prefixes.empty());
   JobConfig list = ParseGoodJob(ReadFile(dir + "/examples/file_list.yaml"));
@@ -1599,7 +1581,8 @@ TEST_CASE("source.type stream: its keys, defaults and errors (issue 21)") {
   errors = ParseBadJob("source: {type: stream}\ntransforms: [{center_crop: {size: 8}}]\n");
   CHECK_FALSE(errors.empty());
   errors = ParseBadJob("source: {root: /d}\nmax_batch_delay_ms: 10\ntransforms: [{center_crop: {size: 8}}]\n");
-  CHECK(ErrorAt(errors, "max_batch_delay_ms").message == "max_batch_delay_ms applies to source.type: stream and watch only");
+  CHECK(ErrorAt(errors, "max_batch_delay_ms").message ==
+        "max_batch_delay_ms applies to source.type: stream and watch only");
 }
 
 }  // namespace

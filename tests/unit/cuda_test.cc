@@ -58,9 +58,7 @@ struct HostRegion {
   void Fill(uint32_t s, uint64_t seq) const {
     for (uint64_t j = 0; j < layout.slot_stride; ++j) slot(s)[j] = Pattern(seq, j);
   }
-  static uint8_t Pattern(uint64_t seq, uint64_t j) {
-    return static_cast<uint8_t>(seq * 131 + j * 7 + (j >> 12));
-  }
+  static uint8_t Pattern(uint64_t seq, uint64_t j) { return static_cast<uint8_t>(seq * 131 + j * 7 + (j >> 12)); }
   bool Holds(const void* device, uint64_t seq) const {
     const auto* p = static_cast<const uint8_t*>(device);
     for (uint64_t j = 0; j < layout.slot_stride; ++j) {
@@ -103,8 +101,7 @@ std::string Ops(const std::vector<FakeCall>& calls) {
 
 // ==================================================================================== FakeBackend
 
-TEST_CASE("FakeBackend: IPC memory and events open in another process only, and are shared",
-          "[cuda]") {
+TEST_CASE("FakeBackend: IPC memory and events open in another process only, and are shared", "[cuda]") {
   FakeDevice dev;
   FakeBackend daemon(dev, "daemon");
   FakeBackend trainer(dev, "trainer");
@@ -467,8 +464,7 @@ TEST_CASE("FakeBackend: misuse CUDA refuses is refused, fault injection, pinned 
   auto plain = b.CreateEvent(/*interprocess=*/false);
   REQUIRE(plain.ok());
   CHECK(b.ExportEvent(*plain).status().code() == StatusCode::kInvalidArgument);
-  CHECK(b.RecordEvent(*plain, Stream{reinterpret_cast<void*>(0x1234)}).code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(b.RecordEvent(*plain, Stream{reinterpret_cast<void*>(0x1234)}).code() == StatusCode::kInvalidArgument);
 
   // Pinned or not is recorded per copy.
   REQUIRE(b.MemcpyH2DAsync(*mem, host.data(), 4096, Stream{}).ok());
@@ -545,8 +541,7 @@ TEST_CASE("ScopedDevice: a backend call gives the calling thread its own device 
 
 // ==================================================================================== handles
 
-TEST_CASE("Device handles: move-only owners undo exactly once and report teardown failures",
-          "[cuda]") {
+TEST_CASE("Device handles: move-only owners undo exactly once and report teardown failures", "[cuda]") {
   FakeDevice dev;
   FakeBackend b(dev, "daemon");
   {
@@ -571,8 +566,7 @@ TEST_CASE("Device handles: move-only owners undo exactly once and report teardow
   }
   auto errors = b.teardown_errors();
   REQUIRE(errors.size() == 1);
-  CHECK_THAT(errors[0].message(), Catch::Contains("destroying an event") &&
-                                      Catch::Contains("driver shutting down"));
+  CHECK_THAT(errors[0].message(), Catch::Contains("destroying an event") && Catch::Contains("driver shutting down"));
 
   // release() leaks on purpose; Close() returns the Status.
   auto stream = MakeStream(b);
@@ -625,8 +619,8 @@ TEST_CASE("CudaHandles: round trip, and every inconsistency is refused", "[cuda]
   CHECK(parsed->slots[2].offset == 2 * 8192);
   CHECK(parsed->ready_events == h.ready_events);
 
-  auto refuse = [&](std::function<void(proto::CudaHandles&)> spoil, const char* says,
-                    uint32_t slots = 3, uint64_t slot_bytes = 8192) {
+  auto refuse = [&](std::function<void(proto::CudaHandles&)> spoil, const char* says, uint32_t slots = 3,
+                    uint64_t slot_bytes = 8192) {
     proto::CudaHandles m = msg;
     spoil(m);
     auto r = ParseCudaHandles(m, slots, slot_bytes);
@@ -638,7 +632,12 @@ TEST_CASE("CudaHandles: round trip, and every inconsistency is refused", "[cuda]
   refuse([](auto&) {}, "expected the job's slot stride 4096", 3, 4096);
   refuse([](auto& m) { m.set_device_uuid("short"); }, "device_uuid is 5 bytes");
   refuse([](auto& m) { m.set_memory_handles(0, "x"); }, "memory handle 0 is 1 bytes, expected 64");
-  refuse([](auto& m) { m.clear_memory_handles(); m.clear_memory_bytes(); }, "no memory handles");
+  refuse(
+      [](auto& m) {
+        m.clear_memory_handles();
+        m.clear_memory_bytes();
+      },
+      "no memory handles");
   refuse([](auto& m) { m.add_memory_handles(std::string(64, 'a')); }, "2 memory handles but 1 sizes");
   refuse([](auto& m) { m.set_slot_memory(1, 5); }, "slot 1 names memory handle 5 of 1");
   refuse([](auto& m) { m.set_slot_offsets(1, 8192 + 16); }, "not 256-byte aligned");
@@ -659,8 +658,7 @@ TEST_CASE("CudaConsumerEvents: round trip and count check", "[cuda]") {
   REQUIRE_FALSE(wrong.ok());
   CHECK_THAT(wrong.status().message(), Catch::Contains("4 entries for a job of 5 slots"));
   msg.set_done_events(2, "abc");
-  CHECK_THAT(ParseCudaConsumerEvents(msg, 4).status().message(),
-             Catch::Contains("slot 2 event is 3 bytes"));
+  CHECK_THAT(ParseCudaConsumerEvents(msg, 4).status().message(), Catch::Contains("slot 2 event is 3 bytes"));
 }
 
 // ==================================================================================== DeviceSlotPool
@@ -726,8 +724,8 @@ TEST_CASE("DeviceSlotPool: Create refuses bad layouts and cleans up after any fa
     CHECK_THAT(r.status().message(), Catch::Contains("allocating 16384 bytes for 4 device slots"));
     CHECK(small.live().empty());  // the host registration was undone
   }
-  for (FakeOp op : {FakeOp::kHostRegister, FakeOp::kAlloc, FakeOp::kCreateStream,
-                    FakeOp::kCreateEvent, FakeOp::kExportMemory, FakeOp::kExportEvent}) {
+  for (FakeOp op : {FakeOp::kHostRegister, FakeOp::kAlloc, FakeOp::kCreateStream, FakeOp::kCreateEvent,
+                    FakeOp::kExportMemory, FakeOp::kExportEvent}) {
     DYNAMIC_SECTION("failure of " << FakeOpName(op)) {
       daemon.FailNext(op, Internal("injected failure"));
       auto r = DeviceSlotPool::Create(daemon, region.PoolOptions());
@@ -819,10 +817,14 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: the reuse rule, over several epochs"
     std::string trace;
     for (const FakeCall& c : job.dev.calls()) {
       const bool daemon = c.process == "daemon";
-      if (daemon && c.op == FakeOp::kCopyH2D && c.offset == offset) trace += "C";
-      else if (daemon && c.op == FakeOp::kRecord && c.event == ready) trace += "R";
-      else if (!daemon && c.op == FakeOp::kWait && c.event == ready) trace += "W";
-      else if (!daemon && c.op == FakeOp::kRecord && c.event == done) trace += "D";
+      if (daemon && c.op == FakeOp::kCopyH2D && c.offset == offset)
+        trace += "C";
+      else if (daemon && c.op == FakeOp::kRecord && c.event == ready)
+        trace += "R";
+      else if (!daemon && c.op == FakeOp::kWait && c.event == ready)
+        trace += "W";
+      else if (!daemon && c.op == FakeOp::kRecord && c.event == done)
+        trace += "D";
       else if (daemon && c.op == FakeOp::kQuery && c.event == done)
         trace += "q";
       else if (daemon && c.op == FakeOp::kWait)
@@ -920,8 +922,8 @@ TEST_CASE("DeviceSlotPool: stale, duplicate and out-of-order operations are refu
   REQUIRE(pool.Submit(0).ok());
   CHECK(pool.Submit(0).code() == StatusCode::kFailedPrecondition);  // copying
   REQUIRE(pool.Lease(0, 7).ok());
-  REQUIRE(pool.Submit(1, 100).ok());  // a partial batch copies only its bytes
-  CHECK(pool.Lease(1, 7).code() == StatusCode::kInvalidArgument);   // generation not new
+  REQUIRE(pool.Submit(1, 100).ok());                               // a partial batch copies only its bytes
+  CHECK(pool.Lease(1, 7).code() == StatusCode::kInvalidArgument);  // generation not new
   CHECK(pool.Lease(1, 6).code() == StatusCode::kInvalidArgument);
   REQUIRE(pool.Lease(1, 8).ok());
 
@@ -1053,13 +1055,12 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: teardown order", "[cuda]") {
     job.pool.reset();
     auto errors = job.daemon.teardown_errors();
     REQUIRE(errors.size() == 1);
-    CHECK_THAT(errors[0].message(), Catch::Contains("copies still queued after 50 ms") &&
-                                        Catch::Contains("leaking"));
+    CHECK_THAT(errors[0].message(), Catch::Contains("copies still queued after 50 ms") && Catch::Contains("leaking"));
     for (const FakeCall& c : job.dev.calls()) {
       CHECK(c.op != FakeOp::kFree);
       CHECK(c.op != FakeOp::kHostUnregister);
     }
-    CHECK(job.dev.live().allocations == 1);    // leaked on purpose (the fake frees it at the end)
+    CHECK(job.dev.live().allocations == 1);  // leaked on purpose (the fake frees it at the end)
     CHECK(job.dev.live().registrations == 1);
   }
   SECTION("a query that fails gives up at once and says so, not that it waited") {
@@ -1079,8 +1080,7 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: teardown order", "[cuda]") {
   }
 }
 
-TEST_CASE("DeviceSlotPool: pipeline threads submit while the control thread leases and releases",
-          "[cuda]") {
+TEST_CASE("DeviceSlotPool: pipeline threads submit while the control thread leases and releases", "[cuda]") {
   constexpr uint32_t kSlots = 4;
   constexpr uint64_t kBatches = 400;
   Job job(kSlots);
@@ -1115,8 +1115,8 @@ TEST_CASE("DeviceSlotPool: pipeline threads submit while the control thread leas
     // No REQUIRE here: it would throw past the joinable thread.
     auto data = job.pool->Lease(slot, generation).ok() ? job.view->Acquire(slot, generation)
                                                        : Result<void*>(Internal("lease failed"));
-    if (!data.ok() || !job.region.Holds(*data, seq) ||
-        !job.view->Release(slot, generation).ok() || !job.pool->Release(slot, generation).ok()) {
+    if (!data.ok() || !job.region.Holds(*data, seq) || !job.view->Release(slot, generation).ok() ||
+        !job.pool->Release(slot, generation).ok()) {
       failed = true;
       break;
     }
@@ -1218,7 +1218,8 @@ TEST_CASE("ClientCopyPool (copy: client): pinned own mapping, ordered reuse, exa
   // Per use: [wait done on the copy stream] copy, record copied, consumer waits; at release:
   // record done on the consumer stream, query copied (done: no host sync).
   const auto calls = CallsOf(dev, "trainer");
-  const auto first = std::find_if(calls.begin(), calls.end(), [](const FakeCall& c) { return c.op == FakeOp::kCopyH2D; });
+  const auto first =
+      std::find_if(calls.begin(), calls.end(), [](const FakeCall& c) { return c.op == FakeOp::kCopyH2D; });
   std::vector<FakeCall> hot(first, calls.end());
   CHECK(Ops(hot) ==
         "copy_h2d record wait record query "
@@ -1321,14 +1322,12 @@ TEST_CASE("DLPack: tensors on a CUDA device slot", "[cuda]") {
   client::TensorView label{"label", DType::kInt64, {32}, nullptr, 256};
   CHECK(client::FillDLTensor(label, device_stand_in + 4, client::CudaDLDevice(0), &t).code() ==
         StatusCode::kInvalidArgument);  // misaligned for int64
-  CHECK(client::FillDLTensor(label, nullptr, client::CudaDLDevice(0), &t).code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(client::FillDLTensor(label, nullptr, client::CudaDLDevice(0), &t).code() == StatusCode::kInvalidArgument);
 
   auto keep = std::make_shared<int>(42);
   std::weak_ptr<int> watch = keep;
   Status s;
-  DLManagedTensor* m = client::MakeDLManagedTensor(view, device_stand_in, client::CudaDLDevice(1),
-                                                   std::move(keep), &s);
+  DLManagedTensor* m = client::MakeDLManagedTensor(view, device_stand_in, client::CudaDLDevice(1), std::move(keep), &s);
   REQUIRE(s.ok());
   REQUIRE(m != nullptr);
   view.shape[0] = 1;  // the managed tensor owns its own shape
@@ -1349,8 +1348,7 @@ namespace {
 
 // ========================================================== the GPU layer's teardown (GpuLoader)
 
-TEST_CASE("DeviceSlotView::Detach: the mapping closes before the daemon frees, the consumer events live on",
-          "[cuda]") {
+TEST_CASE("DeviceSlotView::Detach: the mapping closes before the daemon frees, the consumer events live on", "[cuda]") {
   Job job(2);
   REQUIRE(job.pool->Submit(0).ok());
   REQUIRE(job.pool->Lease(0, 1).ok());

@@ -35,9 +35,9 @@ using spdl::testing::WaitFor;  // wait_for.h
 
 proto::SubmitJob Job(const std::string& root, const std::string& output) {
   proto::SubmitJob r;
-  r.set_config_yaml("source: {type: image_folder, root: " + root +
-                    "}\nbatch: {size: 4}\ntransforms: [{resize: {height: 64, width: 64}}]\nprefetch: 2\noutput: " +
-                    output + "\n");
+  r.set_config_yaml(
+      "source: {type: image_folder, root: " + root +
+      "}\nbatch: {size: 4}\ntransforms: [{resize: {height: 64, width: 64}}]\nprefetch: 2\noutput: " + output + "\n");
   r.set_config_name("job.yaml");
   return r;
 }
@@ -162,18 +162,19 @@ TEST_CASE("gpu delivery through the registry: device budget and backend on the f
                  Catch::Contains("spdld_gpu_device_poisoned{device=\"cuda:0\"} 0"));
     }
 
-
     SubmitResult other = reg.Submit(Job(root, "{device: cuda:1}"), peer, [] {});
     REQUIRE_FALSE(other.ok());
     CHECK(other.status.message() == "output.device cuda:1: no cuda:1; use output.copy: client or output.device: cpu");
 
-    reg.UpdateLimits([&] {
-      config::DaemonConfig c = cfg;
-      // Room for a second job's slots, but not for them and spdld's CUDA context together.
-      c.device_memory_budget_bytes = 2 * bytes + bytes / 2;
-      c.gpu_context_bytes = bytes;
-      return c;
-    }(), 2);
+    reg.UpdateLimits(
+        [&] {
+          config::DaemonConfig c = cfg;
+          // Room for a second job's slots, but not for them and spdld's CUDA context together.
+          c.device_memory_budget_bytes = 2 * bytes + bytes / 2;
+          c.gpu_context_bytes = bytes;
+          return c;
+        }(),
+        2);
     SubmitResult refused = reg.Submit(Job(root, "{device: cuda:0}"), peer, [] {});
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.status.code() == StatusCode::kResourceExhausted);

@@ -47,10 +47,10 @@ TEST_CASE("ScanImageFolder: sorted classes, labels, nested files, extension case
   t.Write("dog/puppies/young/p.jpeg");  // nested: still "dog"
   t.Write("cat/z.png");
   t.Write("cat/y.Jpeg");
-  t.Write("ant-b/q.jpg");               // '-' sorts before '/' and before letters
-  t.Write(".trash/t.jpg");              // hidden class
-  t.Write("loose.jpg");                 // not in any class
-  t.MkDir("empty");                     // a class with no files keeps its label
+  t.Write("ant-b/q.jpg");   // '-' sorts before '/' and before letters
+  t.Write(".trash/t.jpg");  // hidden class
+  t.Write("loose.jpg");     // not in any class
+  t.MkDir("empty");         // a class with no files keeps its label
   std::filesystem::create_directory_symlink(t / "dog", t / "dog/puppies/loop");  // a loop
   TempDir elsewhere;
   elsewhere.Write("real.jpg");
@@ -64,13 +64,8 @@ TEST_CASE("ScanImageFolder: sorted classes, labels, nested files, extension case
   std::vector<std::pair<std::string, int64_t>> got;
   for (const SampleRef& s : m->samples) got.emplace_back(s.path, s.label);
   const std::vector<std::pair<std::string, int64_t>> want = {
-      {"ant-b/q.jpg", 0},
-      {"cat/linked.jpg", 1},
-      {"cat/y.Jpeg", 1},
-      {"cat/z.png", 1},
-      {"dog/a.JPG", 2},
-      {"dog/b.jpg", 2},
-      {"dog/puppies/young/p.jpeg", 2},
+      {"ant-b/q.jpg", 0}, {"cat/linked.jpg", 1},           {"cat/y.Jpeg", 1}, {"cat/z.png", 1}, {"dog/a.JPG", 2},
+      {"dog/b.jpg", 2},   {"dog/puppies/young/p.jpeg", 2},
   };
   CHECK(got == want);
 }
@@ -282,8 +277,7 @@ TEST_CASE("ReadFile: contents, empty files, and every kind of refusal") {
 
 // ---------------------------------------------------------------- the sampler
 
-SamplerOptions Opts(uint64_t seed, uint32_t rank, uint32_t world, Uneven uneven = Uneven::kPad,
-                    bool shuffle = true) {
+SamplerOptions Opts(uint64_t seed, uint32_t rank, uint32_t world, Uneven uneven = Uneven::kPad, bool shuffle = true) {
   SamplerOptions o;
   o.seed = seed;
   o.shuffle = shuffle;
@@ -300,7 +294,8 @@ TEST_CASE("EpochOrder: deterministic, and pinned so a change of generator is cau
   CHECK(EpochOrder(10, Opts(42, 0, 1), 1) == std::vector<uint64_t>{4, 0, 9, 2, 7, 8, 1, 3, 6, 5});
   CHECK(EpochOrder(12, Opts(7, 2, 3), 5) == std::vector<uint64_t>{10, 3, 4, 11});
   const auto big = EpochOrder(1000000, Opts(123456789, 0, 1), 2);
-  CHECK(std::vector<uint64_t>(big.begin(), big.begin() + 5) == std::vector<uint64_t>{243719, 943824, 613467, 915536, 231184});
+  CHECK(std::vector<uint64_t>(big.begin(), big.begin() + 5) ==
+        std::vector<uint64_t>{243719, 943824, 613467, 915536, 231184});
 }
 
 TEST_CASE("EpochOrder: epochs and seeds give different orders") {
@@ -331,11 +326,15 @@ TEST_CASE("EpochOrder: the ranks together cover every index exactly once") {
 }
 
 TEST_CASE("EpochOrder: pad and drop give every rank the same length") {
-  struct Case { uint64_t n; uint32_t world; Uneven uneven; uint64_t per_rank; };
+  struct Case {
+    uint64_t n;
+    uint32_t world;
+    Uneven uneven;
+    uint64_t per_rank;
+  };
   const Case cases[] = {
-      {10, 4, Uneven::kPad, 3}, {10, 4, Uneven::kDrop, 2}, {3, 4, Uneven::kPad, 1},
-      {3, 4, Uneven::kDrop, 0}, {1, 8, Uneven::kPad, 1},   {0, 4, Uneven::kPad, 0},
-      {12, 4, Uneven::kPad, 3}, {12, 4, Uneven::kDrop, 3},
+      {10, 4, Uneven::kPad, 3}, {10, 4, Uneven::kDrop, 2}, {3, 4, Uneven::kPad, 1},  {3, 4, Uneven::kDrop, 0},
+      {1, 8, Uneven::kPad, 1},  {0, 4, Uneven::kPad, 0},   {12, 4, Uneven::kPad, 3}, {12, 4, Uneven::kDrop, 3},
   };
   for (const Case& c : cases) {
     INFO("n=" << c.n << " world=" << c.world << " pad=" << (c.uneven == Uneven::kPad));

@@ -1,8 +1,8 @@
 // The job registry's roles, each alone: Admission (the budgets, as RAII leases), ShareGroups (live
-// groups by key, with the decoded cache of the group's job held weakly), DevicePlacement (the daemon's GPU and backend of a copy: daemon job, on the fake
-// CUDA backend); then the registry's transactional Start: a failure injected after each step (and
-// real failures of the fake device's allocation and pinning) leaves no budget, device memory,
-// pinned host memory, job slot or share group behind.
+// groups by key, with the decoded cache of the group's job held weakly), DevicePlacement (the daemon's GPU and backend
+// of a copy: daemon job, on the fake CUDA backend); then the registry's transactional Start: a failure injected after
+// each step (and real failures of the fake device's allocation and pinning) leaves no budget, device memory, pinned
+// host memory, job slot or share group behind.
 #include "jobs/job_registry.h"
 
 #include <unistd.h>
@@ -231,8 +231,9 @@ TEST_CASE("share groups: a member gets the group job's decoded cache while the j
   group->SetJob(std::make_shared<IdleJob>());
   config::DecodedCacheConfig dc;
   dc.max_side = 64;
-  auto decoded = std::make_shared<const DecodedCacheSource>(
-      std::make_shared<EmptySource>(), std::make_shared<DecodedCache>(kMiB, nullptr), dc, config::DecodeConfig{}, nullptr);
+  auto decoded = std::make_shared<const DecodedCacheSource>(std::make_shared<EmptySource>(),
+                                                            std::make_shared<DecodedCache>(kMiB, nullptr), dc,
+                                                            config::DecodeConfig{}, nullptr);
   groups.Add("k", group, nullptr, decoded);
   auto found = groups.FindJoinable("k");
   REQUIRE(found);

@@ -53,9 +53,12 @@ constexpr double kPi = std::numbers::pi;
 // in [25, 230], away from clipping.
 double Pattern(int c, double u, double v) {
   switch (c) {
-    case 0: return 128 + 50 * std::sin(2 * kPi * (1.3 * u + 0.4 * v) + 0.3) + 40 * (u - 0.5);
-    case 1: return 128 + 50 * std::cos(2 * kPi * (0.5 * u - 1.1 * v)) + 40 * (v - 0.5);
-    default: return 128 + 45 * std::sin(2 * kPi * (0.9 * u + 0.9 * v) + 1.0) - 30 * (u - v);
+    case 0:
+      return 128 + 50 * std::sin(2 * kPi * (1.3 * u + 0.4 * v) + 0.3) + 40 * (u - 0.5);
+    case 1:
+      return 128 + 50 * std::cos(2 * kPi * (0.5 * u - 1.1 * v)) + 40 * (v - 0.5);
+    default:
+      return 128 + 45 * std::sin(2 * kPi * (0.9 * u + 0.9 * v) + 1.0) - 30 * (u - v);
   }
 }
 
@@ -67,8 +70,7 @@ std::vector<uint8_t> MakePattern(int w, int h) {
   for (int y = 0; y < h; ++y) {
     for (int x = 0; x < w; ++x) {
       for (int c = 0; c < 3; ++c) {
-        rgb[(static_cast<size_t>(y) * w + x) * 3 + c] =
-            ToByte(Pattern(c, (x + 0.5) / w, (y + 0.5) / h));
+        rgb[(static_cast<size_t>(y) * w + x) * 3 + c] = ToByte(Pattern(c, (x + 0.5) / w, (y + 0.5) / h));
       }
     }
   }
@@ -85,9 +87,9 @@ std::vector<uint8_t> MakeJpeg(int w, int h, ChromaSubsampling s = ChromaSubsampl
 // torchvision's geometry written out independently of media/image_ops.cc: Resize(S) then
 // CenterCrop(C), with Python's round-half-to-even.
 struct Geometry {
-  int rw, rh;          // resized size
-  int ow, oh;          // output size
-  int off_x, off_y;    // output (x, y) shows resized pixel (x + off_x, y + off_y)
+  int rw, rh;        // resized size
+  int ow, oh;        // output size
+  int off_x, off_y;  // output (x, y) shows resized pixel (x + off_x, y + off_y)
 };
 
 Geometry TorchvisionGeometry(int w, int h, int resize_shorter, int crop) {
@@ -128,8 +130,7 @@ struct GuardedImage {
   std::vector<uint8_t> bytes;
 
   GuardedImage(int width, int height)
-      : w(width), h(height), stride(static_cast<size_t>(width) * 3 + kGap),
-        bytes(stride * height + 64, kGuard) {}
+      : w(width), h(height), stride(static_cast<size_t>(width) * 3 + kGap), bytes(stride * height + 64, kGuard) {}
   uint8_t* data() { return bytes.data(); }
   uint8_t at(int x, int y, int c) const { return bytes[y * stride + x * 3 + c]; }
   bool GuardsIntact() const {
@@ -173,8 +174,7 @@ ErrorStats VsAnalytic(const GuardedImage& img, const Geometry& g) {
       const int rx = x + g.off_x, ry = y + g.off_y;
       const bool pad = rx < 0 || ry < 0 || rx >= g.rw || ry >= g.rh;
       for (int c = 0; c < 3; ++c) {
-        const double want =
-            pad ? 0.0 : std::clamp(Pattern(c, (rx + 0.5) / g.rw, (ry + 0.5) / g.rh), 0.0, 255.0);
+        const double want = pad ? 0.0 : std::clamp(Pattern(c, (rx + 0.5) / g.rw, (ry + 0.5) / g.rh), 0.0, 255.0);
         errors.push_back(std::abs(img.at(x, y, c) - want));
       }
     }
@@ -217,9 +217,7 @@ ImageOps Fast(ImageOps ops) {
   return ops;
 }
 
-const char* PathName(JpegDecodePath p) {
-  return p == JpegDecodePath::kYuvPlanes ? "yuv" : "rgb";
-}
+const char* PathName(JpegDecodePath p) { return p == JpegDecodePath::kYuvPlanes ? "yuv" : "rgb"; }
 
 // ---------------------------------------------------------------------------------------------
 
@@ -318,8 +316,7 @@ TEST_CASE("EncodeJpeg rejects bad arguments") {
 // Decodes `jpeg` with `ops` on the exact path and on both JPEG paths of the fast one and checks
 // each against the analytic pattern and against the reference path. expect_dct_scale is the fast
 // path's (the exact path never scales in the DCT domain).
-void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, const ImageOps& ops,
-                            int expect_dct_scale) {
+void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, const ImageOps& ops, int expect_dct_scale) {
   const Geometry g = TorchvisionGeometry(w, h, ops.resize_shorter, ops.crop_width);
   int ow = 0, oh = 0;
   OutputSize(ops, w, h, &ow, &oh);
@@ -328,13 +325,11 @@ void CheckAgainstReferences(const std::vector<uint8_t>& jpeg, int w, int h, cons
   GuardedImage ref(ow, oh);
   ImageDecoder ref_decoder;
   ImageInfo info;
-  REQUIRE(ref_decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), ow, oh, ref.stride, 0, &info)
-              .ok());
+  REQUIRE(ref_decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), ow, oh, ref.stride, 0, &info).ok());
   CHECK((info.width == w && info.height == h && info.dct_scale == 1));
   CHECK(ref.GuardsIntact());
   const ErrorStats ref_err = VsAnalytic(ref, g);
-  INFO("reference vs analytic: mean " << ref_err.mean << " p99 " << ref_err.p99 << " max "
-                                      << ref_err.max);
+  INFO("reference vs analytic: mean " << ref_err.mean << " p99 " << ref_err.p99 << " max " << ref_err.max);
   CHECK(ref_err.mean <= kMaxMeanAbsVsAnalytic);
   CHECK(ref_err.p99 <= kMaxP99VsAnalytic);
 
@@ -373,9 +368,8 @@ TEST_CASE("Resize 256 + center crop 224 matches the analytic pattern and the ref
   };
   // 2000x1500: the 224 crop covers 1312 source pixels -> 1/4 scale (328 >= 224; 1/8 gives 164).
   // 1024x768: 672 source pixels -> 1/2 (336); 500x375 and smaller: no DCT scaling.
-  for (Case c : {Case{500, 375, 1}, Case{375, 500, 1}, Case{1024, 768, 2}, Case{2000, 1500, 4},
-                 Case{224, 224, 1}, Case{100, 80, 1}, Case{333, 517, 1}, Case{641, 479, 1},
-                 Case{1341, 999, 2}, Case{4000, 3000, 8}}) {
+  for (Case c : {Case{500, 375, 1}, Case{375, 500, 1}, Case{1024, 768, 2}, Case{2000, 1500, 4}, Case{224, 224, 1},
+                 Case{100, 80, 1}, Case{333, 517, 1}, Case{641, 479, 1}, Case{1341, 999, 2}, Case{4000, 3000, 8}}) {
     INFO("image " << c.w << "x" << c.h);
     CheckAgainstReferences(MakeJpeg(c.w, c.h), c.w, c.h, ResizeCrop(256, 224), c.dct_scale);
   }
@@ -435,15 +429,13 @@ TEST_CASE("Every interpolation works and they differ") {
   const ImageOps base = ResizeCrop(256, 224);
   const Geometry g = TorchvisionGeometry(w, h, 256, 224);
   std::vector<GuardedImage> outs;
-  for (Interpolation interp :
-       {Interpolation::kBilinear, Interpolation::kBicubic, Interpolation::kArea}) {
+  for (Interpolation interp : {Interpolation::kBilinear, Interpolation::kBicubic, Interpolation::kArea}) {
     INFO("interpolation " << static_cast<int>(interp));
     ImageOps ops = base;
     ops.interpolation = interp;
     ImageDecoder decoder;
     outs.emplace_back(224, 224);
-    REQUIRE(decoder.DecodeJpegInto(jpeg, ops, outs.back().data(), 224, 224, outs.back().stride)
-                .ok());
+    REQUIRE(decoder.DecodeJpegInto(jpeg, ops, outs.back().data(), 224, 224, outs.back().stride).ok());
     const ErrorStats a = VsAnalytic(outs.back(), g);
     INFO("vs analytic: mean " << a.mean << " p99 " << a.p99);
     CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
@@ -465,8 +457,7 @@ TEST_CASE("Every interpolation works and they differ") {
 }
 
 TEST_CASE("Chroma subsamplings decode alike") {
-  for (ChromaSubsampling s :
-       {ChromaSubsampling::k444, ChromaSubsampling::k422, ChromaSubsampling::k420}) {
+  for (ChromaSubsampling s : {ChromaSubsampling::k444, ChromaSubsampling::k422, ChromaSubsampling::k420}) {
     INFO("subsampling " << static_cast<int>(s));
     CheckAgainstReferences(MakeJpeg(500, 375, s), 500, 375, ResizeCrop(256, 224), 1);
     CheckAgainstReferences(MakeJpeg(1024, 768, s), 1024, 768, ResizeCrop(256, 224), 2);
@@ -481,8 +472,7 @@ TEST_CASE("A grayscale JPEG gives three equal channels") {
     INFO("path " << PathName(path));
     ImageDecoder decoder(path);
     GuardedImage out(224, 224);
-    REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224,
-                                   out.stride).ok());
+    REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
     int spread = 0;
     std::vector<double> errors;
     for (int y = 0; y < 224; ++y) {
@@ -491,8 +481,7 @@ TEST_CASE("A grayscale JPEG gives three equal channels") {
         spread = std::max({spread, std::abs(r - gr), std::abs(r - b)});
         // The luma the encoder stored: BT.601 of the pattern.
         const double u = (x + g.off_x + 0.5) / g.rw, v = (y + g.off_y + 0.5) / g.rh;
-        const double luma =
-            0.299 * Pattern(0, u, v) + 0.587 * Pattern(1, u, v) + 0.114 * Pattern(2, u, v);
+        const double luma = 0.299 * Pattern(0, u, v) + 0.587 * Pattern(1, u, v) + 0.114 * Pattern(2, u, v);
         errors.push_back(std::abs(r - luma));
       }
     }
@@ -523,8 +512,7 @@ void RgbToCmyk(const uint8_t* rgb, uint8_t* cmyk) {
 
 // Encodes with TurboJPEG directly, for what EncodeJpeg does not offer (CMYK input, 4:4:0 and
 // 4:1:1 subsampling, progressive coding).
-std::vector<uint8_t> TjEncode(const uint8_t* px, int w, int h, int pixel_format, int subsamp,
-                              int flags) {
+std::vector<uint8_t> TjEncode(const uint8_t* px, int w, int h, int pixel_format, int subsamp, int flags) {
   tjhandle tj = tjInitCompress();
   REQUIRE(tj != nullptr);
   unsigned char* buf = nullptr;
@@ -557,12 +545,11 @@ TEST_CASE("4:4:0, 4:1:1 and progressive JPEGs decode") {
       // 12.8 times, and even libjpeg-turbo's own RGB output is outside the error budget.
       if (w == 100) continue;
       INFO("image " << w << "x" << h << " subsampling " << samp);
-      CheckAgainstReferences(TjEncode(rgb.data(), w, h, TJPF_RGB, samp, 0), w, h,
-                             ResizeCrop(256, 224), dct_scale);
+      CheckAgainstReferences(TjEncode(rgb.data(), w, h, TJPF_RGB, samp, 0), w, h, ResizeCrop(256, 224), dct_scale);
     }
     INFO("image " << w << "x" << h << " progressive");
-    CheckAgainstReferences(TjEncode(rgb.data(), w, h, TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE),
-                           w, h, ResizeCrop(256, 224), dct_scale);
+    CheckAgainstReferences(TjEncode(rgb.data(), w, h, TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE), w, h,
+                           ResizeCrop(256, 224), dct_scale);
   }
 }
 
@@ -573,12 +560,10 @@ TEST_CASE("Tiny images decode without trouble") {
     for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
       ImageDecoder decoder(path);
       GuardedImage out(224, 224);
-      REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224,
-                                     out.stride).ok());
+      REQUIRE(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).ok());
       CHECK(out.GuardsIntact());
       GuardedImage ref(224, 224);
-      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ResizeCrop(256, 224), ref.data(), 224, 224,
-                                          ref.stride).ok());
+      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ResizeCrop(256, 224), ref.data(), 224, 224, ref.stride).ok());
     }
   }
 }
@@ -591,18 +576,17 @@ TEST_CASE("The output size must be the expected one") {
   Status s = decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 0), out.data(), 256, 256, out.stride);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::Contains("341x256"));
-  CHECK(decoder.ReferenceDecodeInto(jpeg, ResizeCrop(256, 0), out.data(), 256, 256, out.stride)
-            .code() == StatusCode::kInvalidArgument);
+  CHECK(decoder.ReferenceDecodeInto(jpeg, ResizeCrop(256, 0), out.data(), 256, 256, out.stride).code() ==
+        StatusCode::kInvalidArgument);
   CHECK(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 0), out.data(), 341, 256, out.stride).ok());
   // A stride too small for the row, no buffer, bad ops.
-  CHECK(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 0), out.data(), 341, 256, 341 * 3 - 1)
-            .code() == StatusCode::kInvalidArgument);
+  CHECK(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 0), out.data(), 341, 256, 341 * 3 - 1).code() ==
+        StatusCode::kInvalidArgument);
   CHECK(decoder.DecodeJpegInto(jpeg, ResizeCrop(256, 0), nullptr, 341, 256, out.stride).code() ==
         StatusCode::kInvalidArgument);
   ImageOps bad;
   bad.crop_width = 10;
-  CHECK(decoder.DecodeJpegInto(jpeg, bad, out.data(), 341, 256, out.stride).code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(decoder.DecodeJpegInto(jpeg, bad, out.data(), 341, 256, out.stride).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Corrupt, truncated and non-JPEG data is kDataLoss, never a crash") {
@@ -690,16 +674,14 @@ TEST_CASE("A decompression bomb is refused from its header") {
 
   GuardedImage out(224, 224);
   const auto start = std::chrono::steady_clock::now();
-  Status s = decoder.DecodeJpegInto(bomb, ResizeCrop(256, 224), out.data(), 224, 224,
-                                    out.stride, &info);
-  const double ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - start).count();
+  Status s = decoder.DecodeJpegInto(bomb, ResizeCrop(256, 224), out.data(), 224, 224, out.stride, &info);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CHECK(s.code() == StatusCode::kResourceExhausted);
   CHECK_THAT(s.message(), Catch::Contains("60000x60000"));
   CHECK_THAT(s.message(), Catch::Contains("178956970"));
   CHECK(ms < 50);  // refused from the header: nothing was decoded (a 3.6 Gpixel decode is not)
-  CHECK(decoder.ReferenceDecodeInto(bomb, ResizeCrop(256, 224), out.data(), 224, 224,
-                                    out.stride).code() == StatusCode::kResourceExhausted);
+  CHECK(decoder.ReferenceDecodeInto(bomb, ResizeCrop(256, 224), out.data(), 224, 224, out.stride).code() ==
+        StatusCode::kResourceExhausted);
 
   // The limit is the caller's: a small one refuses a small image.
   ImageOps ops = ResizeCrop(256, 224);
@@ -717,10 +699,9 @@ TEST_CASE("A decoder reused across many sizes gives what a fresh one gives") {
     int ow, oh;
   };
   std::vector<Item> items;
-  for (auto [w, h] : {std::pair{500, 375}, {2000, 1500}, {100, 80}, {375, 500}, {1024, 768},
-                      {333, 517}, {500, 375}, {7, 5}}) {
-    for (const ImageOps& ops : {ResizeCrop(256, 224), ResizeCrop(0, 121),
-                                ResizeCrop(160, 128, Interpolation::kArea)}) {
+  for (auto [w, h] :
+       {std::pair{500, 375}, {2000, 1500}, {100, 80}, {375, 500}, {1024, 768}, {333, 517}, {500, 375}, {7, 5}}) {
+    for (const ImageOps& ops : {ResizeCrop(256, 224), ResizeCrop(0, 121), ResizeCrop(160, 128, Interpolation::kArea)}) {
       int ow = 0, oh = 0;
       OutputSize(ops, w, h, &ow, &oh);
       items.push_back({MakeJpeg(w, h), ops, ow, oh});
@@ -775,7 +756,8 @@ TEST_CASE("A moved decoder keeps working") {
 // One element of an output image, as a double.
 double Element(const uint8_t* buf, OutputDType dtype, size_t i) {
   switch (dtype) {
-    case OutputDType::kUInt8: return buf[i];
+    case OutputDType::kUInt8:
+      return buf[i];
     case OutputDType::kFloat32: {
       float f;
       std::memcpy(&f, buf + 4 * i, 4);
@@ -806,8 +788,10 @@ double Expected(const ImageOps& ops, int c, int v) {
   double x = ops.dtype == OutputDType::kUInt8 ? v : v / 255.0;
   if (ops.normalize) x = (x - ops.mean[c]) / ops.stddev[c];
   switch (ops.dtype) {
-    case OutputDType::kUInt8: return x;
-    case OutputDType::kFloat32: return static_cast<float>(x);
+    case OutputDType::kUInt8:
+      return x;
+    case OutputDType::kFloat32:
+      return static_cast<float>(x);
     case OutputDType::kFloat16:
 #ifdef __FLT16_MAX__
       return static_cast<double>(static_cast<_Float16>(x));
@@ -829,10 +813,14 @@ double Expected(const ImageOps& ops, int c, int v) {
 
 const char* DTypeName(OutputDType d) {
   switch (d) {
-    case OutputDType::kUInt8: return "uint8";
-    case OutputDType::kFloat32: return "float32";
-    case OutputDType::kFloat16: return "float16";
-    case OutputDType::kBFloat16: return "bfloat16";
+    case OutputDType::kUInt8:
+      return "uint8";
+    case OutputDType::kFloat32:
+      return "float32";
+    case OutputDType::kFloat16:
+      return "float16";
+    case OutputDType::kBFloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -848,10 +836,10 @@ TEST_CASE("DoubleToHalf and DoubleToBFloat16 round to nearest, ties to even") {
   CHECK(DoubleToHalf(65519.0) == 0x7BFF);
   CHECK(DoubleToHalf(65520.0) == 0x7C00);  // rounds to infinity
   CHECK(DoubleToHalf(-1e9) == 0xFC00);
-  CHECK(DoubleToHalf(std::ldexp(1.0, -24)) == 0x0001);        // smallest subnormal
-  CHECK(DoubleToHalf(std::ldexp(1.0, -25)) == 0x0000);        // tie -> even (0)
-  CHECK(DoubleToHalf(std::ldexp(1.5, -24)) == 0x0002);        // tie -> even (2)
-  CHECK(DoubleToHalf(std::ldexp(1023.5, -24)) == 0x0400);     // up to the smallest normal
+  CHECK(DoubleToHalf(std::ldexp(1.0, -24)) == 0x0001);     // smallest subnormal
+  CHECK(DoubleToHalf(std::ldexp(1.0, -25)) == 0x0000);     // tie -> even (0)
+  CHECK(DoubleToHalf(std::ldexp(1.5, -24)) == 0x0002);     // tie -> even (2)
+  CHECK(DoubleToHalf(std::ldexp(1023.5, -24)) == 0x0400);  // up to the smallest normal
   CHECK((DoubleToHalf(std::nan("")) & 0x7E00) == 0x7E00);
   CHECK(DoubleToBFloat16(1.0) == 0x3F80);
   CHECK(DoubleToBFloat16(1.0 + std::ldexp(1.0, -8)) == 0x3F80);      // tie -> even
@@ -881,8 +869,8 @@ void CheckOutputPass(const std::vector<uint8_t>& jpeg, const ImageOps& base, int
   ImageDecoder decoder;
   GuardedImage rgb(ow, oh);
   REQUIRE(decoder.DecodeRgbInto(jpeg, base, rgb.data(), ow, oh, rgb.stride).ok());
-  for (OutputDType dtype : {OutputDType::kUInt8, OutputDType::kFloat32, OutputDType::kFloat16,
-                            OutputDType::kBFloat16}) {
+  for (OutputDType dtype :
+       {OutputDType::kUInt8, OutputDType::kFloat32, OutputDType::kFloat16, OutputDType::kBFloat16}) {
     for (OutputLayout layout : {OutputLayout::kNHWC, OutputLayout::kNCHW}) {
       for (bool normalize : {false, true}) {
         if (dtype == OutputDType::kUInt8 && normalize) continue;
@@ -932,8 +920,7 @@ TEST_CASE("Output ops are validated") {
   CHECK_THAT(s.message(), Catch::Contains("normalize needs a floating-point output dtype"));
   ImageDecoder decoder;
   std::vector<uint8_t> out(224 * 224 * 3);
-  CHECK(decoder.DecodeInto(MakeJpeg(500, 375), ops, out.data(), 224, 224).code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(decoder.DecodeInto(MakeJpeg(500, 375), ops, out.data(), 224, 224).code() == StatusCode::kInvalidArgument);
   ops.dtype = OutputDType::kFloat32;
   ops.stddev = {1, 0, 1};
   CHECK_THAT(ValidateImageOps(ops).message(), Catch::Contains("stddev non-zero"));
@@ -983,8 +970,8 @@ TEST_CASE("SampleSeed and SampleRng are pure functions of their inputs") {
 // torchvision's RandomResizedCrop.get_params, transcribed from torchvision/transforms/transforms.py
 // with its torch.empty().uniform_() / torch.randint draws replaced by the same SampleRng calls in
 // the same order (scale, log-ratio; then top, left).
-CropRect TorchvisionGetParams(int width, int height, std::array<double, 2> scale,
-                              std::array<double, 2> ratio, SampleRng& rng) {
+CropRect TorchvisionGetParams(int width, int height, std::array<double, 2> scale, std::array<double, 2> ratio,
+                              SampleRng& rng) {
   const double area = static_cast<double>(height) * width;
   const double log_ratio[2] = {std::log(ratio[0]), std::log(ratio[1])};
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -1040,12 +1027,9 @@ TEST_CASE("PlanRandomResizedCrop follows torchvision's get_params") {
   }
   // Every attempt fails: the central fallback, clamped to the ratio range.
   SampleRng rng(1, RandomStream::kResizedCrop);
-  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {2.0, 3.0}), 500, 375, rng) ==
-        CropRect{0, 62, 500, 250});
-  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {0.1, 0.2}), 500, 375, rng) ==
-        CropRect{212, 0, 75, 375});
-  CHECK(PlanRandomResizedCrop(RandomCrop(224, {1.0, 1.0}, {1.0, 1.0}), 500, 500, rng) ==
-        CropRect{0, 0, 500, 500});
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {2.0, 3.0}), 500, 375, rng) == CropRect{0, 62, 500, 250});
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {0.99, 1.0}, {0.1, 0.2}), 500, 375, rng) == CropRect{212, 0, 75, 375});
+  CHECK(PlanRandomResizedCrop(RandomCrop(224, {1.0, 1.0}, {1.0, 1.0}), 500, 500, rng) == CropRect{0, 0, 500, 500});
 }
 
 TEST_CASE("A random resized crop matches the analytic pattern and the reference path") {
@@ -1061,10 +1045,8 @@ TEST_CASE("A random resized crop matches the analytic pattern and the reference 
       ImageDecoder decoder(path);
       GuardedImage out(160, 160), ref(160, 160);
       ImageInfo info, ref_info;
-      REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 160, 160, out.stride, seed, &info)
-                  .ok());
-      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), 160, 160, ref.stride, seed,
-                                          &ref_info).ok());
+      REQUIRE(decoder.DecodeRgbInto(jpeg, ops, out.data(), 160, 160, out.stride, seed, &info).ok());
+      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ops, ref.data(), 160, 160, ref.stride, seed, &ref_info).ok());
       CHECK(out.GuardsIntact());
       SampleRng rng(seed, RandomStream::kResizedCrop);
       CHECK(info.crop == PlanRandomResizedCrop(ops, w, h, rng));
@@ -1082,8 +1064,7 @@ TEST_CASE("A random resized crop matches the analytic pattern and the reference 
       }
       const ErrorStats a = Stats(errors);
       const ErrorStats vs_ref = VsImage(out, ref);
-      INFO("crop " << r.x << "," << r.y << " " << r.width << "x" << r.height << " dct 1/"
-                   << info.dct_scale);
+      INFO("crop " << r.x << "," << r.y << " " << r.width << "x" << r.height << " dct 1/" << info.dct_scale);
       INFO("vs analytic: mean " << a.mean << " p99 " << a.p99);
       INFO("vs reference: mean " << vs_ref.mean << " p99 " << vs_ref.p99);
       CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
@@ -1096,8 +1077,7 @@ TEST_CASE("A random resized crop matches the analytic pattern and the reference 
 }
 
 // out mirrored left-right equals ref, element for element (any dtype, either layout).
-bool Mirrored(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const ImageOps& ops,
-              int w, int h) {
+bool Mirrored(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const ImageOps& ops, int w, int h) {
   for (int y = 0; y < h; ++y) {
     for (int x = 0; x < w; ++x) {
       for (int c = 0; c < 3; ++c) {
@@ -1127,8 +1107,7 @@ TEST_CASE("The horizontal flip mirrors the whole output, padding included") {
   for (const Case& k : {Case{500, 375, ResizeCrop(256, 224), 224, 224},
                         Case{100, 80, ResizeCrop(0, 121), 121, 121},  // 10 columns padded left, 11 right
                         Case{100, 80, float_nchw, 121, 121}, Case{300, 200, random, 96, 96}}) {
-    INFO("case " << k.w << "x" << k.h << " -> " << k.ow << "x" << k.oh << " "
-                 << DTypeName(k.ops.dtype));
+    INFO("case " << k.w << "x" << k.h << " -> " << k.ow << "x" << k.oh << " " << DTypeName(k.ops.dtype));
     const std::vector<uint8_t> jpeg = MakeJpeg(k.w, k.h);
     ImageDecoder decoder;
     ImageOps plain = k.ops, flipped = k.ops;
@@ -1224,12 +1203,18 @@ std::vector<uint8_t> ExpectedRgb(const RawImage& raw, bool composite, std::array
   for (size_t i = 0; i < n; ++i) {
     int r = 0, g = 0, b = 0, a = 255;
     switch (raw.pixels) {
-      case RawPixels::kRgb24: r = raw.data[3 * i], g = raw.data[3 * i + 1], b = raw.data[3 * i + 2]; break;
+      case RawPixels::kRgb24:
+        r = raw.data[3 * i], g = raw.data[3 * i + 1], b = raw.data[3 * i + 2];
+        break;
       case RawPixels::kRgba:
         r = raw.data[4 * i], g = raw.data[4 * i + 1], b = raw.data[4 * i + 2], a = raw.data[4 * i + 3];
         break;
-      case RawPixels::kGray8: r = g = b = raw.data[i]; break;
-      case RawPixels::kGrayAlpha8: r = g = b = raw.data[2 * i], a = raw.data[2 * i + 1]; break;
+      case RawPixels::kGray8:
+        r = g = b = raw.data[i];
+        break;
+      case RawPixels::kGrayAlpha8:
+        r = g = b = raw.data[2 * i], a = raw.data[2 * i + 1];
+        break;
       case RawPixels::kRgb48:
         r = (u16[3 * i] + 128) / 257, g = (u16[3 * i + 1] + 128) / 257, b = (u16[3 * i + 2] + 128) / 257;
         break;
@@ -1237,7 +1222,9 @@ std::vector<uint8_t> ExpectedRgb(const RawImage& raw, bool composite, std::array
         r = (u16[4 * i] + 128) / 257, g = (u16[4 * i + 1] + 128) / 257, b = (u16[4 * i + 2] + 128) / 257;
         a = (u16[4 * i + 3] + 128) / 257;
         break;
-      case RawPixels::kGray16: r = g = b = (u16[i] + 128) / 257; break;
+      case RawPixels::kGray16:
+        r = g = b = (u16[i] + 128) / 257;
+        break;
       case RawPixels::kPal8: {
         const uint32_t e = raw.palette[raw.data[i]];
         r = (e >> 16) & 0xFF, g = (e >> 8) & 0xFF, b = e & 0xFF, a = e >> 24;
@@ -1260,15 +1247,16 @@ RawImage MakeRaw(RawPixels kind, int w, int h) {
   const std::vector<uint8_t> rgb = MakePattern(w, h);
   const size_t n = static_cast<size_t>(w) * h;
   auto gray = [&](size_t i) {
-    return static_cast<uint8_t>(
-        std::lround(0.299 * rgb[3 * i] + 0.587 * rgb[3 * i + 1] + 0.114 * rgb[3 * i + 2]));
+    return static_cast<uint8_t>(std::lround(0.299 * rgb[3 * i] + 0.587 * rgb[3 * i + 1] + 0.114 * rgb[3 * i + 2]));
   };
   switch (kind) {
-    case RawPixels::kRgb24: raw.data = rgb; break;
+    case RawPixels::kRgb24:
+      raw.data = rgb;
+      break;
     case RawPixels::kRgba:
       for (size_t i = 0; i < n; ++i) {
-        raw.data.insert(raw.data.end(), {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2],
-                                         AlphaAt(static_cast<int>(i % w), w)});
+        raw.data.insert(raw.data.end(),
+                        {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], AlphaAt(static_cast<int>(i % w), w)});
       }
       break;
     case RawPixels::kGray8:
@@ -1277,8 +1265,12 @@ RawImage MakeRaw(RawPixels kind, int w, int h) {
     case RawPixels::kGrayAlpha8:
       for (size_t i = 0; i < n; ++i) raw.data.insert(raw.data.end(), {gray(i), AlphaAt(static_cast<int>(i % w), w)});
       break;
-    case RawPixels::kRgb48: raw.data = MakePattern16(w, h, 3); break;
-    case RawPixels::kGray16: raw.data = MakePattern16(w, h, 1); break;
+    case RawPixels::kRgb48:
+      raw.data = MakePattern16(w, h, 3);
+      break;
+    case RawPixels::kGray16:
+      raw.data = MakePattern16(w, h, 1);
+      break;
     case RawPixels::kRgba64: {
       const std::vector<uint8_t> p = MakePattern16(w, h, 3);
       const auto* s = reinterpret_cast<const uint16_t*>(p.data());
@@ -1344,19 +1336,15 @@ std::vector<FormatCase> FormatCases() {
   EncodeOptions lossless;
   lossless.lossless = true;
   return {
-      {"JPEG 4:2:0 q95", ImageFormat::kJpeg, RawPixels::kRgb24, q95, 12, 1.5, true,
-       AlphaMode::kDrop, 0.6, 1.5},
-      {"JPEG gray", ImageFormat::kJpeg, RawPixels::kGray8, q95, 3, 0.5, false, AlphaMode::kDrop,
-       0.6, 1.5},
+      {"JPEG 4:2:0 q95", ImageFormat::kJpeg, RawPixels::kRgb24, q95, 12, 1.5, true, AlphaMode::kDrop, 0.6, 1.5},
+      {"JPEG gray", ImageFormat::kJpeg, RawPixels::kGray8, q95, 3, 0.5, false, AlphaMode::kDrop, 0.6, 1.5},
       {"PNG RGB", ImageFormat::kPng, RawPixels::kRgb24, {}, 0, 0, true},
       {"PNG RGBA, alpha dropped", ImageFormat::kPng, RawPixels::kRgba, {}, 0, 0, true},
-      {"PNG RGBA, composited", ImageFormat::kPng, RawPixels::kRgba, {}, 1, 0.01, false,
-       AlphaMode::kComposite},
+      {"PNG RGBA, composited", ImageFormat::kPng, RawPixels::kRgba, {}, 1, 0.01, false, AlphaMode::kComposite},
       {"PNG gray", ImageFormat::kPng, RawPixels::kGray8, {}, 0, 0, false},
       {"PNG gray + alpha", ImageFormat::kPng, RawPixels::kGrayAlpha8, {}, 0, 0, false},
       {"PNG 16-bit RGB", ImageFormat::kPng, RawPixels::kRgb48, {}, 1, 0.6, true},
-      {"PNG 16-bit RGBA, composited", ImageFormat::kPng, RawPixels::kRgba64, {}, 2, 0.5, false,
-       AlphaMode::kComposite},
+      {"PNG 16-bit RGBA, composited", ImageFormat::kPng, RawPixels::kRgba64, {}, 2, 0.5, false, AlphaMode::kComposite},
       {"PNG 16-bit gray", ImageFormat::kPng, RawPixels::kGray16, {}, 1, 0.6, false},
       {"PNG palette", ImageFormat::kPng, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
       {"WebP lossless", ImageFormat::kWebp, RawPixels::kRgb24, lossless, 0, 0, true},
@@ -1365,8 +1353,7 @@ std::vector<FormatCase> FormatCases() {
       {"BMP RGB", ImageFormat::kBmp, RawPixels::kRgb24, {}, 0, 0, true},
       {"BMP palette", ImageFormat::kBmp, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
       {"TIFF RGB", ImageFormat::kTiff, RawPixels::kRgb24, {}, 0, 0, true},
-      {"TIFF RGBA, composited", ImageFormat::kTiff, RawPixels::kRgba, {}, 1, 0.01, false,
-       AlphaMode::kComposite},
+      {"TIFF RGBA, composited", ImageFormat::kTiff, RawPixels::kRgba, {}, 1, 0.01, false, AlphaMode::kComposite},
       {"TIFF 16-bit RGB", ImageFormat::kTiff, RawPixels::kRgb48, {}, 1, 0.6, true},
       {"TIFF gray", ImageFormat::kTiff, RawPixels::kGray8, {}, 0, 0, false},
       {"GIF palette", ImageFormat::kGif, RawPixels::kPal8, {}, 0, 0, false, AlphaMode::kDrop, 0, 4},
@@ -1470,8 +1457,7 @@ TEST_CASE("Conformance: resize + crop and random crop + flip, against the patter
       CHECK(r.mean <= kMaxMeanAbsVsReference + fc.reference_mean_slack);
       CHECK(r.p99 <= kMaxP99VsReference + fc.reference_p99_slack);
       if (fc.analytic && fc.alpha == AlphaMode::kDrop) {
-        const ErrorStats a = VsAnalytic(out, TorchvisionGeometry(w, h, geometry.resize_shorter,
-                                                                 geometry.crop_width));
+        const ErrorStats a = VsAnalytic(out, TorchvisionGeometry(w, h, geometry.resize_shorter, geometry.crop_width));
         INFO("vs analytic: mean " << a.mean << " p99 " << a.p99);
         CHECK(a.mean <= kMaxMeanAbsVsAnalytic + fc.mean_identity_error);
         CHECK(a.p99 <= kMaxP99VsAnalytic + fc.max_identity_error / 2.0);
@@ -1496,8 +1482,8 @@ TEST_CASE("Conformance: resize + crop and random crop + flip, against the patter
       for (int y = 0; y < 96; ++y) {
         for (int x = 0; x < 96; ++x) {
           for (int c = 0; c < 3; ++c) {
-            const double v = Element(out.data(), OutputDType::kFloat32,
-                                     ElementIndex(OutputLayout::kNCHW, 96, 96, x, y, c));
+            const double v =
+                Element(out.data(), OutputDType::kFloat32, ElementIndex(OutputLayout::kNCHW, 96, 96, x, y, c));
             const double level = (v * f32.stddev[c] + f32.mean[c]) * 255;
             errors.push_back(std::abs(level - ref.at(x, y, c)));
           }
@@ -1646,14 +1632,24 @@ std::vector<uint8_t> PatchSize(ImageFormat f, std::vector<uint8_t> b, uint32_t w
     for (int i = 0; i < n; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
   };
   switch (f) {
-    case ImageFormat::kJpeg: return PatchFrameSize(std::move(b), static_cast<int>(w), static_cast<int>(h));
-    case ImageFormat::kPng: be32(16, w), be32(20, h); break;
-    case ImageFormat::kGif: le(6, w, 2), le(8, h, 2); break;
-    case ImageFormat::kBmp: le(18, w, 4), le(22, h, 4); break;
+    case ImageFormat::kJpeg:
+      return PatchFrameSize(std::move(b), static_cast<int>(w), static_cast<int>(h));
+    case ImageFormat::kPng:
+      be32(16, w), be32(20, h);
+      break;
+    case ImageFormat::kGif:
+      le(6, w, 2), le(8, h, 2);
+      break;
+    case ImageFormat::kBmp:
+      le(18, w, 4), le(22, h, 4);
+      break;
     case ImageFormat::kWebp:
-      if (b[15] == 'L') le(21, (w - 1) | ((h - 1) << 14) | (b[24] & 0xF0u) << 24, 4);
-      else if (b[15] == ' ') le(26, w, 2), le(28, h, 2);
-      else le(24, w - 1, 3), le(27, h - 1, 3);
+      if (b[15] == 'L')
+        le(21, (w - 1) | ((h - 1) << 14) | (b[24] & 0xF0u) << 24, 4);
+      else if (b[15] == ' ')
+        le(26, w, 2), le(28, h, 2);
+      else
+        le(24, w - 1, 3), le(27, h - 1, 3);
       break;
     case ImageFormat::kTiff: {
       // Little-endian (FFmpeg writes II): ImageWidth / ImageLength entries as LONG.
@@ -1669,7 +1665,8 @@ std::vector<uint8_t> PatchSize(ImageFormat f, std::vector<uint8_t> b, uint32_t w
       }
       break;
     }
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kUnknown:
+      break;
   }
   return b;
 }
@@ -1743,10 +1740,9 @@ TEST_CASE("The FFmpeg decoder frees a big picture and its codec, and carries on"
     CHECK(((*f)->width == 64 && (*f)->height == 48));
     decoder.Trim(1 << 20);  // small: kept
     CHECK((*f)->width == 64);
-    decoder.Trim(0);        // freed
+    decoder.Trim(0);  // freed
   }
-  CHECK(decoder.Decode(ImageFormat::kPng, *png, 64 * 48 - 1).status().code() ==
-        StatusCode::kResourceExhausted);
+  CHECK(decoder.Decode(ImageFormat::kPng, *png, 64 * 48 - 1).status().code() == StatusCode::kResourceExhausted);
 }
 
 TEST_CASE("Formats are told by their bytes, not their names and unknown data is kDataLoss") {
@@ -1761,8 +1757,7 @@ TEST_CASE("Formats are told by their bytes, not their names and unknown data is 
   Status s = decoder.DecodeRgbInto(text, ResizeCrop(8, 8), out.data(), 8, 8, out.stride);
   CHECK(s.code() == StatusCode::kDataLoss);
   CHECK_THAT(s.message(), Catch::Contains("unrecognised image data"));
-  CHECK(decoder.DecodeRgbInto({}, ResizeCrop(8, 8), out.data(), 8, 8, out.stride).code() ==
-        StatusCode::kDataLoss);
+  CHECK(decoder.DecodeRgbInto({}, ResizeCrop(8, 8), out.data(), 8, 8, out.stride).code() == StatusCode::kDataLoss);
   // DecodeJpegInto takes JPEG only.
   Result<std::vector<uint8_t>> png = EncodeImage(ImageFormat::kPng, MakeRaw(RawPixels::kRgb24, 20, 20));
   REQUIRE(png.ok());
@@ -1778,8 +1773,10 @@ TEST_CASE("Formats are told by their bytes, not their names and unknown data is 
 std::vector<uint8_t> ExifSegment(int tag, bool big_endian) {
   std::vector<uint8_t> tiff;
   auto u16 = [&](uint32_t v) {
-    if (big_endian) tiff.insert(tiff.end(), {uint8_t(v >> 8), uint8_t(v)});
-    else tiff.insert(tiff.end(), {uint8_t(v), uint8_t(v >> 8)});
+    if (big_endian)
+      tiff.insert(tiff.end(), {uint8_t(v >> 8), uint8_t(v)});
+    else
+      tiff.insert(tiff.end(), {uint8_t(v), uint8_t(v >> 8)});
   };
   auto u32 = [&](uint32_t v) {
     if (big_endian) {
@@ -1790,14 +1787,14 @@ std::vector<uint8_t> ExifSegment(int tag, bool big_endian) {
       u16(v >> 16);
     }
   };
-  tiff.insert(tiff.end(), big_endian ? std::initializer_list<uint8_t>{'M', 'M'}
-                                     : std::initializer_list<uint8_t>{'I', 'I'});
+  tiff.insert(tiff.end(),
+              big_endian ? std::initializer_list<uint8_t>{'M', 'M'} : std::initializer_list<uint8_t>{'I', 'I'});
   u16(42);
-  u32(8);   // IFD0 right after the header
-  u16(2);   // two entries: a harmless one first
+  u32(8);                                        // IFD0 right after the header
+  u16(2);                                        // two entries: a harmless one first
   u16(0x010F), u16(2), u32(4), u32(0x41424300);  // Make = "ABC"
   u16(0x0112), u16(3), u32(1), u16(static_cast<uint32_t>(tag)), u16(0);
-  u32(0);   // no next IFD
+  u32(0);  // no next IFD
   // Sized once and copied into (an insert that grows the vector trips GCC 12's -Warray-bounds).
   const uint8_t header[] = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
   std::vector<uint8_t> seg(sizeof(header) + tiff.size());
@@ -1828,8 +1825,7 @@ std::vector<uint8_t> MakeOrientedJpeg(int w, int h, int tag, bool big_endian = f
     for (int x = 0; x < w; ++x) {
       const int u = o.transpose ? y : x, v = o.transpose ? x : y;
       const int sx = o.flip_x ? sw - 1 - u : u, sy = o.flip_y ? sh - 1 - v : v;
-      std::memcpy(&stored[(static_cast<size_t>(sy) * sw + sx) * 3],
-                  &display[(static_cast<size_t>(y) * w + x) * 3], 3);
+      std::memcpy(&stored[(static_cast<size_t>(sy) * sw + sx) * 3], &display[(static_cast<size_t>(y) * w + x) * 3], 3);
     }
   }
   Result<std::vector<uint8_t>> jpeg = EncodeJpeg(stored.data(), sw, sh, 95, ChromaSubsampling::k444);
@@ -1885,8 +1881,8 @@ TEST_CASE("EXIF orientation turns JPEGs upright before the geometry") {
       const ErrorStats a = VsAnalytic(out, TorchvisionGeometry(w, h, 128, 112));
       const ErrorStats ra = VsAnalytic(ref, TorchvisionGeometry(w, h, 128, 112));
       const ErrorStats r = VsImage(out, ref);
-      INFO("vs analytic: mean " << a.mean << " p99 " << a.p99 << "; reference vs analytic: mean "
-                                << ra.mean << "; vs reference: mean " << r.mean << " p99 " << r.p99);
+      INFO("vs analytic: mean " << a.mean << " p99 " << a.p99 << "; reference vs analytic: mean " << ra.mean
+                                << "; vs reference: mean " << r.mean << " p99 " << r.p99);
       CHECK(a.mean <= kMaxMeanAbsVsAnalytic);
       CHECK(a.p99 <= kMaxP99VsAnalytic);
       CHECK(ra.mean <= kMaxMeanAbsVsAnalytic);
@@ -1924,8 +1920,8 @@ TEST_CASE("EXIF orientation turns JPEGs upright before the geometry") {
         const double u = (c.x + (63 - x + 0.5) * c.width / 64.0) / w;  // flipped
         const double v = (c.y + (y + 0.5) * c.height / 64.0) / h;
         for (int ch = 0; ch < 3; ++ch) {
-          const double got = Element(f32.data(), OutputDType::kFloat32,
-                                     ElementIndex(OutputLayout::kNCHW, 64, 64, x, y, ch));
+          const double got =
+              Element(f32.data(), OutputDType::kFloat32, ElementIndex(OutputLayout::kNCHW, 64, 64, x, y, ch));
           errors.push_back(std::abs(got * 255 - Pattern(ch, u, v)));
         }
       }
@@ -2304,44 +2300,37 @@ TEST_CASE("Decode throughput, one thread", "[.bench]") {
   const std::vector<uint8_t> jpeg = MakePhotoLikeJpeg(w, h);
   const ImageOps ops = ResizeCrop(256, 224);
   std::vector<uint8_t> out(224 * 224 * 3);
-  std::printf("media bench: %dx%d JPEG, %zu bytes, Resize(256) + CenterCrop(224), one thread\n",
-              w, h, jpeg.size());
+  std::printf("media bench: %dx%d JPEG, %zu bytes, Resize(256) + CenterCrop(224), one thread\n", w, h, jpeg.size());
 
   {
     std::vector<uint8_t> full(static_cast<size_t>(w) * h * 3);
     tjhandle tj = tjInitDecompress();
     REQUIRE(tj != nullptr);
-    Measure("libjpeg-turbo full decode to RGB, no resize", [&] {
-      REQUIRE(tjDecompress2(tj, jpeg.data(), jpeg.size(), full.data(), w, 0, h, TJPF_RGB, 0) ==
-              0);
-    });
+    Measure("libjpeg-turbo full decode to RGB, no resize",
+            [&] { REQUIRE(tjDecompress2(tj, jpeg.data(), jpeg.size(), full.data(), w, 0, h, TJPF_RGB, 0) == 0); });
     tjDestroy(tj);
   }
   for (JpegDecodePath path : {JpegDecodePath::kYuvPlanes, JpegDecodePath::kRgb}) {
     ImageDecoder decoder(path);
-    Measure(path == JpegDecodePath::kYuvPlanes ? "DecodeJpegInto, YUV planes + swscale"
-                                               : "DecodeJpegInto, RGB + swscale",
-            [&] { REQUIRE(decoder.DecodeJpegInto(jpeg, ops, out.data(), 224, 224, 224 * 3).ok()); });
+    Measure(
+        path == JpegDecodePath::kYuvPlanes ? "DecodeJpegInto, YUV planes + swscale" : "DecodeJpegInto, RGB + swscale",
+        [&] { REQUIRE(decoder.DecodeJpegInto(jpeg, ops, out.data(), 224, 224, 224 * 3).ok()); });
   }
   {
     ImageDecoder decoder;
-    Measure("ReferenceDecodeInto (RGB, whole resize, crop)", [&] {
-      REQUIRE(decoder.ReferenceDecodeInto(jpeg, ops, out.data(), 224, 224, 224 * 3).ok());
-    });
+    Measure("ReferenceDecodeInto (RGB, whole resize, crop)",
+            [&] { REQUIRE(decoder.ReferenceDecodeInto(jpeg, ops, out.data(), 224, 224, 224 * 3).ok()); });
   }
 
   // What DCT-domain scaling buys on a bigger image (decoded at 1/2).
   const std::vector<uint8_t> big = MakePhotoLikeJpeg(1024, 768);
-  std::printf("media bench: 1024x768 JPEG, %zu bytes, Resize(256) + CenterCrop(224)\n",
-              big.size());
+  std::printf("media bench: 1024x768 JPEG, %zu bytes, Resize(256) + CenterCrop(224)\n", big.size());
   for (bool dct : {true, false}) {
     ImageOps big_ops = ops;
     big_ops.allow_dct_scaling = dct;
     ImageDecoder decoder;
     Measure(dct ? "DecodeJpegInto, YUV, DCT scaling 1/2" : "DecodeJpegInto, YUV, no DCT scaling",
-            [&] {
-              REQUIRE(decoder.DecodeJpegInto(big, big_ops, out.data(), 224, 224, 224 * 3).ok());
-            });
+            [&] { REQUIRE(decoder.DecodeJpegInto(big, big_ops, out.data(), 224, 224, 224 * 3).ok()); });
   }
 }
 
@@ -2402,13 +2391,10 @@ TEST_CASE("Decode throughput per format and output, one thread", "[.bench]") {
     ImageDecoder decoder;
     std::printf("  %s, %zu bytes\n", it.name, file->size());
     Measure("    uint8 NHWC", [&] { REQUIRE(decoder.DecodeInto(*file, u8, out.data(), 224, 224).ok()); });
-    Measure("    float32 NCHW normalized", [&] {
-      REQUIRE(decoder.DecodeInto(*file, f32, out.data(), 224, 224).ok());
-    });
+    Measure("    float32 NCHW normalized", [&] { REQUIRE(decoder.DecodeInto(*file, f32, out.data(), 224, 224).ok()); });
     uint64_t seed = 0;
-    Measure("    RandomResizedCrop(224)+flip, float32 NCHW", [&] {
-      REQUIRE(decoder.DecodeInto(*file, rnd, out.data(), 224, 224, ++seed).ok());
-    });
+    Measure("    RandomResizedCrop(224)+flip, float32 NCHW",
+            [&] { REQUIRE(decoder.DecodeInto(*file, rnd, out.data(), 224, 224, ++seed).ok()); });
   }
 }
 

@@ -539,7 +539,8 @@ TEST_CASE("a stage runs at most its concurrency, and a full queue holds back the
   MeteredProcessor proc(4, 8);
   proc.delay_us = 300;
   auto owner = std::make_shared<int>(0);
-  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(200); }, o, [] {}, owner);
+  BatchPipeline pipe(
+      &cpu, &io, &ring, &proc, [](uint64_t) { return Iota(200); }, o, [] {}, owner);
   const uint64_t rows = RunToEnd(ring, pipe);
   CHECK(rows == 200);
   CHECK(proc.max_decoding == 1);
@@ -566,11 +567,12 @@ TEST_CASE("an absent queue bound follows the pool: twice its threads, at least 4
   o.batch_size = 8;
   o.epochs = 1;
   o.stages = {{/*concurrency=*/2, 0}, {0, /*queue=*/0}};  // decode queue: automatic
-  shm::SlotRing ring(4);                                 // 32 rows of room
+  shm::SlotRing ring(4);                                  // 32 rows of room
   MeteredProcessor proc(4, 8);
   proc.delay_us = 300;
   auto owner = std::make_shared<int>(0);
-  BatchPipeline pipe(&cpu, &io, &ring, &proc, [](uint64_t) { return Iota(120); }, o, [] {}, owner);
+  BatchPipeline pipe(
+      &cpu, &io, &ring, &proc, [](uint64_t) { return Iota(120); }, o, [] {}, owner);
   const uint64_t rows = RunToEnd(ring, pipe);
   CHECK(rows == 120);
   // Read, not yet decoding: the automatic queue (max(4, 2 x 1 thread) = 4) and the 2 reads holding
@@ -806,7 +808,8 @@ TEST_CASE("completion order: later batches overtake a held-up one, but the epoch
   h.pipe->Pump();
   std::vector<SlotMeta> got;
   auto take = [&] {
-    while (auto l = h.ring.TakeFirstReady([&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
+    while (auto l = h.ring.TakeFirstReady(
+               [&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
       SlotMeta m = h.pipe->TakeMeta(l->slot);
       for (uint32_t r = 0; r < m.rows; ++r) REQUIRE(h.proc.at(l->slot, r) == static_cast<int64_t>(m.indices[r]));
       got.push_back(m);
@@ -863,7 +866,8 @@ TEST_CASE("completion order with skipped samples: the epoch still ends with its 
   std::vector<SlotMeta> got;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!(got.size() && got.back().last_in_job) && std::chrono::steady_clock::now() < deadline) {
-    while (auto l = h.ring.TakeFirstReady([&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
+    while (auto l = h.ring.TakeFirstReady(
+               [&](uint32_t slot, uint64_t seq) { return h.pipe->ClaimForDelivery(slot, seq); })) {
       got.push_back(h.pipe->TakeMeta(l->slot));
       REQUIRE(h.ring.Release(l->slot, l->generation).ok());
       h.pipe->Pump();

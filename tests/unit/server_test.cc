@@ -1,15 +1,13 @@
 // The session protocol, without sockets: SessionLogic against a fake job service.
-#include <catch2/catch.hpp>
-
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include <sstream>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "cuda/device_handles.h"
@@ -464,7 +462,6 @@ TEST_CASE("a disconnect cancels the job") {
   CHECK(svc.job->cancelled);
 }
 
-
 // ---- draining ----
 
 proto::ClientMessage DrainMsg(uint32_t seconds = 0) {
@@ -497,7 +494,8 @@ TEST_CASE("while draining a submit is refused with SHUTTING_DOWN and the session
   ControlFixture cf;
   cf.control.draining = true;
   cf.control.drain_reason = "SIGTERM";
-  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &cf.control);
   s.OnFrame(Frame(Hello()));
   Output o = s.OnFrame(Frame(Submit()));
   REQUIRE(o.messages.size() == 1);
@@ -517,7 +515,8 @@ TEST_CASE("while draining a submit is refused with SHUTTING_DOWN and the session
 TEST_CASE("a running job is told once that the daemon drains, and its batches keep coming") {
   FakeService svc;
   ControlFixture cf;
-  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &cf.control);
   s.OnFrame(Frame(Hello()));
   s.OnFrame(Frame(Submit()));
   REQUIRE(s.has_job());
@@ -540,7 +539,8 @@ TEST_CASE("a running job is told once that the daemon drains, and its batches ke
 TEST_CASE("a session without a job gets no drain notice") {
   FakeService svc;
   ControlFixture cf;
-  SessionLogic s(&svc, Peer(), [] {}, &cf.control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &cf.control);
   s.OnFrame(Frame(Hello()));
   CHECK(s.OnDrain(proto::Draining()).messages.empty());
 }
@@ -549,7 +549,8 @@ TEST_CASE("drain is allowed to root and to the daemon's uid and refused to other
   FakeService svc;
   ControlFixture cf;
   {
-    SessionLogic other(&svc, Peer(), [] {}, &cf.control);  // uid 1000
+    SessionLogic other(
+        &svc, Peer(), [] {}, &cf.control);  // uid 1000
     other.OnFrame(Frame(Hello()));
     Output o = other.OnFrame(Frame(DrainMsg()));
     REQUIRE(o.messages.size() == 1);
@@ -560,7 +561,8 @@ TEST_CASE("drain is allowed to root and to the daemon's uid and refused to other
     CHECK_FALSE(cf.control.draining);
   }
   {
-    SessionLogic admin(&svc, jobs::PeerInfo{5, 999, 999}, [] {}, &cf.control);
+    SessionLogic admin(
+        &svc, jobs::PeerInfo{5, 999, 999}, [] {}, &cf.control);
     admin.OnFrame(Frame(Hello()));
     Output o = admin.OnFrame(Frame(DrainMsg(7)));
     REQUIRE(o.messages.size() == 1);
@@ -568,7 +570,8 @@ TEST_CASE("drain is allowed to root and to the daemon's uid and refused to other
     CHECK(o.messages[0].message.draining().reason() == "spdlctl drain by uid 999");
   }
   {
-    SessionLogic root(&svc, jobs::PeerInfo{6, 0, 0}, [] {}, &cf.control);
+    SessionLogic root(
+        &svc, jobs::PeerInfo{6, 0, 0}, [] {}, &cf.control);
     root.OnFrame(Frame(Hello()));
     Output o = root.OnFrame(Frame(DrainMsg()));
     REQUIRE(o.messages.size() == 1);
@@ -592,16 +595,19 @@ TEST_CASE("drain without a daemon control is refused, not fatal") {
 TEST_CASE("session warnings are rate-limited per kind and name the job") {
   std::ostringstream log;
   auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_st>(log)));
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_st>(log)));
   FakeService svc;
   LogLimiter limiter(2, std::chrono::hours(1));
   DaemonControl control;
   control.log_limiter = &limiter;
   for (int i = 0; i < 10; ++i) {
-    SessionLogic s(&svc, Peer(), [] {}, &control);
+    SessionLogic s(
+        &svc, Peer(), [] {}, &control);
     s.OnFrame(Frame(Hello(proto::kProtocolVersion + 1)));  // wrong version: the session is closed
   }
-  SessionLogic s(&svc, Peer(), [] {}, &control);
+  SessionLogic s(
+      &svc, Peer(), [] {}, &control);
   s.OnFrame(Frame(Hello()));
   s.OnFrame(Frame(Submit()));
   s.OnFrame(Frame(Release(0, 12345)));  // a stale release: fatal, with a job

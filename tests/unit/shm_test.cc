@@ -150,8 +150,7 @@ TEST_CASE("SharedRegion: nothing appears in /dev/shm, even while it is alive") {
       CHECK(name.find("spdl") == std::string::npos);
     }
     // The descriptor points at an unlinked memfd.
-    CHECK_THAT(FdTarget(r->fd()), Catch::StartsWith("/memfd:spdl:" + label) &&
-                                      Catch::EndsWith("(deleted)"));
+    CHECK_THAT(FdTarget(r->fd()), Catch::StartsWith("/memfd:spdl:" + label) && Catch::EndsWith("(deleted)"));
   }
   for (const std::string& name : ListDir("/dev/shm")) CHECK(name.find(label) == std::string::npos);
 }

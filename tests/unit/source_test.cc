@@ -1289,8 +1289,8 @@ TEST_CASE("HttpSource: bad URLs and paths, each with its line number, and bad op
 
   SECTION("percent-encoded dot segments and slashes are refused") {
     for (const char* url : {"http://127.0.0.1:9/data/%2e%2e/etc/x.jpg", "http://127.0.0.1:9/data/%2E%2e/x",
-                                   "http://127.0.0.1:9/data/.%2e/x", "http://127.0.0.1:9/data/%2e/x.jpg",
-                                   "http://127.0.0.1:9/data/a%2f..%2f..%2fetc", "http://127.0.0.1:9/data/a%5cb"}) {
+                            "http://127.0.0.1:9/data/.%2e/x", "http://127.0.0.1:9/data/%2e/x.jpg",
+                            "http://127.0.0.1:9/data/a%2f..%2f..%2fetc", "http://127.0.0.1:9/data/a%5cb"}) {
       INFO(url);
       auto e = HttpSource::FromEntries(Entries({url}), "e", o);
       REQUIRE_FALSE(e.ok());

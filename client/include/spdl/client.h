@@ -45,7 +45,7 @@ namespace spdl::proto {
 class BatchReady;  // proto/control.proto; the public header needs no protobuf headers
 class CudaHandles;
 class CudaConsumerEvents;
-}
+}  // namespace spdl::proto
 
 namespace spdl::client {
 
@@ -58,7 +58,7 @@ const char* DTypeName(DType dtype);
 
 // One tensor of a batch, C-contiguous (row-major), batch dimension first.
 struct TensorView {
-  std::string name;            // "image", "label", ...
+  std::string name;  // "image", "label", ...
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;  // shape[0] = rows of THIS batch (fewer than batch_size only for a
                                // last, partial batch); in JobInfo::layout, the full batch size
@@ -71,12 +71,12 @@ struct TensorView {
 struct JobInfo {
   uint64_t job_id = 0;
   uint32_t batch_size = 0;
-  uint64_t batches_per_epoch = 0;  // for this rank
-  uint64_t samples_per_epoch = 0;  // for this rank
-  uint64_t dataset_size = 0;       // samples in the whole source
-  uint32_t num_slots = 0;          // prefetch depth: batches the daemon can have ready at once
+  uint64_t batches_per_epoch = 0;    // for this rank
+  uint64_t samples_per_epoch = 0;    // for this rank
+  uint64_t dataset_size = 0;         // samples in the whole source
+  uint32_t num_slots = 0;            // prefetch depth: batches the daemon can have ready at once
   std::vector<std::string> classes;  // class names by label (an image folder); empty otherwise
-  std::vector<TensorView> layout;  // full-batch shapes and bytes; data == nullptr
+  std::vector<TensorView> layout;    // full-batch shapes and bytes; data == nullptr
 };
 
 // Sent by the daemon after the last batch of each epoch (figures for this rank).
@@ -157,11 +157,11 @@ class Batch {
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
-  uint64_t seq() const { return seq_; }                     // batch number since the job started
+  uint64_t seq() const { return seq_; }  // batch number since the job started
   uint32_t epoch() const { return epoch_; }
   uint64_t batch_in_epoch() const { return batch_in_epoch_; }
-  uint32_t rows() const { return rows_; }                   // valid rows
-  uint32_t slot() const { return slot_; }                   // the ring slot it occupies
+  uint32_t rows() const { return rows_; }  // valid rows
+  uint32_t slot() const { return slot_; }  // the ring slot it occupies
   uint64_t generation() const { return generation_; }
   // Per row: the sample's path relative to the source root, and its label (as the daemon sent
   // them: each either empty or `rows()` long).
@@ -208,15 +208,15 @@ class Batch {
 };
 
 struct Options {
-  std::string socket_path;                // required: the daemon's control socket
-  std::string config_yaml;                // the job config's TEXT
-  std::string config_name = "<config>";   // where the text came from, for error messages
+  std::string socket_path;               // required: the daemon's control socket
+  std::string config_yaml;               // the job config's TEXT
+  std::string config_name = "<config>";  // where the text came from, for error messages
   // `--set key.path=value` overrides, applied by the daemon before validation.
   std::vector<std::pair<std::string, std::string>> overrides;
-  uint32_t rank = 0;        // 0 <= rank < world_size
-  uint32_t world_size = 1;  // 0 is taken as 1
-  uint32_t epochs = 1;      // 0 = until End(); a resumed job counts the epochs before the token too
-  std::string resume_token; // from Batch::resume_token() / Loader::state(): continue after that batch
+  uint32_t rank = 0;         // 0 <= rank < world_size
+  uint32_t world_size = 1;   // 0 is taken as 1
+  uint32_t epochs = 1;       // 0 = until End(); a resumed job counts the epochs before the token too
+  std::string resume_token;  // from Batch::resume_token() / Loader::state(): continue after that batch
   // Without a resume_token: start at the beginning of this epoch (its samples in the same order as
   // in any other run's epoch `start_epoch`); must be below `epochs` unless that is 0.
   uint32_t start_epoch = 0;
@@ -358,7 +358,7 @@ class Loader {
   std::vector<uint64_t> row_bytes_;
   uint64_t slots_offset_ = 0;
   uint64_t slot_stride_ = 0;
-  std::string device_;   // JobAccepted.device
+  std::string device_;  // JobAccepted.device
   bool client_copy_ = false;
   std::unique_ptr<proto::CudaHandles> cuda_handles_;  // copy: daemon jobs only
 

@@ -141,13 +141,20 @@ class Lease {
 
 DLDataType ToDLDataType(client::DType d) {
   switch (d) {
-    case client::DType::kUInt8: return {kDLUInt, 8, 1};
-    case client::DType::kInt16: return {kDLInt, 16, 1};
-    case client::DType::kInt32: return {kDLInt, 32, 1};
-    case client::DType::kInt64: return {kDLInt, 64, 1};
-    case client::DType::kFloat16: return {kDLFloat, 16, 1};
-    case client::DType::kBFloat16: return {kDLBfloat, 16, 1};
-    case client::DType::kFloat32: return {kDLFloat, 32, 1};
+    case client::DType::kUInt8:
+      return {kDLUInt, 8, 1};
+    case client::DType::kInt16:
+      return {kDLInt, 16, 1};
+    case client::DType::kInt32:
+      return {kDLInt, 32, 1};
+    case client::DType::kInt64:
+      return {kDLInt, 64, 1};
+    case client::DType::kFloat16:
+      return {kDLFloat, 16, 1};
+    case client::DType::kBFloat16:
+      return {kDLBfloat, 16, 1};
+    case client::DType::kFloat32:
+      return {kDLFloat, 32, 1};
   }
   return {kDLUInt, 8, 1};
 }
@@ -229,7 +236,8 @@ class Tensor {
       }
       if (!dl_device.is_none()) {
         auto dev = dl_device.cast<std::pair<int, int>>();
-        if (dev.first != kDLCPU) ThrowBufferError("spdl_client tensors are CPU memory; cannot export to another device");
+        if (dev.first != kDLCPU)
+          ThrowBufferError("spdl_client tensors are CPU memory; cannot export to another device");
       }
     }
     if (!copy.is_none() && copy.cast<bool>()) {
@@ -519,7 +527,7 @@ class Core {
         gev.emplace(gpu_->Next());
       } else
 #endif
-      if (loader_ == nullptr) {
+          if (loader_ == nullptr) {
         ev.emplace(FailedPrecondition("the loader is closed"));
       } else {
         ev.emplace(loader_->Next());
@@ -534,14 +542,16 @@ class Core {
       if (auto* b = std::get_if<client::GpuBatch>(&e)) {
         return BatchTuple(std::make_shared<Lease>(std::move(*b), held_));
       }
-      if (auto* end = std::get_if<client::EpochEnd>(&e)) return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
+      if (auto* end = std::get_if<client::EpochEnd>(&e))
+        return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
       return py::make_tuple("stats", JobStatsDict(std::get<client::JobStats>(e)), py::none());
     }
 #endif
     if (!ev->ok()) ThrowStatus(ev->status());
     client::Event& e = **ev;
     if (auto* b = std::get_if<client::Batch>(&e)) return BatchTuple(std::make_shared<Lease>(std::move(*b), held_));
-    if (auto* end = std::get_if<client::EpochEnd>(&e)) return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
+    if (auto* end = std::get_if<client::EpochEnd>(&e))
+      return py::make_tuple("epoch_end", EpochEndDict(*end), py::none());
     return py::make_tuple("stats", JobStatsDict(std::get<client::JobStats>(e)), py::none());
   }
 

@@ -60,8 +60,7 @@ struct ClientCopyOptions {
 class ClientCopyPool {
  public:
   // `backend` (borrowed: must outlive the pool) is bound to the trainer's device.
-  static Result<std::unique_ptr<ClientCopyPool>> Create(cuda::DeviceBackend& backend,
-                                                        const ClientCopyOptions& options);
+  static Result<std::unique_ptr<ClientCopyPool>> Create(cuda::DeviceBackend& backend, const ClientCopyOptions& options);
   ~ClientCopyPool();  // Shutdown, its result reported
   ClientCopyPool(const ClientCopyPool&) = delete;
 
@@ -79,8 +78,7 @@ class ClientCopyPool {
 
   // Records consumer-done on `stream` (default: the Acquire stream) and waits until the copy has
   // finished reading the host slot. Not held or another generation -> kInvalidArgument.
-  Status Release(uint32_t slot, uint64_t generation,
-                 std::optional<cuda::Stream> stream = std::nullopt);
+  Status Release(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream = std::nullopt);
 
   // Makes `stream` wait on the GPU for slot `slot`'s copy too (the slot must be held).
   Status WaitReady(uint32_t slot, cuda::Stream stream);
@@ -100,7 +98,7 @@ class ClientCopyPool {
     uint64_t generation = 0;
     cuda::Stream stream;
     std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
-    bool used = false;  // consumer-done was recorded at least once
+    bool used = false;               // consumer-done was recorded at least once
   };
 
   ClientCopyPool(cuda::DeviceBackend& backend, const ClientCopyOptions& options);

@@ -54,8 +54,7 @@ class DeviceSlotView {
   // `backend` (borrowed: must outlive the view) must be bound to the daemon's device: its UUID must
   // be handles.device_uuid (else kFailedPrecondition). `consumer_stream` (borrowed) is where the
   // trainer uses the tensors; Stream{} is the legacy default stream.
-  static Result<std::unique_ptr<DeviceSlotView>> Open(cuda::DeviceBackend& backend,
-                                                      const cuda::CudaJobHandles& handles,
+  static Result<std::unique_ptr<DeviceSlotView>> Open(cuda::DeviceBackend& backend, const cuda::CudaJobHandles& handles,
                                                       cuda::Stream consumer_stream);
   ~DeviceSlotView();
   DeviceSlotView(const DeviceSlotView&) = delete;
@@ -73,14 +72,12 @@ class DeviceSlotView {
   // copy, and returns the slot's device address in this process. The slot is then held under
   // `generation` until Release. Out of range -> kInvalidArgument; already held ->
   // kFailedPrecondition; a backend failure -> its Status (the slot is not held).
-  Result<void*> Acquire(uint32_t slot, uint64_t generation,
-                        std::optional<cuda::Stream> stream = std::nullopt);
+  Result<void*> Acquire(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream = std::nullopt);
 
   // Records the slot's consumer-done event on `stream` (default: the stream given to Acquire), after
   // the trainer's work on it; the caller then sends Release{slot, generation} to the daemon. Not
   // held, or held under another generation -> kInvalidArgument and nothing changes.
-  Status Release(uint32_t slot, uint64_t generation,
-                 std::optional<cuda::Stream> stream = std::nullopt);
+  Status Release(uint32_t slot, uint64_t generation, std::optional<cuda::Stream> stream = std::nullopt);
 
   // Makes `stream` wait on the GPU for slot `slot`'s copy too (a consumer that uses the batch on
   // another stream than it was acquired on, e.g. DLPack's __dlpack__(stream=...)). The slot must be
@@ -104,7 +101,7 @@ class DeviceSlotView {
     uint64_t generation = 0;
     cuda::Stream stream;             // where it was acquired, or the last SetReleaseStream
     std::vector<cuda::Stream> also;  // earlier release streams: joined into `stream` at release
-    bool done_recorded = false;  // the consumer-done event was ever recorded
+    bool done_recorded = false;      // the consumer-done event was ever recorded
   };
 
   DeviceSlotView(cuda::DeviceBackend& backend, cuda::Stream consumer_stream);
@@ -114,11 +111,11 @@ class DeviceSlotView {
   const cuda::Stream consumer_stream_;
   uint64_t slot_bytes_ = 0;
   std::chrono::milliseconds detach_timeout_{10000};
-  std::vector<cuda::EventHandle> done_events_;    // per slot, created here (interprocess)
+  std::vector<cuda::EventHandle> done_events_;  // per slot, created here (interprocess)
   std::vector<cuda::IpcEventHandle> done_handles_;
-  std::vector<cuda::IpcMemMapping> mappings_;     // one per daemon allocation
-  std::vector<cuda::EventHandle> ready_events_;   // per slot, opened from the daemon
-  std::vector<void*> slot_data_;                  // per slot
+  std::vector<cuda::IpcMemMapping> mappings_;    // one per daemon allocation
+  std::vector<cuda::EventHandle> ready_events_;  // per slot, opened from the daemon
+  std::vector<void*> slot_data_;                 // per slot
 
   mutable std::mutex mu_;
   std::vector<Slot> slots_;  // guarded by mu_
