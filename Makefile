@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_TARGETS = spdld spdl-client spdlctl spdl-make-dataset
 
-.PHONY: all deps deps-demo deps-test deps-bench configure build build-demo demo test test-cpp test-python \
+.PHONY: all deps deps-demo deps-test deps-bench configure build build-demo demo test format-check format test-cpp test-python \
 	bench clean fuzz sanitize lint ci-extra ci-fuzz ci-sanitize ci-release
 
 all: build
@@ -38,7 +38,15 @@ demo: build-demo
 	BUILD_DIR=$(BUILD_DIR) scripts/demo.sh
 
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python
+	$(MAKE) --no-print-directory format-check test-cpp test-python
+
+# Every tracked C++/CUDA source formatted as .clang-format says (scripts/format.sh; `make format`
+# fixes them in place).
+format-check:
+	scripts/format.sh
+
+format:
+	scripts/format.sh --fix
 
 test-cpp:
 	cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS)

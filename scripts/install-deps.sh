@@ -26,11 +26,12 @@ libs=(
 # tests: the Python client (python3-dev, pybind11, dlpack) and its tests (torch, numpy, PIL),
 # the media tests' `ffmpeg`, the metrics checks (prometheus-client, promtool from `prometheus`),
 # the unit checks (`systemd` for systemd-analyze, systemd-sysusers, systemd-tmpfiles), python3-venv
-# for the manifest validator (pip_test below), clang-tidy for `make lint` (scripts/lint.sh)
+# for the manifest validator (pip_test below), clang-tidy for `make lint` (scripts/lint.sh),
+# clang-format for the format check of `make test` (scripts/format.sh)
 test=(
   ffmpeg python3-prometheus-client prometheus systemd python3-venv python3-pip python3-yaml
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
-  python3-torchvision python3-pil python3-psutil clang-tidy
+  python3-torchvision python3-pil python3-psutil clang-tidy clang-format
 )
 # the benchmark against PyTorch's DataLoader: test's Python stack, and its plots
 bench=(
