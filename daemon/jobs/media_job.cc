@@ -88,7 +88,7 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
             // A released slot waits to be filled again: its pages go back now and return row by row
             // as the next batch is written, so a trainer that takes each batch as soon as it is
             // ready keeps about one slot's memory instead of two (README "Slot ring").
-            if (discard_failed_) return;
+            if (discard_failed_ || filling_done_.load(std::memory_order_acquire)) return;
             if (Status s = region_.Discard(layout_.SlotOffset(slot), layout_.slot_stride); !s.ok()) {
               discard_failed_ = true;
               spdlog::warn("job {}: released slots keep their memory: {}", spec_.job_id, s.message());
@@ -414,6 +414,7 @@ std::optional<Delivery> MediaJob::TakeNext() {
     d.epoch_end = e;
   }
   if (m.last_in_job) {
+    filling_done_.store(true, std::memory_order_release);
     proto::JobEnd end;
     *end.mutable_stats() = Stats();
     d.job_end = end;
@@ -431,6 +432,7 @@ Status MediaJob::Release(uint32_t slot, uint64_t generation) {
 }
 
 void MediaJob::Cancel() {
+  filling_done_.store(true, std::memory_order_release);
   if (spec_.gpu_decode) spec_.gpu_decode->Cancel();  // a batch waiting for its device slot gives up
   pipeline_->Cancel();
 }

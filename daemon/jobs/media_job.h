@@ -10,6 +10,7 @@
 // only after the last row is written. The destructor may therefore run on a worker thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -133,6 +134,10 @@ class MediaJob final : public JobHandle, public pipeline::RowProcessor {
   const std::chrono::steady_clock::time_point started_;
   proto::JobAccepted accepted_;
   bool discard_failed_ = false;  // giving a released slot's pages back failed once: not tried again (ring_'s lock)
+  // Set once the job will fill no more slots (its last batch was taken, or it was cancelled): a
+  // slot released after that keeps its pages, since a trainer (or a share group's other members)
+  // may still read its last batches, and no new batch needs the memory; it goes with the region.
+  std::atomic<bool> filling_done_{false};
   shm::SlotRing ring_;
   std::unique_ptr<pipeline::BatchPipeline> pipeline_;
 
