@@ -115,9 +115,9 @@ class JobRegistry final : public JobService {
   };
   std::vector<GpuDeviceState> GpuDevices() const;
 
-  // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread that
-  // runs it), e.g. to hold a source being opened so a test can watch the daemon meanwhile. Before
-  // the first Submit.
+  // `hook` runs at the start of every Prepare task with its request (on the thread that runs it),
+  // e.g. to hold a source while it is being opened and watch the daemon meanwhile. Before the first
+  // Submit.
   using PrepareHook = std::function<void(const proto::SubmitJob&)>;
   void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
 

@@ -4,11 +4,11 @@
 //   JpegDecodeBackend  nvJPEG's part: read a JPEG's header, decode a batch of JPEGs (the hardware
 //                      decoder where the GPU has one) into device images, asynchronously on a
 //                      stream. Real: NvjpegBackend (cuda/nvjpeg_backend.h, libnvjpeg.so.13 loaded at
-//                      run time); test: testing/cuda/fake_nvjpeg.h.
+//                      run time); the unit tests put their own in its place.
 //   ImageKernels       the resize / crop / flip / normalise step from a decoded device image straight
 //                      into the output row (the job's device slot), asynchronously on a stream. Real:
-//                      CudaImageKernels (cuda/image_kernels.h); test: the fake runs the same
-//                      functions (cuda/image_math.h) on the host.
+//                      CudaImageKernels (cuda/image_kernels.h), whose pixel math
+//                      (cuda/image_math.h) also runs on the host.
 //   GpuJpegBatchDecoder one batch: headers read, samples nvJPEG refuses or cannot take (CMYK,
 //                      oversized, a refused header) decoded on the CPU instead and uploaded, the rest
 //                      decoded as one nvJPEG batch (a batch that fails as a whole is retried image by
