@@ -1,5 +1,6 @@
 // The batch pipeline with a fake row processor: order, backpressure, skip-and-replace, packing,
 // the fail policy, epochs and cancellation. Runs inline (InlineExecutor) and on a real pool.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <cstring>
@@ -59,7 +60,7 @@ class FakeProcessor : public RowProcessor {
   int64_t at(uint32_t slot, uint32_t row) const { return rows_[slot][row]; }
   std::set<uint64_t> batch_bad;
   Status batch_error;
-  int batch_stages = 0;
+  std::atomic<int> batch_stages{0};  // pool threads count concurrently
   std::set<uint64_t> bad;
   std::set<uint64_t> bad_read;
   int delay_us = 0;
