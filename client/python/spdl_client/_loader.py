@@ -967,7 +967,10 @@ def _trainer_device_uuid(overrides: list, yaml_text: str, parsed: Optional[Mappi
     if device is None or not device.startswith("cuda"):
         return b""
     torch = sys.modules.get("torch")
-    torch_cuda = torch is not None and not os.environ.get("SPDL_TEST_FAKE_GPU_DIR")
+    # Only a module built with the test hooks has `_gpu_simulated`: its GPU jobs may then run on a
+    # device made of files, which torch's CUDA knows nothing of.
+    simulated = getattr(_native, "_gpu_simulated", None)
+    torch_cuda = torch is not None and not (simulated is not None and simulated())
     try:
         torch_cuda = torch_cuda and torch.cuda.is_available()
     except Exception:

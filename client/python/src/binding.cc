@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -807,6 +808,11 @@ PYBIND11_MODULE(_spdl_client, m) {
   using spdl::python::Core;
   using spdl::python::Tensor;
   m.doc() = "spdl_client's native part: see spdl_client (the Python API) and client/include/spdl/client.h";
+#if SPDL_TEST_HOOKS
+  // Test builds only: whether this process's GPU jobs run on the cross-process device made of files
+  // (the variable client/cuda/gpu_loader.cc reads); spdl_client then leaves torch's CUDA alone.
+  m.def("_gpu_simulated", [] { return std::getenv("SPDL_TEST_FAKE_GPU_DIR") != nullptr; });
+#endif
 
   py::class_<Tensor>(m, "Tensor",
                      "A zero-copy view of one tensor of a batch in the job's shared memory (CPU).\n\n"
