@@ -133,18 +133,32 @@ uint32_t Sum(const std::vector<uint32_t>& v) {
   return n;
 }
 
-TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
+// What every case sets up: the dataset, a registry on a 2-thread pool (file jobs may read the
+// dataset) and one stream, `name`, defined by this process's user. The registry goes first.
+struct Rig {
+  explicit Rig(const std::string& name) {
+    cfg.allowed_roots = {data.path};
+    registry = std::make_unique<JobRegistry>(cfg, pool.get(), 2);
+    streams::StreamConfig sc;
+    sc.name = name;
+    auto defined = registry->streams()->Define(sc, me.uid);
+    REQUIRE(defined.ok());
+    stream = *defined;
+  }
+  auto parts() { return std::tie(data, pool, me, *registry, stream); }
+
   Data data;
   config::DaemonConfig cfg;
-  cfg.allowed_roots = {data.path};
-  auto pool = std::make_unique<pipeline::ThreadPool>(2);
+  std::unique_ptr<pipeline::ThreadPool> pool = std::make_unique<pipeline::ThreadPool>(2);
   const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  std::unique_ptr<JobRegistry> registry;
+  std::shared_ptr<streams::Stream> stream;
+};
+
+TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
+  Rig rig("pool-test");
+  auto [data, pool, me, reg, stream] = rig.parts();
   {
-    JobRegistry reg(cfg, pool.get(), 2);
-    streams::StreamConfig sc;
-    sc.name = "pool-test";
-    auto stream = reg.streams()->Define(sc, me.uid);
-    REQUIRE(stream.ok());
     SubmitResult a = reg.Submit(Yaml("{type: stream, name: pool-test, group: a}"), me, [] {});
     SubmitResult b = reg.Submit(Yaml("{type: stream, name: pool-test, group: b}"), me, [] {});
     REQUIRE(a.ok());
@@ -154,7 +168,7 @@ TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
       // them anywhere else (no batch comes out).
       PoolGate gate(pool.get(), 2);
       for (size_t i = 0; i < data.jpegs.size(); ++i) {
-        REQUIRE((*stream)->Put(data.jpegs[i], static_cast<int64_t>(i), "").ok());
+        REQUIRE(stream->Put(data.jpegs[i], static_cast<int64_t>(i), "").ok());
       }
       // Each job's dispatcher fills one slot of 4 rows and waits for its decodes.
       CHECK(WaitFor([&] { return pool->queued() >= 8; }));
@@ -171,7 +185,7 @@ TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
       CHECK(Sum(Drain(*file.job, &ended)) == 8);
       CHECK(ended);
     }
-    (*stream)->Close();
+    stream->Close();
     for (SubmitResult* r : {&a, &b}) {
       bool ended = false;
       const std::vector<uint32_t> rows = Drain(*r->job, &ended);
@@ -196,16 +210,9 @@ TEST_CASE("stream job: decodes on the shared worker pool, with the file jobs") {
 }
 
 TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still fills") {
-  Data data;
-  config::DaemonConfig cfg;
-  auto pool = std::make_unique<pipeline::ThreadPool>(2);
-  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  Rig rig("garbage-test");
+  auto [data, pool, me, reg, stream] = rig.parts();
   {
-    JobRegistry reg(cfg, pool.get(), 2);
-    streams::StreamConfig sc;
-    sc.name = "garbage-test";
-    auto stream = reg.streams()->Define(sc, me.uid);
-    REQUIRE(stream.ok());
     SubmitResult skip =
         reg.Submit(Yaml("{type: stream, name: garbage-test, group: skip}", "on_error: skip\n"), me, [] {});
     SubmitResult fail =
@@ -213,10 +220,10 @@ TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still
     REQUIRE(skip.ok());
     REQUIRE(fail.ok());
     const std::vector<uint8_t> garbage(300, 0x5a);
-    for (size_t i = 0; i < 3; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
-    REQUIRE((*stream)->Put(garbage, 0, "").ok());
-    for (size_t i = 3; i < 8; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
-    (*stream)->Close();
+    for (size_t i = 0; i < 3; ++i) REQUIRE(stream->Put(data.jpegs[i], 0, "").ok());
+    REQUIRE(stream->Put(garbage, 0, "").ok());
+    for (size_t i = 3; i < 8; ++i) REQUIRE(stream->Put(data.jpegs[i], 0, "").ok());
+    stream->Close();
     bool ended = false;
     const std::vector<uint32_t> rows = Drain(*skip.job, &ended);
     CHECK(ended);
@@ -238,21 +245,14 @@ TEST_CASE("stream job: a garbage sample is skipped per on_error, the batch still
 }
 
 TEST_CASE("stream job: max_batch_delay_ms sends the rows it has") {
-  Data data;
-  config::DaemonConfig cfg;
-  auto pool = std::make_unique<pipeline::ThreadPool>(2);
-  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  Rig rig("delay-test");
+  auto [data, pool, me, reg, stream] = rig.parts();
   {
-    JobRegistry reg(cfg, pool.get(), 2);
-    streams::StreamConfig sc;
-    sc.name = "delay-test";
-    auto stream = reg.streams()->Define(sc, me.uid);
-    REQUIRE(stream.ok());
     SubmitResult j =
         reg.Submit(Yaml("{type: stream, name: delay-test, group: g}", "max_batch_delay_ms: 20\n"), me, [] {});
     REQUIRE(j.ok());
-    REQUIRE((*stream)->Put(data.jpegs[0], 0, "").ok());
-    REQUIRE((*stream)->Put(data.jpegs[1], 1, "").ok());
+    REQUIRE(stream->Put(data.jpegs[0], 0, "").ok());
+    REQUIRE(stream->Put(data.jpegs[1], 1, "").ok());
     std::optional<Delivery> d;
     CHECK(WaitFor([&] { return (d = j.job->TakeNext()).has_value(); }));
     REQUIRE(d.has_value());
@@ -262,12 +262,12 @@ TEST_CASE("stream job: max_batch_delay_ms sends the rows it has") {
     CHECK(d->batch.offsets(0) == 0);
     CHECK(d->batch.offsets(1) == 1);
     CHECK(j.job->Release(d->batch.slot(), d->batch.generation()).ok());
-    (*stream)->Close();
+    stream->Close();
     bool ended = false;
     CHECK(Sum(Drain(*j.job, &ended)) == 0);
     CHECK(ended);
     // Acknowledged on release: the group has nothing in flight.
-    const streams::StreamStats st = (*stream)->Stats();
+    const streams::StreamStats st = stream->Stats();
     REQUIRE(st.groups.size() == 1);
     CHECK(st.groups[0].in_flight == 0);
     CHECK(st.groups[0].lag == 0);
@@ -277,26 +277,19 @@ TEST_CASE("stream job: max_batch_delay_ms sends the rows it has") {
 }
 
 TEST_CASE("stream job: decodes the stopped pool drops fail the job, their samples go back to the group") {
-  Data data;
-  config::DaemonConfig cfg;
-  auto pool = std::make_unique<pipeline::ThreadPool>(2);
-  const PeerInfo me{::getpid(), ::getuid(), ::getgid()};
+  Rig rig("stopped-pool");
+  auto [data, pool, me, reg, stream] = rig.parts();
   {
-    JobRegistry reg(cfg, pool.get(), 2);
-    streams::StreamConfig sc;
-    sc.name = "stopped-pool";
-    auto stream = reg.streams()->Define(sc, me.uid);
-    REQUIRE(stream.ok());
     SubmitResult j = reg.Submit(Yaml("{type: stream, name: stopped-pool, group: g}"), me, [] {});
     REQUIRE(j.ok());
     pool->Join();  // daemon shutdown: later posts are dropped without running
-    for (size_t i = 0; i < 4; ++i) REQUIRE((*stream)->Put(data.jpegs[i], 0, "").ok());
+    for (size_t i = 0; i < 4; ++i) REQUIRE(stream->Put(data.jpegs[i], 0, "").ok());
     CHECK(WaitFor([&] { return !j.job->failure().ok(); }));
     CHECK_THAT(j.job->failure().message(), Catch::Contains("worker pool stopped"));
     CHECK(j.job->Stats().samples_failed() == 0);  // not decoded is not failed: nothing consumed
     j = SubmitResult{};
     // The job left: its samples wait for the group's next consumer, none acknowledged.
-    const streams::StreamStats st = (*stream)->Stats();
+    const streams::StreamStats st = stream->Stats();
     REQUIRE(st.groups.size() == 1);
     CHECK(st.groups[0].lag == 4);  // nothing acknowledged
     CHECK(st.groups[0].in_flight == 0);
