@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -26,6 +27,37 @@ using google::protobuf::FieldDescriptor;
 
 // A job whose stats have every scalar field set to a value of its own: (index + 2), plus 0.5 for
 // floating-point fields, so that each figure can be told apart in the output.
+// Gives every scalar field of `m` a value of its own: field i gets i + 2 (integers) or i + 2.5
+// (doubles), a string field `text(field)`; a field of another type fails the test.
+void FillScalars(google::protobuf::Message* m, const std::function<std::string(const FieldDescriptor*)>& text) {
+  const google::protobuf::Descriptor* d = m->GetDescriptor();
+  const google::protobuf::Reflection* r = m->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(m, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(m, f, i + 2);
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(m, f, i + 2.5);
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        if (text) {
+          r->SetString(m, f, text(f));
+          break;
+        }
+        [[fallthrough]];
+      default:
+        FAIL(d->name() << " field " << f->name() << " has a type this test does not fill");
+        break;
+    }
+  }
+}
+
 proto::JobSummary FilledJob() {
   proto::JobSummary j;
   j.set_job_id(3);
@@ -33,26 +65,7 @@ proto::JobSummary FilledJob() {
   j.set_rank(0);
   j.set_region_bytes(4096);
   proto::JobStats* s = j.mutable_stats();
-  const google::protobuf::Descriptor* d = proto::JobStats::descriptor();
-  const google::protobuf::Reflection* r = s->GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_UINT64:
-        r->SetUInt64(s, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_UINT32:
-        r->SetUInt32(s, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(s, f, i + 2.5);
-        break;
-      default:
-        FAIL("JobStats field " << f->name() << " has a type this test does not fill");
-        break;
-    }
-  }
+  FillScalars(s, nullptr);
   for (int b = 0; b < 128; ++b) s->add_client_wait_histogram(b == 60 ? 3 : 0);
   s->add_source_samples(70);  // a mix of two sources
   s->add_source_samples(30);
@@ -222,29 +235,7 @@ TEST_CASE("the client's final stats carry every job statistic described for clie
 // A stage whose every scalar field has a value of its own, like FilledJob's.
 proto::StageStats FilledStage() {
   proto::StageStats st;
-  const google::protobuf::Descriptor* d = proto::StageStats::descriptor();
-  const google::protobuf::Reflection* r = st.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_UINT64:
-        r->SetUInt64(&st, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_UINT32:
-        r->SetUInt32(&st, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(&st, f, i + 2.5);
-        break;
-      case FieldDescriptor::CPPTYPE_STRING:
-        r->SetString(&st, f, f->name() == "name" ? "decode" : "cpu");
-        break;
-      default:
-        FAIL("StageStats field " << f->name() << " has a type this test does not fill");
-        break;
-    }
-  }
+  FillScalars(&st, [](const FieldDescriptor* f) { return f->name() == "name" ? "decode" : "cpu"; });
   for (int b = 0; b < 128; ++b) st.add_task_histogram(b == 40 ? 5 : 0);
   return st;
 }
@@ -353,29 +344,7 @@ TEST_CASE("each stage of the client's final stats carries every stage statistic 
 // A daemon status whose every scalar field has a value of its own, like FilledJob's.
 proto::DaemonStatus FilledStatus() {
   proto::DaemonStatus st;
-  const google::protobuf::Descriptor* d = proto::DaemonStatus::descriptor();
-  const google::protobuf::Reflection* r = st.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_UINT64:
-        r->SetUInt64(&st, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_UINT32:
-        r->SetUInt32(&st, f, i + 2);
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(&st, f, i + 2.5);
-        break;
-      case FieldDescriptor::CPPTYPE_STRING:
-        r->SetString(&st, f, "9.8.7");
-        break;
-      default:
-        FAIL("DaemonStatus field " << f->name() << " has a type this test does not fill");
-        break;
-    }
-  }
+  FillScalars(&st, [](const FieldDescriptor*) { return std::string("9.8.7"); });
   return st;
 }
 
