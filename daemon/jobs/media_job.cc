@@ -85,9 +85,9 @@ MediaJob::MediaJob(MediaJobSpec spec, shm::SharedRegion region, proto::SlotLayou
             return true;
           },
           [this](uint32_t slot) {
-            // A released slot waits to be filled again: its pages go back now and return row by row
-            // as the next batch is written, so a trainer that takes each batch as soon as it is
-            // ready keeps about one slot's memory instead of two (README "Slot ring").
+            // A released slot that waits behind another free one (the ring calls this only then,
+            // or when the client left): its pages go back now and return row by row as its next
+            // batch is written (README "Slot ring").
             if (discard_failed_ || filling_done_.load(std::memory_order_acquire)) return;
             if (Status s = region_.Discard(layout_.SlotOffset(slot), layout_.slot_stride); !s.ok()) {
               discard_failed_ = true;

@@ -30,9 +30,12 @@
 // only ever added (a slot once touched stays paid for); which batch a slot holds never affects
 // what the batch contains, so sequence numbers, delivery order and resume are the same at any size.
 // Discard (SlotRing(num_slots, initial_slots, prepare, discard)): `discard`, when given, runs (under
-// the ring's lock) for every leased slot that is released, after the release was accepted and
-// before the slot can be taken again, e.g. to give the slot's pages back while it waits to be
-// filled (a loader-bound trainer then keeps about one slot's memory per job instead of two).
+// the ring's lock, after the release was accepted and before the slot can be taken again) for a
+// released slot that will wait: one released while another slot is already free (that one is
+// filled first), and every slot ReleaseAll frees; e.g. to give the slot's pages back while it
+// waits. A slot released while no other is free is the next one filled and is not discarded
+// (warm reuse: its pages are written over in place instead of faulting in again). So at most one
+// free slot of a ring keeps its pages, besides abandoned ones.
 // Generations are unique across the whole ring (a ring-wide counter bumped on every lease), so a
 // release naming the right generation but the wrong slot is refused too.
 //
@@ -68,7 +71,8 @@ class SlotRing {
   // (see above) up to num_slots. `prepare`, when given, runs (under the ring's lock, on the thread
   // calling Release) before a slot becomes active, e.g. to reserve its memory; false keeps the
   // ring at its current size for good. `discard`, when given, runs (under the ring's lock, on the
-  // thread releasing) for each slot freed by Release or ReleaseAll, before it can be acquired again.
+  // thread releasing) for each slot ReleaseAll frees and each slot Release frees while another slot
+  // is free (see above), before it can be acquired again.
   // REQUIRES: num_slots > 0.
   SlotRing(uint32_t num_slots, uint32_t initial_slots, std::function<bool(uint32_t slot)> prepare = nullptr,
            std::function<void(uint32_t slot)> discard = nullptr);
