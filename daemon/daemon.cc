@@ -178,7 +178,7 @@ Status Daemon::Start() {
     if (const char* gate = std::getenv(kOpenGateEnv); gate != nullptr && *gate != '\0') {
       spdlog::warn("{} is set: sources of jobs named gated* open only once {} exists (a test seam)", kOpenGateEnv,
                    gate);
-      registry_->SetPrepareHook([path = std::string(gate)](const proto::SubmitJob& req) {
+      registry_->SetPrepareHookForTests([path = std::string(gate)](const proto::SubmitJob& req) {
         if (req.config_name().rfind("gated", 0) != 0) return;
         const auto deadline = Clock::now() + std::chrono::seconds(60);
         while (::access(path.c_str(), F_OK) != 0 && Clock::now() < deadline) {

@@ -737,10 +737,18 @@ PrepareTask JobRegistry::Prepare(const proto::SubmitJob& request, const PeerInfo
 #if SPDL_TEST_HOOKS
   if (stage_hooks_) p->spec.stage_hook = stage_hooks_(request);
 #endif
+#if SPDL_TEST_HOOKS
+  PrepareHook hook = prepare_hook_;
+#endif
   return [p, daemon = config_, cache = cache_, ops = op_loader_, budget = budget_, index = index_cache_,
-          shards = shard_cache_, hook = prepare_hook_, placement = placement_, streams = streams_,
-          watches = watches_]() -> std::shared_ptr<PreparedJob> {
+          shards = shard_cache_,
+#if SPDL_TEST_HOOKS
+          hook = std::move(hook),
+#endif
+          placement = placement_, streams = streams_, watches = watches_]() -> std::shared_ptr<PreparedJob> {
+#if SPDL_TEST_HOOKS
     if (hook) hook(p->request);
+#endif
     PrepareJob(p.get(), daemon, cache, ops.get(), budget, index.get(), shards, streams.get(), watches.get());
     if (p->status.ok()) {
       auto placed = placement->Resolve(p->spec.config.output, p->request.device_uuid());

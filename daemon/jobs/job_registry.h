@@ -115,12 +115,6 @@ class JobRegistry final : public JobService {
   };
   std::vector<GpuDeviceState> GpuDevices() const;
 
-  // `hook` runs at the start of every Prepare task with its request (on the thread that runs it),
-  // e.g. to hold a source while it is being opened and watch the daemon meanwhile. Before the first
-  // Submit.
-  using PrepareHook = std::function<void(const proto::SubmitJob&)>;
-  void SetPrepareHook(PrepareHook hook) { prepare_hook_ = std::move(hook); }
-
   // The cache of source indexes every source this registry opens shares (the Daemon owns one per
   // process; Prepare tasks hold a reference, so it outlives them). Unset: every open scans. Before
   // the first Submit.
@@ -138,6 +132,11 @@ class JobRegistry final : public JobService {
   // (empty: none). Before the first Submit.
   using StageHookFn = std::function<std::function<void(uint32_t, uint64_t)>(const proto::SubmitJob&)>;
   void SetStageHookForTests(StageHookFn fn) { stage_hooks_ = std::move(fn); }
+  // A test seam: `hook` runs at the start of every Prepare task with its request (on the thread
+  // that runs it), e.g. to hold a source while it is being opened and watch the daemon meanwhile.
+  // Before the first Submit.
+  using PrepareHook = std::function<void(const proto::SubmitJob&)>;
+  void SetPrepareHookForTests(PrepareHook hook) { prepare_hook_ = std::move(hook); }
 #endif
 
   // Runs `fn` on the control thread after `delay` (the daemon's timers): share groups wake their
@@ -173,11 +172,11 @@ class JobRegistry final : public JobService {
   std::chrono::milliseconds gpu_consumer_timeout_{60000};
   GpuDecodePartsFn gpu_decode_parts_;  // set before the first Submit
   std::chrono::milliseconds gpu_drain_timeout_{10000};
-  PrepareHook prepare_hook_;                           // set before the first Submit
   std::shared_ptr<io::SourceIndexCache> index_cache_;  // set before the first Submit; may be null
 #if SPDL_TEST_HOOKS
   StageHookFn stage_hooks_;   // set before the first Submit
   StartFaultFn start_fault_;  // set before the first Submit
+  PrepareHook prepare_hook_;  // set before the first Submit
 #endif
   ScheduleFn schedule_;  // set before the first Submit
 
