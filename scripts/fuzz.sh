@@ -11,6 +11,8 @@
 #                               for its own :N seconds (default: all eight)
 #   FUZZ_ARGS="-max_len=8192"   extra libFuzzer flags for every target
 #   JOBS=N                      build parallelism (default nproc)
+#   FUZZ_PARALLEL=N             targets fuzzed at once (default JOBS; each is one process on one
+#                               core, so N targets of S seconds take about ceil(count / N) * S)
 #   FUZZ_WITH_TESTS=1           configure the whole project instead (cmake -C
 #                               cmake/clang-asan-fuzz.cmake: SPDL_FUZZ=ON, tests on), so that the
 #                               same build directory then builds the ASan+UBSan unit tests from the
@@ -64,9 +66,11 @@ echo "fuzz: build took $(( $(date +%s) - t0 ))s"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-summary=()
-failed=0
-for spec in "${specs[@]}"; do
+# One target: fuzz it and write its summary line to logs/TARGET.summary (and, when it failed, the
+# end of its log to logs/TARGET.failure).
+fuzz_one() {
+  local spec="$1" target secs name corpus artifacts log extra started rc took status_line execs cov ft corp rate \
+    verdict crash
   target="${spec%%:*}"
   secs="$seconds"
   [[ "$spec" == *:* ]] && secs="${spec##*:}"
@@ -117,14 +121,39 @@ for spec in "${specs[@]}"; do
     verdict="ok"
   else
     verdict="FAILED (exit $rc)"
-    failed=1
     crash=$(grep -oE "Test unit written to [^ ]+" "$log" | tail -n 1 | sed 's/Test unit written to //' || true)
     [ -n "$crash" ] && verdict="$verdict input: $crash"
-    echo "---- $target: the end of $log ----"
-    grep -E 'ERROR|invariant failed|SUMMARY|#[0-9]+ 0x' "$log" | head -n 30 || true
-    echo "----"
+    {
+      echo "---- $target: the end of $log ----"
+      grep -E 'ERROR|invariant failed|SUMMARY|#[0-9]+ 0x' "$log" | head -n 30 || true
+      echo "----"
+    } >"$build_dir/logs/$target.failure"
   fi
-  summary+=("$target: $verdict, ${execs:-0} executions (${rate:-?}/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs, ${took}s of ${secs}s")
+  echo "$target: $verdict, ${execs:-0} executions (${rate:-?}/s), coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs, ${took}s of ${secs}s" \
+    >"$build_dir/logs/$target.summary"
+}
+
+parallel="${FUZZ_PARALLEL:-$jobs}"
+mkdir -p "$build_dir/logs"
+rm -f "$build_dir"/logs/*.summary "$build_dir"/logs/*.failure
+for spec in "${specs[@]}"; do
+  fuzz_one "$spec" &
+  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n || true; done
+done
+wait
+summary=()
+failed=0
+for target in "${targets[@]}"; do
+  if [ -f "$build_dir/logs/$target.failure" ]; then
+    cat "$build_dir/logs/$target.failure"
+    failed=1
+  fi
+  if [ -f "$build_dir/logs/$target.summary" ]; then
+    summary+=("$(cat "$build_dir/logs/$target.summary")")
+  else
+    summary+=("$target: FAILED (no result)")
+    failed=1
+  fi
 done
 
 echo "fuzz summary:"
