@@ -841,9 +841,9 @@ std::string OperatorJson(const google::protobuf::Message& m) {
 std::string OperatorStatusText(const proto::DaemonStatus& s) {
   std::string out = "spdld " + s.daemon_version() + "\n";
   char line[160];
-  // Every DaemonStatus figure described for spdlctl (proto/job_stats_fields.h), by name.
+  // Every DaemonStatus figure described for spdlctl's text (proto/job_stats_fields.h), by name.
   for (const auto& f : proto::DaemonStatFields()) {
-    if (!(f.surfaces & proto::kSpdlctl)) continue;
+    if (!(f.surfaces & proto::kText)) continue;
     const double v = proto::DaemonStatValue(s, f);
     char value[48];
     if (proto::StatIsInteger(s, f)) {
@@ -862,6 +862,15 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
   }
   std::snprintf(line, sizeof(line), "  %-26s %16d jobs (spdlctl jobs)\n", "your_jobs", s.jobs_size());
   out += line;
+  // A line per GPU: its figures described for spdlctl's text, by name.
+  for (const auto& g : s.gpu_devices()) {
+    std::snprintf(line, sizeof(line), "  %-26s", ("gpu " + g.device()).c_str());
+    out += line;
+    for (const auto& f : proto::GpuDeviceStatFields()) {
+      if (f.surfaces & proto::kText) out += std::string("  ") + f.name + " " + proto::StatText(g, f);
+    }
+    out += "\n";
+  }
   if (s.gpu_leaked_device_bytes() > 0) {
     out += "GPU device memory leaked (copies that never drained): out of the device budget until spdld restarts\n";
   }
@@ -872,6 +881,95 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
     std::snprintf(line, sizeof(line),
                   "; %u job(s) still hold it; new GPU jobs on it are refused until spdld restarts\n", g.jobs());
     out += line;
+  }
+  return out;
+}
+
+namespace {
+
+// One column of a text table: its header and a cell per row.
+struct TextColumn {
+  std::string header;
+  std::vector<std::string> cells;
+  bool left = false;  // left-aligned (names); numbers are right-aligned
+};
+
+// The lines of a table (no newline): the header line, then a line per row; each column as wide as
+// its widest cell, columns one space apart. REQUIRES: every column has `rows` cells.
+std::vector<std::string> TextTable(const std::vector<TextColumn>& columns, size_t rows) {
+  std::vector<std::string> lines(rows + 1);
+  for (size_t c = 0; c < columns.size(); ++c) {
+    size_t width = columns[c].header.size();
+    for (const std::string& cell : columns[c].cells) width = std::max(width, cell.size());
+    for (size_t r = 0; r <= rows; ++r) {
+      const std::string& cell = r == 0 ? columns[c].header : columns[c].cells[r - 1];
+      const std::string pad(width - cell.size(), ' ');
+      lines[r] += (c ? " " : "") + (columns[c].left ? cell + pad : pad + cell);
+    }
+  }
+  return lines;
+}
+
+// A column per kText row of `table`, its cells the row's value on each message `of(i)`, i < rows.
+template <typename Of>
+void AddTextColumns(std::span<const proto::JobStatField> table, size_t rows, Of of, std::vector<TextColumn>* out) {
+  for (const auto& f : table) {
+    if (!(f.surfaces & proto::kText)) continue;
+    TextColumn c{proto::StatColumn(f), {}, false};
+    for (size_t i = 0; i < rows; ++i) c.cells.push_back(proto::StatText(of(i), f));
+    out->push_back(std::move(c));
+  }
+}
+
+}  // namespace
+
+std::string OperatorJobsText(const proto::DaemonStatus& s) {
+  constexpr size_t kColumns = 100, kIndent = 8;
+  const size_t n = static_cast<size_t>(s.jobs_size());
+  std::vector<TextColumn> columns;
+  const auto job = [&](size_t i) -> const proto::JobSummary& { return s.jobs(static_cast<int>(i)); };
+  AddTextColumns(proto::JobSummaryFields(), n, job, &columns);
+  AddTextColumns(
+      proto::JobStatFields(), n, [&](size_t i) -> const proto::JobStats& { return job(i).stats(); }, &columns);
+  const std::vector<std::string> lines = TextTable(columns, n);
+  std::string out = lines[0] + "  SOURCE\n";
+  for (size_t i = 0; i < n; ++i) {
+    std::string source = job(i).source();
+    if (lines[i + 1].size() + 2 + source.size() <= kColumns) {
+      out += lines[i + 1] + "  " + source + "\n";
+      continue;
+    }
+    const size_t room = kColumns - kIndent;
+    if (source.size() > room) {
+      const size_t head = room / 2 - 2;
+      source = source.substr(0, head) + "..." + source.substr(source.size() - (room - head - 3));
+    }
+    out += lines[i + 1] + "\n" + std::string(kIndent, ' ') + source + "\n";
+  }
+  if (n == 0) out += "no jobs\n";
+  return out;
+}
+
+std::string OperatorStreamsText(const proto::DaemonStatus& s) {
+  if (s.streams().empty()) return "no streams\n";
+  const size_t n = static_cast<size_t>(s.streams_size());
+  const auto stream = [&](size_t i) -> const proto::StreamStatus& { return s.streams(static_cast<int>(i)); };
+  std::vector<TextColumn> columns(1, TextColumn{"STREAM", {}, true});
+  for (size_t i = 0; i < n; ++i) columns[0].cells.push_back(stream(i).name());
+  AddTextColumns(proto::StreamStatFields(), n, stream, &columns);
+  const std::vector<std::string> lines = TextTable(columns, n);
+  std::string out = lines[0] + "\n";
+  for (size_t i = 0; i < n; ++i) {
+    out += lines[i + 1] + "\n";
+    for (const auto& g : stream(i).groups()) {  // a line per group: its figures by name
+      char head[64];
+      std::snprintf(head, sizeof(head), "  group %-16s", g.name().c_str());
+      out += head;
+      for (const auto& f : proto::StreamGroupStatFields()) {
+        if (f.surfaces & proto::kText) out += std::string("  ") + f.name + " " + proto::StatText(g, f);
+      }
+      out += "\n";
+    }
   }
   return out;
 }

@@ -28,31 +28,8 @@ double Rate(const JobSummary& j) { return j.stats().seconds() > 0 ? j.stats().sa
 
 void PrintStatus(const DaemonStatus& s) { std::cout << spdl::client::OperatorStatusText(s); }
 
-// The table fits 100 columns: the source goes at the end of the row when it fits, else on a line of
-// its own below the row (cut in the middle, "...", past 100 columns).
-void PrintJobs(const DaemonStatus& s) {
-  constexpr size_t kColumns = 100, kRow = 75, kIndent = 8;
-  std::printf("%6s %6s %7s %7s %6s %10s %9s %5s %8s  %s\n", "JOB", "UID", "PID", "RANK", "EPOCHS", "SAMPLES",
-              "SAMPLES/S", "READY", "WAIT_S", "SOURCE");
-  for (const auto& j : s.jobs()) {
-    char rank[24];
-    std::snprintf(rank, sizeof(rank), "%u/%u", j.rank(), j.world_size());
-    std::printf("%6" PRIu64 " %6u %7u %7s %6u %10" PRIu64 " %9.1f %5u %8.2f", j.job_id(), j.uid(), j.pid(), rank,
-                j.epochs(), j.stats().samples(), Rate(j), j.stats().batches_ready(), j.stats().client_wait_seconds());
-    std::string source = j.source();
-    if (kRow + source.size() <= kColumns) {
-      std::printf("  %s\n", source.c_str());
-      continue;
-    }
-    const size_t room = kColumns - kIndent;
-    if (source.size() > room) {
-      const size_t head = room / 2 - 2;
-      source = source.substr(0, head) + "..." + source.substr(source.size() - (room - head - 3));
-    }
-    std::printf("\n%*s%s\n", static_cast<int>(kIndent), "", source.c_str());
-  }
-  if (s.jobs_size() == 0) std::printf("no jobs\n");
-}
+// The tables come from the statistics' one description (proto/job_stats_fields.h, kText rows).
+void PrintJobs(const DaemonStatus& s) { std::cout << spdl::client::OperatorJobsText(s); }
 
 void PrintStats(const JobSummary& j) {
   const auto& st = j.stats();
@@ -117,27 +94,8 @@ void PrintStats(const JobSummary& j) {
 }
 
 // spdlctl streams: one row per stream (retained samples / bytes against its bounds, producers), then
-// one per consumer group (consumers, lag: put and not yet acknowledged by the group, in flight).
-void PrintStreams(const DaemonStatus& s) {
-  if (s.streams().empty()) {
-    std::printf("no streams\n");
-    return;
-  }
-  std::printf("%-24s %6s %10s %10s %12s %12s %10s %5s %7s %6s\n", "STREAM", "OWNER", "RETAINED", "MAX", "BYTES",
-              "MAX_BYTES", "PUT", "PROD", "EVICTED", "CLOSED");
-  for (const auto& st : s.streams()) {
-    std::printf("%-24s %6u %10" PRIu64 " %10" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 " %5u %7" PRIu64
-                " %6s\n",
-                st.name().c_str(), st.owner_uid(), st.retained_samples(), st.max_samples(), st.retained_bytes(),
-                st.max_bytes(), st.tail_offset(), st.producers(), st.evicted(), st.closed() ? "yes" : "no");
-    for (const auto& g : st.groups()) {
-      std::printf("  group %-16s consumers %u  lag %" PRIu64 "  in flight %" PRIu64 "  redeliver %" PRIu64
-                  "  delivered %" PRIu64 " (%" PRIu64 " again)\n",
-                  g.name().c_str(), g.consumers(), g.lag(), g.in_flight(), g.redeliver(), g.delivered(),
-                  g.redelivered());
-    }
-  }
-}
+// one line per consumer group (consumers, lag: put and not yet acknowledged by the group, in flight).
+void PrintStreams(const DaemonStatus& s) { std::cout << spdl::client::OperatorStreamsText(s); }
 
 }  // namespace
 

@@ -3,6 +3,9 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include <cctype>
+#include <cstdio>
+
 namespace spdl::proto {
 namespace {
 
@@ -12,7 +15,8 @@ constexpr unsigned kAll = kMetrics | kSpdlctl | kClient;
 // counters. Live-only figures (batches_ready, batches_filling) are 0 once the job has ended, so the
 // final stats the client gets leave them out.
 constexpr JobStatField kFields[] = {
-    {"samples", "spdld_job_samples_total", "counter", "samples", "Samples delivered into batches.", kAll},
+    {"samples", "spdld_job_samples_total", "counter", "samples", "Samples delivered into batches.", kAll | kText,
+     nullptr, "SAMPLES"},
     {"batches", "spdld_job_batches_total", "counter", "batches", "Batches filled.", kAll},
     {"skipped", "spdld_job_skipped_total", "counter", "samples", "Bad samples skipped and replaced (on_error: skip).",
      kAll},
@@ -21,12 +25,13 @@ constexpr JobStatField kFields[] = {
      "Seconds from acceptance to the first batch.", kAll},
     // Exported as the client-wait histogram's sum.
     {"client_wait_seconds", "spdld_client_wait_seconds_sum", "histogram", "seconds",
-     "The client's total wait for data, as it last reported it.", kAll},
+     "The client's total wait for data, as it last reported it.", kAll | kText, nullptr, "WAIT_S"},
     {"batches_ready", "spdld_job_batches_ready", "gauge", "batches", "Batches filled and waiting for the client.",
-     kMetrics | kSpdlctl},
+     kMetrics | kSpdlctl | kText, nullptr, "READY"},
     {"batches_filling", "spdld_job_batches_filling", "gauge", "batches", "Batches being filled by the pipeline.",
      kMetrics | kSpdlctl},
-    {"samples_per_s", "", "gauge", "1/s", "Delivered samples per second over the job's life.", kSpdlctl | kClient},
+    {"samples_per_s", "", "gauge", "1/s", "Delivered samples per second over the job's life.",
+     kSpdlctl | kClient | kText, nullptr, "SAMPLES/S"},
     {"window_samples_per_s", "", "gauge", "1/s", "Samples written per second over the recent window (about 10 s).",
      kSpdlctl | kClient},
     {"samples_failed", "spdld_job_samples_failed_total", "counter", "samples",
@@ -145,7 +150,7 @@ constexpr JobStatField kStageFields[] = {
 };
 
 // In proto order. daemon_version is spdld_build_info's label; the lists are not rows.
-constexpr unsigned kDaemonAll = kMetrics | kSpdlctl;
+constexpr unsigned kDaemonAll = kMetrics | kSpdlctl | kText;
 constexpr JobStatField kDaemonFields[] = {
     {"uptime_seconds", "spdld_uptime_seconds", "gauge", "seconds", "Seconds since spdld started.", kDaemonAll},
     {"worker_threads", "spdld_worker_threads", "gauge", "threads", "Decode/transform worker threads.", kDaemonAll},
@@ -161,6 +166,74 @@ constexpr JobStatField kDaemonFields[] = {
      "Job opens that shared a dataset index (live or being scanned) instead of scanning again.", kDaemonAll},
     {"gpu_leaked_device_bytes", "spdld_gpu_leaked_device_bytes", "gauge", "bytes",
      "Device memory GPU jobs could not free (copies never drained); not returned to the device budget.", kDaemonAll},
+};
+
+// In proto order. `source` (text) is the last column of `spdlctl jobs`, `stats` the JobStats table.
+constexpr unsigned kSummaryText = kSpdlctl | kText;
+constexpr JobStatField kSummaryFields[] = {
+    {"job_id", "", "gauge", "1", "The job's id (the label job_id of its series).", kSummaryText, nullptr, "JOB"},
+    {"uid", "", "gauge", "uid", "The uid of the job's client (the label uid of its series).", kSummaryText, nullptr,
+     "UID"},
+    {"pid", "", "gauge", "pid", "The process id of the job's client.", kSummaryText, nullptr, "PID"},
+    {"rank", "", "gauge", "1", "The client's rank in the job's world (the label rank of its series).", kSummaryText,
+     nullptr, "RANK"},
+    {"world_size", "", "gauge", "ranks", "Ranks in the job's world.", kSummaryText, nullptr, "WORLD"},
+    {"epochs", "", "gauge", "epochs", "Epochs the client asked the job for.", kSummaryText, nullptr, "EPOCHS"},
+    {"region_bytes", "spdld_job_memory_bytes", "gauge", "bytes", "Shared memory held by the job's slots.",
+     kMetrics | kSpdlctl},
+};
+
+// In proto order. `name` is the label `stream`, `groups` the stream-group table.
+constexpr unsigned kStreamAll = kMetrics | kSpdlctl | kText;
+constexpr JobStatField kStreamFields[] = {
+    {"owner_uid", "", "gauge", "uid", "The uid that defined the stream (it, allowed_uids and root may use it).",
+     kSpdlctl | kText, nullptr, "OWNER"},
+    {"max_samples", "spdld_stream_max_samples", "gauge", "samples", "A stream's bound on retained samples.", kStreamAll,
+     nullptr, "MAX"},
+    {"max_bytes", "spdld_stream_max_bytes", "gauge", "bytes", "A stream's bound on retained bytes.", kStreamAll,
+     nullptr, "MAX_BYTES"},
+    {"head_offset", "", "gauge", "offset", "The oldest offset the stream retains.", kSpdlctl},
+    {"tail_offset", "spdld_stream_put_samples_total", "counter", "samples", "Samples put into a stream.", kStreamAll,
+     nullptr, "PUT"},
+    {"retained_samples", "spdld_stream_retained_samples", "gauge", "samples",
+     "Samples a stream retains (not yet consumed by every group).", kStreamAll, nullptr, "RETAINED"},
+    {"retained_bytes", "spdld_stream_retained_bytes", "gauge", "bytes", "Bytes a stream retains (data + metadata).",
+     kStreamAll, nullptr, "BYTES"},
+    {"put_bytes", "spdld_stream_put_bytes_total", "counter", "bytes", "Sample bytes put into a stream.",
+     kMetrics | kSpdlctl},
+    {"evicted", "spdld_stream_evicted_samples_total", "counter", "samples",
+     "Consumed samples a stream dropped to make room.", kStreamAll, nullptr, "EVICTED"},
+    {"blocked_puts", "spdld_stream_blocked_puts_total", "counter", "puts",
+     "Puts that found a stream full (they waited or failed).", kStreamAll, nullptr, "BLOCKED"},
+    {"producers", "spdld_stream_producers", "gauge", "producers", "Producers attached to a stream.", kStreamAll,
+     nullptr, "PROD"},
+    {"closed", "", "gauge", "1", "Whether the stream is closed (its consumers drain it and end).", kSpdlctl | kText,
+     nullptr, "CLOSED"},
+};
+
+// In proto order. `name` is the label `group`.
+constexpr JobStatField kStreamGroupFields[] = {
+    {"consumers", "spdld_stream_group_consumers", "gauge", "consumers", "Consumers (stream jobs) of a group.",
+     kStreamAll},
+    {"lag", "spdld_stream_group_lag_samples", "gauge", "samples",
+     "Samples put and not yet acknowledged by a consumer group.", kStreamAll},
+    {"in_flight", "spdld_stream_group_in_flight_samples", "gauge", "samples",
+     "Samples a group's consumers hold unacknowledged.", kStreamAll},
+    {"redeliver", "", "gauge", "samples", "Samples waiting to be handed out again (their consumer left).",
+     kSpdlctl | kText},
+    {"delivered", "", "counter", "samples", "Samples handed out to the group's consumers, redeliveries included.",
+     kSpdlctl | kText},
+    {"redelivered", "spdld_stream_group_redelivered_samples_total", "counter", "samples",
+     "Samples handed out again after their consumer left unacknowledged.", kStreamAll},
+    {"next_offset", "", "gauge", "offset", "The next fresh offset the group hands out.", kSpdlctl},
+};
+
+// In proto order. `device` is the label `device`; `error` (text) the status alert of a poisoned GPU.
+constexpr JobStatField kGpuDeviceFields[] = {
+    {"poisoned", "spdld_gpu_device_poisoned", "gauge", "1",
+     "1 when a sticky CUDA error poisoned spdld's context on the GPU (jobs there fail; spdld restarts).",
+     kMetrics | kSpdlctl | kText},
+    {"jobs", "", "gauge", "jobs", "Copy: daemon jobs still holding device memory on the GPU.", kSpdlctl | kText},
 };
 
 // A scalar number field of `m` by name, as a double; 0 for anything else.
@@ -181,6 +254,8 @@ double ScalarValue(const google::protobuf::Message& m, const char* name) {
       return r->GetDouble(m, d);
     case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
       return r->GetFloat(m, d);
+    case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+      return r->GetBool(m, d) ? 1 : 0;
     default:
       return 0;
   }
@@ -205,11 +280,54 @@ bool StatIsInteger(const google::protobuf::Message& m, const JobStatField& f) {
     case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
     case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
     case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+    case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
       return true;
     default:
       return false;
   }
 }
+
+bool StatIsBool(const google::protobuf::Message& m, const JobStatField& f) {
+  const google::protobuf::FieldDescriptor* d = m.GetDescriptor()->FindFieldByName(f.name);
+  return d != nullptr && !d->is_repeated() && d->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL;
+}
+
+std::string StatText(const google::protobuf::Message& m, const JobStatField& f) {
+  const double v = StatValue(m, f);
+  if (StatIsBool(m, f)) return v != 0 ? "yes" : "no";
+  char b[48];
+  if (StatIsInteger(m, f) && v < 0) {
+    std::snprintf(b, sizeof(b), "%lld", static_cast<long long>(v));
+  } else if (StatIsInteger(m, f)) {
+    std::snprintf(b, sizeof(b), "%llu", static_cast<unsigned long long>(v));
+  } else {
+    std::snprintf(b, sizeof(b), std::string_view(f.unit) == "seconds" ? "%.2f" : "%.1f", v);
+  }
+  return b;
+}
+
+std::string StatColumn(const JobStatField& f) {
+  if (f.column != nullptr) return f.column;
+  std::string out = f.name;
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::span<const JobStatField> JobSummaryFields() { return kSummaryFields; }
+
+const JobStatField* FindJobSummaryField(std::string_view name) { return Find(kSummaryFields, name); }
+
+std::span<const JobStatField> StreamStatFields() { return kStreamFields; }
+
+const JobStatField* FindStreamStatField(std::string_view name) { return Find(kStreamFields, name); }
+
+std::span<const JobStatField> StreamGroupStatFields() { return kStreamGroupFields; }
+
+const JobStatField* FindStreamGroupStatField(std::string_view name) { return Find(kStreamGroupFields, name); }
+
+std::span<const JobStatField> GpuDeviceStatFields() { return kGpuDeviceFields; }
+
+const JobStatField* FindGpuDeviceStatField(std::string_view name) { return Find(kGpuDeviceFields, name); }
 
 std::span<const JobStatField> StageStatFields() { return kStageFields; }
 

@@ -1022,6 +1022,35 @@ std::vector<JobRegistry::GpuDeviceState> JobRegistry::GpuDevices() const {
   return out;
 }
 
+proto::StreamStatus StreamStatusOf(const streams::StreamStats& s) {
+  proto::StreamStatus o;
+  o.set_name(s.name);
+  o.set_owner_uid(s.owner_uid);
+  o.set_max_samples(s.max_samples);
+  o.set_max_bytes(s.max_bytes);
+  o.set_head_offset(s.head_offset);
+  o.set_tail_offset(s.tail_offset);
+  o.set_retained_samples(s.retained_samples);
+  o.set_retained_bytes(s.retained_bytes);
+  o.set_put_bytes(s.put_bytes);
+  o.set_evicted(s.evicted);
+  o.set_blocked_puts(s.blocked_puts);
+  o.set_producers(s.producers);
+  o.set_closed(s.closed);
+  for (const streams::GroupStats& g : s.groups) {
+    proto::StreamGroupStatus* og = o.add_groups();
+    og->set_name(g.name);
+    og->set_consumers(g.consumers);
+    og->set_lag(g.lag);
+    og->set_in_flight(g.in_flight);
+    og->set_redeliver(g.redeliver);
+    og->set_delivered(g.delivered);
+    og->set_redelivered(g.redelivered);
+    og->set_next_offset(g.next_offset);
+  }
+  return o;
+}
+
 proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   proto::DaemonStatus st;
   st.set_daemon_version(SPDLD_VERSION);
@@ -1036,32 +1065,7 @@ proto::DaemonStatus JobRegistry::Status(const PeerInfo& peer) {
   st.set_memory_in_use_bytes(st.memory_in_use_bytes() + budget_->stream_bytes());
   for (const std::shared_ptr<streams::Stream>& stream : streams_->List()) {
     if (!stream->CheckAccess(peer.uid).ok()) continue;  // another user's stream is not even shown
-    const streams::StreamStats s = stream->Stats();
-    proto::StreamStatus* o = st.add_streams();
-    o->set_name(s.name);
-    o->set_owner_uid(s.owner_uid);
-    o->set_max_samples(s.max_samples);
-    o->set_max_bytes(s.max_bytes);
-    o->set_head_offset(s.head_offset);
-    o->set_tail_offset(s.tail_offset);
-    o->set_retained_samples(s.retained_samples);
-    o->set_retained_bytes(s.retained_bytes);
-    o->set_put_bytes(s.put_bytes);
-    o->set_evicted(s.evicted);
-    o->set_blocked_puts(s.blocked_puts);
-    o->set_producers(s.producers);
-    o->set_closed(s.closed);
-    for (const streams::GroupStats& g : s.groups) {
-      proto::StreamGroupStatus* og = o->add_groups();
-      og->set_name(g.name);
-      og->set_consumers(g.consumers);
-      og->set_lag(g.lag);
-      og->set_in_flight(g.in_flight);
-      og->set_redeliver(g.redeliver);
-      og->set_delivered(g.delivered);
-      og->set_redelivered(g.redelivered);
-      og->set_next_offset(g.next_offset);
-    }
+    *st.add_streams() = StreamStatusOf(stream->Stats());
   }
   st.set_gpu_leaked_device_bytes(admission_.leaked_device_bytes_total());
   for (const GpuDeviceState& d : GpuDevices()) {

@@ -50,6 +50,11 @@ namespace spdl::jobs {
 
 class ShareGroup;
 
+// A stream's figures as DaemonStatus lists them (spdlctl streams, the spdld_stream_* metrics): every
+// field of proto::StreamStatus and of each of its groups' StreamGroupStatus from `s` (their rows:
+// proto/job_stats_fields.h; stream_job_test checks each row is filled).
+proto::StreamStatus StreamStatusOf(const streams::StreamStats& s);
+
 class JobRegistry final : public JobService {
  public:
   // *executor must outlive every job (the daemon joins the pool before destroying the registry).

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -111,18 +112,13 @@ class Exposition {
   std::vector<std::string> order_;
 };
 
-struct JobMetric {
-  const char* name;
-  const char* type;
-  const char* help;
-  double (*get)(const proto::JobSummary&);
-};
-
-// The job series that are not JobStats fields (those come from proto::JobStatFields(), by name).
-const JobMetric kJobMetrics[] = {
-    {"spdld_job_memory_bytes", "gauge", "Shared memory held by the job's slots.",
-     [](const proto::JobSummary& j) { return double(j.region_bytes()); }},
-};
+// The rows of `table` described for the metrics on message `m`, each one series with `labels`.
+void AddRows(Exposition* e, std::span<const proto::JobStatField> table, const google::protobuf::Message& m,
+             const Labels& labels) {
+  for (const auto& f : table) {
+    if (f.surfaces & proto::kMetrics) e->Add(f.metric, f.type, f.help, labels, proto::StatValue(m, f));
+  }
+}
 
 // One scrape: read the request, answer, close.
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -188,40 +184,15 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
   Exposition e;
   e.Add("spdld_build_info", "gauge", "The running spdld's version (value 1).", {{"version", SPDLD_VERSION}}, 1);
   // The DaemonStatus fields, from their one description (proto/job_stats_fields.h), by name.
-  for (const auto& f : proto::DaemonStatFields()) {
-    if (f.surfaces & proto::kMetrics) e.Add(f.metric, f.type, f.help, {}, proto::DaemonStatValue(st, f));
-  }
-  for (const auto& g : st.gpu_devices()) {
-    e.Add("spdld_gpu_device_poisoned", "gauge",
-          "1 when a sticky CUDA error poisoned spdld's context on the GPU (jobs there fail; spdld restarts).",
-          {{"device", g.device()}}, g.poisoned() ? 1 : 0);
-  }
+  AddRows(&e, proto::DaemonStatFields(), st, {});
+  // The GPUs, streams and their consumer groups, from their descriptions (proto/job_stats_fields.h):
+  // one series per device, per stream, and per group of a stream.
+  for (const auto& g : st.gpu_devices()) AddRows(&e, proto::GpuDeviceStatFields(), g, {{"device", g.device()}});
   e.Add("spdld_draining", "gauge", "1 while spdld drains (no new jobs).", {}, facts.draining ? 1 : 0);
-  // Streams (issue 21): one series per stream, and per consumer group of it.
   for (const auto& s : st.streams()) {
-    const Labels l{{"stream", s.name()}};
-    e.Add("spdld_stream_retained_samples", "gauge", "Samples a stream retains (not yet consumed by every group).", l,
-          double(s.retained_samples()));
-    e.Add("spdld_stream_retained_bytes", "gauge", "Bytes a stream retains (data + metadata).", l,
-          double(s.retained_bytes()));
-    e.Add("spdld_stream_max_samples", "gauge", "A stream's bound on retained samples.", l, double(s.max_samples()));
-    e.Add("spdld_stream_max_bytes", "gauge", "A stream's bound on retained bytes.", l, double(s.max_bytes()));
-    e.Add("spdld_stream_put_samples_total", "counter", "Samples put into a stream.", l, double(s.tail_offset()));
-    e.Add("spdld_stream_put_bytes_total", "counter", "Sample bytes put into a stream.", l, double(s.put_bytes()));
-    e.Add("spdld_stream_evicted_samples_total", "counter", "Consumed samples a stream dropped to make room.", l,
-          double(s.evicted()));
-    e.Add("spdld_stream_blocked_puts_total", "counter", "Puts that found a stream full (they waited or failed).", l,
-          double(s.blocked_puts()));
-    e.Add("spdld_stream_producers", "gauge", "Producers attached to a stream.", l, double(s.producers()));
+    AddRows(&e, proto::StreamStatFields(), s, {{"stream", s.name()}});
     for (const auto& g : s.groups()) {
-      const Labels gl{{"stream", s.name()}, {"group", g.name()}};
-      e.Add("spdld_stream_group_lag_samples", "gauge", "Samples put and not yet acknowledged by a consumer group.", gl,
-            double(g.lag()));
-      e.Add("spdld_stream_group_consumers", "gauge", "Consumers (stream jobs) of a group.", gl, double(g.consumers()));
-      e.Add("spdld_stream_group_in_flight_samples", "gauge", "Samples a group's consumers hold unacknowledged.", gl,
-            double(g.in_flight()));
-      e.Add("spdld_stream_group_redelivered_samples_total", "counter",
-            "Samples handed out again after their consumer left unacknowledged.", gl, double(g.redelivered()));
+      AddRows(&e, proto::StreamGroupStatFields(), g, {{"stream", s.name()}, {"group", g.name()}});
     }
   }
   // The JobStats fields, from their one description (proto/job_stats_fields.h): node-wide ones
@@ -259,7 +230,7 @@ std::string RenderPrometheus(const proto::DaemonStatus& st, const DaemonFacts& f
         e.Add(f.metric, f.type, f.help, l, values[i]);
       }
     }
-    for (const auto& m : kJobMetrics) e.Add(m.name, m.type, m.help, labels, m.get(j));
+    AddRows(&e, proto::JobSummaryFields(), j, labels);  // the job's own figures (region_bytes)
   }
   const proto::JobStatField* wait = proto::FindJobStatField("client_wait_histogram");
   for (const auto& j : st.jobs()) {

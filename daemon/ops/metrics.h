@@ -26,8 +26,13 @@
 //   spdld_stage_{queue,put}_wait_seconds_total                                          (counters)
 //   spdld_stage_queue_length, spdld_stage_queue_capacity, spdld_stage_running          (gauges)
 //   spdld_stage_task_seconds{job_id,stage} (histogram: task times)
-// The DaemonStatus, JobStats and StageStats series come from their one description,
-// proto/job_stats_fields.h (by field name): a new field is a row there, no line here.
+//   spdld_stream_{retained_samples,retained_bytes,max_samples,max_bytes,producers}{stream} (gauges),
+//   spdld_stream_{put_samples,put_bytes,evicted_samples,blocked_puts}_total{stream}   (counters)
+//   spdld_stream_group_{lag_samples,consumers,in_flight_samples}{stream,group} (gauges),
+//   spdld_stream_group_redelivered_samples_total{stream,group}                          (counter)
+// Every series but spdld_build_info and spdld_draining comes from the statistics' one description,
+// proto/job_stats_fields.h (DaemonStatus, JobSummary, JobStats, StageStats, GpuDeviceStatus,
+// StreamStatus, StreamGroupStatus rows, by field name): a new field is a row there, no line here.
 //
 // RenderPrometheus is a pure function. MetricsServer is not thread-safe: it runs on the one
 // io_context thread it is given; handlers never throw.

@@ -389,6 +389,12 @@ TEST_CASE(
   CHECK(s.at("spdld_job_skipped_total" + jl).get<double>() == Num(st.at("skipped")));
   CHECK(s.at("spdld_job_batches_ready" + jl).get<double>() == Num(st.at("batches_ready")));
   CHECK(s.at("spdld_job_memory_bytes" + jl).get<double>() == Num(job.at("region_bytes")));
+  // Every figure of the job's own described for the metrics (JobSummaryFields), with spdlctl's value.
+  for (const auto& row : proto::JobSummaryFields()) {
+    if (!(row.surfaces & proto::kMetrics)) continue;
+    CAPTURE(row.name, row.metric);
+    CHECK(s.at(row.metric + jl).get<double>() == Num(job.at(row.name)));
+  }
   REQUIRE_FALSE(st.at("stages").empty());
   for (const auto& stage : st.at("stages")) {
     const std::string sl = "{job_id=" + id + ",stage=" + stage.at("name").get<std::string>() + "}";

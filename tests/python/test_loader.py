@@ -284,13 +284,20 @@ def test_final_stats_follow_the_one_description_of_every_figure(make_loader):
     # (proto/job_stats_fields.h, listed by stat_fields()): each row described for clients is there,
     # in the daemon's order (counts as int), and no other figure is.
     tables = spdl_client._spdl_client.stat_fields()
-    assert set(tables) == {"job", "stage", "daemon"}
+    assert set(tables) == {"job", "stage", "daemon", "job_summary", "stream", "stream_group", "gpu_device"}
     for table, rows in tables.items():
         assert rows, table
         for r in rows:
-            assert set(r) == {"name", "metric", "type", "unit", "help", "surfaces", "per"}
-            assert set(r["surfaces"]) <= {"metrics", "spdlctl", "client"} and r["surfaces"], r
-    assert not any("client" in r["surfaces"] for r in tables["daemon"])
+            assert set(r) == {"name", "metric", "type", "unit", "help", "surfaces", "per", "column"}
+            assert set(r["surfaces"]) <= {"metrics", "spdlctl", "client", "text"} and r["surfaces"], r
+            assert (r["column"] is not None) == ("text" in r["surfaces"]), r
+            assert ("metrics" in r["surfaces"]) == bool(r["metric"]), r
+    for table in ("daemon", "job_summary", "stream", "stream_group", "gpu_device"):
+        assert not any("client" in r["surfaces"] for r in tables[table]), table
+    # Metric names are an interface: the stream and GPU series keep theirs.
+    assert {r["metric"] for r in tables["stream"] if r["metric"]} >= {
+        "spdld_stream_retained_samples", "spdld_stream_put_samples_total", "spdld_stream_blocked_puts_total"}
+    assert [r["metric"] for r in tables["gpu_device"] if r["metric"]] == ["spdld_gpu_device_poisoned"]
     loader = make_loader(batch=8, epochs=1)
     for _ in loader:
         pass

@@ -75,6 +75,17 @@ def spdlctl_streams(daemon) -> dict:
     return {s["name"]: s for s in json.loads(out).get("streams", [])}
 
 
+def spdlctl_streams_text(daemon, name: str) -> dict:
+    """`spdlctl streams` (the text for people) as {column header: cell} for stream `name`'s row."""
+    out = subprocess.run([str(BUILD / "bin" / "spdlctl"), "--socket", daemon.socket, "streams"],
+                         check=True, capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    header = lines[0].split()
+    row = next(line.split() for line in lines[1:] if line.split()[:1] == [name])
+    assert len(row) == len(header), (header, row)
+    return dict(zip(header, row))
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -164,6 +175,15 @@ def test_backpressure_blocks_at_the_bound_and_memory_stays_bounded(daemon):
     assert not done.wait(0.5), "a put into a full stream must block"
     s = spdlctl_streams(daemon)[name]
     assert int(s["retained_samples"]) == bound and int(s["blocked_puts"]) >= 2, s
+    # The text shows, in its column, every stream figure described for it (stat_fields(): "text"),
+    # the same as --json while the put waits (nothing moves).
+    text = spdlctl_streams_text(daemon, name)
+    rows = [r for r in spdl_client._spdl_client.stat_fields()["stream"] if "text" in r["surfaces"]]
+    assert [r["column"] for r in rows] == list(text)[1:], text
+    for r in rows:
+        want = s[r["name"]]
+        want = ("yes" if want else "no") if isinstance(want, bool) else str(int(want))
+        assert text[r["column"]] == want, (r["name"], text, s)
     # A consumer frees room: the blocked put goes in, and a long run of puts keeps the daemon's
     # memory bounded.
     loader = open_loader(daemon, stream_yaml(name, "drain", batch=8), timeout=60)

@@ -25,10 +25,9 @@ namespace {
 
 using google::protobuf::FieldDescriptor;
 
-// A job whose stats have every scalar field set to a value of its own: (index + 2), plus 0.5 for
-// floating-point fields, so that each figure can be told apart in the output.
-// Gives every scalar field of `m` a value of its own: field i gets i + 2 (integers) or i + 2.5
-// (doubles), a string field `text(field)`; a field of another type fails the test.
+// Gives every scalar field of `m` a value of its own, so that each figure can be told apart in the
+// output: field i gets i + 2 (integers) or i + 2.5 (doubles), a bool true, a string field
+// `text(field)`; a message field is left alone; a field of another type fails the test.
 void FillScalars(google::protobuf::Message* m, const std::function<std::string(const FieldDescriptor*)>& text) {
   const google::protobuf::Descriptor* d = m->GetDescriptor();
   const google::protobuf::Reflection* r = m->GetReflection();
@@ -44,6 +43,11 @@ void FillScalars(google::protobuf::Message* m, const std::function<std::string(c
         break;
       case FieldDescriptor::CPPTYPE_DOUBLE:
         r->SetDouble(m, f, i + 2.5);
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(m, f, true);
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:  // a message of its own table (JobSummary.stats): filled apart
         break;
       case FieldDescriptor::CPPTYPE_STRING:
         if (text) {
@@ -95,14 +99,20 @@ std::vector<std::string> Undescribed(const google::protobuf::Descriptor* d, std:
 const std::set<std::string> kJobNotRows = {"stages"};
 const std::set<std::string> kStageNotRows = {"name", "kind"};
 const std::set<std::string> kDaemonNotRows = {"daemon_version", "jobs", "gpu_devices", "streams"};
+const std::set<std::string> kSummaryNotRows = {"source", "stats"};
+const std::set<std::string> kStreamNotRows = {"name", "groups"};
+const std::set<std::string> kGroupNotRows = {"name"};
+const std::set<std::string> kGpuNotRows = {"device", "error"};
 
-TEST_CASE("a proto stats field added without a row is caught, in each of the three messages") {
+TEST_CASE("a proto stats field added without a row is caught, in each of the seven messages") {
   // control.proto as built, and a copy with one more field in each stats message: the check that
   // guards the real schema (below) finds exactly the new field, and nothing in the real one.
   google::protobuf::FileDescriptorProto file;
   proto::JobStats::descriptor()->file()->CopyTo(&file);
   for (auto& m : *file.mutable_message_type()) {
-    if (m.name() != "JobStats" && m.name() != "StageStats" && m.name() != "DaemonStatus") continue;
+    static const std::set<std::string> kTables = {"JobStats",     "StageStats",        "DaemonStatus",   "JobSummary",
+                                                  "StreamStatus", "StreamGroupStatus", "GpuDeviceStatus"};
+    if (!kTables.count(m.name())) continue;
     int number = 0;
     for (const auto& f : m.field()) number = std::max(number, f.number());
     auto* f = m.add_field();
@@ -118,6 +128,15 @@ TEST_CASE("a proto stats field added without a row is caught, in each of the thr
   CHECK(Undescribed(grown->FindMessageTypeByName("JobStats"), proto::JobStatFields(), kJobNotRows) == one);
   CHECK(Undescribed(grown->FindMessageTypeByName("StageStats"), proto::StageStatFields(), kStageNotRows) == one);
   CHECK(Undescribed(grown->FindMessageTypeByName("DaemonStatus"), proto::DaemonStatFields(), kDaemonNotRows) == one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("JobSummary"), proto::JobSummaryFields(), kSummaryNotRows) == one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("StreamStatus"), proto::StreamStatFields(), kStreamNotRows) == one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("StreamGroupStatus"), proto::StreamGroupStatFields(), kGroupNotRows) ==
+        one);
+  CHECK(Undescribed(grown->FindMessageTypeByName("GpuDeviceStatus"), proto::GpuDeviceStatFields(), kGpuNotRows) == one);
+  CHECK(Undescribed(proto::JobSummary::descriptor(), proto::JobSummaryFields(), kSummaryNotRows).empty());
+  CHECK(Undescribed(proto::StreamStatus::descriptor(), proto::StreamStatFields(), kStreamNotRows).empty());
+  CHECK(Undescribed(proto::StreamGroupStatus::descriptor(), proto::StreamGroupStatFields(), kGroupNotRows).empty());
+  CHECK(Undescribed(proto::GpuDeviceStatus::descriptor(), proto::GpuDeviceStatFields(), kGpuNotRows).empty());
   CHECK(Undescribed(proto::JobStats::descriptor(), proto::JobStatFields(), kJobNotRows).empty());
   CHECK(Undescribed(proto::StageStats::descriptor(), proto::StageStatFields(), kStageNotRows).empty());
   CHECK(Undescribed(proto::DaemonStatus::descriptor(), proto::DaemonStatFields(), kDaemonNotRows).empty());
@@ -404,8 +423,8 @@ TEST_CASE("the metrics endpoint, spdlctl --json and spdlctl status show every da
       CHECK_THAT(text, Catch::Contains("# TYPE " + std::string(f.metric) + " " + f.type + "\n"));
       CHECK_THAT(text, Catch::Contains("\n" + std::string(f.metric) + " " + Number(v) + "\n"));
     }
-    if (f.surfaces & proto::kSpdlctl) {
-      CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+    if (f.surfaces & proto::kSpdlctl) CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\":"));
+    if (f.surfaces & proto::kText) {
       // One line of the text: the name, then its value (an integer without a fraction).
       const std::string value = proto::StatIsInteger(status, f) ? std::to_string(static_cast<uint64_t>(v)) : [&] {
         char b[32];
@@ -419,6 +438,254 @@ TEST_CASE("the metrics endpoint, spdlctl --json and spdlctl status show every da
       CHECK(row.size() <= 100);
     }
   }
+}
+
+// The checks every table's rows pass (the job, stage and daemon tables have their own above): in
+// proto order, each a field of `d` (but `not_rows`, which are labels, texts or lists), a known type,
+// a help and a unit, a metric name iff the metrics show it (unique, starting with `prefix`, a
+// counter's ending in _total), a column header only for spdlctl's text, no client surface.
+void CheckTable(const google::protobuf::Descriptor* d, std::span<const proto::JobStatField> table,
+                const std::set<std::string>& not_rows, const std::string& prefix,
+                const proto::JobStatField* (*find)(std::string_view)) {
+  std::vector<std::string> proto_fields;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (!not_rows.count(f->name())) {
+      proto_fields.push_back(f->name());
+      continue;
+    }
+    // What a table leaves out is a label or a text (a string), a list or a message of its own table.
+    CHECK((f->is_repeated() || f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ||
+           f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE));
+  }
+  std::vector<std::string> described;
+  std::set<std::string> metrics, columns;
+  for (const auto& f : table) {
+    CAPTURE(d->name(), f.name);
+    described.push_back(f.name);
+    const std::string type = f.type, metric = f.metric;
+    CHECK((type == "counter" || type == "gauge"));
+    CHECK(std::string(f.help).size() > 10);
+    CHECK(std::string(f.unit).size() > 0);
+    CHECK((f.surfaces & proto::kClient) == 0);
+    CHECK(f.surfaces != 0);
+    CHECK(f.per == nullptr);
+    CHECK(((f.surfaces & proto::kMetrics) != 0) == !metric.empty());
+    if (f.surfaces & proto::kMetrics) {
+      CHECK(metrics.insert(metric).second);
+      CHECK(metric.rfind(prefix, 0) == 0);
+      if (type == "counter") CHECK_THAT(metric, Catch::EndsWith("_total"));
+      CHECK(proto::FindJobStatField(f.name) == nullptr);  // not to be taken for a job figure's series
+    }
+    CHECK((f.column == nullptr || (f.surfaces & proto::kText)));
+    if (f.surfaces & proto::kText) {
+      const std::string column = proto::StatColumn(f);
+      CHECK(columns.insert(column).second);
+      CHECK(column.find(' ') == std::string::npos);
+    }
+    const FieldDescriptor* field = d->FindFieldByName(f.name);
+    REQUIRE(field != nullptr);
+    CHECK_FALSE(field->is_repeated());
+    CHECK(find(f.name) == &f);
+  }
+  CHECK(described == proto_fields);
+}
+
+TEST_CASE("every JobSummary, StreamStatus, StreamGroupStatus and GpuDeviceStatus field is described once") {
+  CheckTable(proto::JobSummary::descriptor(), proto::JobSummaryFields(), kSummaryNotRows, "spdld_job_",
+             proto::FindJobSummaryField);
+  CheckTable(proto::StreamStatus::descriptor(), proto::StreamStatFields(), kStreamNotRows, "spdld_stream_",
+             proto::FindStreamStatField);
+  CheckTable(proto::StreamGroupStatus::descriptor(), proto::StreamGroupStatFields(), kGroupNotRows,
+             "spdld_stream_group_", proto::FindStreamGroupStatField);
+  CheckTable(proto::GpuDeviceStatus::descriptor(), proto::GpuDeviceStatFields(), kGpuNotRows, "spdld_gpu_device_",
+             proto::FindGpuDeviceStatField);
+  // A stream row's series is not taken for a group's (spdld_stream_group_* belongs to the groups).
+  for (const auto& f : proto::StreamStatFields()) CHECK(std::string(f.metric).rfind("spdld_stream_group_", 0) != 0);
+  // The metric names are an interface: these existed before the tables and keep their names.
+  const std::set<std::string> kept = {"spdld_stream_retained_samples",
+                                      "spdld_stream_retained_bytes",
+                                      "spdld_stream_max_samples",
+                                      "spdld_stream_max_bytes",
+                                      "spdld_stream_put_samples_total",
+                                      "spdld_stream_put_bytes_total",
+                                      "spdld_stream_evicted_samples_total",
+                                      "spdld_stream_blocked_puts_total",
+                                      "spdld_stream_producers",
+                                      "spdld_stream_group_lag_samples",
+                                      "spdld_stream_group_consumers",
+                                      "spdld_stream_group_in_flight_samples",
+                                      "spdld_stream_group_redelivered_samples_total",
+                                      "spdld_gpu_device_poisoned",
+                                      "spdld_job_memory_bytes"};
+  std::set<std::string> have;
+  for (auto table : {proto::JobSummaryFields(), proto::StreamStatFields(), proto::StreamGroupStatFields(),
+                     proto::GpuDeviceStatFields()}) {
+    for (const auto& f : table) {
+      if (f.surfaces & proto::kMetrics) have.insert(f.metric);
+    }
+  }
+  CHECK(have == kept);
+  // The job rows shown in `spdlctl jobs` are single values, with headers of their own.
+  std::set<std::string> columns;
+  for (const auto& f : proto::JobSummaryFields()) {
+    if (f.surfaces & proto::kText) columns.insert(proto::StatColumn(f));
+  }
+  for (const auto& f : proto::JobStatFields()) {
+    if (!(f.surfaces & proto::kText)) continue;
+    CAPTURE(f.name);
+    CHECK(f.per == nullptr);
+    CHECK(std::string(f.name) != "client_wait_histogram");
+    CHECK(columns.insert(proto::StatColumn(f)).second);
+  }
+  for (auto table : {proto::StageStatFields(), proto::DaemonStatFields()}) {
+    for (const auto& f : table) CHECK(f.column == nullptr);  // lines of names, not columns
+  }
+  for (const auto& f : proto::StageStatFields()) CHECK((f.surfaces & proto::kText) == 0);  // `spdlctl stats`: a layout
+}
+
+// The whitespace-separated words of `line`.
+std::vector<std::string> Words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// The lines of `text`.
+std::vector<std::string> Lines(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// The cell under `header` in a table whose header line is `head` and row `row` (words apart).
+std::string Cell(const std::string& head, const std::string& row, const std::string& header) {
+  const std::vector<std::string> h = Words(head), r = Words(row);
+  const auto at = std::find(h.begin(), h.end(), header);
+  if (at == h.end() || static_cast<size_t>(at - h.begin()) >= r.size()) return "<no column " + header + ">";
+  return r[static_cast<size_t>(at - h.begin())];
+}
+
+// How proto3 JSON (spdlctl --json) writes a scalar field of `m`: 64-bit integers as strings.
+std::string JsonValue(const google::protobuf::Message& m, const proto::JobStatField& f) {
+  const FieldDescriptor* d = m.GetDescriptor()->FindFieldByName(f.name);
+  const double v = proto::StatValue(m, f);
+  switch (d->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_UINT64:
+    case FieldDescriptor::CPPTYPE_INT64:
+      return "\"" + Number(v) + "\"";
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return v != 0 ? "true" : "false";
+    default:
+      return Number(v);
+  }
+}
+
+// A daemon status with a job, a stream with a consumer group and a GPU, every scalar field of each
+// with a value of its own.
+proto::DaemonStatus FilledWhole() {
+  proto::DaemonStatus st = FilledStatus();
+  proto::JobSummary* j = st.add_jobs();
+  FillScalars(j, [](const FieldDescriptor*) { return std::string("/data/set"); });
+  FillScalars(j->mutable_stats(), nullptr);
+  proto::StreamStatus* s = st.add_streams();
+  FillScalars(s, [](const FieldDescriptor*) { return std::string("frames"); });
+  FillScalars(s->add_groups(), [](const FieldDescriptor*) { return std::string("train"); });
+  FillScalars(st.add_gpu_devices(), [](const FieldDescriptor* f) {
+    return f->name() == "device" ? std::string("cuda:0") : std::string("cudaErrorIllegalAddress (test)");
+  });
+  return st;
+}
+
+TEST_CASE("metrics, spdlctl --json and spdlctl's text show every job-summary, stream, group and GPU figure") {
+  const proto::DaemonStatus st = FilledWhole();
+  const proto::JobSummary& job = st.jobs(0);
+  const proto::StreamStatus& stream = st.streams(0);
+  const proto::StreamGroupStatus& group = stream.groups(0);
+  const proto::GpuDeviceStatus& gpu = st.gpu_devices(0);
+  const std::string text = ops::RenderPrometheus(st);
+  const std::string json = client::OperatorJson(st);  // what spdlctl --json status|jobs|streams prints
+  const std::string status = client::OperatorStatusText(st);
+  const std::vector<std::string> jobs = Lines(client::OperatorJobsText(st));
+  const std::vector<std::string> streams = Lines(client::OperatorStreamsText(st));
+  INFO(status << client::OperatorJobsText(st) << client::OperatorStreamsText(st));
+  REQUIRE(jobs.size() == 2);  // the header and the job (its source fits on the row)
+  CHECK(Words(jobs[0]).back() == "SOURCE");
+  CHECK(Words(jobs[1]).back() == "/data/set");
+  REQUIRE(streams.size() == 3);  // the header, the stream, its group
+  CHECK(Cell(streams[0], streams[1], "STREAM") == "frames");
+  CHECK_THAT(streams[2], Catch::StartsWith("  group train "));
+  for (const std::string& l : jobs) CHECK(l.size() <= 100);
+  for (const std::string& l : streams) CHECK(l.size() <= 100);
+
+  struct Case {
+    const google::protobuf::Message* m;
+    std::span<const proto::JobStatField> table;
+    std::string labels;
+  };
+  const std::string job_labels = "{job_id=\"" + std::to_string(job.job_id()) + "\",uid=\"" + std::to_string(job.uid()) +
+                                 "\",rank=\"" + std::to_string(job.rank()) + "\"}";
+  const Case cases[] = {{&job, proto::JobSummaryFields(), job_labels},
+                        {&stream, proto::StreamStatFields(), "{stream=\"frames\"}"},
+                        {&group, proto::StreamGroupStatFields(), "{stream=\"frames\",group=\"train\"}"},
+                        {&gpu, proto::GpuDeviceStatFields(), "{device=\"cuda:0\"}"}};
+  for (const Case& c : cases) {
+    for (const auto& f : c.table) {
+      CAPTURE(c.m->GetDescriptor()->name(), f.name, f.metric);
+      const double v = proto::StatValue(*c.m, f);
+      CHECK(v != 0);  // the fill gave it a value of its own
+      if (f.surfaces & proto::kMetrics) {
+        CHECK_THAT(text, Catch::Contains("# TYPE " + std::string(f.metric) + " " + f.type + "\n"));
+        CHECK_THAT(text, Catch::Contains("\n" + std::string(f.metric) + c.labels + " " + Number(v) + "\n"));
+      }
+      if (f.surfaces & proto::kSpdlctl) {
+        CHECK_THAT(json, Catch::Contains("\"" + std::string(f.name) + "\": " + JsonValue(*c.m, f)));
+      }
+      if (!(f.surfaces & proto::kText)) continue;
+      const std::string value = proto::StatText(*c.m, f);
+      if (c.m == &job) {
+        CHECK(Cell(jobs[0], jobs[1], proto::StatColumn(f)) == value);
+      } else if (c.m == &stream) {
+        CHECK(Cell(streams[0], streams[1], proto::StatColumn(f)) == value);
+      } else if (c.m == &group) {
+        CHECK_THAT(streams[2], Catch::Contains("  " + std::string(f.name) + " " + value + " ") ||
+                                   Catch::EndsWith("  " + std::string(f.name) + " " + value));
+      } else {
+        const size_t line = status.find("  gpu cuda:0 ");
+        REQUIRE(line != std::string::npos);
+        const std::string row = status.substr(line, status.find('\n', line) - line);
+        CHECK_THAT(row, Catch::Contains("  " + std::string(f.name) + " " + value + " ") ||
+                            Catch::EndsWith("  " + std::string(f.name) + " " + value));
+        CHECK(row.size() <= 100);
+      }
+    }
+  }
+  // The job figures `spdlctl jobs` shows, in their columns.
+  for (const auto& f : proto::JobStatFields()) {
+    if (!(f.surfaces & proto::kText)) continue;
+    CAPTURE(f.name);
+    CHECK(Cell(jobs[0], jobs[1], proto::StatColumn(f)) == proto::StatText(job.stats(), f));
+  }
+  // Texts by their values: yes for a bool, the GPU's error in its alert.
+  CHECK(Cell(streams[0], streams[1], "CLOSED") == "yes");
+  CHECK_THAT(status, Catch::Contains("GPU cuda:0 POISONED: cudaErrorIllegalAddress (test); "));
+  // Nothing to show: a line that says so.
+  CHECK(client::OperatorStreamsText(proto::DaemonStatus()) == "no streams\n");
+  CHECK_THAT(client::OperatorJobsText(proto::DaemonStatus()), Catch::EndsWith("SOURCE\nno jobs\n"));
+}
+
+TEST_CASE("spdlctl jobs puts a long source on a line of its own, cut in the middle past 100 columns") {
+  proto::DaemonStatus st;
+  proto::JobSummary* j = st.add_jobs();
+  j->set_job_id(12);
+  j->set_source("/data/" + std::string(200, 'x') + "/tail");
+  const std::vector<std::string> lines = Lines(client::OperatorJobsText(st));
+  REQUIRE(lines.size() == 3);
+  CHECK(Cell(lines[0], lines[1], "JOB") == "12");
+  CHECK_THAT(lines[2], Catch::StartsWith("        /data/xxx") && Catch::Contains("...") && Catch::EndsWith("x/tail"));
+  for (const std::string& l : lines) CHECK(l.size() <= 100);
 }
 
 }  // namespace

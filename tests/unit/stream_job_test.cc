@@ -25,6 +25,7 @@
 #include "e2e/dataset.h"
 #include "jobs/job_registry.h"
 #include "pipeline/thread_pool.h"
+#include "proto/job_stats_fields.h"
 #include "streams/stream.h"
 
 namespace spdl::jobs {
@@ -295,6 +296,52 @@ TEST_CASE("stream job: decodes the stopped pool drops fail the job, their sample
     CHECK(st.groups[0].in_flight == 0);
     CHECK(st.groups[0].redeliver >= 1);  // those the job had taken (the rest were never handed out)
   }
+}
+
+TEST_CASE("every stream and group figure described for spdlctl and the metrics is filled from the stream's stats") {
+  // Each figure of the engine's stats a value of its own: a row of proto/job_stats_fields.h whose
+  // field StreamStatusOf does not fill reads 0 here.
+  streams::StreamStats s;
+  s.name = "frames";
+  s.owner_uid = 1000;
+  s.max_samples = 3;
+  s.max_bytes = 4;
+  s.head_offset = 5;
+  s.tail_offset = 6;
+  s.retained_samples = 7;
+  s.retained_bytes = 8;
+  s.put_bytes = 9;
+  s.evicted = 10;
+  s.blocked_puts = 11;
+  s.producers = 12;
+  s.closed = true;
+  streams::GroupStats g;
+  g.name = "train";
+  g.consumers = 13;
+  g.next_offset = 14;
+  g.acked_below = 15;
+  g.lag = 16;
+  g.in_flight = 17;
+  g.redeliver = 18;
+  g.delivered = 19;
+  g.redelivered = 20;
+  s.groups.push_back(g);
+  const proto::StreamStatus o = StreamStatusOf(s);
+  CHECK(o.name() == "frames");
+  for (const auto& f : proto::StreamStatFields()) {
+    CAPTURE(f.name);
+    CHECK(proto::StatValue(o, f) != 0);
+  }
+  CHECK(o.retained_samples() == 7);
+  CHECK(o.tail_offset() == 6);
+  REQUIRE(o.groups_size() == 1);
+  CHECK(o.groups(0).name() == "train");
+  for (const auto& f : proto::StreamGroupStatFields()) {
+    CAPTURE(f.name);
+    CHECK(proto::StatValue(o.groups(0), f) != 0);
+  }
+  CHECK(o.groups(0).lag() == 16);
+  CHECK(o.groups(0).next_offset() == 14);
 }
 
 }  // namespace

@@ -880,7 +880,11 @@ PYBIND11_MODULE(_spdl_client, m) {
         const std::pair<const char*, std::span<const spdl::proto::JobStatField>> all[] = {
             {"job", spdl::proto::JobStatFields()},
             {"stage", spdl::proto::StageStatFields()},
-            {"daemon", spdl::proto::DaemonStatFields()}};
+            {"daemon", spdl::proto::DaemonStatFields()},
+            {"job_summary", spdl::proto::JobSummaryFields()},
+            {"stream", spdl::proto::StreamStatFields()},
+            {"stream_group", spdl::proto::StreamGroupStatFields()},
+            {"gpu_device", spdl::proto::GpuDeviceStatFields()}};
         for (const auto& [table, rows] : all) {
           py::list l;
           for (const auto& f : rows) {
@@ -888,6 +892,7 @@ PYBIND11_MODULE(_spdl_client, m) {
             if (f.surfaces & spdl::proto::kMetrics) surfaces.append("metrics");
             if (f.surfaces & spdl::proto::kSpdlctl) surfaces.append("spdlctl");
             if (f.surfaces & spdl::proto::kClient) surfaces.append("client");
+            if (f.surfaces & spdl::proto::kText) surfaces.append("text");
             py::dict r;
             r["name"] = f.name;
             r["metric"] = f.metric;
@@ -896,14 +901,18 @@ PYBIND11_MODULE(_spdl_client, m) {
             r["help"] = f.help;
             r["surfaces"] = surfaces;
             r["per"] = f.per == nullptr ? py::object(py::none()) : py::object(py::str(f.per));
+            // A row of spdlctl's text: its column header (None: not shown there).
+            r["column"] = (f.surfaces & spdl::proto::kText) ? py::object(py::str(spdl::proto::StatColumn(f)))
+                                                            : py::object(py::none());
             l.append(r);
           }
           tables[table] = l;
         }
         return tables;
       },
-      "the daemon's statistics as described once (proto/job_stats_fields.h): {'job', 'stage', 'daemon'}: "
-      "rows with name, metric, type, unit, help, surfaces ('metrics', 'spdlctl', 'client'), per");
+      "the daemon's statistics as described once (proto/job_stats_fields.h): {'job', 'stage', 'daemon', "
+      "'job_summary', 'stream', 'stream_group', 'gpu_device'}: rows with name, metric, type, unit, help, surfaces "
+      "('metrics', 'spdlctl', 'client', 'text'), per, column");
 
   m.def(
       "cuda_device_uuid",
