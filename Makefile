@@ -23,10 +23,20 @@ deps-test:
 deps-bench:
 	scripts/install-deps.sh bench
 
+# ccache (installed by `scripts/install-deps.sh test`) compiles for the build of `make test` and
+# the Release build of `make ci-release` (scripts/release_check.sh), both in the user's one cache
+# (ccache's default or its config's cache_dir): CI builds the test build Release too (.ci/run), so
+# that most of what ships comes from the cache there. CCACHE= (empty) builds without it. The
+# base_dir makes the paths in each command relative to the build directory, so that build/ and
+# build-release/ (or two checkouts) share the entries of the sources they have in common.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+export CCACHE_BASEDIR ?= $(CURDIR)
+ccache_flags = $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE))
+
 # Always re-run: picks up CMAKE_FLAGS and the libraries a later deps step installed (the Python
 # binding is built once python3-dev, pybind11 and dlpack are there); a no-op when nothing changed.
 configure:
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON) $(ccache_flags) $(CMAKE_FLAGS)
 
 build: deps-test configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -106,5 +116,8 @@ ci-sanitize:
 
 # What ships (spdld, spdlctl, spdl-client, the Python module) built Release with SPDL_TEST_HOOKS=OFF
 # in build-release, and checked for test seams (strings / symbols): scripts/release_check.sh.
+# RELEASE_CMAKE_FLAGS: more cmake flags for that build (CI: -DSPDL_WERROR=ON, as its test build, so
+# that the commands are the same and ccache has the objects the two builds share).
+RELEASE_CMAKE_FLAGS ?=
 ci-release:
-	PYTHON=$(PYTHON) scripts/release_check.sh
+	PYTHON=$(PYTHON) RELEASE_CMAKE_FLAGS="$(ccache_flags) $(RELEASE_CMAKE_FLAGS)" scripts/release_check.sh

@@ -27,11 +27,13 @@ libs=(
 # the media tests' `ffmpeg`, the metrics checks (prometheus-client, promtool from `prometheus`),
 # the unit checks (`systemd` for systemd-analyze, systemd-sysusers, systemd-tmpfiles), python3-venv
 # for the manifest validator (pip_test below), clang-tidy for `make lint` (scripts/lint.sh),
-# clang-format for the format check of `make test` (scripts/format.sh)
+# clang-format for the format check of `make test` (scripts/format.sh), ccache for the compiles of
+# `make test` and `make ci-release` (the Makefile uses it when it is there; CI's release build takes
+# most of its objects from the test build's through it)
 test=(
   ffmpeg python3-prometheus-client prometheus systemd python3-venv python3-pip python3-yaml
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
-  python3-torchvision python3-pil python3-psutil clang-tidy clang-format
+  python3-torchvision python3-pil python3-psutil clang-tidy clang-format ccache
 )
 # the benchmark against PyTorch's DataLoader: test's Python stack, and its plots
 bench=(

@@ -62,7 +62,10 @@ Status Apply(const FsIdentity& id) {
 
 std::string FsIdentity::Key() const {
   std::string k = std::to_string(uid) + ":" + std::to_string(gid) + ":";
-  for (size_t i = 0; i < groups.size(); ++i) k += (i ? "," : "") + std::to_string(groups[i]);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i > 0) k += ',';
+    k += std::to_string(groups[i]);
+  }
   return k;
 }
 

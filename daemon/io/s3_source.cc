@@ -42,7 +42,8 @@ SourceCounters S3Counters(const S3Stats& st) {
 bool EndsWithAny(const std::string& name, const std::vector<std::string>& exts) {
   const std::string lower = AsciiLower(name);
   for (const std::string& e : exts) {
-    const std::string dotted = "." + NormalizeExtension(e);
+    std::string dotted = ".";  // not "." + ...: a false -Wrestrict of gcc 12 at -O3 (GCC bug 105329)
+    dotted += NormalizeExtension(e);
     if (lower.size() >= dotted.size() && lower.compare(lower.size() - dotted.size(), dotted.size(), dotted) == 0) {
       return true;
     }
@@ -458,8 +459,11 @@ Status S3TarShardSource::Ensure(size_t s, uint64_t pos) const {
         std::string key = std::move(split->key);
         auto [it, inserted] = where.try_emplace(key, groups.size());
         if (inserted) {
-          groups.push_back(
-              Group{key, -1, {}, std::nullopt, std::vector<Location>(num_sidecars, Location{0, kNoMember})});
+          // Filled in place: a Group{...} temporary moved in made gcc 12 at -O3 see its image's
+          // name as maybe uninitialized.
+          Group& added = groups.emplace_back();
+          added.key = key;
+          added.sidecars.assign(num_sidecars, Location{0, kNoMember});
         } else if (it->second + 1 != groups.size()) {
           return done(DataLoss("tar shard " + shard.name + ": the members of key " + key +
                                " are not adjacent (member " + m.name + " at offset " + std::to_string(m.header_offset) +

@@ -32,6 +32,10 @@ using testing::DaemonProcess;
 const std::string kClient = std::string(SPDL_BIN_DIR) + "/spdl-client";
 const std::string kCtl = std::string(SPDL_BIN_DIR) + "/spdlctl";
 
+// "c0", "c1", ...: appended, not "c" + std::to_string(i), which gcc 12 at -O3 reports as a false
+// -Wrestrict (GCC bug 105329).
+std::string ClientName(int i) { return std::string("c").append(std::to_string(i)); }
+
 struct Fixture {
   explicit Fixture(const std::string& daemon_extra = "") {
     testdata::DatasetOptions o;
@@ -133,18 +137,18 @@ TEST_CASE("share: three identical clients get identical batches from one pipelin
   Fixture f;
   const std::string job = f.Job("share: true\nshare_members: 3\n");
   std::vector<pid_t> pids;
-  for (int i = 0; i < 3; ++i) pids.push_back(f.Start(job, "c" + std::to_string(i), 2));
+  for (int i = 0; i < 3; ++i) pids.push_back(f.Start(job, ClientName(i), 2));
   for (pid_t p : pids) CHECK(Wait(p) == 0);
   const auto c0 = f.Result("c0");
   REQUIRE_FALSE(c0.is_discarded());
   CHECK(c0["skipped"] == 0);
   CHECK(c0["batches"] == 24);  // 12 batches x 2 epochs
   for (int i = 1; i < 3; ++i) {
-    const auto ci = f.Result("c" + std::to_string(i));
+    const auto ci = f.Result(ClientName(i));
     REQUIRE_FALSE(ci.is_discarded());
     CHECK(ci["pixel_checksum"] == c0["pixel_checksum"]);
     CHECK(ci["batches"] == c0["batches"]);
-    CHECK(f.Record("c" + std::to_string(i)) == f.Record("c0"));
+    CHECK(f.Record(ClientName(i)) == f.Record("c0"));
   }
 }
 
@@ -158,7 +162,7 @@ TEST_CASE("share: a member killed while holding slots leaves, and the others fin
   REQUIRE(f.Jobs() == 1);
   ::kill(victim, SIGSTOP);
   std::vector<pid_t> pids;
-  for (int i = 0; i < 2; ++i) pids.push_back(f.Start(job, "c" + std::to_string(i), 2));
+  for (int i = 0; i < 2; ++i) pids.push_back(f.Start(job, ClientName(i), 2));
   for (int i = 0; i < 500 && f.Jobs() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(f.Jobs() == 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
