@@ -905,7 +905,8 @@ std::vector<std::string> TextTable(const std::vector<TextColumn>& columns, size_
     for (size_t r = 0; r <= rows; ++r) {
       const std::string& cell = r == 0 ? columns[c].header : columns[c].cells[r - 1];
       const std::string pad(width - cell.size(), ' ');
-      lines[r] += (c ? " " : "") + (columns[c].left ? cell + pad : pad + cell);
+      if (c) lines[r] += ' ';
+      lines[r] += columns[c].left ? cell + pad : pad + cell;
     }
   }
   return lines;
