@@ -204,7 +204,7 @@ void GpuBatch::Release() {
 
 // ---- GpuLoader ----
 
-GpuLoader::GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, GpuOptions gpu)
+GpuLoader::GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, const GpuOptions& gpu)
     : loader_(std::move(loader)),
       core_(std::move(core)),
       consumer_stream_(gpu.consumer_stream),

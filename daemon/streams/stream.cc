@@ -380,6 +380,7 @@ Result<std::shared_ptr<Stream>> StreamRegistry::Open(const std::string& name, ui
 std::vector<std::shared_ptr<Stream>> StreamRegistry::List() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<Stream>> out;
+  out.reserve(streams_.size());
   for (const auto& [name, s] : streams_) out.push_back(s);
   return out;
 }

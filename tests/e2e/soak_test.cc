@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,7 +40,10 @@ constexpr int kBatch = 4;
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+  if (v == nullptr || *v == '\0') return fallback;
+  int n = 0;  // not a number: 0, as atoi gives
+  (void)std::from_chars(v, v + std::strlen(v), n);
+  return n;
 }
 
 std::string Hex(const std::string& bytes) {

@@ -160,7 +160,7 @@ class GpuLoader {
   cuda::Stream consumer_stream() const { return consumer_stream_; }
 
  private:
-  GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, GpuOptions gpu);
+  GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, const GpuOptions& gpu);
   // Attach, with the backend Open made before the job (to send its UUID), if any.
   static Result<std::unique_ptr<GpuLoader>> AttachWith(std::unique_ptr<Loader> loader, GpuOptions gpu,
                                                        std::unique_ptr<cuda::DeviceBackend> early);
