@@ -64,7 +64,7 @@ n=$(wc -l <"$out/files")
 export root build cache tidy out
 export header_filter="^$root/(base|gpu|daemon|client|proto|testing|tools|tests|bench|examples|include/spdl)/([^/]+/)*[^/.]+\\.h\$"
 export salt
-salt=$( { "$tidy" --version; cat .clang-tidy tests/.clang-tidy; } | sha256sum | cut -c1-16)
+salt=$( { "$tidy" --version; cat .clang-tidy */.clang-tidy; } | sha256sum | cut -c1-16)
 lint_one() {
   local f="$1" key="" log
   log="$out/$(echo "$f" | tr '/' '_').log"

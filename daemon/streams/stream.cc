@@ -94,7 +94,7 @@ bool Stream::MakeRoomLocked(uint64_t bytes) {
   return true;
 }
 
-Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, std::string metadata,
+Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, const std::string& metadata,
                              const PutOptions& options) {
   return PutFrom(&data, label, metadata, options);
 }

@@ -79,7 +79,7 @@ std::string Unhex(const std::string& hex) {
     if (auto* b = std::get_if<client::Batch>(&*ev)) {
       std::string line = std::to_string(b->epoch()) + " " + Hex(b->resume_token()) + " ";
       for (size_t i = 0; i < b->paths().size(); ++i) line += (i ? "," : "") + b->paths()[i];
-      line += "\n";
+      line += '\n';
       if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     } else if (std::holds_alternative<client::JobStats>(*ev)) {
@@ -136,6 +136,7 @@ struct Soak {
   // kill + restart in the middle. Checks the counts. Returns the number of trainer kills.
   int Round(int round, std::unique_ptr<DaemonProcess>* daemon, bool restart_daemon) {
     std::vector<std::string> records;
+    records.reserve(kRanks);
     std::vector<pid_t> pids(kRanks, -1);
     std::vector<bool> done(kRanks, false);
     for (uint32_t r = 0; r < kRanks; ++r) {
