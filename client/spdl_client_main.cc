@@ -345,7 +345,7 @@ int main(int argc, char** argv) try {
       j["daemon"] = nullptr;
       j["cache"] = nullptr;
     }
-    std::cout << j.dump() << std::endl;
+    std::cout << j.dump() << '\n';
   } else if (!quiet) {
     std::printf("job %" PRIu64 ": %" PRIu64 " samples in %" PRIu64 " batches over %" PRIu64 " epochs, %" PRIu64
                 " skipped%s\n",

@@ -120,7 +120,7 @@ Result<std::shared_ptr<const SourceIndex>> SourceIndexCache::GetOrScan(const std
       result = scan();
     } catch (const std::exception& e) {
       result = Internal("source index: " + what + ": the scan threw: " + e.what());
-    } catch (...) {  // not a std::exception: the message set above says so
+    } catch (...) {  // not a std::exception: no message to add
       result = Internal("source index: " + what + ": the scan threw");
     }
     if (result.ok() && *result == nullptr) result = Internal("source index: " + what + ": the scan returned nothing");
