@@ -492,7 +492,7 @@ class Core {
       std::optional<Result<std::unique_ptr<client::GpuLoader>>> gr;
       {
         py::gil_scoped_release nogil;
-        gr.emplace(client::GpuLoader::Attach(std::move(loader), std::move(g)));
+        gr.emplace(client::GpuLoader::Attach(std::move(loader), g));
       }
       if (!gr->ok()) ThrowStatus(gr->status());
       std::unique_ptr<Core> core(new Core(std::move(**gr), info, addr, size, device, wait));
