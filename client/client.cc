@@ -22,6 +22,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/errno_text.h"
 #include "common/unique_fd.h"
 #include "proto/control.pb.h"
 #include "proto/framing.h"
@@ -171,7 +172,7 @@ Result<UniqueFd> Connect(const std::string& path) {
     const int err = errno;
     if (err == EINTR) continue;  // the connect did not happen (AF_UNIX connects synchronously)
     if (err == EISCONN) break;
-    const std::string what = "cannot connect to spdld at " + path + ": " + std::strerror(err);
+    const std::string what = "cannot connect to spdld at " + path + ": " + ErrnoText(err);
     switch (err) {
       case ENOENT:
       case ECONNREFUSED:
@@ -222,7 +223,7 @@ class Connection {
         if (errno == EINTR) continue;
         const int err = errno;
         write_error_ = (err == EPIPE || err == ECONNRESET)
-                           ? Unavailable(std::string("spdld closed the connection: ") + std::strerror(err))
+                           ? Unavailable(std::string("spdld closed the connection: ") + ErrnoText(err))
                            : ErrnoStatus("sending to spdld", err);
         return write_error_;
       }
@@ -377,7 +378,7 @@ class Connection {
     if (n < 0) {
       const int err = errno;
       if (err == ECONNRESET || err == EPIPE) {
-        return Unavailable(std::string("spdld closed the connection ") + context + " (" + std::strerror(err) + ")");
+        return Unavailable(std::string("spdld closed the connection ") + context + " (" + ErrnoText(err) + ")");
       }
       return ErrnoStatus("reading from spdld", err);
     }

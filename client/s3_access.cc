@@ -3,9 +3,12 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace spdl::client {
 
@@ -14,6 +17,21 @@ namespace {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
+}
+
+// The home directory of this process's user from the passwd database (getpwuid_r: the client runs
+// in a trainer's threads, where getpwuid's static result could be overwritten); "" when unknown.
+std::string PasswdHome() {
+  const long hint = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(hint > 0 ? static_cast<size_t>(hint) : 4096);
+  passwd entry{};
+  passwd* found = nullptr;
+  int rc = 0;
+  while ((rc = ::getpwuid_r(::getuid(), &entry, buf.data(), buf.size(), &found)) == ERANGE && buf.size() < (1u << 20)) {
+    buf.resize(buf.size() * 2);  // the entry does not fit: a larger buffer
+  }
+  if (rc != 0 || found == nullptr || found->pw_dir == nullptr) return "";
+  return found->pw_dir;
 }
 
 std::string Trim(const std::string& s) {
@@ -98,7 +116,7 @@ void LoadS3Access(proto::S3Access* out, const std::string& home_in) {
   if (path.empty()) {
     std::string home = !home_in.empty() ? home_in : Env("HOME");
     if (home.empty()) {
-      if (const passwd* pw = getpwuid(getuid()); pw != nullptr && pw->pw_dir != nullptr) home = pw->pw_dir;
+      home = PasswdHome();
     }
     if (home.empty()) return;
     path = home + "/.aws/credentials";

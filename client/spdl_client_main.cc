@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -25,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/errno_text.h"
 #include "progress.h"
 #include "spdl/client.h"
 
@@ -120,7 +122,7 @@ std::optional<std::string> FromHex(const std::string& hex) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"spdl-client: run a job on spdld and report throughput and time to first batch"};
   app.set_version_flag("--version", std::string("spdl-client ") + SPDLD_VERSION);
   std::string socket_path, config_path, record_path;
@@ -176,7 +178,7 @@ int main(int argc, char** argv) {
   }
   {
     std::ifstream in(config_path, std::ios::binary);
-    if (!in) return Fail("cannot read the job config " + config_path + ": " + std::strerror(errno));
+    if (!in) return Fail("cannot read the job config " + config_path + ": " + spdl::ErrnoText(errno));
     std::ostringstream text;
     text << in.rdbuf();
     if (in.bad()) return Fail("cannot read the job config " + config_path);
@@ -185,7 +187,7 @@ int main(int argc, char** argv) {
   std::FILE* record = nullptr;
   if (!record_path.empty()) {
     record = std::fopen(record_path.c_str(), "w");
-    if (record == nullptr) return Fail("cannot write " + record_path + ": " + std::strerror(errno));
+    if (record == nullptr) return Fail("cannot write " + record_path + ": " + spdl::ErrnoText(errno));
   }
 
   const auto t_start = Clock::now();
@@ -240,7 +242,7 @@ int main(int argc, char** argv) {
           line += '\n';
         }
         if (std::fwrite(line.data(), 1, line.size(), record) != line.size() || std::fflush(record) != 0) {
-          return Fail("writing " + record_path + ": " + std::strerror(errno));
+          return Fail("writing " + record_path + ": " + spdl::ErrnoText(errno));
         }
       }
       if (!no_checksum) {
@@ -285,7 +287,7 @@ int main(int argc, char** argv) {
   bar.Update(ps, /*force=*/true);
   bar.Finish();
   if (record != nullptr && std::fclose(record) != 0)
-    return Fail("writing " + record_path + ": " + std::strerror(errno));
+    return Fail("writing " + record_path + ": " + spdl::ErrnoText(errno));
 
   const double rate = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
   // After the first batch: the pipeline's steady rate, without start-up.
@@ -343,7 +345,7 @@ int main(int argc, char** argv) {
       j["daemon"] = nullptr;
       j["cache"] = nullptr;
     }
-    std::cout << j.dump() << std::endl;
+    std::cout << j.dump() << '\n';
   } else if (!quiet) {
     std::printf("job %" PRIu64 ": %" PRIu64 " samples in %" PRIu64 " batches over %" PRIu64 " epochs, %" PRIu64
                 " skipped%s\n",
@@ -376,4 +378,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+} catch (const std::exception& e) {  // out of memory, a library's error: a message and status 1, not abort()
+  return Fail(e.what());
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 
 #include "spdl/control.h"
@@ -99,7 +100,7 @@ void PrintStreams(const DaemonStatus& s) { std::cout << spdl::client::OperatorSt
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"spdlctl: ask the node's spdld what it is doing"};
   app.set_version_flag("--version", std::string("spdlctl ") + SPDLD_VERSION);
   std::string socket = "/run/spdld/spdld.sock";
@@ -187,4 +188,6 @@ int main(int argc, char** argv) {
   if (stats_job != 0 && !found) return Fail("no job " + std::to_string(stats_job) + " of yours");
   if (!found && !json) std::printf("no jobs\n");
   return 0;
+} catch (const std::exception& e) {  // out of memory, a library's error: a message and status 1, not abort()
+  return Fail(e.what());
 }

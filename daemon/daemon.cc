@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/errno_text.h"
 #if SPDL_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -136,7 +138,7 @@ Status Daemon::Start() {
       if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) {
         spdlog::info("start-up: descriptor limit raised from {} to {}", was, lim.rlim_cur);
       } else {
-        spdlog::warn("start-up: cannot raise the descriptor limit from {}: {}", was, std::strerror(errno));
+        spdlog::warn("start-up: cannot raise the descriptor limit from {}: {}", was, ErrnoText(errno));
       }
     }
     return Status::Ok();
@@ -162,8 +164,9 @@ Status Daemon::Start() {
       });
     });
 #if SPDL_TEST_HOOKS
-    if (const char* every = std::getenv(kThrowInDecodeEnv); every != nullptr && std::atoll(every) > 0) {
-      const uint64_t n = static_cast<uint64_t>(std::atoll(every));
+    uint64_t n = 0;  // every nth sample throws
+    if (const char* every = std::getenv(kThrowInDecodeEnv);
+        every != nullptr && std::from_chars(every, every + std::strlen(every), n).ec == std::errc() && n > 0) {
       spdlog::warn("{} is set: the decode stage of jobs named throwing* throws for every {}th sample (a test seam)",
                    kThrowInDecodeEnv, n);
       registry_->SetStageHookForTests([n](const proto::SubmitJob& req) -> std::function<void(uint32_t, uint64_t)> {
@@ -587,7 +590,7 @@ void Daemon::Stop() {
     if (server_) server_->Stop();
     if (metrics_) metrics_->Stop();
     boost::system::error_code ec;
-    signals_.cancel(ec);
+    (void)signals_.cancel(ec);  // shutting down: nothing to do about a failure
     stats_timer_.cancel();
     notify_timer_.cancel();
     drain_timer_.cancel();

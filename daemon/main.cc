@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <thread>
 
@@ -26,13 +27,13 @@ void TuneAllocator(int worker_threads) {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
   const int workers = worker_threads > 0 ? worker_threads : static_cast<int>(std::thread::hardware_concurrency());
-  mallopt(M_ARENA_MAX, std::max(2, workers));
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  mallopt(M_ARENA_MAX, std::max(2, workers));  // NOLINT(concurrency-mt-unsafe): before any thread starts
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);       // NOLINT(concurrency-mt-unsafe): before any thread starts
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"spdld: the per-node data-loading daemon"};
   app.set_version_flag("--version", std::string("spdld ") + SPDLD_VERSION);
   std::string config_path;
@@ -98,4 +99,7 @@ int main(int argc, char** argv) {
   }
   daemon.Run();
   return daemon.exit_code();
+} catch (const std::exception& e) {  // out of memory, a library's error outside a job: a message and status 1
+  std::cerr << "spdld: " << e.what() << "\n";
+  return 1;
 }

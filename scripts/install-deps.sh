@@ -26,23 +26,30 @@ libs=(
 # tests: the Python client (python3-dev, pybind11, dlpack) and its tests (torch, numpy, PIL),
 # the media tests' `ffmpeg`, the metrics checks (prometheus-client, promtool from `prometheus`),
 # the unit checks (`systemd` for systemd-analyze, systemd-sysusers, systemd-tmpfiles), python3-venv
-# for the manifest validator (pip_test below), clang-tidy for `make lint` (scripts/lint.sh),
-# clang-format for the format check of `make test` (scripts/format.sh), ccache for the compiles of
-# `make test` and `make ci-release` (the Makefile uses it when it is there; CI's release build takes
-# most of its objects from the test build's through it)
+# for the test tools' venv (pip_test below: kubernetes-validate, clang-tidy), clang-format for the
+# format check of `make test` (scripts/format.sh), ccache for the compiles of `make test` and
+# `make ci-release` (the Makefile uses it when it is there; CI's release build takes most of its
+# objects from the test build's through it)
 test=(
   ffmpeg python3-prometheus-client prometheus systemd python3-venv python3-pip python3-yaml
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
-  python3-torchvision python3-pil python3-psutil clang-tidy clang-format ccache
+  python3-torchvision python3-pil python3-psutil clang-format ccache
 )
 # the benchmark against PyTorch's DataLoader: test's Python stack, and its plots
 bench=(
   python3-matplotlib
 )
 # PyPI tools for the tests, installed into $SPDL_TOOLS_VENV (default /opt/spdld-test-tools):
-# kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas it carries.
+# kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas it carries;
+# clang-tidy (a manylinux wheel carrying the binary and its builtin headers; runs on Debian 12's
+# glibc 2.36) for `make lint` / `make ci-lint` (scripts/lint.sh finds it there). Not Debian's
+# clang-tidy 14: it runs its matchers over the system headers too, so it costs twice the CPU per file
+# (7.3 s vs 3.4 s on daemon/jobs/targets.cc), the whole tree ~13 min on 2 cores. Pinned (NAME==VERSION
+# is installed again when another version is there) so that a new release cannot bring new findings
+# under us: moving to a newer one is a change of its own, with its findings fixed.
 pip_test=(
   kubernetes-validate
+  clang-tidy==23.1.4
 )
 # PyPI packages the Python tests import from Debian's /usr/bin/python3 itself (the interpreter the
 # tests run under), installed next to Debian's packages with Debian's numpy pinned, so that pip never
@@ -90,14 +97,16 @@ if [ "$purpose" != demo ] && [ "$purpose" != build ]; then
   venv=${SPDL_TOOLS_VENV:-/opt/spdld-test-tools}
   need=()
   for p in "${pip_test[@]}"; do
-    "$venv/bin/python3" -m pip show -q "$p" >/dev/null 2>&1 || need+=("$p")
+    have=$("$venv/bin/python3" -m pip show "${p%%==*}" 2>/dev/null | sed -n 's/^Version: //p' || true)
+    if [ -z "$have" ] || { [ "$p" != "${p%%==*}" ] && [ "$have" != "${p#*==}" ]; }; then need+=("$p"); fi
   done
   if [ ${#need[@]} -gt 0 ]; then
     echo "install-deps ($purpose): installing ${need[*]} into $venv"
     [ -x "$venv/bin/python3" ] || $sudo /usr/bin/python3 -m venv "$venv"
-    # Not fatal: without PyPI the tests that need these say "SKIPPED" (ctest: Skipped).
+    # Not fatal: without PyPI the tests that need these say "SKIPPED" (ctest: Skipped); without
+    # clang-tidy, `make lint` says it is missing and fails.
     $sudo "$venv/bin/python3" -m pip install -q "${need[@]}" \
-      || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped" >&2
+      || echo "install-deps ($purpose): WARNING: could not install ${need[*]} from PyPI; their tests will be skipped (make lint: no clang-tidy)" >&2
   fi
 fi
 

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
 # clang-tidy on the whole tree (`make lint`, run by CI): every project source in the build's
 # compile_commands.json (daemon, client, base, proto, gpu, testing, tools, tests, bench, examples;
-# not generated files), with the checks of .clang-tidy, and the project's headers through them.
+# not generated files, not CUDA kernels), with the checks of .clang-tidy (tests/.clang-tidy for the
+# tests), and the project's headers through them.
 # Any finding fails (WarningsAsErrors). Prints the files linted, the findings and the wall time.
 #
 # A result is cached per translation unit (LINT_CACHE, default BUILD_DIR/lint-cache) under the
-# hash of its preprocessed text, its compile command, .clang-tidy and clang-tidy's version: a file
-# whose code and headers did not change is not linted again (a clean tree re-lints in seconds).
+# hash of its preprocessed text, its compile command, the .clang-tidy files and clang-tidy's
+# version: a file whose code and headers did not change is not linted again (a clean tree re-lints
+# in seconds).
 #
 #   scripts/lint.sh [FILE...]   BUILD_DIR (default build), JOBS (default nproc), LINT_CACHE
-#                               (empty: no cache); FILEs (default: all) as paths from the repository
+#                               (empty: no cache, and no preprocessing for its key), CLANG_TIDY
+#                               (default: the pinned one of scripts/install-deps.sh test, in
+#                               SPDL_TOOLS_VENV); FILEs (default: all) as paths from the repository
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 build="${BUILD_DIR:-build}"
 jobs="${JOBS:-$(nproc)}"
 cache="${LINT_CACHE-$build/lint-cache}"
-tidy="${CLANG_TIDY:-clang-tidy}"
+# The pinned clang-tidy that scripts/install-deps.sh installs into the test tools' venv (its binary,
+# not the venv's Python wrapper: no interpreter start per file); CLANG_TIDY=PATH runs another one
+# (another version may find other things).
+venv="${SPDL_TOOLS_VENV:-/opt/spdld-test-tools}"
+tidy="${CLANG_TIDY:-}"
+if [ -z "$tidy" ]; then
+  for t in "$venv"/lib/python3*/site-packages/clang_tidy/data/bin/clang-tidy; do
+    [ -x "$t" ] && tidy=$t
+  done
+fi
+[ -n "$tidy" ] || { echo "lint: no clang-tidy in $venv (scripts/install-deps.sh test; or CLANG_TIDY=PATH)"; exit 2; }
 command -v "$tidy" >/dev/null || { echo "lint: $tidy not installed (scripts/install-deps.sh test)"; exit 2; }
+echo "lint: clang-tidy $("$tidy" --version | sed -n 's/.*LLVM version \([^ ]*\).*/\1/p') ($tidy)"
 db="$build/compile_commands.json"
 [ -f "$db" ] || { echo "lint: no $db (configure the build first: make configure)"; exit 2; }
 t0=$SECONDS
@@ -34,7 +49,9 @@ seen = []
 for e in json.load(open(db)):
     f = os.path.normpath(os.path.join(e["directory"], e["file"]))
     rel = os.path.relpath(f, root)
-    if not rel.startswith(tops) or rel in seen:
+    # .cu: nvcc's command line (--generate-code, -Xcompiler=...), which clang cannot read; the
+    # CUDA sources are the kernels, their host-side logic is in .cc files linted here.
+    if not rel.startswith(tops) or rel in seen or rel.endswith(".cu"):
         continue
     if wanted and rel not in wanted:
         continue
@@ -47,7 +64,7 @@ n=$(wc -l <"$out/files")
 export root build cache tidy out
 export header_filter="^$root/(base|gpu|daemon|client|proto|testing|tools|tests|bench|examples|include/spdl)/([^/]+/)*[^/.]+\\.h\$"
 export salt
-salt=$( { "$tidy" --version; cat .clang-tidy; } | sha256sum | cut -c1-16)
+salt=$( { "$tidy" --version; cat .clang-tidy */.clang-tidy; } | sha256sum | cut -c1-16)
 lint_one() {
   local f="$1" key="" log
   log="$out/$(echo "$f" | tr '/' '_').log"

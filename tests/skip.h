@@ -24,12 +24,12 @@ void RecordSkip(const std::string& reason);
 
 }  // namespace spdl::testing
 
-#define SPDL_SKIP_PART(reason)                        \
-  do {                                                \
-    std::ostringstream spdl_skip_os_;                 \
-    spdl_skip_os_ << reason;                          \
-    WARN("SKIPPED: " << spdl_skip_os_.str());         \
-    ::spdl::testing::RecordSkip(spdl_skip_os_.str()); \
+#define SPDL_SKIP_PART(reason)                                                    \
+  do {                                                                            \
+    std::ostringstream spdl_skip_os_;                                             \
+    spdl_skip_os_ << reason; /* NOLINT(bugprone-macro-parentheses): a << chain */ \
+    WARN("SKIPPED: " << spdl_skip_os_.str());                                     \
+    ::spdl::testing::RecordSkip(spdl_skip_os_.str());                             \
   } while (0)
 
 #define SPDL_SKIP(reason)   \

@@ -7,6 +7,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,7 +29,7 @@ void RecordSkip(const std::string& reason) {
 }
 }  // namespace spdl::testing
 
-int main(int argc, char* argv[]) {
+int main(int argc, char* argv[]) try {
   int failed = Catch::Session().run(argc, argv);
   std::lock_guard lock(spdl::testing::skips_mu);
   const auto& skips = spdl::testing::Skips();
@@ -36,4 +37,7 @@ int main(int argc, char* argv[]) {
   if (skips.empty()) return 0;
   for (const std::string& s : skips) std::printf("SKIPPED: %s\n", s.c_str());
   return spdl::testing::kSkipExitCode;
+} catch (const std::exception& e) {  // outside a test case (Catch2 catches inside): a failure, not abort()
+  std::fprintf(stderr, "test main: %s\n", e.what());
+  return 1;
 }

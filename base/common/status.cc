@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/errno_text.h"
+
 namespace spdl {
 
 const char* StatusCodeName(StatusCode code) {
@@ -71,7 +73,7 @@ Status ErrnoStatus(const std::string& what, int err) {
     default:
       break;
   }
-  return Status(code, what + ": " + std::strerror(err));
+  return Status(code, what + ": " + ErrnoText(err));
 }
 
 }  // namespace spdl

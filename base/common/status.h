@@ -67,7 +67,7 @@ template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}                                  // NOLINT(google-explicit-constructor)
-  Result(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
+  Result(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
@@ -75,15 +75,15 @@ class [[nodiscard]] Result {
   // REQUIRES: ok().
   T& value() & {
     assert(ok());
-    return *value_;
+    return *value_;  // NOLINT(bugprone-unchecked-optional-access): REQUIRES ok(), asserted
   }
   const T& value() const& {
     assert(ok());
-    return *value_;
+    return *value_;  // NOLINT(bugprone-unchecked-optional-access): REQUIRES ok(), asserted
   }
   T&& value() && {
     assert(ok());
-    return std::move(*value_);
+    return std::move(*value_);  // NOLINT(bugprone-unchecked-optional-access): REQUIRES ok(), asserted
   }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }

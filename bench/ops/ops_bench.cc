@@ -16,11 +16,14 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,32 +43,33 @@ double Now(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-std::vector<uint8_t> ReadFile(const std::string& path) {
+// The file's bytes, or nullopt (and a message) when it cannot be read.
+std::optional<std::vector<uint8_t>> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) {
     std::cerr << "cannot read " << path << "\n";
-    std::exit(2);
+    return std::nullopt;
   }
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  return std::vector<uint8_t>{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 // Runs `pass` (one pass over every item, returning false on an error) `repeats` times after one
-// warm-up pass and prints the timings.
+// warm-up pass and prints the timings. Throws std::runtime_error when a pass fails (main: status 1).
 void Measure(const std::string& kind, const std::string& op, size_t items, double units_per_pass,
              const std::string& unit, int repeats, const std::function<bool()>& pass,
              const std::string& resample = "") {
-  if (!pass()) std::exit(1);  // warm-up: caches, page faults, first-use allocations
+  if (!pass()) throw std::runtime_error(op + ": the warm-up pass failed");  // caches, page faults, first use
   nlohmann::json cpu = nlohmann::json::array(), wall = nlohmann::json::array();
   for (int r = 0; r < repeats; ++r) {
     const double c0 = Now(CLOCK_PROCESS_CPUTIME_ID), w0 = Now(CLOCK_MONOTONIC);
-    if (!pass()) std::exit(1);
+    if (!pass()) throw std::runtime_error(op + ": a timed pass failed");
     cpu.push_back(Now(CLOCK_PROCESS_CPUTIME_ID) - c0);
     wall.push_back(Now(CLOCK_MONOTONIC) - w0);
   }
   nlohmann::json j = {{"kind", kind}, {"op", op},     {"items", items}, {"units", units_per_pass},
                       {"unit", unit}, {"cpu_s", cpu}, {"wall_s", wall}};
   if (!resample.empty()) j["resample"] = resample;
-  std::cout << j.dump() << std::endl;
+  std::cout << j.dump() << '\n' << std::flush;  // a line per measurement as it is made
 }
 
 int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const std::string& resample, bool full_decode) {
@@ -227,7 +231,7 @@ int Video(const std::vector<std::vector<uint8_t>>& files, int repeats, int frame
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"single-thread cost of spdld's media operations"};
   std::string kind;
   std::vector<std::string> paths;
@@ -248,8 +252,16 @@ int main(int argc, char** argv) {
   app.add_flag("--full-decode", full_decode, "image: each crop op also with the JPEG window decode off");
   CLI11_PARSE(app, argc, argv);
   std::vector<std::vector<uint8_t>> files;
-  for (const auto& p : paths) files.push_back(ReadFile(p));
+  files.reserve(paths.size());
+  for (const auto& p : paths) {
+    auto bytes = ReadFile(p);
+    if (!bytes) return 2;
+    files.push_back(std::move(*bytes));
+  }
   if (kind == "image") return Images(files, repeats, resample, full_decode);
   if (kind == "audio") return Audio(files, repeats, rate, seconds);
   return Video(files, repeats, frames, stride, size);
+} catch (const std::exception& e) {  // a failed pass, out of memory: a message and status 1, not abort()
+  std::cerr << "ops_bench: " << e.what() << "\n";
+  return 1;
 }

@@ -23,6 +23,7 @@ extern "C" {
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -50,7 +51,7 @@ struct Item {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"swscale vs libyuv: crop + resize + YUV -> RGB"};
   int repeats = 5, size = 224;
   std::vector<std::string> paths;
@@ -88,8 +89,8 @@ int main(int argc, char** argv) {
     spdl::media::ImageInfo info;
     const uint64_t seed = spdl::media::SampleSeed(1, 1, i);
     if (!exact.DecodeInto(jpeg, ops, it.exact.data(), size, size, seed, &info).ok()) continue;
-    it.cx = info.crop.x & ~1;
-    it.cy = info.crop.y & ~1;
+    it.cx = info.crop.x / 2 * 2;  // even (x, y >= 0): the chroma planes are half the size
+    it.cy = info.crop.y / 2 * 2;
     it.cw = std::min(info.crop.width + (info.crop.x - it.cx), w - it.cx);
     it.ch = std::min(info.crop.height + (info.crop.y - it.cy), h - it.cy);
     items.push_back(std::move(it));
@@ -147,4 +148,7 @@ int main(int argc, char** argv) {
     libyuv::J420ToRAW(sy.data(), size, su.data(), half, sv.data(), half, out.data(), size * 3, size, size);
   });
   return 0;
+} catch (const std::exception& e) {  // out of memory, a library's error: a message and status 1, not abort()
+  std::cerr << "yuv_resample_bench: " << e.what() << "\n";
+  return 1;
 }

@@ -22,7 +22,7 @@ Status Check(const TensorView& view, void* data) {
 
 // What a managed tensor owns; freed by its deleter.
 struct ManagerContext {
-  DLManagedTensor tensor{};
+  DLManagedTensor tensor{.dl_tensor = {.device = {kDLCPU, 0}}};  // filled in by MakeDLManagedTensor
   std::vector<int64_t> shape;
   std::shared_ptr<void> keepalive;
 };
@@ -53,14 +53,13 @@ DLDataType ToDLDataType(DType dtype) {
 
 Status FillDLTensor(const TensorView& view, void* data, DLDevice device, DLTensor* out) {
   SPDL_RETURN_IF_ERROR(Check(view, data));
-  *out = DLTensor{};
-  out->data = data;
-  out->device = device;
-  out->ndim = static_cast<int>(view.shape.size());
-  out->dtype = ToDLDataType(view.dtype);
-  out->shape = const_cast<int64_t*>(view.shape.data());  // DLPack's field is non-const; never written
-  out->strides = nullptr;
-  out->byte_offset = 0;
+  *out = DLTensor{.data = data,
+                  .device = device,
+                  .ndim = static_cast<int>(view.shape.size()),
+                  .dtype = ToDLDataType(view.dtype),
+                  .shape = const_cast<int64_t*>(view.shape.data()),  // DLPack's field is non-const; never written
+                  .strides = nullptr,
+                  .byte_offset = 0};
   return Status::Ok();
 }
 

@@ -204,7 +204,7 @@ void GpuBatch::Release() {
 
 // ---- GpuLoader ----
 
-GpuLoader::GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, GpuOptions gpu)
+GpuLoader::GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, const GpuOptions& gpu)
     : loader_(std::move(loader)),
       core_(std::move(core)),
       consumer_stream_(gpu.consumer_stream),
@@ -213,7 +213,7 @@ GpuLoader::GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::Gpu
 
 cuda::DeviceBackend& GpuLoader::backend() const { return *core_->backend; }
 
-Result<std::unique_ptr<GpuLoader>> GpuLoader::Open(Options options, GpuOptions gpu) {
+Result<std::unique_ptr<GpuLoader>> GpuLoader::Open(Options options, const GpuOptions& gpu) {
   options.accept_device_job = true;
   // The trainer's GPU, when known before the job (a given backend, or a given ordinal): its UUID
   // goes with the job, so a daemon whose cuda:N is another GPU refuses it at once.
@@ -231,7 +231,7 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::Open(Options options, GpuOptions g
     options.device_uuid.assign(uuid.begin(), uuid.end());
   }
   SPDL_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::Open(options));
-  return AttachWith(std::move(loader), std::move(gpu), std::move(early));
+  return AttachWith(std::move(loader), gpu, std::move(early));
 }
 
 Result<cuda::DeviceUuid> GpuLoader::DeviceUuid(const GpuOptions& gpu, int ordinal) {
@@ -249,11 +249,11 @@ Result<cuda::DeviceUuid> GpuLoader::DeviceUuid(const GpuOptions& gpu, int ordina
   return b->Uuid();
 }
 
-Result<std::unique_ptr<GpuLoader>> GpuLoader::Attach(std::unique_ptr<Loader> loader, GpuOptions gpu) {
-  return AttachWith(std::move(loader), std::move(gpu), nullptr);
+Result<std::unique_ptr<GpuLoader>> GpuLoader::Attach(std::unique_ptr<Loader> loader, const GpuOptions& gpu) {
+  return AttachWith(std::move(loader), gpu, nullptr);
 }
 
-Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader> loader, GpuOptions gpu,
+Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader> loader, const GpuOptions& gpu,
                                                          std::unique_ptr<cuda::DeviceBackend> early) {
   const std::string& device = loader->device();
   const int job_ordinal = CudaOrdinal(device);
@@ -321,7 +321,7 @@ Result<std::unique_ptr<GpuLoader>> GpuLoader::AttachWith(std::unique_ptr<Loader>
     if (!pool.ok()) return pool.status().WithPrefix(where);
     core->SetPool(std::move(pool).value());
   }
-  return std::unique_ptr<GpuLoader>(new GpuLoader(std::move(loader), std::move(core), std::move(gpu)));
+  return std::unique_ptr<GpuLoader>(new GpuLoader(std::move(loader), std::move(core), gpu));
 }
 
 GpuLoader::~GpuLoader() {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "common/errno_text.h"
 #include "config/yaml_reader.h"
 
 namespace spdl::config {
@@ -266,6 +267,7 @@ void ReadDaemon(Diagnostics& diag, const Field& root, DaemonConfig* out) {
 
 DaemonConfigResult ParseDaemonConfig(std::string_view yaml_text, const std::vector<Override>& overrides) {
   std::vector<std::string> override_paths;
+  override_paths.reserve(overrides.size());
   for (const Override& o : overrides) override_paths.push_back(o.path);
   Diagnostics diag(std::move(override_paths));
   DaemonConfig config;
@@ -293,7 +295,7 @@ DaemonConfigResult LoadDaemonConfig(const std::string& path, const std::vector<O
   }
   if (err != 0) {
     DaemonConfigResult result;
-    result.errors.push_back(ConfigError{0, 0, "", "cannot read config file '" + path + "': " + std::strerror(err)});
+    result.errors.push_back(ConfigError{0, 0, "", "cannot read config file '" + path + "': " + ErrnoText(err)});
     return result;
   }
   return ParseDaemonConfig(text, overrides);

@@ -2137,6 +2137,7 @@ std::string CheckJobConfigShape(std::string_view text, const std::vector<Overrid
 
 JobConfigResult ParseJobConfig(std::string_view yaml_text, const std::vector<Override>& overrides) {
   std::vector<std::string> override_paths;
+  override_paths.reserve(overrides.size());
   for (const Override& o : overrides) override_paths.push_back(o.path);
   Diagnostics diag(std::move(override_paths));
   JobConfig config;

@@ -24,7 +24,7 @@
 namespace spdl::config::internal {
 
 // A value in the document, with its name and place.
-struct Field {
+struct Field {          // NOLINT(bugprone-exception-escape): yaml-cpp's Node assignment may throw (it allocates)
   YAML::Node node;      // the value; undefined (IsDefined() false) when its key is absent
   std::string path;     // dotted path, e.g. "batch.size" or "transforms.0"
   YAML::Mark key_mark;  // where its key is (for the root and sequence items: the value itself;

@@ -411,7 +411,7 @@ Status DirWatcher::Poll(int timeout_ms, std::vector<WatchedFile>* out) {
   if (overflow && failed_.ok()) {
     ++overflows_;
     Status s = Rescan();
-    if (!s.ok() && first.ok()) first = s;
+    if (!s.ok() && first.ok()) first = std::move(s);
   }
   out->insert(out->end(), std::make_move_iterator(ready_.begin()), std::make_move_iterator(ready_.end()));
   ready_.clear();

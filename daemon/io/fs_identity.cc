@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/errno_text.h"
+
 namespace spdl::io {
 namespace {
 
@@ -45,7 +47,7 @@ bool ThreadIs(const FsIdentity& id) {
 Status Apply(const FsIdentity& id) {
   if (SetGroups(id.groups) != 0) {
     return PermissionDenied("cannot take the supplementary groups of uid " + std::to_string(id.uid) +
-                            " (setgroups: " + std::string(std::strerror(errno)) + "; spdld needs CAP_SETGID)");
+                            " (setgroups: " + ErrnoText(errno) + "; spdld needs CAP_SETGID)");
   }
   SetFsGid(id.gid);
   if (FsGidNow() != id.gid) {

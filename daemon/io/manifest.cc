@@ -146,6 +146,7 @@ std::string JoinExtensions(const std::vector<std::string>& exts) {
 // most 5, then "..."). REQUIRES: others is not empty.
 std::string DescribeOthers(const std::map<std::string, uint64_t>& others) {
   std::vector<std::pair<uint64_t, std::string>> byCount;
+  byCount.reserve(others.size());
   for (const auto& [ending, n] : others) byCount.emplace_back(n, ending);
   std::stable_sort(byCount.begin(), byCount.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::string s;

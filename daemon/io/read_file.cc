@@ -12,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/errno_text.h"
+
 namespace spdl::io {
 namespace {
 
@@ -43,7 +45,7 @@ bool IsResourceErrno(int err) {
 
 Status IoErrnoStatus(const std::string& what, int err) {
   if (!IsResourceErrno(err)) return ErrnoStatus(what, err);
-  return Unavailable(what + ": " + std::strerror(err) +
+  return Unavailable(what + ": " + ErrnoText(err) +
                      " (a resource of spdld or of the node, not the sample's own bytes)");
 }
 

@@ -208,8 +208,8 @@ S3TarShardSource::~S3TarShardSource() {
   open_.clear();
 }
 
-Result<std::unique_ptr<S3TarShardSource>> S3TarShardSource::Open(S3TarShardOptions o,
-                                                                 std::shared_ptr<const S3Client> client) {
+Result<std::unique_ptr<S3TarShardSource>> S3TarShardSource::Open(const S3TarShardOptions& o,
+                                                                 const std::shared_ptr<const S3Client>& client) {
   if (o.shards.empty()) return InvalidArgument("s3 tar shards: no shard given");
   std::unique_ptr<S3TarShardSource> src(new S3TarShardSource());
   src->client_ = client;

@@ -98,8 +98,8 @@ class S3TarShardSource final : public SampleSource {
   // -> kInvalidArgument; a manifest that cannot be read (other than missing) or that does not match
   // the shards -> its error; without a manifest, every shard's problem at once (missing, denied,
   // corrupt tar -> kDataLoss), with the first's code; no sample -> kNotFound.
-  static Result<std::unique_ptr<S3TarShardSource>> Open(S3TarShardOptions options,
-                                                        std::shared_ptr<const S3Client> client);
+  static Result<std::unique_ptr<S3TarShardSource>> Open(const S3TarShardOptions& options,
+                                                        const std::shared_ptr<const S3Client>& client);
   ~S3TarShardSource() override;
 
   uint64_t size() const override;

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/errno_text.h"
+
 namespace spdl::io {
 namespace {
 
@@ -262,7 +264,7 @@ struct ShardCache::Handle::Impl {
         e->checked = have_stat;
         if (have_stat) e->stamp = StampOf(st);
       } else {
-        e->error = s;
+        e->error = std::move(s);
         Drop(e);
         if (!write_error.ok() && !dir.empty()) Disable(write_error.message());
       }
@@ -440,23 +442,23 @@ std::shared_ptr<ShardCache> ShardCache::OnDisk(const std::string& dir_in, uint64
   if (dir.empty() || dir[0] != '/') {
     problem = "not an absolute path";
   } else if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    problem = std::string("cannot create it: ") + std::strerror(errno);
+    problem = std::string("cannot create it: ") + ErrnoText(errno);
   } else {
     struct stat st {};
     if (::lstat(dir.c_str(), &st) != 0) {
-      problem = std::string("cannot stat it: ") + std::strerror(errno);
+      problem = std::string("cannot stat it: ") + ErrnoText(errno);
     } else if (!S_ISDIR(st.st_mode)) {
       problem = "not a directory";
     } else if (st.st_uid != ::geteuid()) {
       problem = "owned by uid " + std::to_string(st.st_uid) + ", not by the daemon's user (" +
                 std::to_string(::geteuid()) + ")";
     } else if ((st.st_mode & 07777) != 0700 && ::chmod(dir.c_str(), 0700) != 0) {
-      problem = std::string("cannot set its mode to 0700: ") + std::strerror(errno);
+      problem = std::string("cannot set its mode to 0700: ") + ErrnoText(errno);
     } else {
       const std::string probe = dir + "/.probe";
       const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       if (fd < 0) {
-        problem = std::string("not writable: ") + std::strerror(errno);
+        problem = std::string("not writable: ") + ErrnoText(errno);
       } else {
         ::close(fd);
         ::unlink(probe.c_str());
@@ -546,7 +548,7 @@ Result<std::shared_ptr<const ShardCache::Handle>> ShardCache::Acquire(const std:
     e->fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (e->fd < 0) {
       const int err = errno;
-      m.Disable("cannot create " + part + ": " + std::strerror(err));
+      m.Disable("cannot create " + part + ": " + ErrnoText(err));
       return FailedPrecondition("shard cache " + m.dir + ": disabled (cannot create a file)");
     }
   }

@@ -8,6 +8,7 @@
 #include <exception>
 #include <utility>
 
+#include "common/errno_text.h"
 #include "io/fs_identity.h"
 
 namespace spdl::io {
@@ -39,7 +40,7 @@ bool SourceIndex::StillValid(std::string* why) const {
   for (const FileStamp& s : inputs) {
     struct stat st {};
     if (::stat(s.path.c_str(), &st) != 0) {
-      if (why) *why = s.path + ": " + std::strerror(errno);
+      if (why) *why = s.path + ": " + ErrnoText(errno);
       return false;
     }
     const FileStamp now = MakeStamp(s.path, st);
@@ -119,7 +120,8 @@ Result<std::shared_ptr<const SourceIndex>> SourceIndexCache::GetOrScan(const std
       result = scan();
     } catch (const std::exception& e) {
       result = Internal("source index: " + what + ": the scan threw: " + e.what());
-    } catch (...) {
+    } catch (...) {  // not a std::exception: no message to add
+      result = Internal("source index: " + what + ": the scan threw");
     }
     if (result.ok() && *result == nullptr) result = Internal("source index: " + what + ": the scan returned nothing");
 

@@ -84,6 +84,7 @@ Result<std::unique_ptr<TarShardSource>> TarShardSource::Open(const TarShardOptio
   if (options.shards.empty()) return InvalidArgument("tar shards: no shard given");
   if (options.image_extensions.empty()) return InvalidArgument("tar shards: no image extension given");
   std::vector<std::string> image_exts;
+  image_exts.reserve(options.image_extensions.size());
   for (const std::string& e : options.image_extensions) image_exts.push_back(NormalizeExtension(e));
   const std::string label_ext = NormalizeExtension(options.label_extension);
 

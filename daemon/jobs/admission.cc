@@ -112,7 +112,9 @@ void Admission::ReturnShm(uid_t uid, uint64_t bytes) {
   std::lock_guard lock(mu_);
   bytes_in_use_ -= bytes;
   budget_->SetSlotBytes(bytes_in_use_);
-  if ((bytes_per_uid_[uid] -= bytes) == 0) bytes_per_uid_.erase(uid);
+  uint64_t& uid_bytes = bytes_per_uid_[uid];
+  uid_bytes -= bytes;
+  if (uid_bytes == 0) bytes_per_uid_.erase(uid);
   if (--jobs_per_uid_[uid] == 0) jobs_per_uid_.erase(uid);
   --live_jobs_;
 }

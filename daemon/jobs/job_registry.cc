@@ -119,7 +119,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenSource(
     o.label_extension = c.label_extension;
     o.sidecar_extensions = std::move(sidecars);
     o.node_cache = shard_cache;
-    auto s = io::S3TarShardSource::Open(std::move(o), *client);
+    auto s = io::S3TarShardSource::Open(o, *client);
     if (!s.ok()) return s.status().WithPrefix("source.shards");
     return std::shared_ptr<const io::SampleSource>(std::move(s).value());
   }
@@ -229,8 +229,7 @@ Result<std::shared_ptr<const io::SampleSource>> OpenMix(const config::JobConfig&
                            std::to_string(total) + " samples of the mix's sources (at most " +
                            std::to_string(16 * total) + ")");
   }
-  auto shared = std::make_shared<const io::MixPlan>(p);
-  *plan = shared;
+  *plan = std::make_shared<const io::MixPlan>(p);
   return std::shared_ptr<const io::SampleSource>(
       std::make_shared<const io::MixedSource>(std::move(sources), std::move(p)));
 }
@@ -563,7 +562,7 @@ void PrepareStreamJob(RegistryPrepared* p, streams::StreamRegistry* streams, Wat
     w.options.include_existing = spec.config.source.watch.include_existing;
     w.options.classes = spec.config.source.watch.classes;
     w.allowed_roots = daemon.allowed_roots;
-    w.stream = def;
+    w.stream = std::move(def);
     w.uid = p->peer.uid;
     w.identity = UserIdentity(p->peer);
     w.max_sample_bytes = std::min<uint64_t>(io::kDefaultMaxSampleBytes, sc.retain_bytes);
@@ -909,7 +908,7 @@ SubmitResult JobRegistry::Start(std::shared_ptr<PreparedJob> prepared, std::func
     g.teardown = &gpu_teardown_;
     g.consumer_timeout = gpu_consumer_timeout_;
     g.drain_timeout = gpu_drain_timeout_;
-    g.gpu_decode = gpu_decode;
+    g.gpu_decode = std::move(gpu_decode);
     if (daemon_copy) {
       // Mapping, pinning (cudaHostRegister), device memory and IPC export wait on CUDA: they run
       // in the continuation, off the control thread, which answers the job when they are done.

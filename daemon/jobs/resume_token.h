@@ -47,7 +47,7 @@ struct Fingerprint {
   std::vector<std::pair<std::string, uint64_t>> parts;  // (name, hash), in a fixed order
   uint64_t v1 = 0;  // version 1's fingerprint, to accept the tokens of an older spdld
   Fingerprint() = default;
-  Fingerprint(uint64_t bare) : whole(bare), v1(bare) {}  // NOLINT: a bare fingerprint, for tests
+  Fingerprint(uint64_t bare) : whole(bare), v1(bare) {}  // NOLINT(google-explicit-constructor): a bare one, for tests
 };
 
 // The fingerprint of a job reading `source` with `config` as rank `rank` of `world_size`.

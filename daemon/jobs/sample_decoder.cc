@@ -240,7 +240,7 @@ void RandomErase(const config::RandomErasingOp& e, const media::ImageOps& ops, u
 class OpImageSampleDecoder final : public SampleDecoder {
  public:
   OpImageSampleDecoder(media::ImageOps ops, int width, int height, std::vector<std::unique_ptr<plugins::Op>> user_ops,
-                       std::vector<PixelStep> steps, uint32_t decode_concurrency, AugmentChain augments,
+                       const std::vector<PixelStep>& steps, uint32_t decode_concurrency, AugmentChain augments,
                        std::shared_ptr<MemoryBudget> budget)
       : ops_(ops),
         width_(width),
@@ -291,6 +291,7 @@ class OpImageSampleDecoder final : public SampleDecoder {
   bool random() const override { return true; }  // every op gets its seed
   std::vector<const pipeline::StageStats*> SubStageStats() const override {
     std::vector<const pipeline::StageStats*> out;
+    out.reserve(stats_.size() + aug_stats_.size());
     for (const auto& s : stats_) out.push_back(s.get());
     for (const auto& s : aug_stats_) out.push_back(s.get());
     if (crop_stats_) out.push_back(crop_stats_.get());
@@ -387,12 +388,13 @@ class OpImageSampleDecoder final : public SampleDecoder {
                     std::vector<media::GeometryStep>* after) const {
     const auto t0 = std::chrono::steady_clock::now();
     media::SampleRng rng(seed, media::RandomStream::kRandomCrop);
+    if (!augments_.crop) return Internal("random_crop without its settings");  // callers check
+    const auto& crop = *augments_.crop;
     std::string error;
-    const media::CropDraw d = media::DrawRandomCrop(*augments_.crop, geo_width_, geo_height_, rng, &error);
+    const media::CropDraw d = media::DrawRandomCrop(crop, geo_width_, geo_height_, rng, &error);
     if (error.empty()) {
       const media::ImageView src{const_cast<uint8_t*>(geo), geo_width_, geo_height_, ops_.channels, geo_stride};
-      media::PadCrop(src, media::ImageView{pixels, width_, height_, ops_.channels, stride}, d, augments_.crop->mode,
-                     augments_.crop->fill);
+      media::PadCrop(src, media::ImageView{pixels, width_, height_, ops_.channels, stride}, d, crop.mode, crop.fill);
       if (after != nullptr) after->push_back({media::RandomCropMap(d), width_, height_});
     }
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);

@@ -6,7 +6,7 @@ std::string ShareGroups::Key(const proto::SubmitJob& req, const PeerInfo& peer, 
   std::string key =
       std::to_string(peer.uid) + "\n" + std::to_string(fingerprint) + "\n" + std::to_string(epochs) + "\n";
   for (const auto& o : req.overrides()) key += o.path() + "=" + o.value() + "\n";
-  key += "\n";
+  key += '\n';
   key += req.config_yaml();
   return key;
 }

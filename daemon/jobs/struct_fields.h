@@ -23,7 +23,7 @@ namespace internal {
 // Converts to any type; only in unevaluated aggregate-initialization tests.
 struct AnyField {
   template <typename T>
-  operator T() const;  // NOLINT: implicit on purpose
+  operator T() const;  // NOLINT(google-explicit-constructor): implicit on purpose
 };
 
 template <typename T, size_t... I>

@@ -93,7 +93,9 @@ void WatchFeeder::Run() {
     Status s = watcher_->Poll(kPollMs, &files);
     bool open = true;
     for (const io::WatchedFile& f : files) {
-      if (stop_.load() || !(open = PutOne(f, &buf))) break;
+      if (stop_.load()) break;
+      open = PutOne(f, &buf);
+      if (!open) break;
     }
     if (!open || stream_->closed()) {
       spdlog::info("watch {}: stream {} closed, the watch ends", real_root_, stream_->name());
@@ -165,6 +167,7 @@ Result<std::shared_ptr<streams::Stream>> WatchHub::Attach(const WatchSpec& spec)
 std::vector<WatchFeeder::Stats> WatchHub::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<WatchFeeder::Stats> out;
+  out.reserve(feeders_.size());
   for (const auto& [name, f] : feeders_) out.push_back(f->stats());
   return out;
 }

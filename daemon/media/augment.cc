@@ -425,7 +425,7 @@ void AdjustContrast(ImageView img, double factor) {
     for (int x = 0; x < img.width; ++x) sum += img.channels == 3 ? Luma(row + 3 * x) : row[x];
   }
   const double mean = static_cast<double>(sum) / (static_cast<double>(img.width) * img.height);
-  const int m = static_cast<int>(mean + 0.5);
+  const int m = static_cast<int>(mean + 0.5);  // NOLINT(bugprone-incorrect-roundings): mean >= 0
   BlendWith(img, factor, [m](int, int, int) { return m; });
 }
 

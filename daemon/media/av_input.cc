@@ -326,7 +326,7 @@ AvInput::~AvInput() { Close(); }
 void AvInput::Close() noexcept {
   if (format_ != nullptr) avformat_close_input(&format_);  // leaves a custom pb alone
   if (io_ != nullptr) {
-    av_freep(&io_->buffer);  // may have been replaced by libavformat: free the current one
+    av_freep(static_cast<void*>(&io_->buffer));  // may have been replaced by libavformat: free the current one
     avio_context_free(&io_);
   }
   reader_.reset();

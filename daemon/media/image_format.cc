@@ -254,7 +254,7 @@ Status ReadImageSize(ImageFormat format, std::span<const uint8_t> data, int* wid
 
 Status CheckGifFirstImage(std::span<const uint8_t> gif) {
   const Bytes b(gif, false);
-  const Status cut = DataLoss("GIF is cut short before the end of its first image");
+  Status cut = DataLoss("GIF is cut short before the end of its first image");
   // Skips data sub-blocks (a length byte, then that many bytes) up to the zero-length one.
   auto skip_sub_blocks = [&](size_t at, size_t* end) {
     uint32_t n;

@@ -440,9 +440,9 @@ void ComputeAxisWeights(int in_size, int out_size, ResampleFilter f, int out_beg
   for (int i = 0; i < n; ++i) {
     const int xx = out_begin + i;
     const double center = (xx + 0.5) * scale;
-    int xmin = static_cast<int>(center - support + 0.5);
+    int xmin = static_cast<int>(center - support + 0.5);  // NOLINT(bugprone-incorrect-roundings): PIL's, for parity
     if (xmin < 0) xmin = 0;
-    int xmax = static_cast<int>(center + support + 0.5);
+    int xmax = static_cast<int>(center + support + 0.5);  // NOLINT(bugprone-incorrect-roundings): PIL's, for parity
     if (xmax > in_size) xmax = in_size;
     xmax -= xmin;
     double ww = 0.0;

@@ -37,7 +37,7 @@ std::optional<long> ParseNumber(const char* s) {
 Result<int> CountListenFds() {
 #ifdef SPDL_HAVE_SYSTEMD
   const int n = ::sd_listen_fds(/*unset_environment=*/1);
-  ::unsetenv("LISTEN_FDNAMES");
+  ::unsetenv("LISTEN_FDNAMES");  // NOLINT(concurrency-mt-unsafe): start-up, before any job
   if (n < 0) return ErrnoStatus("socket activation: sd_listen_fds", -n);
   return n;
 #else
@@ -47,9 +47,9 @@ Result<int> CountListenFds() {
   const std::optional<long> fds = ParseNumber(fds_env);
   const bool present = fds_env != nullptr;
   const std::string fds_text = present ? fds_env : "";
-  ::unsetenv("LISTEN_PID");
-  ::unsetenv("LISTEN_FDS");
-  ::unsetenv("LISTEN_FDNAMES");
+  ::unsetenv("LISTEN_PID");      // NOLINT(concurrency-mt-unsafe): start-up, before any job
+  ::unsetenv("LISTEN_FDS");      // NOLINT(concurrency-mt-unsafe): start-up, before any job
+  ::unsetenv("LISTEN_FDNAMES");  // NOLINT(concurrency-mt-unsafe): start-up, before any job
   if (!present || !pid || *pid != static_cast<long>(::getpid())) return 0;
   if (!fds || *fds < 0) return InvalidArgument("socket activation: LISTEN_FDS='" + fds_text + "' is not a count");
   for (long i = 0; i < *fds; ++i) {

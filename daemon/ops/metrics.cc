@@ -303,7 +303,7 @@ std::optional<uid_t> LoopbackPeerUid(const tcp::endpoint& local, const tcp::endp
 }
 
 MetricsServer::MetricsServer(asio::io_context* io, std::function<std::string(std::optional<uid_t>)> render)
-    : io_(io), render_(std::move(render)), acceptor_(*io) {}
+    : render_(std::move(render)), acceptor_(*io) {}
 
 MetricsServer::~MetricsServer() { Stop(); }
 

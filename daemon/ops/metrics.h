@@ -92,7 +92,6 @@ class MetricsServer {
  private:
   void Accept();
 
-  boost::asio::io_context* const io_;
   const std::function<std::string(std::optional<uid_t>)> render_;
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/errno_text.h"
+
 #ifdef SPDL_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -30,7 +32,7 @@ void Notifier::Send(const std::string& state) {
   if (!enabled_) return;
 #ifdef SPDL_HAVE_SYSTEMD
   int r = sd_notify(/*unset_environment=*/0, state.c_str());
-  if (r < 0) spdlog::warn("sd_notify({}) failed: {}", state.substr(0, state.find('\n')), std::strerror(-r));
+  if (r < 0) spdlog::warn("sd_notify({}) failed: {}", state.substr(0, state.find('\n')), ErrnoText(-r));
 #endif
 }
 

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/errno_text.h"
+
 namespace spdl::ops {
 namespace {
 
@@ -48,7 +50,6 @@ MemoryFacts ReadMemoryFacts(const std::string& proc_root, const std::string& cgr
     std::ifstream in(proc_root + "/meminfo");
     std::string key;
     uint64_t kb = 0;
-    std::string unit;
     for (std::string line; std::getline(in, line);) {
       std::istringstream ls(line);
       if (!(ls >> key >> kb)) continue;
@@ -136,7 +137,7 @@ CheckReport CheckAllowedRoots(const std::vector<std::string>& roots) {
     } else if (st.type() != fs::file_type::directory) {
       why = "is not a directory";
     } else if (::access(root.c_str(), R_OK | X_OK) != 0) {
-      why = std::string("cannot be read by uid ") + std::to_string(::geteuid()) + " (" + std::strerror(errno) + ")";
+      why = std::string("cannot be read by uid ") + std::to_string(::geteuid()) + " (" + ErrnoText(errno) + ")";
     }
     if (why.empty()) {
       ++usable;

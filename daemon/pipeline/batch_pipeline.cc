@@ -651,6 +651,7 @@ uint64_t BatchPipeline::EpochSkipped(uint32_t epoch) const {
 
 std::vector<StageSnapshot> BatchPipeline::StageSnapshots() const {
   std::vector<StageSnapshot> out;
+  out.reserve(stats_.size() + sub_stats_.size());
   for (auto& s : stats_) out.push_back(s->Snapshot());
   for (const StageStats* s : sub_stats_) out.push_back(s->Snapshot());
   return out;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 
+#include "common/errno_text.h"
 #include "common/unique_fd.h"
 #include "spdl/op.h"
 
@@ -69,7 +70,7 @@ Op::~Op() {
   if (op == nullptr || op->destroy == nullptr) return;
   try {
     op->destroy(state_);
-  } catch (...) {  // an op that throws across the C ABI: keep the daemon alive
+  } catch (...) {  // NOLINT(bugprone-empty-catch): an op that throws across the C ABI: the daemon goes on
   }
 }
 
@@ -105,7 +106,7 @@ std::vector<std::string> OpLoader::CheckDirs() const {
   for (const std::string& dir : dirs_) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0) {
-      problems.push_back("plugin directory " + dir + ": " + std::strerror(errno));
+      problems.push_back("plugin directory " + dir + ": " + ErrnoText(errno));
       continue;
     }
     Status s = CheckTrusted(dir, st.st_mode, st.st_uid, ::geteuid(), /*want_dir=*/true);

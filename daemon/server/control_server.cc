@@ -269,7 +269,13 @@ ControlServer::ControlServer(asio::io_context* io, jobs::JobService* jobs, Serve
   control_.async_submit = prepare_ != nullptr;
 }
 
-ControlServer::~ControlServer() { Stop(); }
+ControlServer::~ControlServer() {
+  try {
+    Stop();
+  } catch (const std::exception& e) {  // a timer that cannot be cancelled: the server goes anyway
+    spdlog::error("control server: stopping: {}", e.what());
+  }
+}
 
 Status ControlServer::Start() {
   const std::string& path = options_.socket_path;

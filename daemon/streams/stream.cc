@@ -94,7 +94,7 @@ bool Stream::MakeRoomLocked(uint64_t bytes) {
   return true;
 }
 
-Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, std::string metadata,
+Result<uint64_t> Stream::Put(std::vector<uint8_t> data, int64_t label, const std::string& metadata,
                              const PutOptions& options) {
   return PutFrom(&data, label, metadata, options);
 }
@@ -380,6 +380,7 @@ Result<std::shared_ptr<Stream>> StreamRegistry::Open(const std::string& name, ui
 std::vector<std::shared_ptr<Stream>> StreamRegistry::List() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<Stream>> out;
+  out.reserve(streams_.size());
   for (const auto& [name, s] : streams_) out.push_back(s);
   return out;
 }

@@ -137,7 +137,8 @@ class Stream {
   // options.max_wait). Errors: kInvalidArgument when the sample alone exceeds max_bytes (it could
   // never fit); kResourceExhausted when full and not blocking / waited max_wait (naming the bound);
   // kFailedPrecondition when the stream is closed (also wakes a blocked Put).
-  Result<uint64_t> Put(std::vector<uint8_t> data, int64_t label, std::string metadata, const PutOptions& options = {});
+  Result<uint64_t> Put(std::vector<uint8_t> data, int64_t label, const std::string& metadata,
+                       const PutOptions& options = {});
   // Put, taking *data's bytes (moving them out) only when it succeeds: a refused put leaves *data
   // as it was, for a caller that queues and retries (options.block false). REQUIRES: data != nullptr.
   Result<uint64_t> PutFrom(std::vector<uint8_t>* data, int64_t label, const std::string& metadata,

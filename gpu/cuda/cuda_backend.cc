@@ -122,7 +122,7 @@ Status CudaBackend::Fail(int error, const char* call) {
                                               " is unusable in this process after a sticky error (" + s.message() +
                                               "); only a restart of the process recovers");
   std::lock_guard lock(sticky_mu_);
-  if (sticky_.ok()) sticky_ = sticky;
+  if (sticky_.ok()) sticky_ = std::move(sticky);
   return sticky_;
 }
 

@@ -179,7 +179,7 @@ bool FakeDevice::DoneLocked(uint64_t id) {
   return true;
 }
 
-uint64_t FakeDevice::AddWorkLocked(const std::string& owner, std::vector<uint64_t> deps) {
+uint64_t FakeDevice::AddWorkLocked(const std::string& owner, const std::vector<uint64_t>& deps) {
   Work w;
   w.owner = owner;
   for (uint64_t d : deps) {
@@ -298,7 +298,7 @@ std::optional<Status> FakeBackend::TakeFailureLocked(FakeOp op) {
   if (dead_ || sticky_) {
     device_.LogLocked(process_, op).ok = false;
     if (dead_) return Unavailable("process " + process_ + " is dead");
-    return *sticky_;
+    return sticky_;
   }
   auto it = failures_.find(op);
   if (it == failures_.end()) return std::nullopt;

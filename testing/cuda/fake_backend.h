@@ -165,7 +165,7 @@ class FakeDevice {
   // REQUIRES: mu_ held. Whether work item `id` (0: none) is complete.
   bool DoneLocked(uint64_t id);
   // REQUIRES: mu_ held. A new work item of `owner` after `deps` (complete ones left out).
-  uint64_t AddWorkLocked(const std::string& owner, std::vector<uint64_t> deps);
+  uint64_t AddWorkLocked(const std::string& owner, const std::vector<uint64_t>& deps);
   // REQUIRES: lock holds mu_. Waits (releasing mu_) until done() or block_limit; on timeout records
   // the hang as a violation and returns kUnavailable naming `what`.
   template <typename Pred>

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,13 @@ uint64_t Fnv1a(const std::string& s) {
 #define SHMFAKE_STICKY_CHECK() SPDL_RETURN_IF_ERROR(sticky_error())
 
 namespace {
+// The decimal number at the start of `s` (as atoi reads it), 0 when there is none.
+int LeadingInt(const char* s) {
+  int v = 0;
+  (void)std::from_chars(s, s + std::strlen(s), v);  // no number: v stays 0
+  return v;
+}
+
 // kFakeGpuVisibleEnv's list, or empty when unset.
 std::vector<int> VisibleList() {
   std::vector<int> out;
@@ -84,7 +92,7 @@ std::vector<int> VisibleList() {
   while (pos <= s.size()) {
     const size_t comma = std::min(s.find(',', pos), s.size());
     const std::string item = s.substr(pos, comma - pos);
-    if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+    if (!item.empty()) out.push_back(LeadingInt(item.c_str()));
     pos = comma + 1;
   }
   return out;
@@ -437,7 +445,7 @@ std::vector<int> ShmFakeBackend::LiveImporters(const std::string& name) const {
   while (const dirent* ent = ::readdir(d)) {
     const std::string f = ent->d_name;
     if (f.rfind(prefix, 0) != 0) continue;
-    const int pid = std::atoi(f.c_str() + prefix.size());
+    const int pid = LeadingInt(f.c_str() + prefix.size());
     if (pid <= 0 || pid == ::getpid()) continue;
     // A poisoned importer's context can no longer touch the handle (every call fails), as a dead
     // one's: neither counts.
@@ -464,7 +472,7 @@ bool ShmFakeBackend::ExporterDead(const std::string& name) {
   // mem-PID-N / ev-PID-N
   const size_t dash = name.find('-');
   if (dash == std::string::npos) return false;
-  const int pid = std::atoi(name.c_str() + dash + 1);
+  const int pid = LeadingInt(name.c_str() + dash + 1);
   if (pid <= 0) return false;
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }

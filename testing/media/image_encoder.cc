@@ -187,7 +187,8 @@ Result<std::vector<uint8_t>> EncodeImage(ImageFormat format, const RawImage& ima
   frame->width = image.width;
   frame->height = image.height;
   frame->format = target;
-  if ((rc = av_frame_get_buffer(frame.get(), 0)) < 0) {
+  rc = av_frame_get_buffer(frame.get(), 0);
+  if (rc < 0) {
     return Internal("EncodeImage: av_frame_get_buffer: " + AvError(rc));
   }
   const AVPixelFormat source = SourceFormat(image.pixels);

@@ -49,6 +49,7 @@ inline int RunCommandAs(const RunAs& as, const std::vector<std::string>& argv, s
     ::close(pipefd[0]);
     ::close(pipefd[1]);
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     ::execv(args[0], args.data());
@@ -81,6 +82,7 @@ inline pid_t SpawnToFile(const std::vector<std::string>& argv, const std::string
     const int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 2);
     std::vector<char*> a;
+    a.reserve(argv.size() + 1);
     for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
     ::execv(a[0], a.data());
@@ -100,6 +102,7 @@ class DaemonProcess {
     if (pid_ == 0) {
       BecomeInChild(as);
       std::vector<char*> a;
+      a.reserve(argv.size() + 1);
       for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
       a.push_back(nullptr);
       ::execv(a[0], a.data());

@@ -98,6 +98,7 @@ class ChildProcess {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       std::vector<char*> a;
+      a.reserve(argv.size() + 1);
       for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
       a.push_back(nullptr);
       ::execv(a[0], a.data());

@@ -235,6 +235,7 @@ pid_t Fork(const std::function<int()>& child) {
     try {
       code = child();
     } catch (...) {
+      code = 1;  // the child threw: it fails
     }
     std::fflush(nullptr);
     ::_exit(code);

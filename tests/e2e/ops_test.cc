@@ -448,6 +448,7 @@ int RunSplit(const std::vector<std::string>& argv, std::string* out, std::string
     std::freopen(o.c_str(), "w", stdout);
     std::freopen(e.c_str(), "w", stderr);
     std::vector<char*> a;
+    a.reserve(argv.size() + 1);
     for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
     ::execv(a[0], a.data());
@@ -473,6 +474,7 @@ std::string RunOnTerminal(const std::vector<std::string>& argv) {
   pid_t pid = ::forkpty(&master, nullptr, nullptr, &ws);
   if (pid == 0) {
     std::vector<char*> a;
+    a.reserve(argv.size() + 1);
     for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
     ::execv(a[0], a.data());
@@ -628,6 +630,7 @@ class Background {
   explicit Background(const std::vector<std::string>& argv) : pid_(::fork()) {
     if (pid_ == 0) {
       std::vector<char*> a;
+      a.reserve(argv.size() + 1);
       for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
       a.push_back(nullptr);
       ::execv(a[0], a.data());

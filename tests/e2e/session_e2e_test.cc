@@ -29,7 +29,7 @@ using testing::WriteFile;
 
 struct Fixture {
   // `env`: NAME=VALUE set for the daemon only.
-  explicit Fixture(const std::string& extra = "", std::vector<std::pair<std::string, std::string>> env = {}) {
+  explicit Fixture(const std::string& extra = "", const std::vector<std::pair<std::string, std::string>>& env = {}) {
     testdata::DatasetOptions o;
     o.classes = 2;
     o.images_per_class = 8;

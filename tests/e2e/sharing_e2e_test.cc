@@ -137,6 +137,7 @@ TEST_CASE("share: three identical clients get identical batches from one pipelin
   Fixture f;
   const std::string job = f.Job("share: true\nshare_members: 3\n");
   std::vector<pid_t> pids;
+  pids.reserve(3);
   for (int i = 0; i < 3; ++i) pids.push_back(f.Start(job, ClientName(i), 2));
   for (pid_t p : pids) CHECK(Wait(p) == 0);
   const auto c0 = f.Result("c0");
@@ -162,6 +163,7 @@ TEST_CASE("share: a member killed while holding slots leaves, and the others fin
   REQUIRE(f.Jobs() == 1);
   ::kill(victim, SIGSTOP);
   std::vector<pid_t> pids;
+  pids.reserve(2);
   for (int i = 0; i < 2; ++i) pids.push_back(f.Start(job, ClientName(i), 2));
   for (int i = 0; i < 500 && f.Jobs() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(f.Jobs() == 3);

@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,7 +40,10 @@ constexpr int kBatch = 4;
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+  if (v == nullptr || *v == '\0') return fallback;
+  int n = 0;  // not a number: 0, as atoi gives
+  (void)std::from_chars(v, v + std::strlen(v), n);
+  return n;
 }
 
 std::string Hex(const std::string& bytes) {
@@ -74,7 +79,7 @@ std::string Unhex(const std::string& hex) {
     if (auto* b = std::get_if<client::Batch>(&*ev)) {
       std::string line = std::to_string(b->epoch()) + " " + Hex(b->resume_token()) + " ";
       for (size_t i = 0; i < b->paths().size(); ++i) line += (i ? "," : "") + b->paths()[i];
-      line += "\n";
+      line += '\n';
       if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     } else if (std::holds_alternative<client::JobStats>(*ev)) {
@@ -131,6 +136,7 @@ struct Soak {
   // kill + restart in the middle. Checks the counts. Returns the number of trainer kills.
   int Round(int round, std::unique_ptr<DaemonProcess>* daemon, bool restart_daemon) {
     std::vector<std::string> records;
+    records.reserve(kRanks);
     std::vector<pid_t> pids(kRanks, -1);
     std::vector<bool> done(kRanks, false);
     for (uint32_t r = 0; r < kRanks; ++r) {

@@ -57,6 +57,7 @@ int Run(const std::vector<std::string>& argv, std::string* out, std::string* err
     ::close(pipefd[0]);
     ::close(pipefd[1]);
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     ::execv(args[0], args.data());

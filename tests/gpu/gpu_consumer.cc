@@ -23,8 +23,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,9 +42,15 @@
 namespace spdl::gpu_test {
 namespace {
 
+// Thrown by Fail, after its line: main returns 1 (std::exit would run the exit handlers while the CUDA
+// runtime's threads run).
+struct Failed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 [[noreturn]] void Fail(const std::string& message) {
-  std::cout << "E " << message << std::endl;
-  std::exit(1);
+  std::cout << "E " << message << '\n' << std::flush;
+  throw Failed(message);
 }
 
 void Check(const Status& s, const std::string& what) {
@@ -64,7 +72,7 @@ std::string Compare(const std::vector<uint8_t>& got, uint64_t seq, const uint8_t
 
 int Main(int argc, char** argv) {
   if (argc != 6) Fail("usage: spdl-gpu-consumer REGION_FD REGION_BYTES SLOTS_OFFSET SLOT_STRIDE NUM_SLOTS");
-  const int fd = std::atoi(argv[1]);
+  const int fd = ArgInt(argv[1]);
   const uint64_t region_bytes = std::strtoull(argv[2], nullptr, 10);
   const uint64_t slots_offset = std::strtoull(argv[3], nullptr, 10);
   const uint64_t slot_stride = std::strtoull(argv[4], nullptr, 10);
@@ -93,7 +101,7 @@ int Main(int argc, char** argv) {
 
   proto::CudaConsumerEvents reply;
   cuda::BuildCudaConsumerEvents((*view)->consumer_done_handles(), &reply);
-  std::cout << "C " << ToHex(reply.SerializeAsString()) << std::endl;
+  std::cout << "C " << ToHex(reply.SerializeAsString()) << '\n' << std::flush;
 
   std::vector<uint8_t> back(slot_stride);
   uint64_t checked = 0;
@@ -115,7 +123,7 @@ int Main(int argc, char** argv) {
       const std::string bad = Compare(back, seq, host);
       if (!bad.empty()) Fail(bad);
       Check((*view)->Release(slot, gen), "Release");
-      std::cout << "R " << slot << " " << gen << " " << seq << std::endl;
+      std::cout << "R " << slot << " " << gen << " " << seq << '\n' << std::flush;
     } else {
       if (cudaError_t e = SpdlLaunchSpin(30.0, cs); e != cudaSuccess) Fail(cudaGetErrorString(e));
       if (cudaError_t e = cudaMemcpyAsync(snapshot->get().ptr, *data, slot_stride, cudaMemcpyDeviceToDevice, cs);
@@ -123,7 +131,7 @@ int Main(int argc, char** argv) {
         Fail(std::string("snapshot: ") + cudaGetErrorString(e));
       }
       Check((*view)->Release(slot, gen), "Release");
-      std::cout << "R " << slot << " " << gen << " " << seq << std::endl;  // before the work ran
+      std::cout << "R " << slot << " " << gen << " " << seq << '\n' << std::flush;  // before the work ran
       Check(b.MemcpyD2HAsync(back.data(), snapshot->get().ptr, slot_stride, stream->get()), "copy back the snapshot");
       Check(b.SynchronizeStream(stream->get()), "sync");
       const std::string bad = Compare(back, seq, nullptr);
@@ -132,11 +140,16 @@ int Main(int argc, char** argv) {
     ++checked;
   }
   view->reset();  // closes the IPC mapping before the daemon frees the memory
-  std::cout << "D " << checked << std::endl;
+  std::cout << "D " << checked << '\n' << std::flush;
   return 0;
 }
 
 }  // namespace
 }  // namespace spdl::gpu_test
 
-int main(int argc, char** argv) { return spdl::gpu_test::Main(argc, argv); }
+int main(int argc, char** argv) try {
+  return spdl::gpu_test::Main(argc, argv);
+} catch (const std::exception& e) {  // Fail's (its "E" line is out), or a library's: status 1
+  if (dynamic_cast<const spdl::gpu_test::Failed*>(&e) == nullptr) std::cout << "E " << e.what() << '\n' << std::flush;
+  return 1;
+}

@@ -21,6 +21,7 @@
 #include "cuda/image_kernels.h"
 #include "cuda/jpeg_decode.h"
 #include "cuda/nvjpeg_backend.h"
+#include "gpu_util.h"
 #include "jobs/gpu_decode_plan.h"
 #include "media/image_decoder.h"
 #include "media/image_ops.h"
@@ -55,8 +56,8 @@ std::vector<uint8_t> Pattern(int w, int h, int salt) {
 }
 
 int Main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 512;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 64;
+  const int n = argc > 1 ? ArgInt(argv[1]) : 512;
+  const int batch = argc > 2 ? ArgInt(argv[2]) : 64;
   if (n < 1 || batch < 1) {
     std::fprintf(stderr, "usage: spdl-gpu-decode-bench [images] [batch]\n");
     return 2;

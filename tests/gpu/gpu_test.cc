@@ -65,6 +65,7 @@ class Consumer {
                                      std::to_string(layout.slot_stride),
                                      std::to_string(layout.num_slots)};
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = ::fork();

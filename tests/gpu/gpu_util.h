@@ -3,13 +3,22 @@
 // rule for machines without a CUDA device.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace spdl::gpu_test {
 
 // Byte j of a slot holding batch `seq`: differs between batches, and within a slot across pages.
 inline uint8_t Pattern(uint64_t seq, uint64_t j) { return static_cast<uint8_t>(seq * 131 + j * 7 + (j >> 12)); }
+
+// The decimal number at the start of a command-line argument, 0 when there is none (as atoi).
+inline int ArgInt(const char* s) {
+  int v = 0;
+  (void)std::from_chars(s, s + std::strlen(s), v);  // no number: v stays 0
+  return v;
+}
 
 inline std::string ToHex(const std::string& bytes) {
   static const char* kDigits = "0123456789abcdef";

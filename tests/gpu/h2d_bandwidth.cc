@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/device_handles.h"
+#include "gpu_util.h"
 #include "shm/shared_region.h"
 
 namespace spdl::gpu_test {
@@ -42,7 +43,7 @@ bool Measure(cuda::DeviceBackend& b, const void* src, size_t bytes, int reps, vo
 
 int Main(int argc, char** argv) {
   const size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 256;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 8;
+  const int reps = argc > 2 ? ArgInt(argv[2]) : 8;
   const size_t bytes = mib << 20;
   std::string why;
   if (cuda::CudaDeviceCount(&why) == 0) {

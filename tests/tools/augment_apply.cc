@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,30 @@
 
 namespace m = spdl::media;
 
-int main(int argc, char** argv) {
+namespace {
+
+// Bad usage: main prints it and returns 2.
+struct Usage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The number `s` spells (all of it).
+double Number(const char* s) {
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (end == s || *end != '\0') throw Usage(std::string("not a number: '") + s + "'");
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
   if (argc < 7) {
     std::cerr << "usage: augment_apply IN.raw W H C OUT.raw OP [ARGS...]\n";
     return 2;
   }
-  const int w = std::atoi(argv[2]), h = std::atoi(argv[3]), c = std::atoi(argv[4]);
+  const int w = static_cast<int>(Number(argv[2])), h = static_cast<int>(Number(argv[3])),
+            c = static_cast<int>(Number(argv[4]));
   if (w < 1 || h < 1 || (c != 1 && c != 3)) {
     std::cerr << "bad size\n";
     return 2;
@@ -40,11 +59,8 @@ int main(int argc, char** argv) {
   }
   const std::string op = argv[6];
   auto arg = [&](int i) {
-    if (7 + i >= argc) {
-      std::cerr << op << ": missing argument " << i << "\n";
-      std::exit(2);
-    }
-    return std::atof(argv[7 + i]);
+    if (7 + i >= argc) throw Usage(op + ": missing argument " + std::to_string(i));
+    return Number(argv[7 + i]);
   };
   m::ImageView img{px.data(), w, h, c, static_cast<size_t>(w) * c};
   if (op == "brightness")
@@ -120,4 +136,10 @@ int main(int argc, char** argv) {
   std::ofstream out(argv[5], std::ios::binary);
   out.write(reinterpret_cast<const char*>(px.data()), static_cast<std::streamsize>(px.size()));
   return out ? 0 : 1;
+} catch (const Usage& e) {
+  std::cerr << e.what() << "\n";
+  return 2;
+} catch (const std::exception& e) {  // out of memory: a message and status 1, not abort()
+  std::cerr << "augment_apply: " << e.what() << "\n";
+  return 1;
 }

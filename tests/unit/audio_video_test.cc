@@ -163,6 +163,7 @@ int CounterIndex(const uint8_t* rgb, int pixels) {
 
 std::vector<int> CounterIndices(const std::vector<uint8_t>& clip, const VideoOps& ops) {
   std::vector<int> idx;
+  idx.reserve(static_cast<size_t>(ops.num_frames));
   const size_t fb = static_cast<size_t>(ops.height) * ops.width * 3;
   for (int k = 0; k < ops.num_frames; ++k) idx.push_back(CounterIndex(clip.data() + k * fb, ops.height * ops.width));
   return idx;

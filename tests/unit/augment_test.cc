@@ -475,8 +475,9 @@ TEST_CASE("the policies report the composed map of the warps they applied") {
       if (!(map == m::Affine2D::Identity())) ++warped;
       const auto p = map.Apply(21.5, 17.5);
       INFO(m::AugmentName(kind) << " seed " << seed);
-      CHECK(std::abs(static_cast<double>(lit[0] % n) + 0.5 - p[0]) <= 1.0);
-      CHECK(std::abs(static_cast<double>(lit[0] / n) + 0.5 - p[1]) <= 1.0);
+      const size_t x = lit[0] % n, y = lit[0] / n;  // the lit pixel's column and row
+      CHECK(std::abs(static_cast<double>(x) + 0.5 - p[0]) <= 1.0);
+      CHECK(std::abs(static_cast<double>(y) + 0.5 - p[1]) <= 1.0);
     }
   }
   CHECK(checked > 300);

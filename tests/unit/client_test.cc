@@ -110,7 +110,7 @@ DaemonMessage BatchMsg(uint32_t slot, uint64_t generation, uint64_t seq, uint32_
   b->set_rows(rows);
   for (uint32_t r = 0; r < rows; ++r) {
     b->add_paths("class" + std::to_string(r) + "/img" + std::to_string(seq * kBatchSize + r) + ".jpg");
-    b->add_labels(static_cast<int64_t>(slot * 10 + r));
+    b->add_labels(static_cast<int64_t>(slot) * 10 + r);
   }
   return m;
 }

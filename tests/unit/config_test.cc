@@ -1475,6 +1475,7 @@ TEST_CASE("job config: every extra_outputs error with its line") {
       "  - just a string\n");                                                    // 9
   INFO(Dump(errors));
   std::vector<int> lines;
+  lines.reserve(errors.size());
   for (const ConfigError& e : errors) lines.push_back(e.line);
   CHECK(lines == std::vector<int>{4, 5, 5, 5, 6, 7, 7, 7, 7, 8, 8, 9});
   CHECK(Contains(ErrorAt(errors, "extra_outputs.0.name").message, "already has a tensor 'image'"));

@@ -79,7 +79,7 @@ struct HostRegion {
 };
 
 std::vector<FakeCall> CallsOf(const FakeDevice& d, const std::string& process,
-                              std::function<bool(const FakeCall&)> pred = nullptr) {
+                              const std::function<bool(const FakeCall&)>& pred = nullptr) {
   std::vector<FakeCall> out;
   for (const FakeCall& c : d.calls()) {
     if (c.process == process && (!pred || pred(c))) out.push_back(c);
@@ -619,7 +619,7 @@ TEST_CASE("CudaHandles: round trip, and every inconsistency is refused", "[cuda]
   CHECK(parsed->slots[2].offset == 2 * 8192);
   CHECK(parsed->ready_events == h.ready_events);
 
-  auto refuse = [&](std::function<void(proto::CudaHandles&)> spoil, const char* says, uint32_t slots = 3,
+  auto refuse = [&](const std::function<void(proto::CudaHandles&)>& spoil, const char* says, uint32_t slots = 3,
                     uint64_t slot_bytes = 8192) {
     proto::CudaHandles m = msg;
     spoil(m);
@@ -819,17 +819,17 @@ TEST_CASE("DeviceSlotPool + DeviceSlotView: the reuse rule, over several epochs"
     for (const FakeCall& c : job.dev.calls()) {
       const bool daemon = c.process == "daemon";
       if (daemon && c.op == FakeOp::kCopyH2D && c.offset == offset)
-        trace += "C";
+        trace += 'C';
       else if (daemon && c.op == FakeOp::kRecord && c.event == ready)
-        trace += "R";
+        trace += 'R';
       else if (!daemon && c.op == FakeOp::kWait && c.event == ready)
-        trace += "W";
+        trace += 'W';
       else if (!daemon && c.op == FakeOp::kRecord && c.event == done)
-        trace += "D";
+        trace += 'D';
       else if (daemon && c.op == FakeOp::kQuery && c.event == done)
-        trace += "q";
+        trace += 'q';
       else if (daemon && c.op == FakeOp::kWait)
-        trace += "w";  // never: no GPU wait on a foreign event
+        trace += 'w';  // never: no GPU wait on a foreign event
     }
     INFO("slot " << s << "\n" << Dump(job.dev.calls()));
     CHECK(trace ==

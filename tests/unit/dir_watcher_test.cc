@@ -56,6 +56,7 @@ std::vector<WatchedFile> Drain(DirWatcher& w, int quiet_ms = 150) {
 
 std::vector<std::string> Paths(const std::vector<WatchedFile>& files) {
   std::vector<std::string> p;
+  p.reserve(files.size());
   for (const WatchedFile& f : files) p.push_back(f.path);
   return p;
 }

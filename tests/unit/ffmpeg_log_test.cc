@@ -42,7 +42,7 @@ struct Capture {
   std::string Stderr() {
     std::fflush(stderr);
     std::string out;
-    std::rewind(err_file);
+    if (std::fseek(err_file, 0, SEEK_SET) != 0) return "(cannot read the captured stderr)";
     char buf[4096];
     for (size_t n; (n = std::fread(buf, 1, sizeof(buf), err_file)) > 0;) out.append(buf, n);
     return out;

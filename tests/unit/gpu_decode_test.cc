@@ -280,6 +280,7 @@ TEST_CASE("GpuJpegBatchDecoder: one nvJPEG batch, CPU fallback for what nvJPEG r
   auto stream = rig.backend.CreateStream();
   REQUIRE(stream.ok());
   std::vector<cuda::GpuDecodeSample> samples;
+  samples.reserve(n);
   for (size_t i = 0; i < n; ++i)
     samples.push_back(rig.Sample(files[i], static_cast<uint8_t*>(*dev) + i * rig.row_bytes));
 

@@ -1522,6 +1522,7 @@ TEST_CASE("Conformance: gray output is one channel, the luma of every format") {
     // once on each side (1 level); lossy formats add their codec's error, which the luma averages.
     const std::vector<uint8_t> rgb = ExpectedRgb(raw, fc.alpha == AlphaMode::kComposite, kBackground);
     std::vector<double> errors;
+    errors.reserve(static_cast<size_t>(w) * h);
     for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
       errors.push_back(std::abs(out[i] - PilLuma(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2])));
     }

@@ -166,7 +166,8 @@ TEST_CASE("mix: tar-shard sources keep their shard-aware passes and give each ra
 // A seam for the forwarding test: samples with fixed keys and bytes.
 class ListSource final : public io::SampleSource {
  public:
-  ListSource(std::string name, size_t n, std::vector<std::string> classes) : name_(std::move(name)), classes_(classes) {
+  ListSource(std::string name, size_t n, std::vector<std::string> classes)
+      : name_(std::move(name)), classes_(std::move(classes)) {
     for (size_t i = 0; i < n; ++i) refs_.push_back({name_ + "/" + std::to_string(i), static_cast<int64_t>(i % 2)});
   }
   uint64_t size() const override { return refs_.size(); }

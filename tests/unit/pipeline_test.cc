@@ -88,7 +88,7 @@ std::vector<uint64_t> Shuffled(uint64_t n, uint64_t epoch) {
 }
 
 struct Harness {
-  Harness(uint32_t slots, uint64_t n, PipelineOptions o, Executor* ex, bool shuffle = false)
+  Harness(uint32_t slots, uint64_t n, const PipelineOptions& o, Executor* ex, bool shuffle = false)
       : ring(slots), proc(slots, o.batch_size), owner(std::make_shared<int>(0)) {
     pipe = std::make_unique<BatchPipeline>(
         ex, &ring, &proc, [n, shuffle](uint64_t e) { return shuffle ? Shuffled(n, e) : Iota(n); }, o,
@@ -213,7 +213,7 @@ TEST_CASE("when spares use up the epoch, the batch dispatched last still ends it
 }
 
 // Runs a job to the end and returns its batches.
-std::vector<SlotMeta> RunAll(uint32_t slots, uint64_t n, PipelineOptions o, std::set<uint64_t> bad) {
+std::vector<SlotMeta> RunAll(uint32_t slots, uint64_t n, const PipelineOptions& o, std::set<uint64_t> bad) {
   InlineExecutor ex;
   Harness h(slots, n, o, &ex, /*shuffle=*/true);
   h.proc.bad = std::move(bad);
@@ -945,6 +945,7 @@ TEST_CASE("thread pool: groups (users) share the threads equally, however many q
   Executor* u2 = pool.ForGroup(1001);
   CHECK(pool.ForGroup(1000) == u1);  // one executor per group
   std::vector<std::unique_ptr<Executor>> many;
+  many.reserve(4);
   for (int i = 0; i < 4; ++i) many.push_back(u1->NewQueue(3));
   auto one = u2->NewQueue(1);
   std::atomic<int> done_1{0}, done_2{0}, at_1{0}, at_2{0}, total{0};
@@ -1038,7 +1039,7 @@ TEST_CASE("thread pool: SetThreads grows and shrinks the pool while tasks run") 
 TEST_CASE("thread pool: a task that throws is caught and counted, and the pool goes on") {
   ThreadPool pool(1);
   pool.Post([] { throw std::runtime_error("a stray exception"); });
-  pool.Post([] { throw 42; });  // not even a std::exception
+  pool.Post([] { throw 42; });  // NOLINT(bugprone-std-exception-baseclass): not even a std::exception
   std::promise<void> ran;
   pool.Post([&] { ran.set_value(); });
   REQUIRE(ran.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready);

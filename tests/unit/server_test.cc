@@ -70,7 +70,7 @@ class FakeJob : public jobs::JobHandle {
   void Cancel() override { cancelled = true; }
   void Abort(Status reason) override {
     cancelled = true;
-    if (fail.ok()) fail = reason;
+    if (fail.ok()) fail = std::move(reason);
   }
   proto::JobStats Stats() const override {
     proto::JobStats s;

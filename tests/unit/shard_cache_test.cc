@@ -36,7 +36,7 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
 
 // A fetch of `bytes` in chunks of 10 that counts its calls.
 ShardCache::Fetch Counted(std::vector<uint8_t> bytes, std::shared_ptr<std::atomic<int>> calls) {
-  return [bytes = std::move(bytes), calls](const ShardCache::Sink& sink) -> Status {
+  return [bytes = std::move(bytes), calls = std::move(calls)](const ShardCache::Sink& sink) -> Status {
     calls->fetch_add(1);
     for (size_t i = 0; i < bytes.size(); i += 10) {
       if (!sink(bytes.data() + i, std::min<size_t>(10, bytes.size() - i))) return Cancelled("refused");

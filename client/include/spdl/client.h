@@ -141,7 +141,7 @@ struct JobStats {
 };
 
 namespace detail {
-struct Connection;  // the socket + the mapping, shared by a Loader and its Batches
+class Connection;  // the socket + the mapping, shared by a Loader and its Batches
 }
 
 // One ready batch: a lease on one slot of the job's ring. Move-only. Releasing it (Release(), or

@@ -162,7 +162,7 @@ DLDataType ToDLDataType(client::DType d) {
 
 // What one exported DLManagedTensor owns: its shape and strides, and a reference to the lease.
 struct Export {
-  DLManagedTensor managed{};
+  DLManagedTensor managed{.dl_tensor = {.device = {kDLCPU, 0}}};  // filled in by the export
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
   std::shared_ptr<Lease> lease;
@@ -265,7 +265,8 @@ class Tensor {
             "handle (e.g. torch.cuda.current_stream().cuda_stream) or 1 for the legacy default stream");
       }
       if (s != -1) {
-        Status st = lease->WaitOn(s == 1 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(s)));
+        void* cu = reinterpret_cast<void*>(static_cast<intptr_t>(s));  // NOLINT(performance-no-int-to-ptr): a stream
+        Status st = lease->WaitOn(s == 1 ? nullptr : cu);
         if (!st.ok()) ThrowStatus(st);
       }
     }
@@ -286,7 +287,7 @@ class Tensor {
     ex->managed.deleter = DeleteExport;
     PyObject* capsule = PyCapsule_New(&ex->managed, "dltensor", CapsuleDestructor);
     if (capsule == nullptr) throw py::error_already_set();
-    ex.release();  // owned by the capsule now
+    (void)ex.release();  // owned by the capsule now
     return py::reinterpret_steal<py::object>(capsule);
   }
 
@@ -445,8 +446,8 @@ class Core {
   static std::unique_ptr<Core> Open(std::string socket, std::string config_yaml, std::string config_name,
                                     std::vector<std::pair<std::string, std::string>> overrides, uint32_t rank,
                                     uint32_t world_size, uint32_t epochs, std::string client_name,
-                                    py::bytes resume_token, uint32_t start_epoch, const py::object& timeout,
-                                    py::bytes device_uuid) {
+                                    const py::bytes& resume_token, uint32_t start_epoch, const py::object& timeout,
+                                    const py::bytes& device_uuid) {
     auto wait = std::make_shared<WaitState>();
     wait->Start(WaitState::Seconds(timeout));
     client::Options o;
@@ -491,7 +492,7 @@ class Core {
       std::optional<Result<std::unique_ptr<client::GpuLoader>>> gr;
       {
         py::gil_scoped_release nogil;
-        gr.emplace(client::GpuLoader::Attach(std::move(loader), std::move(g)));
+        gr.emplace(client::GpuLoader::Attach(std::move(loader), g));
       }
       if (!gr->ok()) ThrowStatus(gr->status());
       std::unique_ptr<Core> core(new Core(std::move(**gr), info, addr, size, device, wait));
@@ -649,7 +650,7 @@ class Core {
     return loader_.get();
   }
 
-  py::tuple BatchTuple(std::shared_ptr<Lease> lease) {
+  py::tuple BatchTuple(const std::shared_ptr<Lease>& lease) {
     const client::Batch& batch = lease->batch();
     py::list tensors;
     for (size_t i = 0; i < lease->tensors().size(); ++i) tensors.append(py::cast(Tensor(lease, i)));

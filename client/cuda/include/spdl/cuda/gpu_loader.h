@@ -134,12 +134,12 @@ class GpuLoader {
   // Opens the job (Loader::Open with accept_device_job, and the trainer GPU's UUID when known) and
   // then Attach. Errors: Loader::Open's (a GPU the daemon does not see: kResourceExhausted, naming its UUID);
   // a cpu job -> kFailedPrecondition; the device side's (no backend, no such GPU, bad handles).
-  static Result<std::unique_ptr<GpuLoader>> Open(Options options, GpuOptions gpu);
+  static Result<std::unique_ptr<GpuLoader>> Open(Options options, const GpuOptions& gpu);
   // The UUID of this process's CUDA device `ordinal` as GpuOptions `gpu` would open it (its backend,
   // the factory), for SubmitJob.device_uuid (Options::device_uuid) before Attach.
   static Result<cuda::DeviceUuid> DeviceUuid(const GpuOptions& gpu, int ordinal);
   // Takes over a Loader just opened with accept_device_job whose job is a cuda job (no Next yet).
-  static Result<std::unique_ptr<GpuLoader>> Attach(std::unique_ptr<Loader> loader, GpuOptions gpu);
+  static Result<std::unique_ptr<GpuLoader>> Attach(std::unique_ptr<Loader> loader, const GpuOptions& gpu);
 
   ~GpuLoader();  // the teardown above
   GpuLoader(const GpuLoader&) = delete;
@@ -160,9 +160,9 @@ class GpuLoader {
   cuda::Stream consumer_stream() const { return consumer_stream_; }
 
  private:
-  GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, GpuOptions gpu);
+  GpuLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::GpuCore> core, const GpuOptions& gpu);
   // Attach, with the backend Open made before the job (to send its UUID), if any.
-  static Result<std::unique_ptr<GpuLoader>> AttachWith(std::unique_ptr<Loader> loader, GpuOptions gpu,
+  static Result<std::unique_ptr<GpuLoader>> AttachWith(std::unique_ptr<Loader> loader, const GpuOptions& gpu,
                                                        std::unique_ptr<cuda::DeviceBackend> early);
 
   std::unique_ptr<Loader> loader_;
