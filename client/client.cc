@@ -871,7 +871,7 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
     for (const auto& f : proto::GpuDeviceStatFields()) {
       if (f.surfaces & proto::kText) out += std::string("  ") + f.name + " " + proto::StatText(g, f);
     }
-    out += "\n";
+    out += '\n';
   }
   if (s.gpu_leaked_device_bytes() > 0) {
     out += "GPU device memory leaked (copies that never drained): out of the device budget until spdld restarts\n";
@@ -971,7 +971,7 @@ std::string OperatorStreamsText(const proto::DaemonStatus& s) {
       for (const auto& f : proto::StreamGroupStatFields()) {
         if (f.surfaces & proto::kText) out += std::string("  ") + f.name + " " + proto::StatText(g, f);
       }
-      out += "\n";
+      out += '\n';
     }
   }
   return out;
