@@ -128,8 +128,7 @@ Status FromDaemonError(const proto::Error& e, const std::string& config_name) {
       msg = "invalid job config " + config_name + " (" + std::to_string(e.config_errors_size()) +
             (e.config_errors_size() == 1 ? " error)" : " errors)");
     }
-    // Appended, not "\n" + ...: a false -Wrestrict of gcc 12 at -O3 (GCC bug 105329).
-    for (const auto& ce : e.config_errors()) msg.append("\n").append(FormatConfigError(ce, config_name));
+    for (const auto& ce : e.config_errors()) msg += "\n" + FormatConfigError(ce, config_name);
   }
   if (msg.empty()) msg = "spdld refused the request (" + proto::Error::Code_Name(e.code()) + ")";
   switch (e.code()) {

@@ -53,8 +53,7 @@ std::string FormatProgress(const ProgressState& s, int columns) {
   std::string bar;
   if (width >= 5) {
     const int filled = fraction >= 0 ? static_cast<int>(std::floor(fraction * width)) : 0;
-    // Appended, not "[" + std::string(...): a false -Wrestrict of gcc 12 at -O3 (GCC bug 105329).
-    bar.append("[").append(filled, '#').append(width - filled, '.').append("]");
+    bar = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
   }
   std::string line = std::string(head) + bar + tail + note;
   if (columns > 1 && static_cast<int>(line.size()) > columns - 1) line.resize(columns - 1);

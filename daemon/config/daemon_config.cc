@@ -302,11 +302,7 @@ DaemonConfigResult LoadDaemonConfig(const std::string& path, const std::vector<O
 }
 
 Result<uint64_t> ParseByteSize(std::string_view text) {
-  // Appended, not "'" + std::string(text) + "'": gcc 12 at -O3 inlines that operator+ (which
-  // prepends to the temporary in place) into a false -Wrestrict (GCC bug 105329).
-  std::string quoted;
-  quoted.reserve(text.size() + 2);
-  quoted.append(1, '\'').append(text).append(1, '\'');
+  const std::string quoted = "'" + std::string(text) + "'";
   std::string_view s = text;
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
   while (!s.empty() && s.back() == ' ') s.remove_suffix(1);

@@ -42,8 +42,7 @@ SourceCounters S3Counters(const S3Stats& st) {
 bool EndsWithAny(const std::string& name, const std::vector<std::string>& exts) {
   const std::string lower = AsciiLower(name);
   for (const std::string& e : exts) {
-    std::string dotted = ".";  // not "." + ...: a false -Wrestrict of gcc 12 at -O3 (GCC bug 105329)
-    dotted += NormalizeExtension(e);
+    const std::string dotted = "." + NormalizeExtension(e);
     if (lower.size() >= dotted.size() && lower.compare(lower.size() - dotted.size(), dotted.size(), dotted) == 0) {
       return true;
     }

@@ -35,12 +35,8 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 // Quotes a field for an error message, shortened when long.
 std::string Show(std::string_view s) {
   constexpr size_t kMax = 60;
-  // Appended piece by piece: "'" + std::string(s) prepends to the temporary in place, which gcc 12
-  // at -O3 reports as a false -Wrestrict (GCC bug 105329).
-  std::string out = "'";
-  out.append(s.substr(0, kMax));
-  out += s.size() <= kMax ? "'" : "...'";
-  return out;
+  if (s.size() <= kMax) return "'" + std::string(s) + "'";
+  return "'" + std::string(s.substr(0, kMax)) + "...'";
 }
 
 // Splits one line (trimmed, not blank, not a comment) into item and optional label text.

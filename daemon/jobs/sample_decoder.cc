@@ -130,10 +130,8 @@ Result<MemoryBudget::Lease> ReserveDecodeScratch(MemoryBudget* budget, std::span
   int w = 0, h = 0;
   const media::ImageFormat f = media::SniffImageFormat(bytes);
   (void)media::ReadImageSize(f, bytes, &w, &h);
-  // Appended, not " " + std::to_string(w): gcc 12 at -O3 reports that operator+ (a prepend in
-  // place) as a false -Wrestrict (GCC bug 105329); the same below.
-  std::string what = std::string(media::ImageFormatName(f)) + " image";
-  if (w > 0) what.append(" ").append(std::to_string(w)).append("x").append(std::to_string(h));
+  const std::string what = std::string(media::ImageFormatName(f)) + " image" +
+                           (w > 0 ? " " + std::to_string(w) + "x" + std::to_string(h) : std::string());
   return budget->ReserveScratch(need, what);
 }
 
@@ -263,14 +261,14 @@ class OpImageSampleDecoder final : public SampleDecoder {
     for (const auto& op : user_ops_) {
       std::string name = "op:" + op->name();
       for (const auto& s : stats_) {
-        if (s->name() == name) name.append("#").append(std::to_string(stats_.size()));
+        if (s->name() == name) name += "#" + std::to_string(stats_.size());
       }
       stats_.push_back(std::make_unique<pipeline::StageStats>(name, pipeline::StageKind::kCpu, decode_concurrency, 0));
     }
     for (size_t i = 0; i < augments_.specs.size(); ++i) {  // "aug:NAME", "#i" when a name repeats
       std::string name = std::string("aug:") + media::AugmentName(augments_.specs[i].kind);
       for (size_t j = 0; j < i; ++j) {
-        if (augments_.specs[j].kind == augments_.specs[i].kind) name.append("#").append(std::to_string(i));
+        if (augments_.specs[j].kind == augments_.specs[i].kind) name += "#" + std::to_string(i);
       }
       aug_stats_.push_back(
           std::make_unique<pipeline::StageStats>(name, pipeline::StageKind::kCpu, decode_concurrency, 0));

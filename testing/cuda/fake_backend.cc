@@ -89,8 +89,7 @@ const char* FakeOpName(FakeOp op) {
 }
 
 std::string ToString(const FakeCall& c) {
-  std::string s = "#";  // then appended: "#" + std::to_string(...) is a false -Wrestrict of gcc 12 -O3
-  s += std::to_string(c.seq) + " " + c.process + " " + FakeOpName(c.op);
+  std::string s = "#" + std::to_string(c.seq) + " " + c.process + " " + FakeOpName(c.op);
   if (c.stream != 0) s += " stream=" + std::to_string(c.stream);
   if (c.event != 0) s += " event=" + std::to_string(c.event);
   if (c.alloc != 0) s += " alloc=" + std::to_string(c.alloc) + "+" + std::to_string(c.offset);

@@ -32,9 +32,8 @@ using testing::DaemonProcess;
 const std::string kClient = std::string(SPDL_BIN_DIR) + "/spdl-client";
 const std::string kCtl = std::string(SPDL_BIN_DIR) + "/spdlctl";
 
-// "c0", "c1", ...: appended, not "c" + std::to_string(i), which gcc 12 at -O3 reports as a false
-// -Wrestrict (GCC bug 105329).
-std::string ClientName(int i) { return std::string("c").append(std::to_string(i)); }
+// "c0", "c1", ...
+std::string ClientName(int i) { return "c" + std::to_string(i); }
 
 struct Fixture {
   explicit Fixture(const std::string& daemon_extra = "") {

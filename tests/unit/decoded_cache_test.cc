@@ -25,10 +25,7 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t v) { return std::vector<uint8_t>(n,
 class BytesSource final : public io::SampleSource {
  public:
   explicit BytesSource(std::vector<std::vector<uint8_t>> samples) : samples_(std::move(samples)) {
-    // Appended, not "s" + std::to_string(i): gcc 12 -O3's false -Wrestrict (GCC bug 105329).
-    for (size_t i = 0; i < samples_.size(); ++i) {
-      refs_.push_back(io::SampleRef{std::string("s").append(std::to_string(i)), 0});
-    }
+    for (size_t i = 0; i < samples_.size(); ++i) refs_.push_back(io::SampleRef{"s" + std::to_string(i), 0});
   }
   uint64_t size() const override { return refs_.size(); }
   const io::SampleRef& sample(uint64_t index) const override { return refs_[index]; }

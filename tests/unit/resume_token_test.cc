@@ -16,8 +16,7 @@ namespace {
 class ListSource final : public io::SampleSource {
  public:
   explicit ListSource(int n) {
-    // Appended, not "s" + std::to_string(i): gcc 12 -O3's false -Wrestrict (GCC bug 105329).
-    for (int i = 0; i < n; ++i) samples_.push_back({std::string("s").append(std::to_string(i)), i % 3});
+    for (int i = 0; i < n; ++i) samples_.push_back({"s" + std::to_string(i), i % 3});
   }
   uint64_t size() const override { return samples_.size(); }
   const io::SampleRef& sample(uint64_t i) const override { return samples_[i]; }

@@ -143,9 +143,7 @@ TEST_CASE("shard cache: LRU eviction within the budget, never a pinned entry", "
   auto small = ShardCache::InMemory(150);
   std::vector<std::shared_ptr<const ShardCache::Handle>> held;
   for (int i = 0; i < 3; ++i) {
-    // Appended, not "p" + std::to_string(i): gcc 12 -O3's false -Wrestrict (GCC bug 105329).
-    auto h =
-        small->Acquire(std::string("p").append(std::to_string(i)), Counted(Bytes(100, static_cast<uint8_t>(i)), calls));
+    auto h = small->Acquire("p" + std::to_string(i), Counted(Bytes(100, static_cast<uint8_t>(i)), calls));
     REQUIRE(h.ok());
     CHECK(ReadAll(**h) == Bytes(100, static_cast<uint8_t>(i)));
     held.push_back(*h);

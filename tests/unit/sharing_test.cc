@@ -32,8 +32,7 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t v) { return std::vector<uint8_t>(n,
 class CountingSource final : public io::SampleSource {
  public:
   explicit CountingSource(uint64_t n, size_t bytes = 100) : bytes_(bytes) {
-    // Appended, not "s" + std::to_string(i): gcc 12 -O3's false -Wrestrict (GCC bug 105329).
-    for (uint64_t i = 0; i < n; ++i) refs_.push_back(io::SampleRef{std::string("s").append(std::to_string(i)), 0});
+    for (uint64_t i = 0; i < n; ++i) refs_.push_back(io::SampleRef{"s" + std::to_string(i), 0});
   }
   uint64_t size() const override { return refs_.size(); }
   const io::SampleRef& sample(uint64_t index) const override { return refs_[index]; }

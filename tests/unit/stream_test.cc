@@ -16,7 +16,7 @@ using std::chrono::milliseconds;
 
 StreamConfig Config(uint64_t max_samples, uint64_t max_bytes = uint64_t{1} << 20) {
   StreamConfig c;
-  c.name = std::string("s");  // not = "s": gcc 12 -O3's false -Wrestrict (GCC bug 105329)
+  c.name = "s";
   c.max_samples = max_samples;
   c.max_bytes = max_bytes;
   c.group_retention = milliseconds(60000);
@@ -55,7 +55,7 @@ class Counter : public MemoryAccount {
 TEST_CASE("stream: offsets count up and samples keep their label and metadata", "[stream]") {
   Stream s(Config(10), 1000, nullptr);
   for (int i = 0; i < 3; ++i) {
-    auto off = s.Put(Bytes(4, static_cast<uint8_t>(i)), 10 + i, std::string("m").append(std::to_string(i)));
+    auto off = s.Put(Bytes(4, static_cast<uint8_t>(i)), 10 + i, "m" + std::to_string(i));
     REQUIRE(off.ok());
     CHECK(*off == static_cast<uint64_t>(i));
   }
