@@ -82,6 +82,20 @@ int LeadingInt(const char* s) {
   return v;
 }
 
+// Whether process `pid` has ended as far as CUDA is concerned: it does not exist, or it has exited
+// and waits to be reaped (a zombie: the kernel closed its files and the driver tore its context down
+// when it exited, whenever its parent gets to wait for it).
+bool ProcessEnded(int pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // "PID (COMM) STATE ...": COMM may hold spaces and ')'
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  const char state = stat[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
 // kFakeGpuVisibleEnv's list, or empty when unset.
 std::vector<int> VisibleList() {
   std::vector<int> out;
@@ -453,7 +467,7 @@ std::vector<int> ShmFakeBackend::LiveImporters(const std::string& name) const {
     if (::access(poison.c_str(), F_OK) == 0 || ::access((poison + "-" + std::to_string(pid)).c_str(), F_OK) == 0) {
       continue;
     }
-    if (::kill(pid, 0) == 0 || errno == EPERM) pids.push_back(pid);
+    if (!ProcessEnded(pid)) pids.push_back(pid);
   }
   ::closedir(d);
   return pids;
@@ -474,7 +488,7 @@ bool ShmFakeBackend::ExporterDead(const std::string& name) {
   if (dash == std::string::npos) return false;
   const int pid = LeadingInt(name.c_str() + dash + 1);
   if (pid <= 0) return false;
-  return ::kill(pid, 0) != 0 && errno == ESRCH;
+  return ProcessEnded(pid);
 }
 
 std::vector<std::string> ShmFakeBackend::Violations(const std::string& dir) {

@@ -375,6 +375,24 @@ TEST_CASE(
         }) == 0);
   CHECK(d.DeviceFree(*mem2).ok());
   CHECK(ShmFakeBackend::Violations(dir.path).empty());
+  // Nor an exited importer its parent has not reaped yet (a zombie): the driver tore its context
+  // down when it exited, so a daemon that notices the death first (its socket closed) may free.
+  auto ev2 = d.CreateEvent(/*interprocess=*/true);
+  REQUIRE(ev2.ok());
+  auto eh2 = d.ExportEvent(*ev2);
+  REQUIRE(eh2.ok());
+  const pid_t zombie = ::fork();
+  if (zombie == 0) {
+    auto t = ShmFakeBackend::Create(dir.path, 0);
+    if (!t.ok() || !(*t)->OpenEvent(*eh2).ok()) ::_exit(2);
+    ::_exit(0);  // dies holding the event
+  }
+  siginfo_t info{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(zombie), &info, WEXITED | WNOWAIT) == 0);  // exited, not reaped
+  CHECK(info.si_status == 0);
+  CHECK(d.DestroyEvent(*ev2).ok());
+  CHECK(ShmFakeBackend::Violations(dir.path).empty());
+  ::waitpid(zombie, nullptr, 0);
 
   // 3. An event exported by a process that died never completes in its importers: QueryEvent stays
   // false, SynchronizeEvent would hang (a violation, and an error instead of hanging the test), and
