@@ -206,9 +206,26 @@ void BatchPipeline::Pump() {
   PostAll(posts);
 }
 
+size_t BatchPipeline::CapacityLocked(size_t s) const {
+  const StageState& st = stages_[s];
+  if (!st.auto_capacity) return st.capacity;
+  const int parallelism = st.executor->Parallelism();
+  return parallelism > 0 ? std::max<size_t>(kMinAutoQueue, 2 * static_cast<size_t>(parallelism)) : 0;
+}
+
 void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
   if (cancelled_.load()) return;
   const Clock::time_point now = Clock::now();
+  // Read-ahead before the first estimate (only in front of a bounded queue): what the next stage
+  // runs at once, + kAheadSlack, beyond the rows its queue holds.
+  for (size_t s = 0; s + 1 < stages_.size(); ++s) {
+    StageState& st = stages_[s];
+    if (st.ahead != 0 || CapacityLocked(s + 1) == 0) continue;
+    const int next_parallelism = stages_[s + 1].executor->Parallelism();
+    size_t initial = std::max<size_t>(kMinAhead, static_cast<size_t>(std::max(1, next_parallelism)) + kAheadSlack);
+    if (st.concurrency != 0) initial = std::min<size_t>(initial, st.concurrency);
+    st.ahead = static_cast<uint32_t>(initial);
+  }
   bool moved = true;
   while (moved) {
     moved = false;
@@ -216,11 +233,7 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
       StageState& st = stages_[s];
       // Rows done with the stage before enter this stage's queue while it has room.
       // The bound counts every row waiting to start here: queued, or handed to the pool.
-      size_t capacity = st.capacity;
-      if (st.auto_capacity) {
-        const int parallelism = st.executor->Parallelism();
-        capacity = parallelism > 0 ? std::max<size_t>(kMinAutoQueue, 2 * static_cast<size_t>(parallelism)) : 0;
-      }
+      const size_t capacity = CapacityLocked(s);
       while (!st.blocked.empty() && (capacity == 0 || st.queue.size() + st.handed.size() < capacity)) {
         Row* r = *st.blocked.begin();
         st.blocked.erase(st.blocked.begin());
@@ -246,7 +259,14 @@ void BatchPipeline::ScheduleLocked(std::vector<Post>* posts) {
   for (size_t s = 0; s < stages_.size(); ++s) {
     stats_[s]->SetGauges(stages_[s].queue.size() + stages_[s].handed.size(),
                          stages_[s].occupied - stages_[s].handed.size());
-    if (s + 1 < stages_.size()) UpdateAheadLocked(s, now);
+    if (s + 1 < stages_.size()) {
+      StageState& st = stages_[s];
+      const StageState& next = stages_[s + 1];
+      if (st.ahead != 0 && !st.queue.empty() && st.occupied >= st.ahead && next.queue.empty() && next.handed.empty()) {
+        st.held_back = true;
+      }
+      UpdateAheadLocked(s, now);
+    }
   }
 }
 
@@ -257,14 +277,20 @@ void BatchPipeline::UpdateAheadLocked(size_t s, Clock::time_point now) {
   if (now - st.window_start < kAheadWindow) return;
   if (st.moved > 0 && st.task_seconds > 0) {
     // Little's law: rows the stage must hold to pass them on at the rate the next stage takes them.
-    // A stage that is itself the bottleneck passes on occupied / task time, so its bound grows by
-    // the slack every window until its concurrency; a window where nothing moved (no demand, or
-    // the ring full) keeps the bound.
+    // A stage that is itself the bottleneck passes on occupied / task time, so the estimate is about
+    // its bound: such a window (the bound held rows back while the next stage had none waiting)
+    // raises the bound by half, until the stage's concurrency. A window where nothing moved (no
+    // demand, or the ring full) keeps the bound.
     const double need = std::ceil(st.task_seconds * static_cast<double>(st.moved) / seconds);
-    const double bound = std::max<double>(kMinAhead, need + kAheadSlack);
+    double bound = std::max<double>(kMinAhead, need + kAheadSlack);
+    if (st.held_back) bound = std::max(bound, std::ceil(1.5 * static_cast<double>(st.ahead)));
     const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
     st.ahead = static_cast<uint32_t>(std::min(bound, most));
+  } else if (st.held_back) {  // nothing came through yet (tasks longer than the window), rows held back
+    const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
+    st.ahead = static_cast<uint32_t>(std::min(std::ceil(1.5 * static_cast<double>(st.ahead)), most));
   }
+  st.held_back = false;
   st.moved = 0;
   st.window_start = now;
 }
@@ -334,6 +360,10 @@ void BatchPipeline::RunTask(uint32_t stage) {
     stats_[stage]->Record(Nanos(Clock::now() - t0), s.ok());
     ran = true;
   }
+  // After the last stage no stage reads the row's bytes again (a spare replacing a failed row reads
+  // its own): the encoded sample is given back now, not when the whole batch is done. Only this
+  // task holds the row here.
+  if (stage + 1 == stages_.size()) std::vector<uint8_t>().swap(row->task.bytes);
   std::vector<Post> posts;
   std::vector<uint32_t> finished;
   bool failed_now = false;

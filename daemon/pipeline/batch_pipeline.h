@@ -14,8 +14,13 @@
 //   - read-ahead: a stage that feeds another (read) also holds at most about as many rows as it
 //     takes to keep the next stage fed (Little's law: its task time, from hand-off to done, times
 //     the rate rows move on, + kAheadSlack), re-estimated every kAheadWindow: rows read far ahead of
-//     a slow decode are memory (each holds its encoded file), not speed. Slow reads (a remote
-//     source) keep their full concurrency; fast local reads keep a few rows ahead.
+//     a slow decode are memory (each holds its encoded file), not speed. Before the first estimate
+//     the bound is the next stage's parallelism + kAheadSlack rows (beyond its queue's), so a job's
+//     start does not read its whole ring at once. A window in which the
+//     bound held rows back while the next stage had none waiting (the feeding stage is the
+//     bottleneck) raises the bound by half, up to the stage's concurrency: slow reads (a remote
+//     source) reach their full concurrency within a few windows; fast local reads keep a few rows
+//     ahead.
 //   - io stages run on the I/O executor, cpu stages on the worker executor, each through a queue of
 //     its own (Executor::NewQueue(weight)) so the node-wide pools share out fairly between jobs;
 //   - the last stage writes the sample straight into its row of the slot (no collate copy); when
@@ -63,7 +68,8 @@ struct StageSpec {
 };
 
 // One sample on its way through the stages. `bytes` is the row's scratch, carried from one stage
-// to the next (e.g. the encoded file the read stage filled and the decode stage consumes).
+// to the next (e.g. the encoded file the read stage filled and the decode stage consumes); the
+// pipeline frees it once the last stage has run.
 struct RowTask {
   uint64_t index = 0;  // the sample
   uint32_t epoch = 0;  // its epoch (random transforms draw from it)
@@ -269,8 +275,10 @@ class BatchPipeline {
     RowSet blocked;              // rows done with the stage before, waiting for room in `queue`
     RowSet handed;               // rows with a task posted, not yet started
     uint32_t occupied = 0;       // posted or running tasks + rows of this stage blocked before the next
-    // Read-ahead (a stage that feeds another): `ahead` bounds `occupied` too; 0 until measured.
+    // Read-ahead (a stage that feeds another): `ahead` bounds `occupied` too; 0 = no bound (before
+    // the first Schedule, or when the next stage's room is unbounded).
     uint32_t ahead = 0;
+    bool held_back = false;   // this window: `ahead` held rows back while the next stage had none waiting
     double task_seconds = 0;  // moving average of a task's time from hand-off to done
     uint64_t moved = 0;       // rows that moved on to the next stage's queue in this window
     Clock::time_point window_start{};
@@ -321,6 +329,8 @@ class BatchPipeline {
   Status RunStageCaught(uint32_t stage, RowTask& t);
   // Under mu_: moves rows into queues with room and starts the tasks the concurrency allows.
   void ScheduleLocked(std::vector<Post>* posts);
+  // Under mu_: the bound of stage s's queue + handed rows now (capacity, or the automatic one); 0 = none.
+  size_t CapacityLocked(size_t s) const;
   // Under mu_: re-estimates stage s's read-ahead once its window is over.
   void UpdateAheadLocked(size_t s, Clock::time_point now);
   // Under mu_: `row` is finished (good or not); appends its slot to *finished when it was the last.
