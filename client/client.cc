@@ -867,8 +867,12 @@ std::string OperatorStatusText(const proto::DaemonStatus& s) {
   for (const auto& g : s.gpu_devices()) {
     std::snprintf(line, sizeof(line), "  %-26s", ("gpu " + g.device()).c_str());
     out += line;
+    // The figures start in the column the daemon lines' values start in (one space after the name).
+    const char* sep = " ";
     for (const auto& f : proto::GpuDeviceStatFields()) {
-      if (f.surfaces & proto::kText) out += std::string("  ") + f.name + " " + proto::StatText(g, f);
+      if (!(f.surfaces & proto::kText)) continue;
+      out += std::string(sep) + f.name + " " + proto::StatText(g, f);
+      sep = "  ";
     }
     out += '\n';
   }

@@ -658,6 +658,10 @@ TEST_CASE("metrics, spdlctl --json and spdlctl's text show every job-summary, st
         const size_t line = status.find("  gpu cuda:0 ");
         REQUIRE(line != std::string::npos);
         const std::string row = status.substr(line, status.find('\n', line) - line);
+        // Its figures start where the daemon lines' value fields do: "  " + 26 columns + " ".
+        REQUIRE(row.size() > 29);
+        CHECK(row[28] == ' ');
+        CHECK(row[29] != ' ');
         CHECK_THAT(row, Catch::Contains("  " + std::string(f.name) + " " + value + " ") ||
                             Catch::EndsWith("  " + std::string(f.name) + " " + value));
         CHECK(row.size() <= 100);
