@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,18 +83,27 @@ int LeadingInt(const char* s) {
   return v;
 }
 
-// Whether process `pid` has ended as far as CUDA is concerned: it does not exist, or it has exited
-// and waits to be reaped (a zombie: the kernel closed its files and the driver tore its context down
-// when it exited, whenever its parent gets to wait for it).
+// Whether process `pid` has ended as far as CUDA is concerned: it does not exist, has exited and
+// waits to be reaped (a zombie), or is exiting (PF_EXITING: the kernel is tearing it down; its
+// files, the socket to the daemon and the driver's device file among them, close in that teardown
+// in no set order, so the daemon may see the socket close first).
 bool ProcessEnded(int pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
-  std::getline(in, stat);
-  const size_t paren = stat.rfind(')');  // "PID (COMM) STATE ...": COMM may hold spaces and ')'
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  const char state = stat[paren + 2];
-  return state == 'Z' || state == 'X';
+  if (!std::getline(in, stat)) return true;  // reaped since kill() saw it
+  const size_t paren = stat.rfind(')');  // "PID (COMM) STATE PPID PGRP SESSION TTY TPGID FLAGS ...": COMM may hold ')'
+  if (paren == std::string::npos) return false;
+  std::istringstream fields(stat.substr(paren + 1));
+  char state = 0;
+  long long skip = 0;
+  unsigned long long flags = 0;
+  fields >> state;
+  for (int i = 0; i < 5; ++i) fields >> skip;
+  fields >> flags;
+  if (!fields) return false;
+  constexpr unsigned long long kPfExiting = 0x4;  // include/linux/sched.h
+  return state == 'Z' || state == 'X' || (flags & kPfExiting) != 0;
 }
 
 // kFakeGpuVisibleEnv's list, or empty when unset.

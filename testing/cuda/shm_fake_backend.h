@@ -28,9 +28,9 @@
 // an exported event while a live importer still has it open happens (the importer's pages stay
 // valid), and a line goes to DIR/violations (Violations(dir)), which tests assert empty. An
 // importer marks what it holds open with a file DIR/open.NAME.PID (removed on close; a dead
-// importer's marks do not count, an exited one's not yet reaped included: the driver closes a
-// process's mappings when it exits; nor do a poisoned one's: its context can no longer touch them,
-// and it cannot close them either).
+// importer's marks do not count, nor do an exiting one's or one's exited and not yet reaped: the
+// driver closes a process's mappings as it exits; nor do a poisoned one's: its context can no
+// longer touch them, and it cannot close them either).
 // Sticky errors: a file DIR/sticky-error-<physical> poisons that device for every process,
 // DIR/sticky-error-<physical>-<PID> for that process only (CUDA's contexts are per process). A
 // poisoned backend fails EVERY call with the error (sticky_error() returns it), as CUDA does; only
