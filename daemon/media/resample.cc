@@ -153,9 +153,9 @@ void HorizontalAny(const PackedImage& src, int y0, int rows, const AxisWeights& 
 // products, added in pairs into eight 32-bit lanes, one instruction) instead of 32-bit ones
 // (_mm256_mullo_epi32, two uops of ten cycles' latency on Intel):
 //   - each fixed-point weight k is split as k = kh * 2^15 + kl, kl = k & 0x7FFF in [0, 2^15) and
-//     kh = k >> 15 (arithmetic), so both fit int16 when -2^30 <= k < 2^30 (a weight within +-256;
-//     PIL's normalized weights stay near [-1, 2]; a pass whose weights do not split takes the
-//     scalar code);
+//     kh = k >> 15 (arithmetic), so both fit int16 when -2^30 <= k < 2^30, i.e. a weight in
+//     [-256, 256) (normalized weights are within a few units of [0, 1]; a pass with a weight
+//     outside takes the scalar code);
 //   - samples (0-255) are widened to 16 bits and paired tap by tap with (kh_t, kh_t+1) and
 //     (kl_t, kl_t+1), so one madd adds two taps' products into a 32-bit lane, exactly;
 //   - the sum is (sum of sample * kh) * 2^15 + (sum of sample * kl) + half, all in 32-bit lanes
@@ -200,8 +200,8 @@ inline int32_t LowPair(int32_t a, int32_t b) {
 // the row's copy in the tail buffer (1) or the row itself (0), and the eight outputs' byte offsets
 // (vector v: 3 + 2v low half, 4 + 2v high half; an output past the last repeats the last's, with
 // weight 0). `words` holds per group, per vector, per unit the high then the low weight halves
-// (eight 32-bit words each). A load may read up to 13 bytes past its output's last tap: a group
-// whose loads would cross the row's end reads instead from a copy of the row's last bytes, from
+// (eight 32-bit words each). Loads read bytes past an output's last tap (weighted 0): a group whose
+// loads would cross the row's end reads instead from a copy of the row's last bytes, from
 // *tail_start on, followed by zeros (*tail_bytes in all; 0: no group needs it), made per row.
 constexpr int kLaneInts = 11;
 
@@ -360,6 +360,12 @@ __attribute__((target("avx2"))) bool HorizontalMadd(const PackedImage& src, int 
           break;
         case 2:
           for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 2>(base, lane, v, k, units, even, odd);
+          break;
+        case 3:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 3>(base, lane, v, k, units, even, odd);
+          break;
+        case 4:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 4>(base, lane, v, k, units, even, odd);
           break;
         default:
           for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 0>(base, lane, v, k, units, even, odd);
@@ -734,6 +740,9 @@ void Resampler::Trim(size_t max_bytes) {
   if (rows_.size() > max_bytes) std::vector<uint8_t>().swap(rows_);
   if (sums_.size() * sizeof(int64_t) > max_bytes) std::vector<int64_t>().swap(sums_);
   if (sums32_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(sums32_);
+  if (simd_words_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(simd_words_);
+  if (simd_lanes_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(simd_lanes_);
+  if (simd_tail_.size() > max_bytes) std::vector<uint8_t>().swap(simd_tail_);
 }
 
 }  // namespace spdl::media
