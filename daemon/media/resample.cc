@@ -407,10 +407,10 @@ __attribute__((target("avx2"))) bool HorizontalMadd(const PackedImage& src, int 
   return true;
 }
 
-// The samples of eight sums given as high and low parts: (h * 2^15 + l + half) >> bits (not clipped).
-__attribute__((target("avx2"))) inline __m256i SplitSum(__m256i h, __m256i l, __m256i half) {
-  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h, kSplitBits), l), half),
-                           kResamplePrecisionBits);
+// Eight sums of two taps, x's int16 sample pairs times the weights' high halves (kh) << 15 plus
+// their low halves (kl): exactly sample * k summed, modulo 2^32.
+__attribute__((target("avx2"))) inline __m256i SplitMadd(__m256i x, __m256i kh, __m256i kl) {
+  return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(x, kh), kSplitBits), _mm256_madd_epi16(x, kl));
 }
 
 // Vertical, 8-bit: 32 columns per step (the last step overlaps the one before when n is not a
@@ -437,8 +437,9 @@ __attribute__((target("avx2"))) bool VerticalMadd(const uint8_t* in, size_t in_s
     uint8_t* out = dst + i * dst_stride;
     for (int j = 0;; j += 32) {
       j = std::min(j, n - 32);
-      // Columns 0-3 and 16-19 (h0, l0), 4-7 and 20-23, 8-11 and 24-27, 12-15 and 28-31.
-      __m256i h0 = zero, h1 = zero, h2 = zero, h3 = zero, l0 = zero, l1 = zero, l2 = zero, l3 = zero;
+      // Sums (half included) of columns 0-3 and 16-19 (s0), 4-7 and 20-23, 8-11 and 24-27, 12-15
+      // and 28-31; each pair of rows adds its high part << 15 plus its low part (modulo 2^32).
+      __m256i s0 = half, s1 = half, s2 = half, s3 = half;
       for (int p = 0; p < np; ++p) {
         const uint8_t* r0 = base + static_cast<size_t>(2 * p) * in_stride + j;
         const uint8_t* r1 = 2 * p + 1 < count ? r0 + in_stride : r0;  // an odd count's last: weight 0
@@ -448,22 +449,16 @@ __attribute__((target("avx2"))) bool VerticalMadd(const uint8_t* in, size_t in_s
         const __m256i ab_hi = _mm256_unpackhi_epi8(a, b);
         const __m256i kh = _mm256_set1_epi32(pairs[2 * p]);
         const __m256i kl = _mm256_set1_epi32(pairs[2 * p + 1]);
-        __m256i x = _mm256_unpacklo_epi8(ab_lo, zero);
-        h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(x, kh));
-        l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(x, kl));
-        x = _mm256_unpackhi_epi8(ab_lo, zero);
-        h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(x, kh));
-        l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(x, kl));
-        x = _mm256_unpacklo_epi8(ab_hi, zero);
-        h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(x, kh));
-        l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(x, kl));
-        x = _mm256_unpackhi_epi8(ab_hi, zero);
-        h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(x, kh));
-        l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(x, kl));
+        s0 = _mm256_add_epi32(s0, SplitMadd(_mm256_unpacklo_epi8(ab_lo, zero), kh, kl));
+        s1 = _mm256_add_epi32(s1, SplitMadd(_mm256_unpackhi_epi8(ab_lo, zero), kh, kl));
+        s2 = _mm256_add_epi32(s2, SplitMadd(_mm256_unpacklo_epi8(ab_hi, zero), kh, kl));
+        s3 = _mm256_add_epi32(s3, SplitMadd(_mm256_unpackhi_epi8(ab_hi, zero), kh, kl));
       }
       // The packs work per 128-bit half: columns 0-7, 16-23 then 8-15, 24-31, then 0-31 in order.
-      const __m256i c01 = _mm256_packs_epi32(SplitSum(h0, l0, half), SplitSum(h1, l1, half));
-      const __m256i c23 = _mm256_packs_epi32(SplitSum(h2, l2, half), SplitSum(h3, l3, half));
+      const __m256i c01 = _mm256_packs_epi32(_mm256_srai_epi32(s0, kResamplePrecisionBits),
+                                             _mm256_srai_epi32(s1, kResamplePrecisionBits));
+      const __m256i c23 = _mm256_packs_epi32(_mm256_srai_epi32(s2, kResamplePrecisionBits),
+                                             _mm256_srai_epi32(s3, kResamplePrecisionBits));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_packus_epi16(c01, c23));
       if (j + 32 >= n) break;
     }
