@@ -132,12 +132,12 @@ class Resampler {
   AxisWeights vertical_;
   std::vector<int> index_x_;
   std::vector<int> index_y_;
-  std::vector<uint8_t> rows_;          // the horizontal pass's rows, before the vertical pass
-  std::vector<int64_t> sums_;          // one output row's sums in the vertical pass (16-bit samples)
-  std::vector<int32_t> sums32_;        // the same for 8-bit samples
-  std::vector<int32_t> simd_words_;    // the horizontal weights laid out for the AVX2 pass
-  std::vector<int32_t> simd_lanes_;    // per group of eight outputs: where its weights and pixels are
-  std::vector<uint8_t> simd_tail_;     // a copy of a row's end, for loads that would cross it
+  std::vector<uint8_t> rows_;        // the horizontal pass's rows, before the vertical pass
+  std::vector<int64_t> sums_;        // one output row's sums in the vertical pass (16-bit samples)
+  std::vector<int32_t> sums32_;      // the same for 8-bit samples (AVX2: the weight pairs)
+  std::vector<int32_t> simd_words_;  // the horizontal weights laid out for the AVX2 pass
+  std::vector<int32_t> simd_lanes_;  // per group of eight outputs: where its weights and pixels are
+  std::vector<uint8_t> simd_tail_;   // a copy of a row's end, for loads that would cross it
 };
 
 }  // namespace spdl::media
