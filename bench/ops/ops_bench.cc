@@ -7,6 +7,8 @@
 //     (--full-decode: each crop op also with the JPEG window decode off, as "OP (full decode)")
 //   spdl-ops-bench audio [--repeats N] [--rate R] [--seconds S] FILE...
 //   spdl-ops-bench video [--repeats N] [--frames T] [--stride S] [--size P] FILE...
+//   spdl-ops-bench resample [--repeats N] FILE...   # the exact path's resampler alone (media/resample.h)
+//                                                  # on images decoded to RGB beforehand
 //
 // Prints one JSON object per line and operation: {"kind", "op", "items", "cpu_s": [...],
 // "wall_s": [...], "units": ...} with one figure per repeat (images also carry "resample"). CPU time is the process's
@@ -14,6 +16,7 @@
 #include <time.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -30,6 +33,7 @@
 #include "media/audio_decoder.h"
 #include "media/image_decoder.h"
 #include "media/image_ops.h"
+#include "media/resample.h"
 #include "media/sample_random.h"
 #include "media/video_decoder.h"
 
@@ -146,6 +150,77 @@ int Images(const std::vector<std::vector<uint8_t>>& files, int repeats, const st
   return 0;
 }
 
+// The resampler alone (what the exact path runs after the decode): each file decoded once to RGB
+// (full size) before timing; then per pass each image is copied into one work buffer (untimed: as
+// a decoder would have just written it, so it is in the caches) and resized, shorter side to 256
+// (torchvision Resize(256)'s size), or (eval transform) only its center 224 x 224 window computed;
+// bilinear (the default filter) and bicubic. cpu_s / wall_s sum the Resample calls alone (thread
+// CPU time).
+int Resamples(const std::vector<std::vector<uint8_t>>& files, int repeats) {
+  struct Decoded {
+    std::vector<uint8_t> rgb;
+    int width = 0, height = 0;
+  };
+  std::vector<Decoded> images;
+  spdl::media::ImageDecoder decoder;
+  for (size_t i = 0; i < files.size(); ++i) {
+    spdl::media::ImageInfo info;
+    if (!decoder.ReadJpegHeader(files[i], &info).ok())
+      throw std::runtime_error("not a JPEG: file " + std::to_string(i));
+    Decoded d;
+    d.width = info.width;
+    d.height = info.height;
+    d.rgb.resize(static_cast<size_t>(d.width) * d.height * 3);
+    const spdl::Status s = decoder.DecodeInto(files[i], ImageOps{}, d.rgb.data(), d.width, d.height);
+    if (!s.ok()) throw std::runtime_error("file " + std::to_string(i) + ": " + s.ToString());
+    images.push_back(std::move(d));
+  }
+  struct Op {
+    std::string name;
+    spdl::media::ResampleFilter filter;
+    bool crop;
+  };
+  const Op ops[] = {{"resample:resize256(bilinear)", spdl::media::ResampleFilter::kBilinear, false},
+                    {"resample:resize256+crop224(bilinear)", spdl::media::ResampleFilter::kBilinear, true},
+                    {"resample:resize256+crop224(bicubic)", spdl::media::ResampleFilter::kBicubic, true}};
+  spdl::media::Resampler resampler;
+  std::vector<uint8_t> work, out;
+  for (const Op& op : ops) {
+    nlohmann::json cpu = nlohmann::json::array(), wall = nlohmann::json::array();
+    for (int pass = 0; pass <= repeats; ++pass) {  // pass 0: the warm-up
+      double cpu_s = 0, wall_s = 0;
+      for (const Decoded& d : images) {
+        spdl::media::ResampleRequest r;
+        const bool tall = d.height > d.width;
+        r.out_width = tall ? 256 : static_cast<int>(256LL * d.width / d.height);
+        r.out_height = tall ? static_cast<int>(256LL * d.height / d.width) : 256;
+        r.window_width = op.crop ? std::min(224, r.out_width) : r.out_width;
+        r.window_height = op.crop ? std::min(224, r.out_height) : r.out_height;
+        r.window_x = (r.out_width - r.window_width) / 2;
+        r.window_y = (r.out_height - r.window_height) / 2;
+        r.filter = op.filter;
+        const size_t stride = static_cast<size_t>(r.window_width) * 3;
+        if (out.size() < stride * r.window_height) out.resize(stride * r.window_height);
+        work.assign(d.rgb.begin(), d.rgb.end());
+        spdl::media::PackedImage src{work.data(), static_cast<size_t>(d.width) * 3, d.width, d.height, 3, false};
+        const double c0 = Now(CLOCK_THREAD_CPUTIME_ID), w0 = Now(CLOCK_MONOTONIC);
+        const spdl::Status s = resampler.Resample(src, r, out.data(), stride);
+        cpu_s += Now(CLOCK_THREAD_CPUTIME_ID) - c0;
+        wall_s += Now(CLOCK_MONOTONIC) - w0;
+        if (!s.ok()) throw std::runtime_error(op.name + ": " + s.ToString());
+      }
+      if (pass > 0) {
+        cpu.push_back(cpu_s);
+        wall.push_back(wall_s);
+      }
+    }
+    const nlohmann::json j = {{"kind", "image"},  {"op", op.name}, {"items", images.size()}, {"units", images.size()},
+                              {"unit", "images"}, {"cpu_s", cpu},  {"wall_s", wall}};
+    std::cout << j.dump() << '\n' << std::flush;
+  }
+  return 0;
+}
+
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%gs", s);
@@ -238,7 +313,9 @@ int main(int argc, char** argv) try {
   int repeats = 5, rate = 16000, frames = 16, stride = 2, size = 112;
   double seconds = 1.0;
   std::string resample = "both";
-  app.add_option("kind", kind, "image | audio | video")->required()->check(CLI::IsMember({"image", "audio", "video"}));
+  app.add_option("kind", kind, "image | audio | video | resample")
+      ->required()
+      ->check(CLI::IsMember({"image", "audio", "video", "resample"}));
   app.add_option("files", paths, "input files")->required();
   app.add_option("--repeats", repeats, "timed passes over all files (after one warm-up)");
   app.add_option("--rate", rate, "audio: output sample rate");
@@ -259,6 +336,7 @@ int main(int argc, char** argv) try {
     files.push_back(std::move(*bytes));
   }
   if (kind == "image") return Images(files, repeats, resample, full_decode);
+  if (kind == "resample") return Resamples(files, repeats);
   if (kind == "audio") return Audio(files, repeats, rate, seconds);
   return Video(files, repeats, frames, stride, size);
 } catch (const std::exception& e) {  // a failed pass, out of memory: a message and status 1, not abort()

@@ -148,261 +148,346 @@ void HorizontalAny(const PackedImage& src, int y0, int rows, const AxisWeights& 
 }
 
 #ifdef SPDL_RESAMPLE_AVX2
-// AVX2 versions of the 8-bit passes (chosen at run time when the CPU has AVX2). The same integer
-// arithmetic as the scalar code, eight 32-bit lanes at a time, so the values are identical.
+// AVX2 versions of the 8-bit passes (chosen at run time when the CPU has AVX2). They compute the
+// scalar code's sums bit for bit, with 16-bit multiplies (_mm256_madd_epi16: sixteen 16 x 16-bit
+// products, added in pairs into eight 32-bit lanes, one instruction) instead of 32-bit ones
+// (_mm256_mullo_epi32, two uops of ten cycles' latency on Intel):
+//   - each fixed-point weight k is split as k = kh * 2^15 + kl, kl = k & 0x7FFF in [0, 2^15) and
+//     kh = k >> 15 (arithmetic), so both fit int16 when -2^30 <= k < 2^30, i.e. a weight in
+//     [-256, 256) (normalized weights are within a few units of [0, 1]; a pass with a weight
+//     outside takes the scalar code);
+//   - samples (0-255) are widened to 16 bits and paired tap by tap with (kh_t, kh_t+1) and
+//     (kl_t, kl_t+1), so one madd adds two taps' products into a 32-bit lane, exactly;
+//   - the sum is (sum of sample * kh) * 2^15 + (sum of sample * kl) + half, all in 32-bit lanes
+//     that wrap modulo 2^32 like the scalar code's int32 sums: the same sum, so after the shift and
+//     the clip (saturating packs) the same sample.
 
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2");
   return have;
 }
 
-// Horizontal, 8-bit, C = 1 or 3. C = 3: two taps per vector (lanes 0-2 tap t, 3-5 tap t + 1, 6-7
-// weight 0); C = 1: eight taps per vector. `wide` holds the weights laid out that way; `safe` says
-// whether an output's 8-byte loads stay inside the row (else it takes the scalar code).
+constexpr int kSplitBits = 15;
+
+// Whether every weight splits into int16 halves (see above).
+bool WeightsSplit(const AxisWeights& w) {
+  return std::all_of(w.weights.begin(), w.weights.end(),
+                     [](int32_t k) { return k >= -(int32_t{1} << 30) && k < (int32_t{1} << 30); });
+}
+
+// The high (kh) and low (kl) halves of weights a and b as the int16 pair (a's, b's) of one 32-bit
+// word, the layout _mm256_madd_epi16 pairs with two samples.
+inline int32_t PackPair(int32_t a, int32_t b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
+                              static_cast<uint32_t>(static_cast<uint16_t>(b)) << 16);
+}
+inline int32_t HighPair(int32_t a, int32_t b) { return PackPair(a >> kSplitBits, b >> kSplitBits); }
+inline int32_t LowPair(int32_t a, int32_t b) {
+  constexpr int32_t kLowMask = (1 << kSplitBits) - 1;
+  return PackPair(a & kLowMask, b & kLowMask);
+}
+
+// The horizontal pass's layout (HorizontalMadd<C>, C = 1 or 3). Outputs go in groups of eight;
+// vector v (0-3) of group g holds output 8g + v in its low 128-bit half and output 8g + 4 + v in
+// its high half (so that the packs at the end put the eight outputs in order). Each half is four
+// 32-bit lanes, each an int16 pair of samples times an int16 pair of weight halves:
+//   - C = 3: a unit is two taps; lanes 0-2 are R, G and B of taps (t, t + 1), lane 3 is unused
+//     (weight 0). One 16-byte load at the output's first pixel + 12 m gives the 12 bytes of taps
+//     4m .. 4m + 3, i.e. units 2m and 2m + 1, spread into lanes by a byte shuffle.
+//   - C = 1: a unit is eight taps, lane d holding taps (2d, 2d + 1); one 8-byte load per unit.
+// Per group, `lanes` holds kLaneInts ints: the group's first word in `words`, its unit count (the
+// most its eight outputs need; taps past an output's count have weight 0), whether its loads read
+// the row's copy in the tail buffer (1) or the row itself (0), and the eight outputs' byte offsets
+// (vector v: 3 + 2v low half, 4 + 2v high half; an output past the last repeats the last's, with
+// weight 0). `words` holds per group, per vector, per unit the high then the low weight halves
+// (eight 32-bit words each). Loads read bytes past an output's last tap (weighted 0): a group whose
+// loads would cross the row's end reads instead from a copy of the row's last bytes, from
+// *tail_start on, followed by zeros (*tail_bytes in all; 0: no group needs it), made per row.
+constexpr int kLaneInts = 11;
+
 template <int C>
-__attribute__((target("avx2"))) void HorizontalAvx2(const PackedImage& src, int y0, int rows, const AxisWeights& w,
-                                                    uint8_t* dst, size_t dst_stride, std::vector<int32_t>& wide,
-                                                    std::vector<uint8_t>& safe) {
-  constexpr int kTapsPerVector = C == 3 ? 2 : 8;
-  const int n = static_cast<int>(w.first.size());
-  const int vectors = (w.taps + kTapsPerVector - 1) / kTapsPerVector;
-  wide.assign(static_cast<size_t>(n) * vectors * 8, 0);
-  safe.assign(n, 0);
-  const int row_bytes = src.width * C;
-  for (int i = 0; i < n; ++i) {
-    int32_t* out = wide.data() + static_cast<size_t>(i) * vectors * 8;
-    const int32_t* k = w.weights.data() + static_cast<size_t>(i) * w.taps;
-    for (int t = 0; t < w.count[i]; ++t) {
-      if (C == 3) {
-        for (int c = 0; c < 3; ++c) out[(t / 2) * 8 + (t % 2) * 3 + c] = k[t];
-      } else {
-        out[t] = k[t];
-      }
-    }
-    const int used = (w.count[i] + kTapsPerVector - 1) / kTapsPerVector;
-    safe[i] = used == 0 || (w.first[i] + (used - 1) * kTapsPerVector) * C + 8 <= row_bytes;
-  }
-  constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
-  const __m128i half4 = _mm_set1_epi32(half);
-  const __m256i next_tap = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 0, 0);  // lanes 3-5 onto 0-2
-  for (int y = 0; y < rows; ++y) {
-    const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
-    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-    for (int i = 0; i < n; ++i) {
-      const uint8_t* p = in + static_cast<size_t>(w.first[i]) * C;
-      if (!safe[i]) {
-        const int32_t* k = w.weights.data() + static_cast<size_t>(i) * w.taps;
-        for (int c = 0; c < C; ++c) {
-          int32_t sum = half;
-          for (int t = 0; t < w.count[i]; ++t) sum += p[t * C + c] * k[t];
-          out[i * C + c] = ClipSample<uint8_t, int32_t>(sum);
-        }
-        continue;
-      }
-      const int used = (w.count[i] + kTapsPerVector - 1) / kTapsPerVector;
-      const int32_t* k = wide.data() + static_cast<size_t>(i) * vectors * 8;
-      __m256i acc = _mm256_setzero_si256();
-      for (int v = 0; v < used; ++v) {
-        const __m256i px = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + static_cast<size_t>(v) * kTapsPerVector * C)));
-        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + v * 8));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, kv));
-      }
-      // Sum the lanes of one channel, add half, shift, clip to bytes (as ClipSample).
-      __m128i sum;
-      if (C == 3) {
-        sum = _mm_add_epi32(_mm256_castsi256_si128(acc),
-                            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(acc, next_tap)));
-      } else {
-        sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
-        sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
-      }
-      sum = _mm_srai_epi32(_mm_add_epi32(sum, half4), kResamplePrecisionBits);
-      sum = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
-      const auto bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(sum));
-      if (C == 3 && i + 1 < n) {
-        std::memcpy(out + i * 3, &bytes, 4);  // the fourth byte is the next pixel's, written next
-      } else {
-        std::memcpy(out + i * C, &bytes, C);
-      }
-    }
-  }
+constexpr int UnitTaps() {
+  return C == 3 ? 2 : 8;
 }
 
-// Eight fixed-point sums to eight samples in 32-bit lanes: drop the fraction bits, clip to [lo, hi].
-__attribute__((target("avx2"))) inline __m256i ClipLanes(__m256i v, __m256i lo, __m256i hi) {
-  return _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(v, kResamplePrecisionBits), lo), hi);
+// Bytes past an output's first byte that its loads read, for `units` units.
+template <int C>
+int LoadReach(int units) {
+  if (units == 0) return 0;
+  return C == 3 ? 12 * ((units - 1) / 2) + 16 : 8 * units;
 }
 
-// The most taps an output may have for HorizontalGather3 (beyond it, HorizontalAvx2<3>: a gather per
-// tap and eight outputs costs more than two taps per vector when there are many).
-constexpr int kGatherMaxTaps = 12;
-
-// Horizontal, 8-bit, RGB, eight outputs at a time: per tap, one gather loads the eight outputs'
-// source pixels as 32-bit words (R, G, B and one byte more, masked off), and each channel sums in
-// eight lanes. The same integer arithmetic as the scalar code (32-bit wrap-around sums, then shift
-// and clip), so the same values. `lanes` holds per group of eight outputs and per tap the eight
-// byte offsets then the eight weights (taps past an output's count: its first pixel, weight 0);
-// `safe` says whether a group's loads stay inside the row (a 32-bit load at the row's last pixel
-// reads one byte past it: such a group takes the scalar code).
-__attribute__((target("avx2"))) void HorizontalGather3(const PackedImage& src, int y0, int rows, const AxisWeights& w,
-                                                       uint8_t* dst, size_t dst_stride, std::vector<int32_t>& lanes,
-                                                       std::vector<uint8_t>& safe) {
-  constexpr int kLanes = 8;
+template <int C>
+void LayoutHorizontal(const AxisWeights& w, int row_bytes, std::vector<int32_t>& words, std::vector<int32_t>& lanes,
+                      int* tail_start, int* tail_bytes) {
+  constexpr int kTaps = UnitTaps<C>();
   const int n = static_cast<int>(w.first.size());
-  const int groups = n / kLanes;
-  const int taps = w.taps;
-  const size_t group_ints = static_cast<size_t>(taps) * 2 * kLanes;
-  lanes.assign(static_cast<size_t>(groups) * group_ints, 0);
-  safe.assign(static_cast<size_t>(groups), 0);
-  const int row_bytes = src.width * 3;
-  std::vector<int> group_taps(static_cast<size_t>(groups), 0);
+  const int groups = (n + 7) / 8;
+  lanes.assign(static_cast<size_t>(groups) * kLaneInts, 0);
+  int start = row_bytes, end = row_bytes;
+  size_t total = 0;
   for (int g = 0; g < groups; ++g) {
-    int32_t* d = lanes.data() + static_cast<size_t>(g) * group_ints;
-    bool ok = true;
-    int most = 0;
-    for (int l = 0; l < kLanes; ++l) {
-      const int i = g * kLanes + l;
-      const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
-      most = std::max(most, w.count[i]);
-      ok = ok && (w.first[i] + std::max(w.count[i], 1) - 1) * 3 + 4 <= row_bytes;
-      for (int t = 0; t < taps; ++t) {
-        const bool used = t < w.count[i];
-        d[t * 2 * kLanes + l] = (w.first[i] + (used ? t : 0)) * 3;
-        d[t * 2 * kLanes + kLanes + l] = used ? k[t] : 0;
+    int32_t* lane = lanes.data() + static_cast<size_t>(g) * kLaneInts;
+    int units = 0;
+    for (int o = 8 * g; o < std::min(8 * g + 8, n); ++o) units = std::max(units, (w.count[o] + kTaps - 1) / kTaps);
+    lane[0] = static_cast<int32_t>(total);
+    lane[1] = units;
+    total += static_cast<size_t>(units) * 4 * 2 * 8;
+    int lo = row_bytes, hi = 0;
+    for (int v = 0; v < 4; ++v) {
+      for (int h = 0; h < 2; ++h) {
+        const int offset = w.first[std::min(8 * g + 4 * h + v, n - 1)] * C;
+        lane[3 + 2 * v + h] = offset;
+        lo = std::min(lo, offset);
+        hi = std::max(hi, offset + LoadReach<C>(units));
       }
     }
-    safe[g] = ok ? 1 : 0;
-    group_taps[g] = most;
+    if (hi > row_bytes) {
+      lane[2] = 1;
+      start = std::min(start, lo);
+      end = std::max(end, hi);
+    }
   }
-  constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
-  const __m256i h = _mm256_set1_epi32(half);
-  const __m256i byte = _mm256_set1_epi32(0xFF);
-  const __m256i zero = _mm256_setzero_si256();
-  // Per 128-bit half: four RGBx words to twelve RGB bytes.
+  // The weights: zero (outputs past n, taps past an output's count, C = 3's lane 3), then each
+  // output's pairs written where its vector, unit, part and half put them.
+  words.assign(total, 0);
+  for (int o = 0; o < n; ++o) {
+    const int g = o / 8, v = o % 4, h = (o % 8) / 4;
+    const int32_t* lane = lanes.data() + static_cast<size_t>(g) * kLaneInts;
+    const int units = lane[1];
+    const int32_t* k = w.weights.data() + static_cast<size_t>(o) * w.taps;
+    const int count = w.count[o];
+    for (int u = 0; u < units; ++u) {
+      int32_t* d = words.data() + lane[0] + (static_cast<size_t>(v) * units + u) * 16 + h * 4;
+      for (int j = 0; j < (C == 3 ? 1 : 4); ++j) {
+        const int t = u * kTaps + 2 * j;
+        if (t >= count) break;
+        const int32_t a = k[t], b = t + 1 < count ? k[t + 1] : 0;
+        const int32_t high = HighPair(a, b), low = LowPair(a, b);
+        if (C == 3) {
+          d[0] = d[1] = d[2] = high;
+          d[8] = d[9] = d[10] = low;
+        } else {
+          d[j] = high;
+          d[8 + j] = low;
+        }
+      }
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    int32_t* lane = lanes.data() + static_cast<size_t>(g) * kLaneInts;
+    if (lane[2] != 0) {
+      for (int j = 3; j < kLaneInts; ++j) lane[j] -= start;
+    }
+  }
+  *tail_start = start;
+  *tail_bytes = start < row_bytes ? end - start : 0;
+}
+
+// hi += x madd the high weight halves at k, lo += x madd the low ones at k + 8; k moves to the next unit.
+__attribute__((target("avx2"), always_inline)) inline void MaddSplit(__m256i x, const int32_t*& k, __m256i& hi,
+                                                                     __m256i& lo) {
+  hi = _mm256_add_epi32(hi, _mm256_madd_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k))));
+  lo = _mm256_add_epi32(lo, _mm256_madd_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 8))));
+  k += 16;
+}
+
+// The sums of vector v (two outputs) of a group of HorizontalMadd<C>: (high part << 15) + low
+// part, before half and the shift. kUnits: the group's unit count when fixed at compile time (0:
+// `units`). `even` and `odd` (C = 3): the byte shuffles of units 2m and 2m + 1.
+template <int C, int kUnits>
+__attribute__((target("avx2"), always_inline)) inline __m256i VectorSum(const uint8_t* base, const int32_t* lane, int v,
+                                                                        const int32_t* k, int units, __m256i even,
+                                                                        __m256i odd) {
+  const int count = kUnits > 0 ? kUnits : units;
+  const uint8_t* a = base + lane[3 + 2 * v];
+  const uint8_t* b = base + lane[4 + 2 * v];
+  k += static_cast<size_t>(v) * count * 16;
+  __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();
+  for (int u = 0; u < count; u += C == 3 ? 2 : 1) {
+    if (C == 3) {
+      const size_t at = static_cast<size_t>(u / 2) * 12;
+      const __m256i px =
+          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + at))),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)), 1);
+      MaddSplit(_mm256_shuffle_epi8(px, even), k, hi, lo);
+      if (u + 1 < count) MaddSplit(_mm256_shuffle_epi8(px, odd), k, hi, lo);
+    } else {
+      const size_t at = static_cast<size_t>(u) * 8;
+      MaddSplit(_mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a + at)),
+                                                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + at)))),
+                k, hi, lo);
+    }
+  }
+  return _mm256_add_epi32(_mm256_slli_epi32(hi, kSplitBits), lo);
+}
+
+// Horizontal, 8-bit, C = 1 or 3, eight outputs per step with the layout above. False (nothing
+// written) when the weights do not split into int16 halves.
+template <int C>
+__attribute__((target("avx2"))) bool HorizontalMadd(const PackedImage& src, int y0, int rows, const AxisWeights& w,
+                                                    uint8_t* dst, size_t dst_stride, std::vector<int32_t>& words,
+                                                    std::vector<int32_t>& lanes, std::vector<uint8_t>& tail) {
+  if (!WeightsSplit(w)) return false;
+  const int n = static_cast<int>(w.first.size());
+  const int groups = (n + 7) / 8;
+  const int row_bytes = src.width * C;
+  int tail_start = 0, tail_bytes = 0;
+  LayoutHorizontal<C>(w, row_bytes, words, lanes, &tail_start, &tail_bytes);
+  tail.assign(static_cast<size_t>(tail_bytes), 0);
+  const __m256i half = _mm256_set1_epi32(1 << (kResamplePrecisionBits - 1));
+  // C = 3: taps (0, 1) and (2, 3) of a 16-byte load as the int16 pairs of lanes R, G, B (lane 3 zero).
+  const __m256i even = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1, 1, -1,
+                                        4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i odd = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7, -1,
+                                       10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  // C = 3: per 128-bit half, four RGBx outputs to twelve RGB bytes.
   const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8, 9,
                                         10, 12, 13, 14, -1, -1, -1, -1);
   for (int y = 0; y < rows; ++y) {
     const uint8_t* in = src.data + static_cast<size_t>(y0 + y) * src.stride;
     uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
+    if (tail_bytes > 0) std::memcpy(tail.data(), in + tail_start, static_cast<size_t>(row_bytes - tail_start));
     for (int g = 0; g < groups; ++g) {
-      if (safe[g] == 0) {
-        for (int i = g * kLanes; i < (g + 1) * kLanes; ++i) {
-          const uint8_t* p = in + static_cast<size_t>(w.first[i]) * 3;
-          const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
-          for (int c = 0; c < 3; ++c) {
-            int32_t sum = half;
-            for (int t = 0; t < w.count[i]; ++t) sum += p[t * 3 + c] * k[t];
-            out[i * 3 + c] = ClipSample<uint8_t, int32_t>(sum);
-          }
+      const int32_t* lane = lanes.data() + static_cast<size_t>(g) * kLaneInts;
+      const uint8_t* base = lane[2] != 0 ? tail.data() : in;
+      const int32_t* k = words.data() + lane[0];
+      const int units = lane[1];
+      __m256i s[4];
+      switch (units) {  // the common counts unrolled
+        case 1:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 1>(base, lane, v, k, units, even, odd);
+          break;
+        case 2:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 2>(base, lane, v, k, units, even, odd);
+          break;
+        case 3:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 3>(base, lane, v, k, units, even, odd);
+          break;
+        case 4:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 4>(base, lane, v, k, units, even, odd);
+          break;
+        default:
+          for (int v = 0; v < 4; ++v) s[v] = VectorSum<C, 0>(base, lane, v, k, units, even, odd);
+      }
+      const int first = 8 * g;
+      const int valid = std::min(8, n - first);
+      if (C == 3) {
+        // Per vector: RGBx of two outputs; shift, clip, in order: the low halves hold outputs 0-3.
+        for (auto& x : s) x = _mm256_srai_epi32(_mm256_add_epi32(x, half), kResamplePrecisionBits);
+        const __m256i bytes = _mm256_shuffle_epi8(
+            _mm256_packus_epi16(_mm256_packs_epi32(s[0], s[1]), _mm256_packs_epi32(s[2], s[3])), pack);
+        uint8_t* o = out + static_cast<size_t>(first) * 3;
+        if ((first + 8) * 3 + 4 <= n * 3) {  // 16-byte stores: the last 4 bytes of each are overwritten next
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(bytes));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 12), _mm256_extracti128_si256(bytes, 1));
+        } else {
+          alignas(32) uint8_t tmp[32];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), bytes);
+          std::memcpy(o, tmp, static_cast<size_t>(std::min(valid, 4)) * 3);
+          if (valid > 4) std::memcpy(o + 12, tmp + 16, static_cast<size_t>(valid - 4) * 3);
         }
-        continue;
-      }
-      const int32_t* d = lanes.data() + static_cast<size_t>(g) * group_ints;
-      __m256i r = h, gr = h, b = h;
-      for (int t = 0; t < group_taps[g]; ++t) {
-        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + t * 2 * kLanes));
-        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + t * 2 * kLanes + kLanes));
-        const __m256i px = _mm256_i32gather_epi32(reinterpret_cast<const int*>(in), idx, 1);
-        r = _mm256_add_epi32(r, _mm256_mullo_epi32(_mm256_and_si256(px, byte), kv));
-        gr = _mm256_add_epi32(gr, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 8), byte), kv));
-        b = _mm256_add_epi32(b, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 16), byte), kv));
-      }
-      const __m256i words =
-          _mm256_or_si256(ClipLanes(r, zero, byte), _mm256_or_si256(_mm256_slli_epi32(ClipLanes(gr, zero, byte), 8),
-                                                                    _mm256_slli_epi32(ClipLanes(b, zero, byte), 16)));
-      alignas(32) uint8_t bytes[32];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), _mm256_shuffle_epi8(words, pack));
-      std::memcpy(out + g * kLanes * 3, bytes, 12);
-      std::memcpy(out + g * kLanes * 3 + 12, bytes + 16, 12);
-    }
-    for (int i = groups * kLanes; i < n; ++i) {
-      const uint8_t* p = in + static_cast<size_t>(w.first[i]) * 3;
-      const int32_t* k = w.weights.data() + static_cast<size_t>(i) * taps;
-      for (int c = 0; c < 3; ++c) {
-        int32_t sum = half;
-        for (int t = 0; t < w.count[i]; ++t) sum += p[t * 3 + c] * k[t];
-        out[i * 3 + c] = ClipSample<uint8_t, int32_t>(sum);
+      } else {
+        // Per vector: four partial sums of two outputs; add them up (lanes 0-3 of the low half:
+        // outputs 0-3, of the high half: 4-7), shift, clip.
+        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        const __m256i v = _mm256_srai_epi32(_mm256_add_epi32(sums, half), kResamplePrecisionBits);
+        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(v, v), v);
+        const __m128i eight = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+        if (valid == 8) {
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + first), eight);
+        } else {
+          alignas(16) uint8_t tmp[16];
+          _mm_store_si128(reinterpret_cast<__m128i*>(tmp), eight);
+          std::memcpy(out + first, tmp, static_cast<size_t>(valid));
+        }
       }
     }
   }
+  return true;
 }
 
-// Eight 32-bit sums to eight clipped bytes, in order, in the low 64 bits.
-__attribute__((target("avx2"))) inline __m256i PackSums(__m256i a, __m256i b, __m256i c, __m256i d) {
-  const __m256i ab =
-      _mm256_packs_epi32(_mm256_srai_epi32(a, kResamplePrecisionBits), _mm256_srai_epi32(b, kResamplePrecisionBits));
-  const __m256i cd =
-      _mm256_packs_epi32(_mm256_srai_epi32(c, kResamplePrecisionBits), _mm256_srai_epi32(d, kResamplePrecisionBits));
-  return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+// Eight sums of two taps, x's int16 sample pairs times the weights' high halves (kh) << 15 plus
+// their low halves (kl): exactly sample * k summed, modulo 2^32.
+__attribute__((target("avx2"))) inline __m256i SplitMadd(__m256i x, __m256i kh, __m256i kl) {
+  return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(x, kh), kSplitBits), _mm256_madd_epi16(x, kl));
 }
 
-// Eight bytes widened to eight 32-bit lanes.
-__attribute__((target("avx2"))) inline __m256i Load8(const uint8_t* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Vertical, 8-bit: 32 (then 8) columns at a time.
-__attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* in, size_t in_stride, int row0, int x0, int n,
-                                                  const AxisWeights& w, uint8_t* dst, size_t dst_stride) {
-  constexpr int32_t half = 1 << (kResamplePrecisionBits - 1);
-  const __m256i h = _mm256_set1_epi32(half);
+// Vertical, 8-bit: 32 columns per step (the last step overlaps the one before when n is not a
+// multiple of 32: it recomputes the same values). Rows t and t + 1 of a pair are interleaved
+// column by column into int16 pairs, one madd per pair of rows and weight half. `pairs` is
+// scratch. False (nothing written) when n < 32 or the weights do not split into int16 halves.
+__attribute__((target("avx2"))) bool VerticalMadd(const uint8_t* in, size_t in_stride, int row0, int x0, int n,
+                                                  const AxisWeights& w, uint8_t* dst, size_t dst_stride,
+                                                  std::vector<int32_t>& pairs) {
+  if (n < 32 || !WeightsSplit(w)) return false;
+  const __m256i half = _mm256_set1_epi32(1 << (kResamplePrecisionBits - 1));
+  const __m256i zero = _mm256_setzero_si256();
   for (size_t i = 0; i < w.first.size(); ++i) {
     const int32_t* k = w.weights.data() + i * w.taps;
     const int count = w.count[i];
+    const int np = (count + 1) / 2;
+    pairs.resize(static_cast<size_t>(np) * 2);
+    for (int p = 0; p < np; ++p) {
+      const int32_t k1 = 2 * p + 1 < count ? k[2 * p + 1] : 0;
+      pairs[2 * p] = HighPair(k[2 * p], k1);
+      pairs[2 * p + 1] = LowPair(k[2 * p], k1);
+    }
     const uint8_t* base = in + static_cast<size_t>(w.first[i] - row0) * in_stride + x0;
     uint8_t* out = dst + i * dst_stride;
-    int j = 0;
-    for (; j + 32 <= n; j += 32) {
-      __m256i a0 = h, a1 = h, a2 = h, a3 = h;
-      for (int t = 0; t < count; ++t) {
-        const uint8_t* r = base + static_cast<size_t>(t) * in_stride + j;
-        const __m256i kv = _mm256_set1_epi32(k[t]);
-        a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(Load8(r), kv));
-        a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(Load8(r + 8), kv));
-        a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(Load8(r + 16), kv));
-        a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(Load8(r + 24), kv));
+    for (int j = 0;; j += 32) {
+      j = std::min(j, n - 32);
+      // Sums (half included) of columns 0-3 and 16-19 (s0), 4-7 and 20-23, 8-11 and 24-27, 12-15
+      // and 28-31; each pair of rows adds its high part << 15 plus its low part (modulo 2^32).
+      __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+      for (int p = 0; p < np; ++p) {
+        const uint8_t* r0 = base + static_cast<size_t>(2 * p) * in_stride + j;
+        const uint8_t* r1 = 2 * p + 1 < count ? r0 + in_stride : r0;  // an odd count's last: weight 0
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1));
+        const __m256i ab_lo = _mm256_unpacklo_epi8(a, b);
+        const __m256i ab_hi = _mm256_unpackhi_epi8(a, b);
+        const __m256i kh = _mm256_set1_epi32(pairs[2 * p]);
+        const __m256i kl = _mm256_set1_epi32(pairs[2 * p + 1]);
+        s0 = _mm256_add_epi32(s0, SplitMadd(_mm256_unpacklo_epi8(ab_lo, zero), kh, kl));
+        s1 = _mm256_add_epi32(s1, SplitMadd(_mm256_unpackhi_epi8(ab_lo, zero), kh, kl));
+        s2 = _mm256_add_epi32(s2, SplitMadd(_mm256_unpacklo_epi8(ab_hi, zero), kh, kl));
+        s3 = _mm256_add_epi32(s3, SplitMadd(_mm256_unpackhi_epi8(ab_hi, zero), kh, kl));
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), PackSums(a0, a1, a2, a3));
-    }
-    for (; j + 8 <= n; j += 8) {
-      __m256i a = h;
-      for (int t = 0; t < count; ++t) {
-        a = _mm256_add_epi32(
-            a, _mm256_mullo_epi32(Load8(base + static_cast<size_t>(t) * in_stride + j), _mm256_set1_epi32(k[t])));
-      }
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(PackSums(a, a, a, a)));
-    }
-    for (; j < n; ++j) {
-      int32_t sum = half;
-      for (int t = 0; t < count; ++t) sum += base[static_cast<size_t>(t) * in_stride + j] * k[t];
-      out[j] = ClipSample<uint8_t, int32_t>(sum);
+      // The packs work per 128-bit half: columns 0-7, 16-23 then 8-15, 24-31, then 0-31 in order.
+      const __m256i c01 = _mm256_packs_epi32(_mm256_srai_epi32(s0, kResamplePrecisionBits),
+                                             _mm256_srai_epi32(s1, kResamplePrecisionBits));
+      const __m256i c23 = _mm256_packs_epi32(_mm256_srai_epi32(s2, kResamplePrecisionBits),
+                                             _mm256_srai_epi32(s3, kResamplePrecisionBits));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_packus_epi16(c01, c23));
+      if (j + 32 >= n) break;
     }
   }
+  return true;
 }
 #endif  // SPDL_RESAMPLE_AVX2
 
-// The 8-bit passes: AVX2 when the CPU has it, else the portable code.
+// The 8-bit passes: AVX2 when the CPU has it (and the weights split), else the portable code.
 void Horizontal8(bool simd, const PackedImage& src, int y0, int rows, const AxisWeights& w, uint8_t* dst,
-                 size_t dst_stride, std::vector<int32_t>& wide, std::vector<uint8_t>& safe) {
+                 size_t dst_stride, std::vector<int32_t>& words, std::vector<int32_t>& lanes,
+                 std::vector<uint8_t>& tail) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (simd && HaveAvx2() && src.channels == 3) {
-    if (w.taps <= kGatherMaxTaps) return HorizontalGather3(src, y0, rows, w, dst, dst_stride, wide, safe);
-    return HorizontalAvx2<3>(src, y0, rows, w, dst, dst_stride, wide, safe);
+  if (simd && HaveAvx2()) {
+    if (src.channels == 3 && HorizontalMadd<3>(src, y0, rows, w, dst, dst_stride, words, lanes, tail)) return;
+    if (src.channels == 1 && HorizontalMadd<1>(src, y0, rows, w, dst, dst_stride, words, lanes, tail)) return;
   }
-  if (simd && HaveAvx2() && src.channels == 1) return HorizontalAvx2<1>(src, y0, rows, w, dst, dst_stride, wide, safe);
 #endif
   (void)simd;
-  (void)wide;
-  (void)safe;
+  (void)words;
+  (void)lanes;
+  (void)tail;
   HorizontalAny<uint8_t, int32_t>(src, y0, rows, w, dst, dst_stride);
 }
 
 void Vertical8(bool simd, const uint8_t* in, size_t in_stride, int row0, int x0, int n, const AxisWeights& w,
                uint8_t* dst, size_t dst_stride, std::vector<int32_t>& sums) {
 #ifdef SPDL_RESAMPLE_AVX2
-  if (simd && HaveAvx2()) return VerticalAvx2(in, in_stride, row0, x0, n, w, dst, dst_stride);
+  if (simd && HaveAvx2() && VerticalMadd(in, in_stride, row0, x0, n, w, dst, dst_stride, sums)) return;
 #endif
   (void)simd;
   Vertical<uint8_t, int32_t>(in, in_stride, row0, x0, n, w, dst, dst_stride, sums);
@@ -622,7 +707,7 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     if (src.wide) {
       HorizontalAny<uint16_t, int64_t>(rows, 0, r.window_height, horizontal_, dst, dst_stride);
     } else {
-      Horizontal8(simd_, rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_weights_, simd_safe_);
+      Horizontal8(simd_, rows, 0, r.window_height, horizontal_, dst, dst_stride, simd_words_, simd_lanes_, simd_tail_);
     }
     return Status::Ok();
   }
@@ -639,7 +724,8 @@ Status Resampler::Resample(const PackedImage& src, const ResampleRequest& r, uin
     HorizontalAny<uint16_t, int64_t>(src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride);
     Vertical<uint16_t, int64_t>(rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums_);
   } else {
-    Horizontal8(simd_, src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_weights_, simd_safe_);
+    Horizontal8(simd_, src, row0, row_end - row0, horizontal_, rows_.data(), rows_stride, simd_words_, simd_lanes_,
+                simd_tail_);
     Vertical8(simd_, rows_.data(), rows_stride, row0, 0, n, vertical_, dst, dst_stride, sums32_);
   }
   return Status::Ok();
@@ -649,6 +735,9 @@ void Resampler::Trim(size_t max_bytes) {
   if (rows_.size() > max_bytes) std::vector<uint8_t>().swap(rows_);
   if (sums_.size() * sizeof(int64_t) > max_bytes) std::vector<int64_t>().swap(sums_);
   if (sums32_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(sums32_);
+  if (simd_words_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(simd_words_);
+  if (simd_lanes_.size() * sizeof(int32_t) > max_bytes) std::vector<int32_t>().swap(simd_lanes_);
+  if (simd_tail_.size() > max_bytes) std::vector<uint8_t>().swap(simd_tail_);
 }
 
 }  // namespace spdl::media

@@ -24,11 +24,14 @@
 // followed by a crop gives the same values as computing the window alone).
 // 16-bit samples (wide) go through the same weights with 64-bit sums (PIL has no such mode: this
 // keeps a 16-bit source's precision for floating-point outputs).
-// Speed: the 8-bit passes run eight 32-bit lanes at a time with AVX2 when the CPU has it (chosen at
-// run time; the same integer arithmetic, so the same values), else portable scalar code. The
-// horizontal pass of RGB rows computes eight output pixels per step (their source pixels gathered
-// tap by tap) when an output has at most 12 taps (upscaling, or downscaling up to ~5x bilinear),
-// else one output pixel per step, two taps per vector.
+// Speed: the 8-bit passes use AVX2 when the CPU has it (chosen at run time), else portable scalar
+// code. The AVX2 code multiplies in 16 bits (madd: two taps' products summed per 32-bit lane), each
+// fixed-point weight split into a high and a low 15-bit part; the 32-bit sums are the scalar code's
+// bit for bit (resample.cc says why), so the values are the same. The horizontal pass of RGB and
+// gray rows computes eight output pixels per step, each output's taps read by one 16-byte load per
+// four taps (RGB) or one 8-byte load per eight (gray) from the row (or, near its end, from a copy
+// of its last bytes, so no load crosses it); RGBA rows take the scalar code. The vertical pass does
+// 32 samples per step, two source rows per madd.
 // A horizontal flip of the window (ResampleRequest::mirror) costs nothing: the horizontal pass
 // writes its outputs in reverse order.
 #pragma once
@@ -129,11 +132,12 @@ class Resampler {
   AxisWeights vertical_;
   std::vector<int> index_x_;
   std::vector<int> index_y_;
-  std::vector<uint8_t> rows_;          // the horizontal pass's rows, before the vertical pass
-  std::vector<int64_t> sums_;          // one output row's sums in the vertical pass (16-bit samples)
-  std::vector<int32_t> sums32_;        // the same for 8-bit samples
-  std::vector<int32_t> simd_weights_;  // the horizontal weights laid out for the AVX2 pass
-  std::vector<uint8_t> simd_safe_;     // per output: its vector loads stay inside the row
+  std::vector<uint8_t> rows_;        // the horizontal pass's rows, before the vertical pass
+  std::vector<int64_t> sums_;        // one output row's sums in the vertical pass (16-bit samples)
+  std::vector<int32_t> sums32_;      // the same for 8-bit samples (AVX2: the weight pairs)
+  std::vector<int32_t> simd_words_;  // the horizontal weights laid out for the AVX2 pass
+  std::vector<int32_t> simd_lanes_;  // per group of eight outputs: where its weights and pixels are
+  std::vector<uint8_t> simd_tail_;   // a copy of a row's end, for loads that would cross it
 };
 
 }  // namespace spdl::media

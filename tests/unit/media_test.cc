@@ -5,6 +5,12 @@
 // sinusoids, different per channel), so the exact value of any output pixel is known in closed
 // form and the decoder can be checked without another imaging library.
 #include <turbojpeg.h>  // only to build CMYK JPEGs and to time a bare decode
+#if __has_include(<sanitizer/asan_interface.h>)
+#include <sanitizer/asan_interface.h>  // ASAN_POISON_MEMORY_REGION: no-ops without ASan
+#else                                  // a compiler without it (a linter's): no ASan either
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#endif
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -2195,6 +2201,126 @@ TEST_CASE("Resample: identity is a copy, constant images stay constant, 16-bit k
   CHECK(rs.Resample(img, ResampleRequest{20, 15, 0, 0, 20, 15, ResampleFilter::kBilinear},
                     reinterpret_cast<uint8_t*>(out.data()), 20 * 2)
             .code() == StatusCode::kInvalidArgument);
+}
+
+// An image whose rows lie stride bytes apart with guard bytes between them (after each row's
+// width * channels bytes, up to the next row): ASan-poisoned in an ASan build, so a load that crosses
+// a row's end is reported where it happens; they also hold a pattern (CheckGuards) so that a write
+// past a row's end shows in any build.
+class PoisonedRows {
+ public:
+  static constexpr uint8_t kPattern = 0xa5;
+
+  PoisonedRows(int width, int height, int channels)
+      : row_bytes_(static_cast<size_t>(width) * channels),
+        stride_((row_bytes_ + 7) / 8 * 8 + 16),
+        height_(height),
+        mem_(stride_ * static_cast<size_t>(height), kPattern) {
+    for (int y = 0; y < height_; ++y) ASAN_POISON_MEMORY_REGION(row(y) + row_bytes_, stride_ - row_bytes_);
+  }
+  ~PoisonedRows() { ASAN_UNPOISON_MEMORY_REGION(mem_.data(), mem_.size()); }
+  PoisonedRows(const PoisonedRows&) = delete;
+  PoisonedRows& operator=(const PoisonedRows&) = delete;
+
+  uint8_t* row(int y) { return mem_.data() + static_cast<size_t>(y) * stride_; }
+  size_t stride() const { return stride_; }
+
+  // Whether every guard byte still holds the pattern.
+  bool GuardsIntact() {
+    bool intact = true;
+    for (int y = 0; y < height_; ++y) {
+      ASAN_UNPOISON_MEMORY_REGION(row(y) + row_bytes_, stride_ - row_bytes_);
+      intact = intact && std::all_of(row(y) + row_bytes_, row(y) + stride_, [](uint8_t v) { return v == kPattern; });
+      ASAN_POISON_MEMORY_REGION(row(y) + row_bytes_, stride_ - row_bytes_);
+    }
+    return intact;
+  }
+
+  // The rows' bytes, packed.
+  std::vector<uint8_t> Packed() {
+    std::vector<uint8_t> out;
+    for (int y = 0; y < height_; ++y) out.insert(out.end(), row(y), row(y) + row_bytes_);
+    return out;
+  }
+
+ private:
+  size_t row_bytes_;
+  size_t stride_;
+  int height_;
+  std::vector<uint8_t> mem_;
+};
+
+TEST_CASE("Resample: the AVX2 passes give the portable code's bytes for every filter, scale and width") {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx2")) SPDL_SKIP("this CPU has no AVX2: both paths are the portable code");
+#else
+  SPDL_SKIP("not x86-64: no AVX2 passes");
+#endif
+  uint64_t state = 2026;
+  auto next = [&state](int lo, int hi) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + static_cast<int>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  // A size scaled by a factor drawn log-uniformly from [0.05, 4].
+  auto scaled = [&next](int size) {
+    const double s = std::exp(std::log(0.05) + (std::log(4.0) - std::log(0.05)) * next(0, 1000) / 1000.0);
+    return std::max(1, static_cast<int>(std::lround(size * s)));
+  };
+  // One of each across all trials: their buffers and layouts are reused from call to call, as in
+  // the daemon.
+  Resampler vector_code(/*simd=*/true), portable(/*simd=*/false);
+  int mismatches = 0;
+  for (int trial = 0; trial < 240; ++trial) {
+    const int c = trial % 5 == 4 ? 4 : trial % 5 < 2 ? 1 : 3;
+    // Widths 1 .. 2000 drawn log-uniformly; heights small enough to keep the case fast, but up
+    // to 400 rows (many vertical taps when shrunk 20x).
+    const int w = std::max(1, static_cast<int>(std::exp(next(0, 760) / 100.0)));
+    const int h = next(1, std::max(1, std::min(400, 40000 / w)));
+    const auto f = static_cast<ResampleFilter>(trial % 6);
+    // Every fourth trial keeps the width (mirrored: identity weights), every fifth the height.
+    const bool mirror = next(0, 1) == 1;
+    const int ow = trial % 4 == 3 ? w : scaled(w);
+    const int oh = trial % 5 == 2 ? h : scaled(h);
+    // The window: the whole output, one touching the right edge (the last outputs read the
+    // row's last pixels), or anywhere.
+    int ww = ow, wx = 0, wh = oh, wy = 0;
+    if (trial % 3 == 1) {
+      ww = next(1, ow);
+      wx = ow - ww;
+      wh = next(1, oh);
+      wy = next(0, oh - wh);
+    } else if (trial % 3 == 2) {
+      wx = next(0, ow - 1);
+      ww = next(1, ow - wx);
+      wy = next(0, oh - 1);
+      wh = next(1, oh - wy);
+    }
+    INFO("trial " << trial << ": " << w << "x" << h << "x" << c << " -> " << ow << "x" << oh << " window " << ww << "x"
+                  << wh << "+" << wx << "+" << wy << " filter " << static_cast<int>(f) << " mirror " << mirror);
+    PoisonedRows src(w, h, c);
+    for (int y = 0; y < h; ++y) {
+      // Mostly noise, some rows of extremes (the sums' largest magnitudes with negative lobes).
+      for (int x = 0; x < w * c; ++x) {
+        src.row(y)[x] = static_cast<uint8_t>(y % 7 == 3 ? ((x / c) % 2) * 255 : next(0, 255));
+      }
+    }
+    PackedImage img;
+    img.data = src.row(0);
+    img.stride = src.stride();
+    img.width = w;
+    img.height = h;
+    img.channels = c;
+    ResampleRequest r{ow, oh, wx, wy, ww, wh, f};
+    r.mirror = mirror;
+    PoisonedRows fast(ww, wh, c), slow(ww, wh, c);
+    REQUIRE(vector_code.Resample(img, r, fast.row(0), fast.stride()).ok());
+    REQUIRE(portable.Resample(img, r, slow.row(0), slow.stride()).ok());
+    const bool same = fast.Packed() == slow.Packed();
+    CHECK(same);
+    CHECK(fast.GuardsIntact());
+    mismatches += same ? 0 : 1;
+  }
+  CHECK(mismatches == 0);
 }
 
 // The exact path by hand: libjpeg-turbo's full-size RGB decode with its defaults, the whole resize
