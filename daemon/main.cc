@@ -21,14 +21,18 @@ namespace {
 // (an I/O thread allocates a file's bytes, a worker frees them), measured in bench/README.md
 // "Memory": glibc's default of 8 arenas per core with a sliding mmap threshold keeps several MiB
 // of freed buffers per arena. At most max(2, workers) arenas, and blocks of 128 KiB or more mapped
-// and unmapped on their own (a fixed threshold: freed at once). GLIBC_TUNABLES naming a malloc
-// setting leaves the allocator as the user set it.
+// and unmapped on their own (a fixed threshold: freed at once). An arena's free top is given back
+// to the kernel only past 2 MiB (glibc's 128 KiB, fixed with the mmap threshold, trimmed and faulted
+// in again on nearly every decoded sample, each freeing its encoded file: ~4 % of the daemon's
+// CPU; bench/README.md "Memory"). GLIBC_TUNABLES naming a malloc setting leaves the allocator as
+// the user set it.
 void TuneAllocator(int worker_threads) {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
   const int workers = worker_threads > 0 ? worker_threads : static_cast<int>(std::thread::hardware_concurrency());
   mallopt(M_ARENA_MAX, std::max(2, workers));  // NOLINT(concurrency-mt-unsafe): before any thread starts
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);       // NOLINT(concurrency-mt-unsafe): before any thread starts
+  mallopt(M_TRIM_THRESHOLD, 2 * 1024 * 1024);  // NOLINT(concurrency-mt-unsafe): before any thread starts
 }
 
 }  // namespace
