@@ -3,6 +3,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SPDL_TEST_SANITIZER_ALLOCATOR 1
@@ -12,7 +13,9 @@
 #endif
 #endif
 #ifdef SPDL_TEST_SANITIZER_ALLOCATOR
-#include <sanitizer/allocator_interface.h>
+// The sanitizer runtimes' allocator statistics (sanitizer/allocator_interface.h, which gcc 12 does
+// not ship; libasan and libtsan export the function).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #else
 #include <malloc.h>
 #endif
