@@ -275,6 +275,7 @@ void BatchPipeline::UpdateAheadLocked(size_t s, Clock::time_point now) {
   if (st.window_start == Clock::time_point{}) st.window_start = now;
   const double seconds = std::chrono::duration<double>(now - st.window_start).count();
   if (now - st.window_start < kAheadWindow) return;
+  const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
   if (st.moved > 0 && st.task_seconds > 0) {
     // Little's law: rows the stage must hold to pass them on at the rate the next stage takes them.
     // A stage that is itself the bottleneck passes on occupied / task time, so the estimate is about
@@ -284,10 +285,8 @@ void BatchPipeline::UpdateAheadLocked(size_t s, Clock::time_point now) {
     const double need = std::ceil(st.task_seconds * static_cast<double>(st.moved) / seconds);
     double bound = std::max<double>(kMinAhead, need + kAheadSlack);
     if (st.held_back) bound = std::max(bound, std::ceil(1.5 * static_cast<double>(st.ahead)));
-    const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
     st.ahead = static_cast<uint32_t>(std::min(bound, most));
   } else if (st.held_back) {  // nothing came through yet (tasks longer than the window), rows held back
-    const double most = st.concurrency == 0 ? 1e9 : st.concurrency;
     st.ahead = static_cast<uint32_t>(std::min(std::ceil(1.5 * static_cast<double>(st.ahead)), most));
   }
   st.held_back = false;
